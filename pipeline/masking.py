@@ -1,0 +1,188 @@
+"""Masked-LM selection (reference step 7), vectorised over all sequences of one document pass.
+
+Reference law, per sequence: candidates are all positions except [CLS]/[SEP] (with whole-word masking a word and its
+``##`` pieces form one candidate); shuffle them; ``num_to_predict = min(max_predictions_per_seq,
+max(1, round(len(tokens) * masked_lm_prob)))`` with ``len(tokens)`` counting the 3 specials and Python 3 rounding
+(half to even; ``np.rint`` rounds the same float the same way); take candidates in shuffled order, skipping a
+whole-word group that would overshoot, until the count is reached; each chosen position independently becomes
+[MASK] (80%), stays (10%) or becomes a uniformly random vocabulary id (10%); positions sorted.
+
+How we differ, with the same distribution:
+- "shuffle, take the first k" is done as "draw a uniform key per candidate, take the k smallest keys per sequence"
+  (one argsort for every sequence of the document pass). Both give every k-subset the same probability.
+- 80/10/10 comes from one uniform per position (<0.8 mask, <0.9 keep, else random) instead of the reference's two
+  draws (0.8, then 0.5 of the rest): same probabilities, independent per position.
+- Whole-word groups never span the [SEP] between A and B. The reference appends a ``##`` piece at the start of B
+  (possible after front truncation) to A's last word, since it only skips the [SEP]; we start a new group there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+_SPECIAL_SORT_KEY = 2.0  # keys of non-candidates sort after every candidate key in [0, 1)
+
+
+@dataclass(frozen=True, eq=False)
+class VocabInfo:
+    """What the instance builder needs to know about a vocabulary (cheap to build and to pickle)."""
+
+    vocab_size: int
+    cls_id: int
+    sep_id: int
+    mask_id: int
+    pad_id: int
+    unk_id: int
+    is_continuation: np.ndarray  # bool over ids: True for "##" pieces (whole-word masking)
+
+    def __post_init__(self) -> None:
+        if self.is_continuation.shape != (self.vocab_size,):
+            raise ValueError("is_continuation must be a bool array with one entry per vocabulary id")
+        for name in ("cls_id", "sep_id", "mask_id"):
+            v = getattr(self, name)
+            if not 0 <= v < self.vocab_size:
+                raise ValueError(f"{name}={v} is outside the vocabulary (size {self.vocab_size})")
+
+    @property
+    def token_dtype(self) -> np.dtype:
+        # uint16 holds every id of a vocabulary up to 65,536 entries (BERT's is 30,522).
+        return np.dtype(np.uint16) if self.vocab_size <= 65536 else np.dtype(np.uint32)
+
+    @classmethod
+    def from_tokens(cls, tokens: list[str]) -> "VocabInfo":
+        index = {t: i for i, t in enumerate(tokens)}
+        missing = [t for t in ("[CLS]", "[SEP]", "[MASK]", "[UNK]") if t not in index]
+        if missing:
+            raise ValueError(f"vocabulary lacks special tokens {missing}; a BERT vocab.txt must contain them")
+        return cls(
+            vocab_size=len(tokens),
+            cls_id=index["[CLS]"],
+            sep_id=index["[SEP]"],
+            mask_id=index["[MASK]"],
+            pad_id=index.get("[PAD]", 0),
+            unk_id=index["[UNK]"],
+            is_continuation=np.array([t.startswith("##") for t in tokens], dtype=np.bool_),
+        )
+
+    @classmethod
+    def from_vocab_file(cls, path: str | Path) -> "VocabInfo":
+        """From a BERT vocab.txt, without loading a tokenizer (e.g. in the driver)."""
+        with open(path, encoding="utf-8") as f:
+            tokens = [line.rstrip("\r\n") for line in f]
+        while tokens and tokens[-1] == "":
+            tokens.pop()
+        return cls.from_tokens(tokens)
+
+
+def num_to_predict(seq_lengths: np.ndarray, masked_lm_prob: float, max_predictions_per_seq: int) -> np.ndarray:
+    """Per sequence ``min(max_pred, max(1, round(len * prob)))``; np.rint is half-to-even like Python 3 round."""
+    raw = np.rint(np.asarray(seq_lengths, dtype=np.float64) * masked_lm_prob).astype(np.int64)
+    return np.minimum(max_predictions_per_seq, np.maximum(1, raw))
+
+
+@dataclass
+class MaskedBatch:
+    """Masking result for sequences laid out back to back in one flat array."""
+
+    input_ids: np.ndarray  # flat masked tokens, same layout as the input
+    positions: np.ndarray  # flat, positions within each sequence, sorted per sequence
+    labels: np.ndarray  # flat original ids at those positions
+    counts: np.ndarray  # predictions per sequence
+
+
+def mask_sequences(
+    tokens: np.ndarray,
+    offsets: np.ndarray,
+    is_candidate: np.ndarray,
+    vocab: VocabInfo,
+    rng: np.random.Generator,
+    masked_lm_prob: float,
+    max_predictions_per_seq: int,
+    whole_word_mask: bool = False,
+) -> MaskedBatch:
+    """Mask sequences stored back to back: sequence i is ``tokens[offsets[i]:offsets[i + 1]]``.
+
+    ``is_candidate`` is False at the special positions ([CLS] and both [SEP]) and True elsewhere; it is positional
+    rather than a test on token values so a vocabulary piece equal to a special id can never confuse it.
+    """
+    n_seq = len(offsets) - 1
+    lengths = np.diff(offsets)
+    seq_of = np.repeat(np.arange(n_seq), lengths)
+    k = num_to_predict(lengths, masked_lm_prob, max_predictions_per_seq)
+    if whole_word_mask:
+        chosen = _choose_whole_words(tokens, offsets, seq_of, is_candidate, vocab, rng, k)
+    else:
+        keys = rng.random(len(tokens))
+        keys[~is_candidate] = _SPECIAL_SORT_KEY
+        # Sequence index as the integer part keeps sequences apart in one argsort (exact in float64 below 2**40).
+        order = np.argsort(seq_of + keys / 4.0, kind="stable")
+        rank = np.arange(len(tokens)) - offsets[seq_of[order]]
+        take = (rank < k[seq_of[order]]) & is_candidate[order]
+        chosen = np.sort(order[take])
+    m = len(chosen)
+    u = rng.random(m)
+    random_ids = rng.integers(0, vocab.vocab_size, m)
+    labels = tokens[chosen]
+    replacement = np.where(u < 0.8, vocab.mask_id, np.where(u < 0.9, labels, random_ids))
+    out = tokens.copy()
+    out[chosen] = replacement
+    seq_chosen = seq_of[chosen]
+    return MaskedBatch(
+        input_ids=out,
+        positions=chosen - offsets[seq_chosen],
+        labels=labels,
+        counts=np.bincount(seq_chosen, minlength=n_seq),
+    )
+
+
+def _choose_whole_words(
+    tokens: np.ndarray,
+    offsets: np.ndarray,
+    seq_of: np.ndarray,
+    is_candidate: np.ndarray,
+    vocab: VocabInfo,
+    rng: np.random.Generator,
+    k: np.ndarray,
+) -> np.ndarray:
+    """Global positions chosen with whole-word groups, following the reference's greedy skip rule."""
+    cont = vocab.is_continuation[tokens]
+    prev_cand = np.concatenate(([False], is_candidate[:-1]))
+    starts = is_candidate & (~cont | ~prev_cand)
+    group_of = np.cumsum(starts) - 1  # valid only where is_candidate
+    n_groups = int(starts.sum())
+    group_pos = np.flatnonzero(starts)
+    group_seq = seq_of[group_pos]
+    group_size = np.bincount(group_of[is_candidate], minlength=n_groups)
+    keys = rng.random(n_groups)
+    order = np.argsort(group_seq + keys / 2.0, kind="stable")
+    sizes = group_size[order]
+    seqs = group_seq[order]
+    # Taken in shuffled order until a group overshoots: a per-sequence running sum decides the prefix.
+    csum = np.cumsum(sizes)
+    seq_first = np.searchsorted(seqs, np.arange(len(offsets) - 1), side="left")
+    before = np.concatenate(([0], csum))[seq_first]
+    running = csum - before[seqs]
+    take = running <= k[seqs]
+    # Past the first overshoot every running sum exceeds k; the reference keeps scanning for groups that still
+    # fit, which only a short Python loop over that sequence's remaining groups can reproduce (whole-word mode only).
+    over_idx = np.flatnonzero(~take)
+    if len(over_idx):
+        seq_over, first = np.unique(seqs[over_idx], return_index=True)
+        seq_end = np.searchsorted(seqs, seq_over, side="right")
+        for s, j, end in zip(seq_over.tolist(), over_idx[first].tolist(), seq_end.tolist()):
+            total = int(running[j] - sizes[j])
+            target = int(k[s])
+            for g in range(j, end):
+                if total >= target:
+                    break
+                size = int(sizes[g])
+                if total + size <= target:
+                    take[g] = True
+                    total += size
+    chosen_groups = np.zeros(n_groups, dtype=bool)
+    chosen_groups[order[take]] = True
+    in_chosen = np.zeros(len(tokens), dtype=bool)
+    in_chosen[is_candidate] = chosen_groups[group_of[is_candidate]]
+    return np.flatnonzero(in_chosen)

@@ -1,0 +1,157 @@
+"""WordPiece tokenisation with the reference BERT rules, on Hugging Face ``tokenizers``.
+
+The reference (google-research/bert ``tokenization.py``) runs a BasicTokenizer (drop control characters, split CJK
+characters, lowercase and strip accents when uncased, split punctuation) and then greedy longest-match WordPiece,
+where a word of more than 200 characters becomes ``[UNK]``. ``tokenizers`` has the same pieces in Rust:
+``BertNormalizer`` + ``BertPreTokenizer`` + ``WordPiece``; its one different default is
+``max_input_chars_per_word=100``, so we set 200.
+
+Special tokens are deliberately *not* registered as added tokens: the reference tokenises the text "[MASK]" as
+``[ mask ]`` like any other text, so must we (only the instance builder inserts [CLS]/[SEP]/[MASK] ids).
+
+``WordPieceEncoder`` pickles by value (the vocabulary travels with it), so it can be shipped to Ray actors;
+it is still best built once per actor (``fn_constructor_kwargs``) since building is ~50 ms.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer, normalizers, pre_tokenizers
+from tokenizers.models import WordPiece
+from tokenizers.trainers import WordPieceTrainer
+
+from pipeline.masking import VocabInfo
+
+log = logging.getLogger(__name__)
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+# The reference's limit (HF's default is 100): longer words become [UNK].
+MAX_INPUT_CHARS_PER_WORD = 200
+
+
+def read_vocab(path: str | Path) -> list[str]:
+    """Vocabulary tokens in id order from a BERT ``vocab.txt`` (one token per line)."""
+    with open(path, encoding="utf-8") as f:
+        # rstrip("\n") only: the reference keeps other whitespace-free tokens verbatim; a blank line is an error.
+        tokens = [line.rstrip("\r\n") for line in f]
+    while tokens and tokens[-1] == "":
+        tokens.pop()
+    if not tokens:
+        raise ValueError(f"vocabulary file {path} is empty; pass a BERT vocab.txt (one token per line)")
+    return tokens
+
+
+def write_vocab(tokens: list[str], path: str | Path) -> None:
+    """Write tokens in id order, one per line (the BERT ``vocab.txt`` format)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for t in tokens:
+            f.write(t + "\n")
+
+
+def _normalizer(do_lower_case: bool) -> normalizers.Normalizer:
+    # The reference strips accents exactly when it lowercases.
+    return normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=do_lower_case, lowercase=do_lower_case
+    )
+
+
+def build_tokenizer(tokens: list[str], do_lower_case: bool = True) -> Tokenizer:
+    """A ``tokenizers.Tokenizer`` reproducing the reference BasicTokenizer + WordpieceTokenizer."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        raise ValueError("vocabulary has duplicate tokens; each line of vocab.txt must be unique")
+    if "[UNK]" not in vocab:
+        raise ValueError("vocabulary has no [UNK] token; a BERT vocab.txt must contain [UNK]")
+    tok = Tokenizer(
+        WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD)
+    )
+    tok.normalizer = _normalizer(do_lower_case)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    return tok
+
+
+class WordPieceEncoder:
+    """Sentences -> WordPiece id arrays (no special tokens), loaded once; a Ray Data callable-class step.
+
+    Attributes: ``vocab_size``, ``cls_id``, ``sep_id``, ``mask_id``, ``pad_id``, ``unk_id``, ``is_continuation``
+    (bool array over ids, True for ``##`` pieces) and ``vocab_info`` (the small struct the instance builder needs).
+    """
+
+    def __init__(self, vocab_path: str | Path | None = None, do_lower_case: bool = True, *, tokens: list[str] | None = None):
+        if tokens is None:
+            if vocab_path is None:
+                raise ValueError("WordPieceEncoder needs vocab_path (a BERT vocab.txt) or tokens")
+            tokens = read_vocab(vocab_path)
+        self._init(list(tokens), do_lower_case)
+
+    def _init(self, tokens: list[str], do_lower_case: bool) -> None:
+        self.tokens = tokens
+        self.do_lower_case = do_lower_case
+        self._tok = build_tokenizer(tokens, do_lower_case)
+        self.vocab_info = VocabInfo.from_tokens(tokens)
+        self.vocab_size = self.vocab_info.vocab_size
+        self.cls_id = self.vocab_info.cls_id
+        self.sep_id = self.vocab_info.sep_id
+        self.mask_id = self.vocab_info.mask_id
+        self.pad_id = self.vocab_info.pad_id
+        self.unk_id = self.vocab_info.unk_id
+        self.is_continuation = self.vocab_info.is_continuation
+        # uint16 halves memory and Arrow size; ids of a >65,535-entry vocab need uint32.
+        self.dtype = np.dtype(np.uint16) if self.vocab_size <= 65536 else np.dtype(np.uint32)
+
+    def __getstate__(self) -> dict:
+        # Rebuild from the token list rather than pickling the Rust object: small, version-independent.
+        return {"tokens": self.tokens, "do_lower_case": self.do_lower_case}
+
+    def __setstate__(self, state: dict) -> None:
+        self._init(state["tokens"], state["do_lower_case"])
+
+    def encode(self, sentences: list[str]) -> list[np.ndarray]:
+        """One id array per sentence (possibly empty: callers drop sentences with no tokens, as the reference)."""
+        if not sentences:
+            return []
+        encs = self._tok.encode_batch_fast(sentences, add_special_tokens=False)
+        dtype = self.dtype
+        return [np.array(e.ids, dtype=dtype) for e in encs]
+
+    __call__ = encode
+
+    def tokenize(self, text: str) -> list[str]:
+        """Word pieces as strings (for tests and debugging)."""
+        return self._tok.encode(text, add_special_tokens=False).tokens
+
+
+def train_wordpiece(
+    texts: Iterable[str],
+    vocab_size: int = 30522,
+    do_lower_case: bool = True,
+    min_frequency: int = 2,
+) -> list[str]:
+    """Train a WordPiece vocabulary with the reference normalisation; special tokens first, as in BERT vocabs."""
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
+    tok = Tokenizer(WordPiece(unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
+    tok.normalizer = _normalizer(do_lower_case)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = WordPieceTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS,
+        continuing_subword_prefix="##",
+        show_progress=False,
+    )
+    tok.train_from_iterator(_nonempty(texts), trainer=trainer)
+    vocab = tok.get_vocab(with_added_tokens=True)
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    assert tokens[: len(SPECIAL_TOKENS)] == SPECIAL_TOKENS, tokens[:10]
+    log.info("trained WordPiece vocabulary: %d tokens", len(tokens))
+    return tokens
+
+
+def _nonempty(texts: Iterable[str]) -> Iterator[str]:
+    for t in texts:
+        if t and not t.isspace():
+            yield t
