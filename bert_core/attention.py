@@ -1,0 +1,53 @@
+"""Multi-head self-attention through `torch.nn.functional.scaled_dot_product_attention`.
+
+Q, K and V come from one fused (3H x H) projection: one GEMM instead of three, and the layout HF interop needs is
+restored by `bert_core.hf` (it splits/concatenates `query`/`key`/`value`). `BertAttention` adds the output
+projection, dropout, residual and the post-LayerNorm of the original Transformer/BERT.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import BertConfig
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(self, hidden_states: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden_states (B, T, H); attn_mask boolean (B, 1, 1, T), True = may attend, or None (attend all)."""
+        b, t, h = hidden_states.shape
+        # (B, T, 3, heads, d) -> three (B, heads, T, d) views; SDPA accepts the strided views without a copy.
+        q, k, v = self.qkv(hidden_states).view(b, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout_p if self.training else 0.0
+        )
+        return out.transpose(1, 2).reshape(b, t, h)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, hidden_states: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.output(self.self(hidden_states, attn_mask), hidden_states)

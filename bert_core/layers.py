@@ -1,0 +1,75 @@
+"""`BertLayer` (self-attention block + feed-forward block, each post-LayerNorm with a residual) and `BertEncoder`
+(a stack of them). Module and parameter names mirror Hugging Face's `modeling_bert`."""
+from __future__ import annotations
+
+
+import torch
+import torch.utils.checkpoint
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import BertAttention
+from .config import BertConfig
+
+
+def activation(name: str):
+    """HF activation names -> functions. "gelu" is exact (erf), as in the original BERT and HF's "gelu"."""
+    if name == "gelu":
+        return F.gelu
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu":
+        return F.relu
+    raise ValueError(f"unsupported activation {name!r}")
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = activation(config.hidden_act)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(hidden_states))
+
+
+class BertOutput(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + residual)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, hidden_states: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        attention_output = self.attention(hidden_states, attn_mask)
+        return self.output(self.intermediate(attention_output), attention_output)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.gradient_checkpointing = False
+
+    def forward(self, hidden_states: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        for layer in self.layer:
+            if self.gradient_checkpointing and self.training:
+                # Trades one extra forward per layer for activation memory (long sequences, big batches).
+                hidden_states = torch.utils.checkpoint.checkpoint(layer, hidden_states, attn_mask, use_reentrant=False)
+            else:
+                hidden_states = layer(hidden_states, attn_mask)
+        return hidden_states
+
+
+__all__ = ["BertIntermediate", "BertOutput", "BertLayer", "BertEncoder", "activation"]
