@@ -166,3 +166,64 @@ def to_device(batch: dict, device: torch.device | str) -> dict[str, torch.Tensor
         t = v if isinstance(v, torch.Tensor) else torch.from_numpy(v)
         out[k] = t.to(device, non_blocking=True)
     return out
+
+
+# ---- train state: optimizer + scheduler + counters, as safetensors + JSON (nothing to unpickle) -----------------
+
+TRAIN_STATE_TENSORS = "train_state.safetensors"
+TRAIN_STATE_JSON = "train_state.json"
+
+
+def save_train_state(directory, optimizer: torch.optim.Optimizer, scheduler=None, extra: dict | None = None) -> None:
+    """Write the optimizer's tensors to train_state.safetensors and everything else (param groups, scalar state,
+    the scheduler, `extra` such as step / data position / RNG seeds) to train_state.json."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    sd = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for idx, state in sd["state"].items():
+        for name, value in state.items():
+            key = f"optimizer.state.{idx}.{name}"
+            if isinstance(value, torch.Tensor):
+                tensors[key] = value.detach().to("cpu").contiguous()
+            else:
+                scalars[key] = value
+    meta = {
+        "optimizer": {"class": type(optimizer).__name__, "param_groups": sd["param_groups"], "scalars": scalars},
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        **(extra or {}),
+    }
+    (directory / TRAIN_STATE_JSON).write_text(json.dumps(meta, indent=1, sort_keys=True))
+    save_file(tensors, str(directory / TRAIN_STATE_TENSORS))
+
+
+def load_train_state(directory, optimizer: torch.optim.Optimizer | None = None, scheduler=None) -> dict:
+    """Restore what `save_train_state` wrote into `optimizer` / `scheduler` (on the optimizer's device); return the
+    JSON (with `extra`'s keys at top level)."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    meta = json.loads((directory / TRAIN_STATE_JSON).read_text())
+    if optimizer is not None:
+        saved = meta["optimizer"]
+        if saved["class"] != type(optimizer).__name__:
+            raise ValueError(f"the checkpoint's optimizer is {saved['class']}, this run builds "
+                             f"{type(optimizer).__name__}; resume with the same --optimizer")
+        state: dict[int, dict] = {}
+        for key, value in load_file(str(directory / TRAIN_STATE_TENSORS)).items():
+            _, _, idx, name = key.split(".", 3)
+            state.setdefault(int(idx), {})[name] = value
+        for key, value in saved["scalars"].items():
+            _, _, idx, name = key.split(".", 3)
+            state.setdefault(int(idx), {})[name] = value
+        optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
+    if scheduler is not None and meta.get("scheduler") is not None:
+        scheduler.load_state_dict(meta["scheduler"])
+    return meta

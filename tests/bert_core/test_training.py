@@ -115,3 +115,35 @@ def test_evaluate_counts_exactly_over_batches():
     assert whole.values[2] == (labels != -100).sum()  # mlm_count
     torch.testing.assert_close(parts.values, whole.values, rtol=1e-6, atol=1e-6)
     assert parts.all_reduce().values.tolist() == parts.values.tolist()  # no process group: identity
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+def test_train_state_roundtrip_continues_identically(tmp_path, name):
+    from bert_core import build_optimizer, build_scheduler
+    from bert_core.training import load_train_state, save_train_state
+
+    batches = [make_batch(8, s) for s in range(4)]
+
+    def setup():
+        model = tiny_model()
+        opt = build_optimizer(model, name, lr=1e-3, weight_decay=0.01)
+        return model, opt, build_scheduler(opt, warmup_steps=1, total_steps=10)
+
+    model, opt, sched = setup()
+    for b in batches[:2]:
+        train_step(model, opt, [b], scheduler=sched)
+    save_train_state(tmp_path, opt, sched, extra={"step": 2})
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    for b in batches[2:]:
+        train_step(model, opt, [b], scheduler=sched)
+
+    model2, opt2, sched2 = setup()
+    model2.load_state_dict(state)
+    assert load_train_state(tmp_path, opt2, sched2)["step"] == 2
+    for b in batches[2:]:
+        train_step(model2, opt2, [b], scheduler=sched2)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(model2.state_dict()[k], v, rtol=0, atol=0, msg=k)
+    assert sched2.get_last_lr() == sched.get_last_lr()
+    with pytest.raises(ValueError, match="same --optimizer"):
+        load_train_state(tmp_path, torch.optim.SGD(model2.parameters(), lr=0.1))
