@@ -1,0 +1,201 @@
+"""The Ray Train worker of ``jobs/finetune.py``: build the head model, train with DDP, evaluate every epoch.
+
+Data travels as plain featurised rows through Ray's object store (task files are small): every rank walks the
+same seeded permutation and takes its strided share, padded so all ranks run the same number of steps (an uneven
+count hangs DDP's all-reduce). Evaluation is sharded the same way; rank 0 gathers the per-row outputs, scores them
+with ``pipeline.tasks.evaluation``, logs the epoch to the job's single MLflow run, and, when the main metric
+improved, reports the model as the Ray checkpoint (only the best one is kept). Every rank calls
+``ray.train.report`` each epoch: it is a barrier.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from bert_core.config import PRESETS, BertConfig
+from bert_core.finetuning import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from bert_core.optim import build_optimizer, build_scheduler
+from pipeline.tasks.evaluation import MAIN_METRIC, score
+from pipeline.tasks.features import Features, collate
+from pipeline.tasks.prepare import PreparedTask
+
+log = logging.getLogger(__name__)
+
+HEADS = {
+    "classification": BertForSequenceClassification,
+    "pair_classification": BertForSequenceClassification,
+    "regression": BertForSequenceClassification,
+    "token_classification": BertForTokenClassification,
+    "question_answering": BertForQuestionAnswering,
+}
+BEST_METRICS_FILE = "eval_metrics.json"
+
+
+def head_overrides(prepared: PreparedTask) -> dict[str, Any]:
+    """Config fields of the head: the label map goes into config.json (HF's id2label/label2id)."""
+    if prepared.task == "regression":
+        return {"num_labels": 1, "id2label": {0: "LABEL_0"}, "problem_type": "regression"}
+    if prepared.task == "question_answering":
+        return {}
+    over = {"num_labels": len(prepared.label_map), "id2label": prepared.label_map.id2label,
+            "label2id": prepared.label_map.label2id}
+    if prepared.task != "token_classification":
+        over["problem_type"] = "single_label_classification"
+    return over
+
+
+def build_model(task: str, init: str, preset: str | None, vocab_size: int, overrides: dict[str, Any]) -> nn.Module:
+    """The task's head on weights from ``init`` (an HF dir or our checkpoint; the head is new) or random."""
+    cls = HEADS[task]
+    if init == "random":
+        return cls(PRESETS[preset](vocab_size=vocab_size, **overrides))
+    return cls.from_pretrained(init, **overrides)
+
+
+def rank_indices(n: int, world: int, rank: int, rng: np.random.Generator | None) -> np.ndarray:
+    """This rank's rows: a (seeded) permutation padded by wrap-around to a multiple of ``world``, strided."""
+    order = rng.permutation(n) if rng is not None else np.arange(n)
+    pad = (-n) % world
+    if pad:
+        order = np.concatenate([order, order[:pad]])
+    return order[rank::world]
+
+
+def to_tensors(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+    out = {k: torch.from_numpy(v).to(device) for k, v in batch.items()}
+    if "labels" in out and out["labels"].dtype == torch.float32:
+        out["labels"] = out["labels"].float()
+    return out
+
+
+def train_step(model: nn.Module, batch: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer,
+               scheduler: Any, max_grad_norm: float = 1.0) -> float:
+    """One optimisation step (the reference clips the global gradient norm at 1.0). Returns the loss."""
+    model.train()
+    loss = model(**batch).loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    return float(loss.detach())
+
+
+@torch.no_grad()
+def predict(model: nn.Module, task: str, feats: Features, indices: np.ndarray, batch_size: int, pad_id: int,
+            device: torch.device) -> list[np.ndarray]:
+    """Per-row outputs (trimmed to the row's length) for ``indices``: logits, or start/end stacked for QA."""
+    model.eval()
+    outputs: list[np.ndarray] = []
+    for b in range(0, len(indices), batch_size):
+        idx = indices[b : b + batch_size]
+        batch = collate(feats, idx, pad_id)
+        batch = {k: v for k, v in batch.items() if k in ("input_ids", "token_type_ids", "attention_mask")}
+        out = model(**to_tensors(batch, device))
+        if task == "question_answering":
+            logits = torch.stack([out.start_logits, out.end_logits], dim=-1)
+        else:
+            logits = out.logits
+        logits = logits.float().cpu().numpy()
+        for j, i in enumerate(idx):
+            if task in ("token_classification", "question_answering"):
+                outputs.append(logits[j, : len(feats.input_ids[i])])
+            else:
+                outputs.append(logits[j])
+    return outputs
+
+
+def gather_outputs(indices: np.ndarray, outputs: list[np.ndarray], n: int) -> list[np.ndarray] | None:
+    """All ranks' outputs in row order on rank 0 (None elsewhere); padded duplicate rows are dropped."""
+    pairs = list(zip(indices.tolist(), outputs))
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        gathered: list[Any] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, pairs)
+        if torch.distributed.get_rank() != 0:
+            return None
+        pairs = [p for part in gathered for p in part]
+    by_row = dict(pairs)
+    return [by_row[i] for i in range(n)]
+
+
+def _log_mlflow(cfg: dict[str, Any], metrics: dict[str, float], step: int) -> None:
+    if not cfg.get("mlflow_run_id"):
+        return
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    ts = int(time.time() * 1000)
+    MlflowClient(cfg["tracking_uri"]).log_batch(
+        cfg["mlflow_run_id"], metrics=[Metric(k, float(v), ts, step) for k, v in metrics.items() if math.isfinite(v)]
+    )
+
+
+def train_loop_per_worker(cfg: dict[str, Any]) -> None:
+    """Ray Train entry point. ``cfg`` holds plain values and the object ref of the ``PreparedTask``."""
+    import ray
+    import ray.train
+    import ray.train.torch
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    torch.set_num_threads(cfg["threads_per_worker"])
+    prepared: PreparedTask = ray.get(cfg["prepared_ref"])
+    task = prepared.task
+    device = ray.train.torch.get_device()
+    # Same seed on every rank for the weights (DDP also broadcasts rank 0's); a per-rank one for dropout.
+    torch.manual_seed(cfg["seed"])
+    model = build_model(task, cfg["init"], cfg["preset"], cfg["vocab_size"], head_overrides(prepared))
+    torch.manual_seed(cfg["seed"] + 1000 * rank)
+    core = model
+    model = ray.train.torch.prepare_model(model)
+
+    per_worker = max(1, cfg["batch_size"] // world)
+    n_train = len(prepared.train.features)
+    steps_per_epoch = math.ceil(math.ceil(n_train / world) / per_worker)
+    total = max(1, steps_per_epoch * cfg["epochs"])
+    optimizer = build_optimizer(model, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    scheduler = build_scheduler(optimizer, int(cfg["warmup_ratio"] * total), total)
+    main_key = "eval_" + MAIN_METRIC[task]
+    best = -math.inf
+    eval_idx = rank_indices(len(prepared.eval.features), world, rank, None)
+    pad_id = cfg["pad_id"]
+    for epoch in range(1, cfg["epochs"] + 1):
+        t0 = time.perf_counter()
+        idx = rank_indices(n_train, world, rank, np.random.default_rng([cfg["seed"], epoch]))
+        losses = []
+        for b in range(0, len(idx), per_worker):
+            batch = to_tensors(collate(prepared.train.features, idx[b : b + per_worker], pad_id), device)
+            losses.append(train_step(model, batch, optimizer, scheduler))
+        train_s = time.perf_counter() - t0
+        outputs = predict(core, task, prepared.eval.features, eval_idx, cfg["eval_batch_size"], pad_id, device)
+        gathered = gather_outputs(eval_idx, outputs, len(prepared.eval.features))
+        metrics: dict[str, float] = {"epoch": epoch}
+        checkpoint_dir = None
+        if rank == 0:
+            scores = score(task, prepared.eval, prepared.label_map, gathered, cfg["max_answer_length"])
+            metrics.update({f"eval_{k}": v for k, v in scores.items()})
+            metrics.update(train_loss=float(np.mean(losses)) if losses else math.nan, train_seconds=train_s,
+                           train_examples_per_s=len(idx) * world / max(train_s, 1e-9),
+                           epoch_seconds=time.perf_counter() - t0, lr=float(scheduler.get_last_lr()[0]))
+            _log_mlflow(cfg, {k: v for k, v in metrics.items() if k != "epoch"}, epoch)
+            log.info("epoch %d: %s", epoch, {k: round(v, 4) for k, v in metrics.items()})
+            value = metrics[main_key]
+            if not math.isnan(value) and (value > best or best == -math.inf):
+                best = value
+                checkpoint_dir = tempfile.mkdtemp(prefix="finetune-best-")
+                core.save_pretrained(checkpoint_dir, vocab_file=cfg["vocab_file"], do_lower_case=cfg["do_lower_case"])
+                Path(checkpoint_dir, BEST_METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
+        checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
+        ray.train.report(metrics, checkpoint=checkpoint)
+        if checkpoint_dir:
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)

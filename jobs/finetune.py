@@ -1,0 +1,372 @@
+"""Fine-tune BERT on a downstream task: sequence / pair classification, regression, token tagging, extractive QA.
+
+    python jobs/finetune.py --task classification --train data.jsonl.gz --split-eval-from-train 0.1 \
+        --init /path/to/export_or_checkpoint_or_hf_dir [--epochs 3 --lr 5e-5 --batch-size 32] [--output DIR]
+
+Everything that can be wrong with the inputs (flags, files, columns, labels, vocabulary, MLflow) is checked here,
+before any worker starts. Training runs under Ray Train (``jobs/_finetune_loop.py``) on one or many workers; the
+best epoch's model is exported in the Hugging Face layout with its label map; one MLflow run records params,
+per-epoch metrics, final metrics and the model, linked to the pre-training run the weights came from. The last
+line on stdout is the final evaluation metrics as one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jobs._common import (
+    check_tracking_reachable, get_or_create_experiment, init_ray, resolve_tracking_uri, setup_logging,
+)
+from pipeline.tasks.examples import TASKS, TaskColumns
+from pipeline.tasks.features import TaskTokenizer
+from pipeline.tasks.prepare import FeatureConfig, PreparedTask, prepare_task
+from pipeline.tasks.readers import FORMATS, read_records, split_train_eval, subsample
+
+log = logging.getLogger("finetune")
+
+REPO = Path(__file__).resolve().parent.parent
+# For --init random: the vocabulary of bert-base-uncased (and of all-MiniLM), shipped with the repo.
+DEFAULT_VOCAB = REPO / "data" / "sample" / "reference" / "bert-base-uncased-vocab.txt"
+PRETRAIN_LINEAGE_FILE = "bert_pretrain_run.json"
+FINETUNE_LINEAGE_FILE = "bert_finetune_run.json"
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    task: str
+    train: str
+    init: str
+    eval: str | None = None
+    split_eval_from_train: float | None = None
+    data_format: str | None = None
+    preset: str | None = None
+    vocab: str | None = None
+    columns: TaskColumns = TaskColumns()
+    features: FeatureConfig = FeatureConfig()
+    max_answer_length: int = 30
+    epochs: int = 3
+    lr: float = 5e-5
+    batch_size: int = 32
+    eval_batch_size: int = 64
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    seed: int = 42
+    num_workers: int = 1
+    cpus_per_worker: float | None = None
+    use_gpu: bool = False
+    max_train_examples: int | None = None
+    max_eval_examples: int | None = None
+    mlflow_tracking_uri: str | None = None
+    experiment: str = "finetune"
+    parent_run_id: str | None = None
+    output: str | None = None
+    storage_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"--task {self.task!r}: use one of {', '.join(TASKS)}")
+        if (self.eval is None) == (self.split_eval_from_train is None):
+            raise ValueError("give exactly one of --eval URL or --split-eval-from-train FRACTION (e.g. 0.1)")
+        if self.init == "random":
+            from bert_core.config import PRESETS
+
+            if self.preset not in PRESETS:
+                raise ValueError(f"--init random needs --preset, one of {', '.join(PRESETS)}")
+        elif self.preset is not None:
+            raise ValueError("--preset only applies to --init random (a pre-trained model brings its own config)")
+        if self.data_format is not None and self.data_format not in FORMATS:
+            raise ValueError(f"--data-format {self.data_format!r}: use one of {', '.join(FORMATS)}")
+        for name in ("epochs", "batch_size", "eval_batch_size", "num_workers", "max_answer_length"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive")
+        if self.batch_size % self.num_workers:
+            raise ValueError(f"--batch-size {self.batch_size} (global) must divide evenly over "
+                             f"--num-workers {self.num_workers}")
+        if not self.lr > 0 or not 0 <= self.warmup_ratio <= 1 or self.weight_decay < 0:
+            raise ValueError("need --lr > 0, 0 <= --warmup-ratio <= 1 and --weight-decay >= 0")
+        if self.cpus_per_worker is not None and not (
+                0 < self.cpus_per_worker <= 1 or float(self.cpus_per_worker).is_integer()):
+            raise ValueError("--cpus-per-worker must be a fraction <= 1 or a whole number (Ray's rule)")
+
+
+def parse_args(argv: list[str] | None = None) -> FinetuneConfig:
+    p = argparse.ArgumentParser(prog="finetune", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("--task", required=True, choices=TASKS)
+    p.add_argument("--train", required=True, help="training data URL (any fsspec URL)")
+    p.add_argument("--eval", help="evaluation data URL")
+    p.add_argument("--split-eval-from-train", type=float, metavar="FRACTION",
+                   help="hold out this seeded fraction of --train for evaluation (tasks shipped without a split)")
+    p.add_argument("--data-format", choices=FORMATS, help="force the file format (default: from the file name)")
+    p.add_argument("--init", required=True, help="HF BERT dir, our export or checkpoint dir, or 'random'")
+    p.add_argument("--preset", help="architecture for --init random (bert_tiny, bert_mini, ...)")
+    p.add_argument("--vocab", help=f"vocab.txt for --init random (default: bert-base-uncased's, {DEFAULT_VOCAB.name})")
+    p.add_argument("--text-column")
+    p.add_argument("--text-pair-column")
+    p.add_argument("--label-column", default="label")
+    p.add_argument("--tokens-column", default="tokens")
+    p.add_argument("--tags-column", default="tags")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--batch-size", type=int, default=32, help="global batch (split over workers)")
+    p.add_argument("--eval-batch-size", type=int, default=64)
+    p.add_argument("--max-seq-length", type=int, default=128)
+    p.add_argument("--doc-stride", type=int, default=64, help="QA: tokens between window starts")
+    p.add_argument("--max-query-length", type=int, default=64)
+    p.add_argument("--max-answer-length", type=int, default=30)
+    p.add_argument("--warmup-ratio", type=float, default=0.1)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--num-workers", type=int, default=1)
+    p.add_argument("--cpus-per-worker", type=float, help="default: the cluster's CPUs / workers")
+    p.add_argument("--use-gpu", action="store_true")
+    p.add_argument("--max-train-examples", type=int, help="seeded subset, for quick runs")
+    p.add_argument("--max-eval-examples", type=int)
+    p.add_argument("--mlflow-tracking-uri")
+    p.add_argument("--experiment", default="finetune")
+    p.add_argument("--parent-run-id")
+    p.add_argument("--output", help="where the best model goes (HF layout); default ./finetune_output/TASK-RUNID")
+    p.add_argument("--storage-path", help="Ray Train storage (shared by all nodes on a cluster); default a temp dir")
+    a = p.parse_args(argv)
+    columns = TaskColumns(text_column=a.text_column, text_pair_column=a.text_pair_column,
+                          label_column=a.label_column, tokens_column=a.tokens_column, tags_column=a.tags_column)
+    features = FeatureConfig(max_seq_length=a.max_seq_length, doc_stride=a.doc_stride,
+                             max_query_length=a.max_query_length)
+    return FinetuneConfig(
+        task=a.task, train=a.train, init=a.init, eval=a.eval, split_eval_from_train=a.split_eval_from_train,
+        data_format=a.data_format, preset=a.preset, vocab=a.vocab, columns=columns, features=features,
+        max_answer_length=a.max_answer_length, epochs=a.epochs, lr=a.lr, batch_size=a.batch_size,
+        eval_batch_size=a.eval_batch_size, warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay, seed=a.seed,
+        num_workers=a.num_workers, cpus_per_worker=a.cpus_per_worker, use_gpu=a.use_gpu,
+        max_train_examples=a.max_train_examples, max_eval_examples=a.max_eval_examples,
+        mlflow_tracking_uri=a.mlflow_tracking_uri, experiment=a.experiment, parent_run_id=a.parent_run_id,
+        output=a.output, storage_path=a.storage_path,
+    )
+
+
+# ---- inputs ------------------------------------------------------------------------------------------------------
+def resolve_init(cfg: FinetuneConfig) -> tuple[Path | None, TaskTokenizer, int]:
+    """(model dir or None for random, tokenizer, model vocab size); the vocabulary must fit the embeddings."""
+    if cfg.init == "random":
+        vocab = Path(cfg.vocab) if cfg.vocab else DEFAULT_VOCAB
+        tok = TaskTokenizer(vocab)
+        return None, tok, tok.vocab_size
+    from bert_core.config import BertConfig
+    from bert_core.hf import resolve_model_dir
+
+    if not Path(cfg.init).exists():
+        raise ValueError(f"--init {cfg.init}: no such directory; pass an HF BERT dir, our export/checkpoint, or random")
+    model_dir = resolve_model_dir(cfg.init)
+    tok = TaskTokenizer.from_model_dir(model_dir)
+    vocab_size = BertConfig.from_json_file(model_dir / "config.json").vocab_size
+    if tok.vocab_size > vocab_size:
+        raise ValueError(f"{model_dir}/vocab.txt has {tok.vocab_size} entries but the model embeds only {vocab_size}: "
+                         "they do not belong together")
+    return model_dir, tok, vocab_size
+
+
+def load_task(cfg: FinetuneConfig, tokenizer: TaskTokenizer) -> PreparedTask:
+    train = read_records(cfg.train, cfg.data_format)
+    if cfg.split_eval_from_train is not None:
+        train, evals = split_train_eval(train, cfg.split_eval_from_train, cfg.seed)
+        train_src = f"{cfg.train} (train part of a seeded {1 - cfg.split_eval_from_train:.0%} split)"
+        eval_src = f"{cfg.train} (held-out {cfg.split_eval_from_train:.0%}, seed {cfg.seed})"
+    else:
+        evals = read_records(cfg.eval, cfg.data_format)
+        train_src, eval_src = cfg.train, cfg.eval
+    train = subsample(train, cfg.max_train_examples, cfg.seed)
+    evals = subsample(evals, cfg.max_eval_examples, cfg.seed)
+    return prepare_task(cfg.task, train, evals, cfg.columns, tokenizer, cfg.features, train_src, eval_src)
+
+
+def find_pretrain_lineage(init: str, model_dir: Path | None) -> dict[str, str] | None:
+    """The pre-training run that produced ``--init`` (``bert_pretrain_run.json`` beside the weights or above)."""
+    if model_dir is None:
+        return None
+    for d in dict.fromkeys([Path(init), model_dir, model_dir.parent]):
+        f = d / PRETRAIN_LINEAGE_FILE
+        if f.is_file():
+            try:
+                info = json.loads(f.read_text())
+            except json.JSONDecodeError:
+                log.warning("ignoring unreadable %s", f)
+                return None
+            if info.get("mlflow_run_id"):
+                return {"mlflow_run_id": str(info["mlflow_run_id"]), "tracking_uri": str(info.get("tracking_uri", ""))}
+    return None
+
+
+def flat_params(cfg: FinetuneConfig) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in dataclasses.asdict(cfg).items():
+        if isinstance(v, dict):
+            out.update({kk: str(vv) for kk, vv in v.items()})
+        else:
+            out[k] = str(v)
+    return out
+
+
+# ---- MLflow ------------------------------------------------------------------------------------------------------
+def start_run(cfg: FinetuneConfig, tracking_uri: str, lineage: dict[str, str] | None, extra: dict[str, Any]) -> str:
+    """The job's one MLflow run, tagged with where its weights came from so the UI shows the lineage."""
+    from mlflow.entities import Param
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    exp_id = get_or_create_experiment(cfg.experiment, tracking_uri)
+    tags = {"mlflow.runName": f"finetune-{cfg.task}", "job": "finetune", "task": cfg.task, "lineage.init": cfg.init}
+    parent = cfg.parent_run_id
+    if parent:
+        try:
+            client.get_run(parent)
+        except Exception as e:  # noqa: BLE001 (MLflow raises its own types per store)
+            raise ValueError(f"--parent-run-id {parent} is not a run in {tracking_uri}: {e}") from e
+    if lineage:
+        tags["lineage.pretrain_run_id"] = lineage["mlflow_run_id"]
+        tags["lineage.pretrain_tracking_uri"] = lineage["tracking_uri"]
+        # Nest under the pre-training run when it lives in this store and no workflow parent was given.
+        if not parent and lineage["tracking_uri"] in ("", tracking_uri):
+            try:
+                client.get_run(lineage["mlflow_run_id"])
+                parent = lineage["mlflow_run_id"]
+            except Exception:  # noqa: BLE001
+                log.warning("pre-training run %s is not in %s; lineage kept as a tag only",
+                            lineage["mlflow_run_id"], tracking_uri)
+    if parent:
+        tags["mlflow.parentRunId"] = parent
+    run = client.create_run(exp_id, tags=tags)
+    params = {**flat_params(cfg), **{k: str(v) for k, v in extra.items()}}
+    client.log_batch(run.info.run_id, params=[Param(k, v[:6000]) for k, v in params.items()])
+    return run.info.run_id
+
+
+# ---- training ----------------------------------------------------------------------------------------------------
+def run_training(cfg: FinetuneConfig, prepared: PreparedTask, model_dir: Path | None, tokenizer: TaskTokenizer,
+                 vocab_size: int, run_id: str, tracking_uri: str, storage: str) -> Any:
+    import ray
+    from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from jobs._finetune_loop import train_loop_per_worker
+
+    cpus = cfg.cpus_per_worker
+    if cpus is None:
+        per = ray.cluster_resources().get("CPU", 1) / cfg.num_workers
+        # Ray accepts fractions up to 1 or whole numbers; keep a little slack for the driver's tasks.
+        cpus = float(math.floor(per)) if per >= 1 else max(0.25, math.floor(per * 4) / 4)
+    loop_cfg = {
+        "prepared_ref": ray.put(prepared), "init": str(model_dir) if model_dir else "random", "preset": cfg.preset,
+        "vocab_size": vocab_size, "vocab_file": tokenizer.vocab_file, "do_lower_case": tokenizer.do_lower_case,
+        "pad_id": tokenizer.pad_id, "seed": cfg.seed, "epochs": cfg.epochs, "lr": cfg.lr,
+        "batch_size": cfg.batch_size, "eval_batch_size": cfg.eval_batch_size, "warmup_ratio": cfg.warmup_ratio,
+        "weight_decay": cfg.weight_decay, "max_answer_length": cfg.max_answer_length,
+        "threads_per_worker": max(1, int(cpus)), "mlflow_run_id": run_id, "tracking_uri": tracking_uri,
+    }
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=loop_cfg,
+        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
+                                     resources_per_worker={"CPU": cpus}),
+        run_config=RunConfig(name=f"finetune-{run_id}", storage_path=storage,
+                             checkpoint_config=CheckpointConfig(num_to_keep=1)),
+    )
+    log.info("training on %d worker(s) x %s CPU%s", cfg.num_workers, cpus, " + GPU" if cfg.use_gpu else "")
+    return trainer.fit()
+
+
+def export_best(result: Any, output: str) -> dict[str, float]:
+    """Copy the best checkpoint (HF layout + label map) to ``output``; returns its evaluation metrics."""
+    from jobs._finetune_loop import BEST_METRICS_FILE
+
+    if result.checkpoint is None:
+        raise RuntimeError("training finished without a checkpoint; see the worker logs above")
+    if "://" in output and not output.startswith("file://"):
+        import fsspec
+
+        with result.checkpoint.as_directory() as d:
+            fs, root = fsspec.core.url_to_fs(output)
+            fs.put(str(d) + "/", root, recursive=True)
+            return json.loads((Path(d) / BEST_METRICS_FILE).read_text())
+    out = Path(output.removeprefix("file://"))
+    staging = Path(tempfile.mkdtemp(prefix=".finetune-export-", dir=out.parent if out.parent.exists() else None))
+    result.checkpoint.to_directory(str(staging))
+    if out.exists():
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(staging), out)  # the model appears complete or not at all
+    return json.loads((out / BEST_METRICS_FILE).read_text())
+
+
+def check_output(output: str) -> None:
+    if "://" in output and not output.startswith("file://"):
+        return
+    out = Path(output.removeprefix("file://"))
+    if out.exists() and any(out.iterdir()) and not (out / "config.json").exists():
+        raise ValueError(f"--output {out} exists and holds something other than a model; choose a new directory")
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup_logging()
+    cfg = parse_args(argv)
+    tracking_uri = resolve_tracking_uri(cfg.mlflow_tracking_uri)
+    check_tracking_reachable(tracking_uri)
+    if cfg.output:
+        check_output(cfg.output)
+    model_dir, tokenizer, vocab_size = resolve_init(cfg)
+    prepared = load_task(cfg, tokenizer)
+    lineage = find_pretrain_lineage(cfg.init, model_dir)
+    extra = {"num_labels": prepared.num_labels, "train_examples": prepared.train.num_examples,
+             "eval_examples": prepared.eval.num_examples, "train_rows": len(prepared.train.features),
+             "eval_rows": len(prepared.eval.features), "init_dir": model_dir or "random",
+             "label_names": list(prepared.label_map.names) if prepared.label_map else None}
+    run_id = start_run(cfg, tracking_uri, lineage, extra)
+    output = cfg.output or str(Path.cwd() / "finetune_output" / f"{cfg.task}-{run_id[:8]}")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    own_storage = cfg.storage_path is None
+    storage = cfg.storage_path or tempfile.mkdtemp(prefix="finetune-ray-")
+    t0 = time.perf_counter()
+    try:
+        init_ray()
+        result = run_training(cfg, prepared, model_dir, tokenizer, vocab_size, run_id, tracking_uri, storage)
+        best = export_best(result, output)
+        wall = time.perf_counter() - t0
+        final = {k.removeprefix("eval_"): v for k, v in best.items() if k.startswith("eval_")}
+        final.update(best_epoch=int(best["epoch"]), job_seconds=round(wall, 1))
+        if "://" not in output or output.startswith("file://"):
+            Path(output.removeprefix("file://"), FINETUNE_LINEAGE_FILE).write_text(
+                json.dumps({"mlflow_run_id": run_id, "tracking_uri": tracking_uri}) + "\n")
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        client.log_batch(run_id, metrics=[Metric(f"final_{k}", float(v), ts, 0) for k, v in final.items()
+                                          if isinstance(v, (int, float)) and math.isfinite(v)])
+        if "://" not in output or output.startswith("file://"):
+            client.log_artifacts(run_id, output.removeprefix("file://"), artifact_path="model")
+        client.set_tag(run_id, "model_output", output)
+        client.set_terminated(run_id, "FINISHED")
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    finally:
+        if own_storage:
+            shutil.rmtree(storage, ignore_errors=True)
+    log.info("best model (epoch %d) exported to %s; MLflow run %s", final["best_epoch"], output, run_id)
+    print(json.dumps({"task": cfg.task, **final, "output": output, "mlflow_run_id": run_id}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    sys.exit(main())
