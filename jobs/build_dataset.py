@@ -1,0 +1,141 @@
+"""Build a BERT pre-training dataset: raw text (local or object storage) -> balanced, masked Parquet shards.
+
+    python jobs/build_dataset.py --input URL [--input URL ...] --output URL [--vocab PATH_OR_URL] [options]
+    ray job submit --working-dir . -- python jobs/build_dataset.py ...        # same flags, on a cluster
+
+Runs on Ray Data (a local Ray on loopback unless RAY_ADDRESS names a cluster); ``--no-ray`` runs the same steps as a
+plain loop. Prints a one-line JSON summary at the end. An MLflow run is logged only when a tracking URI is set
+(--mlflow-tracking-uri or MLFLOW_TRACKING_URI).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+if __package__ in (None, ""):  # `python jobs/build_dataset.py` (also under `ray job submit --working-dir .`)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from jobs import _common  # noqa: E402
+from pipeline.build import BuildConfig, LocalExecutor, build  # noqa: E402
+from pipeline.instances import InstanceConfig  # noqa: E402
+from pipeline.readers import FORMATS, ON_ERROR, ReadOptions  # noqa: E402
+
+log = logging.getLogger("build_dataset")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input", action="append", required=True, help="file, directory or glob; repeatable")
+    p.add_argument("--output", required=True, help="output folder (local path or s3://...)")
+    p.add_argument("--vocab", help="BERT vocab.txt (path or URL); without it one is trained on the input")
+    p.add_argument("--vocab-size", type=int, default=30522, help="size of the trained vocabulary (no --vocab)")
+    p.add_argument("--presplit", action="store_true", help="one sentence per line (the reference's format)")
+    p.add_argument("--format", choices=FORMATS, default="auto")
+    p.add_argument("--text-field", default="text", help="JSON Lines field / Parquet column holding the text")
+    p.add_argument("--max-seq-length", type=int, default=128)
+    p.add_argument("--max-predictions-per-seq", type=int, default=20)
+    p.add_argument("--masked-lm-prob", type=float, default=0.15)
+    p.add_argument("--short-seq-prob", type=float, default=0.1)
+    p.add_argument("--dupe-factor", type=int, default=10)
+    p.add_argument("--whole-word-mask", action="store_true")
+    p.add_argument("--seed", type=int, default=12345)
+    case = p.add_mutually_exclusive_group()
+    case.add_argument("--do-lower-case", dest="do_lower_case", action="store_true", default=True)
+    case.add_argument("--cased", dest="do_lower_case", action="store_false")
+    p.add_argument("--num-shards", type=int, default=16)
+    p.add_argument("--pool-tokens", type=int, default=4_000_000,
+                   help="token budget of the random-next pool (a seeded sample of the whole corpus)")
+    p.add_argument("--num-cpus", type=int, default=None, help="caps local parallelism (a local Ray's CPUs)")
+    p.add_argument("--on-error", choices=ON_ERROR, default="fail")
+    p.add_argument("--endpoint-url", help="S3-compatible endpoint (MinIO, Ceph, a test server)")
+    p.add_argument("--no-ray", action="store_true", help="run the steps as a plain loop (debugging)")
+    p.add_argument("--mlflow-tracking-uri")
+    p.add_argument("--experiment", default="bert-dataset")
+    p.add_argument("--parent-run-id")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def config_from(args: argparse.Namespace) -> BuildConfig:
+    return BuildConfig(
+        inputs=tuple(args.input),
+        output=args.output.rstrip("/"),
+        read=ReadOptions(fmt=args.format, presplit=args.presplit, text_field=args.text_field, on_error=args.on_error),
+        instances=InstanceConfig(
+            max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq,
+            masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob,
+            whole_word_mask=args.whole_word_mask, seed=args.seed),
+        vocab=args.vocab, vocab_size=args.vocab_size, do_lower_case=args.do_lower_case,
+        dupe_factor=args.dupe_factor, num_shards=args.num_shards, pool_tokens=args.pool_tokens,
+        endpoint_url=args.endpoint_url,
+    )
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def log_mlflow(tracking_uri: str, args: argparse.Namespace, cfg: BuildConfig, manifest: dict) -> str:
+    """One MLflow run for the build: params (the config), counts as metrics, the manifest as an artifact."""
+    import mlflow
+
+    exp_id = _common.get_or_create_experiment(args.experiment, tracking_uri)
+    tags = {"mlflow.parentRunId": args.parent_run_id} if args.parent_run_id else {}
+    with mlflow.start_run(experiment_id=exp_id, run_name="build_dataset", tags=tags) as run:
+        params = _flat(dataclasses.asdict(cfg)) | {"vocab_sha256": manifest["vocab"]["sha256"]}
+        mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
+        t = manifest["totals"]
+        metrics = {k: t[k] for k in ("documents", "sentences", "tokens", "instances", "random_next")}
+        metrics |= {f"dropped.{k}": v for k, v in t["dropped"].items()}
+        metrics |= {"shards": len(manifest["shards"]), "build_seconds": manifest.get("build_seconds", 0.0)}
+        mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "manifest.json"
+            path.write_text(json.dumps(manifest, indent=1))
+            mlflow.log_artifact(str(path))
+        return run.info.run_id
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    _common.setup_logging(args.log_level)
+    cfg = config_from(args)
+    tracking_uri = args.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if tracking_uri:
+        _common.check_tracking_reachable(tracking_uri)
+    if args.no_ray:
+        executor = LocalExecutor()
+    else:
+        from pipeline.ray_data import RayDataExecutor
+
+        _common.init_ray(args.num_cpus)
+        executor = RayDataExecutor(args.num_cpus)
+    manifest = build(cfg, executor)
+    run_id = log_mlflow(tracking_uri, args, cfg, manifest) if tracking_uri else None
+    t = manifest["totals"]
+    summary = {"output": cfg.output, "instances": t["instances"], "documents": t["documents"],
+               "tokens": t["tokens"], "shards": len(manifest["shards"]), "dropped": t["dropped"],
+               "config_hash": manifest["config_hash"][:12], "seconds": manifest.get("build_seconds"),
+               "mlflow_run_id": run_id}
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except ValueError as e:  # users' mistakes and bad inputs: the message says what to fix, no traceback
+        print(f"build_dataset: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,322 @@
+"""Input formats -> documents, over fixed work units so that parallelism never changes the output.
+
+Formats: plain text (blank line between documents, free-running text inside; with ``presplit`` one sentence per
+line, the reference contract), JSON Lines with a text field, Parquet with a text column. ``.gz .bz2 .xz .zst`` are
+decompressed on the fly.
+
+Work units are fixed by the files alone: byte ranges of ``unit_bytes`` (in the decompressed stream) for text and
+JSON Lines, one row group for Parquet. A unit owns the documents that *start* inside its range (as Hadoop's line
+splits do) and reads past its end to finish the last one. Document ids are ``<file key>:<byte offset>`` (row index
+for Parquet), so they, and every seed derived from them, do not depend on the unit size or the number of workers.
+
+Compressed streams cannot seek: a unit past the start decompresses and discards up to its range. The number of
+units of a compressed file is capped (``MAX_COMPRESSED_UNITS``) so that the discarded work stays a few passes of
+cheap decompression, while a big .gz still spreads over several CPUs.
+
+Bad records are dropped and counted by reason, or raise ``InputError`` naming the file and position when
+``on_error="fail"``. Memory per unit is bounded by ``max_record_bytes`` per record (a 100 MB line never lands in RAM).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from collections import Counter
+from collections.abc import Iterator
+from typing import IO
+
+import pyarrow.parquet as pq
+
+from pipeline.storage import FileInfo, compression_of, filesystem_for, strip_compression
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("auto", "text", "jsonl", "parquet")
+ON_ERROR = ("fail", "skip")
+COMPRESSED_RATIO = 3  # text compresses ~3x: an estimate of the decompressed size, used to plan units only
+MAX_COMPRESSED_UNITS = 8
+_CONTEXT = 64 << 10  # bytes read before a unit's start to learn whether its first line starts a document
+_CHUNK = 1 << 20
+
+
+class InputError(ValueError):
+    """A bad input file or record, raised with on_error='fail'. The message names the file and position."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadOptions:
+    fmt: str = "auto"
+    presplit: bool = False
+    text_field: str = "text"
+    on_error: str = "fail"
+    max_record_bytes: int = 16 << 20
+
+    def __post_init__(self) -> None:
+        if self.fmt not in FORMATS:
+            raise ValueError(f"--format must be one of {FORMATS}, got {self.fmt!r}")
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"--on-error must be one of {ON_ERROR}, got {self.on_error!r}")
+        if self.max_record_bytes < 1024:
+            raise ValueError("max_record_bytes must be at least 1024")
+
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+    """A fixed piece of one input file: a byte range [start, end) (end None = to EOF) or a Parquet row group."""
+
+    uid: str
+    path: str
+    key: str
+    fmt: str
+    start: int
+    end: int | None
+
+
+@dataclasses.dataclass
+class Doc:
+    doc_id: str
+    lines: list[str]
+
+
+@dataclasses.dataclass
+class ReadReport:
+    """What a unit's reader dropped, by reason (records), and files it could not read to the end."""
+
+    dropped: Counter = dataclasses.field(default_factory=Counter)
+    bad_files: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def detect_format(path: str, fmt: str = "auto") -> str:
+    if fmt != "auto":
+        return fmt
+    base = strip_compression(path).lower()
+    if base.endswith((".jsonl", ".json", ".ndjson")):
+        return "jsonl"
+    if base.endswith((".parquet", ".pq")):
+        return "parquet"
+    return "text"
+
+
+def plan_units(files: list[FileInfo], opts: ReadOptions, unit_bytes: int, endpoint_url: str | None = None,
+               report: ReadReport | None = None) -> list[Unit]:
+    """The fixed work units of the inputs. Empty files fail here (or are counted with on_error='skip')."""
+    units: list[Unit] = []
+    for i, f in enumerate(files):
+        fmt = detect_format(f.path, opts.fmt)
+        if f.size == 0:
+            _bad_file(opts, report, f.path, "empty_file", "the file is empty")
+            continue
+        if fmt == "parquet":
+            fs, p = filesystem_for(f.path, endpoint_url)
+            try:
+                with fs.open(p, "rb") as fh:
+                    n = pq.ParquetFile(fh).metadata.num_row_groups
+            except Exception as e:
+                _bad_file(opts, report, f.path, "corrupt_file", f"not a readable Parquet file ({e})")
+                continue
+            units += [Unit(f"{i:05d}-{g:05d}", f.path, f.key, fmt, g, g + 1) for g in range(n)]
+            continue
+        if compression_of(f.path):
+            n = min(MAX_COMPRESSED_UNITS, max(1, math.ceil(f.size * COMPRESSED_RATIO / unit_bytes)))
+        else:
+            n = max(1, math.ceil(f.size / unit_bytes))
+        for g in range(n):
+            end = None if g == n - 1 else (g + 1) * unit_bytes
+            units.append(Unit(f"{i:05d}-{g:05d}", f.path, f.key, fmt, g * unit_bytes, end))
+    return units
+
+
+def _bad_file(opts: ReadOptions, report: ReadReport | None, path: str, reason: str, what: str) -> None:
+    if opts.on_error == "fail":
+        raise InputError(f"input {path}: {what} [{reason}]. Fix or remove the file, or pass --on-error skip.")
+    log.warning("skipping input %s: %s", path, what)
+    if report is not None:
+        report.bad_files[path] = reason
+
+
+def _bad_record(opts: ReadOptions, report: ReadReport, unit: Unit, offset: int, lineno: int | None,
+                reason: str, what: str) -> None:
+    if opts.on_error == "fail":
+        where = f"line {lineno} (byte offset {offset})" if lineno is not None else f"byte offset {offset}"
+        raise InputError(f"input {unit.path}, {where}: {what} [{reason}]. Fix the record or pass --on-error skip.")
+    report.dropped[reason] += 1
+
+
+def read_unit(unit: Unit, opts: ReadOptions, endpoint_url: str | None = None,
+              report: ReadReport | None = None) -> Iterator[Doc]:
+    """The documents of one unit, in file order. Dropped records go to ``report``."""
+    report = report if report is not None else ReadReport()
+    fs, path = filesystem_for(unit.path, endpoint_url)
+    try:
+        if unit.fmt == "parquet":
+            yield from _parquet_docs(fs, path, unit, opts, report)
+            return
+        compression = compression_of(path)
+        with fs.open(path, "rb", compression=compression) as f:
+            if unit.fmt == "jsonl":
+                yield from _jsonl_docs(f, unit, opts, report, seekable=compression is None)
+            else:
+                yield from _text_docs(f, unit, opts, report, seekable=compression is None)
+    except InputError:
+        raise
+    except (EOFError, OSError, ValueError, RuntimeError) as e:
+        # Truncated gzip (EOFError), not-gzip/xz/zstd junk (OSError, LZMAError, ZstdError), corrupt Parquet.
+        _bad_file(opts, report, unit.path, "corrupt_file", f"cannot be read to the end ({type(e).__name__}: {e})")
+
+
+def _position(f: IO[bytes], pos: int, seekable: bool) -> None:
+    if seekable:
+        f.seek(pos)
+        return
+    left = pos
+    while left > 0:
+        got = f.read(min(_CHUNK, left))
+        if not got:
+            break
+        left -= len(got)
+
+
+def _lines(f: IO[bytes], pos: int, max_line: int) -> Iterator[tuple[int, bytes | None]]:
+    """(offset, line with its newline) from ``pos``; an over-long line comes as None and is never held whole."""
+    buf, i, skip_from = b"", 0, None
+    while True:
+        j = buf.find(b"\n", i)
+        if j >= 0:
+            if skip_from is not None:
+                yield skip_from, None
+                skip_from = None
+            else:
+                yield pos, buf[i:j + 1]
+            pos += j + 1 - i
+            i = j + 1
+            continue
+        if len(buf) - i > max_line:
+            skip_from = pos if skip_from is None else skip_from
+            pos += len(buf) - i
+            buf, i = b"", 0
+        data = f.read(_CHUNK)
+        if not data:
+            if skip_from is not None:
+                yield skip_from, None
+            elif i < len(buf):
+                yield pos, buf[i:]
+            return
+        buf, i = buf[i:] + data, 0
+
+
+def _decode(line: bytes) -> tuple[str | None, str | None]:
+    """(text, None) or (None, reason)."""
+    if b"\x00" in line:
+        return None, "binary"
+    try:
+        return line.decode("utf-8"), None
+    except UnicodeDecodeError:
+        return None, "undecodable"
+
+
+_WHAT = {
+    "binary": "NUL bytes (binary data, not text)",
+    "undecodable": "bytes that are not UTF-8",
+    "record_too_long": "a record longer than max_record_bytes",
+    "bad_json": "not valid JSON",
+    "missing_text_field": "no string text field",
+}
+
+
+def _text_docs(f: IO[bytes], unit: Unit, opts: ReadOptions, report: ReadReport, seekable: bool) -> Iterator[Doc]:
+    s, e = unit.start, unit.end
+    base = max(0, s - _CONTEXT)
+    _position(f, base, seekable)
+    prev_blank = True  # the file start counts as a separator
+    lineno = 0 if s == 0 else None
+    doc: Doc | None = None
+    size, bad, bad_off, bad_line = 0, None, 0, None
+    for off, line in _lines(f, base, opts.max_record_bytes):
+        if lineno is not None:
+            lineno += 1
+        blank = line is not None and not line.strip()
+        if off < s:  # context before the unit: only tells whether the next line starts a document
+            prev_blank = blank
+            continue
+        if blank:
+            if doc is not None:
+                if bad:
+                    _bad_record(opts, report, unit, bad_off, bad_line, bad, _WHAT[bad])
+                elif doc.lines:
+                    yield doc
+                doc = None
+            prev_blank = True
+            continue
+        if prev_blank:
+            if e is not None and off >= e:
+                break
+            doc, size, bad = Doc(f"{unit.key}:{off}", []), 0, None
+        prev_blank = False
+        if doc is None or bad:  # the tail of a document owned by the previous unit, or already bad
+            continue
+        if line is None or size + len(line) > opts.max_record_bytes:
+            bad, bad_off, bad_line = "record_too_long", off, lineno
+            doc.lines = []
+            continue
+        text, reason = _decode(line)
+        if reason:
+            bad, bad_off, bad_line = reason, off, lineno
+            doc.lines = []
+            continue
+        size += len(line)
+        doc.lines.append(text.strip())
+    if doc is not None:
+        if bad:
+            _bad_record(opts, report, unit, bad_off, bad_line, bad, _WHAT[bad])
+        elif doc.lines:
+            yield doc
+
+
+def _jsonl_docs(f: IO[bytes], unit: Unit, opts: ReadOptions, report: ReadReport, seekable: bool) -> Iterator[Doc]:
+    s, e = unit.start, unit.end
+    base = max(0, s - 1)  # a line starting exactly at s has its newline at s-1
+    _position(f, base, seekable)
+    lineno = 0 if s == 0 else None
+    for off, line in _lines(f, base, opts.max_record_bytes):
+        if lineno is not None:
+            lineno += 1
+        if off < s:
+            continue
+        if e is not None and off >= e:
+            break
+        if line is not None and not line.strip():
+            continue
+        reason = "record_too_long" if line is None else None
+        text = None
+        if reason is None:
+            raw, reason = _decode(line)
+        if reason is None:
+            try:
+                rec = json.loads(raw)
+            except json.JSONDecodeError:
+                reason = "bad_json"
+            else:
+                text = rec.get(opts.text_field) if isinstance(rec, dict) else None
+                if not isinstance(text, str):
+                    reason = "missing_text_field"
+        if reason:
+            _bad_record(opts, report, unit, off, lineno, reason,
+                        _WHAT[reason].replace("text field", f"{opts.text_field!r} field"))
+            continue
+        yield Doc(f"{unit.key}:{off}", text.split("\n") if opts.presplit else [text])
+
+
+def _parquet_docs(fs, path: str, unit: Unit, opts: ReadOptions, report: ReadReport) -> Iterator[Doc]:
+    with fs.open(path, "rb") as fh:
+        pf = pq.ParquetFile(fh)
+        if opts.text_field not in pf.schema_arrow.names:
+            raise InputError(f"input {unit.path}: no column {opts.text_field!r} (columns: {pf.schema_arrow.names});"
+                             " pass --text-field")
+        first = sum(pf.metadata.row_group(g).num_rows for g in range(unit.start))
+        column = pf.read_row_group(unit.start, columns=[opts.text_field]).column(0).to_pylist()
+    for i, text in enumerate(column):
+        if not isinstance(text, str):
+            _bad_record(opts, report, unit, first + i, None, "missing_text_field", f"row {first + i}: null text")
+            continue
+        yield Doc(f"{unit.key}:{first + i}", text.split("\n") if opts.presplit else [text])

@@ -1,0 +1,97 @@
+"""The dataset contract between the build and pre-training: Parquet schemas and the manifest (single source of truth).
+
+See docs/architecture.md. Token ids are ``uint16`` when the vocabulary has at most 65,535 entries, else ``uint32``;
+rows are unpadded; ``a_length`` rebuilds the segment ids (``token_type_ids[i] = 0 if i < a_length + 2 else 1``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.storage import join, read_json
+
+FORMAT = "bert-pretrain-dataset"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+VOCAB_FILE = "vocab.txt"
+SHARDS_DIR = "shards"
+WORK_DIR = "_work"
+UINT16_MAX_VOCAB = 65535
+
+REQUIRED_MANIFEST_KEYS = ("format", "format_version", "config", "config_hash", "vocab", "token_dtype",
+                          "max_seq_length", "inputs", "shards", "totals", "seq_len_histogram")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= UINT16_MAX_VOCAB else np.dtype(np.uint32)
+
+
+def _arrow(dtype: np.dtype) -> pa.DataType:
+    return pa.uint16() if np.dtype(dtype) == np.uint16 else pa.uint32()
+
+
+def instance_schema(vocab_size: int) -> pa.Schema:
+    """The schema of the output shards."""
+    tok = _arrow(token_dtype(vocab_size))
+    return pa.schema([
+        ("input_ids", pa.list_(tok)),
+        ("a_length", pa.int16()),
+        ("masked_lm_positions", pa.list_(pa.uint16())),
+        ("masked_lm_ids", pa.list_(tok)),
+        ("next_sentence_label", pa.int8()),
+    ])
+
+
+def work_instance_schema(vocab_size: int) -> pa.Schema:
+    """Instances in _work: the output columns plus the hash ``key`` that orders them globally."""
+    return instance_schema(vocab_size).append(pa.field("key", pa.uint64()))
+
+
+def work_docs_schema(vocab_size: int) -> pa.Schema:
+    """Tokenized documents in _work: one row per document, its sentences as id lists."""
+    return pa.schema([("doc_id", pa.string()), ("sentences", pa.list_(pa.list_(_arrow(token_dtype(vocab_size)))))])
+
+
+def shard_name(i: int, n: int) -> str:
+    return f"{SHARDS_DIR}/part-{i:05d}-of-{n:05d}.parquet"
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of a config dict (sorted keys, no whitespace)."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def validate_manifest(m: dict[str, Any], where: str = "manifest") -> dict[str, Any]:
+    """Check the keys and the invariants consumers rely on; raises ValueError saying what is wrong."""
+    missing = [k for k in REQUIRED_MANIFEST_KEYS if k not in m]
+    if missing:
+        raise ValueError(f"{where} lacks {missing}: not a complete dataset; rebuild it with jobs/build_dataset.py")
+    if m["format"] != FORMAT or m["format_version"] != FORMAT_VERSION:
+        raise ValueError(f"{where}: format {m['format']!r} v{m['format_version']} is not {FORMAT!r} v{FORMAT_VERSION}")
+    rows = [s["rows"] for s in m["shards"]]
+    if not rows or max(rows) - min(rows) > 1:
+        raise ValueError(f"{where}: shards are not balanced (rows {min(rows or [0])}..{max(rows or [0])})")
+    if sum(rows) != m["totals"]["instances"]:
+        raise ValueError(f"{where}: shard rows {sum(rows)} != totals.instances {m['totals']['instances']}")
+    if m["token_dtype"] != str(token_dtype(m["vocab"]["size"])):
+        raise ValueError(f"{where}: token_dtype {m['token_dtype']} does not fit vocab size {m['vocab']['size']}")
+    return m
+
+
+def read_manifest(url: str, endpoint_url: str | None = None) -> dict[str, Any]:
+    """The validated manifest of the dataset at ``url`` (the folder, or the manifest.json itself)."""
+    path = url if url.rstrip("/").endswith(MANIFEST) else join(url, MANIFEST)
+    try:
+        m = read_json(path, endpoint_url)
+    except FileNotFoundError as e:
+        raise ValueError(f"{path} not found: the dataset is missing or its build did not finish") from e
+    return validate_manifest(m, path)
+
+
+def shard_urls(url: str, manifest: dict[str, Any]) -> list[str]:
+    """Full URLs of the shards a manifest lists."""
+    return [join(url, s["file"]) for s in manifest["shards"]]

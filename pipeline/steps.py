@@ -1,0 +1,239 @@
+"""The build's steps as plain functions over one work unit; the plain loop and the Ray adapter call exactly these.
+
+Each step commits its output file atomically and then a small JSON completion marker (datatrove style): a unit with a
+marker is done and is skipped on resume; a unit without one is redone from scratch, overwriting any leftover.
+
+    read_split        unit -> documents as sentences (strings)           [Ray: tasks]
+    tokenize_commit   -> _work/docs/<uid>.parquet + marker                [Ray: actor pool, the tokenizer loads once]
+    select_pool/load_pool: the random-next pool, a seeded sample of the whole corpus (driver, then object store)
+    instances_step    -> _work/instances/<uid>.parquet (bucketed) + marker [Ray: actor pool, the pool loads once]
+    shard_step        -> shards/part-i-of-S.parquet + marker              [Ray: tasks]
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections import Counter
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.instances import InstanceConfig, RandomDocPool, VocabInfo, create_instances
+from pipeline.readers import ReadOptions, ReadReport, Unit, read_unit
+from pipeline.rng import derive_seed
+from pipeline.schema import instance_schema, token_dtype, work_docs_schema
+from pipeline.shards import ShardTask, write_bucketed, write_shard
+from pipeline.storage import filesystem_for, join, open_atomic, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+_ENCODE_BATCH = 20000  # sentences per encode call: bounds the tokenizer's temporary memory
+
+
+@dataclasses.dataclass(frozen=True)
+class StepContext:
+    """What the steps need (never the whole job config): where _work is and the component configs."""
+
+    work: str
+    output: str
+    read: ReadOptions
+    instances: InstanceConfig
+    do_lower_case: bool
+    dupe_factor: int
+    vocab_size: int
+    pool_tokens: int
+    endpoint_url: str | None = None
+
+    def url(self, *parts: str) -> str:
+        return join(self.work, *parts)
+
+
+@dataclasses.dataclass
+class SplitUnit:
+    uid: str
+    path: str
+    doc_ids: list[str]
+    sentences: list[list[str]]
+    report: ReadReport
+
+
+def read_split(unit: Unit, ctx: StepContext) -> SplitUnit:
+    """Read one unit's documents and split them into sentences (lines, with presplit)."""
+    from pipeline.sentences import split_sentences
+
+    report = ReadReport()
+    doc_ids, sentences = [], []
+    for doc in read_unit(unit, ctx.read, ctx.endpoint_url, report):
+        if ctx.read.presplit:
+            sents = [s.strip() for line in doc.lines for s in line.split("\n")]
+        else:
+            sents = split_sentences(" ".join(doc.lines))
+        doc_ids.append(doc.doc_id)
+        sentences.append([s for s in sents if s and not s.isspace()])
+    return SplitUnit(unit.uid, unit.path, doc_ids, sentences, report)
+
+
+def _list_array(arrays: list[np.ndarray], dtype: np.dtype) -> pa.Array:
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
+    if arrays:
+        np.cumsum(np.fromiter((len(a) for a in arrays), np.int64, len(arrays)), out=offsets[1:])
+    values = np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+
+def tokenize_commit(split: SplitUnit, ctx: StepContext, encoder) -> dict:
+    """WordPiece the unit's sentences and commit its documents (+ pool candidates) with a marker."""
+    flat = [s for sents in split.sentences for s in sents]
+    ids: list[np.ndarray] = []
+    for i in range(0, len(flat), _ENCODE_BATCH):
+        ids.extend(encoder.encode(flat[i:i + _ENCODE_BATCH]))
+    dtype = token_dtype(ctx.vocab_size)
+    dropped = Counter(split.report.dropped)
+    doc_ids, doc_sents, pos = [], [], 0
+    n_sent = n_tok = 0
+    candidates = []
+    for doc_id, sents in zip(split.doc_ids, split.sentences):
+        kept = [a for a in ids[pos:pos + len(sents)] if len(a)]  # the reference drops lines with no tokens
+        pos += len(sents)
+        if not kept:
+            dropped["no_tokens"] += 1  # the reference removes empty documents; we count them
+            continue
+        doc_ids.append(doc_id)
+        doc_sents.append(kept)
+        n_sent += len(kept)
+        ntok = int(sum(len(a) for a in kept))
+        n_tok += ntok
+        candidates.append((derive_seed(ctx.instances.seed, doc_id, "pool"), doc_id, ntok))
+    sent_arrays = [a for sents in doc_sents for a in sents]
+    outer = np.zeros(len(doc_sents) + 1, dtype=np.int32)
+    np.cumsum([len(s) for s in doc_sents], out=outer[1:])
+    table = pa.Table.from_arrays(
+        [pa.array(doc_ids, pa.string()), pa.ListArray.from_arrays(pa.array(outer), _list_array(sent_arrays, dtype))],
+        schema=work_docs_schema(ctx.vocab_size),
+    )
+    with open_atomic(ctx.url("docs", f"{split.uid}.parquet"), ctx.endpoint_url) as f:
+        pq.write_table(table, f, compression="zstd")
+    marker = {
+        "uid": split.uid, "path": split.path, "documents": len(doc_ids), "sentences": n_sent, "tokens": n_tok,
+        "read_documents": len(split.doc_ids), "dropped": dict(dropped), "bad_files": split.report.bad_files,
+        "pool_candidates": pool_prefix(candidates, ctx.pool_tokens),
+    }
+    write_json_atomic(ctx.url("docs", f"{split.uid}.done.json"), marker, ctx.endpoint_url)
+    return marker
+
+
+def pool_prefix(candidates: list[tuple[int, str, int]], budget: int) -> list[list]:
+    """The lowest-priority documents whose tokens fit ``budget`` (at least one): what the global pool can use."""
+    out, total = [], 0
+    for prio, doc_id, ntok in sorted(candidates):
+        if out and total + ntok > budget:
+            break
+        out.append([prio, doc_id, ntok])
+        total += ntok
+    return out
+
+
+def select_pool(markers: list[dict], budget: int) -> dict[str, list[str]]:
+    """Doc ids of the pool by unit: the K documents of the whole corpus with the lowest seeded hash under a budget."""
+    cands = sorted((p, d, n, m["uid"]) for m in markers for p, d, n in m["pool_candidates"])
+    chosen: dict[str, list[str]] = {}
+    total = 0
+    for k, (_, doc_id, ntok, uid) in enumerate(cands):
+        if k and total + ntok > budget:
+            break
+        chosen.setdefault(uid, []).append(doc_id)
+        total += ntok
+    return chosen
+
+
+def iter_docs(table: pa.Table) -> Iterator[tuple[str, list[np.ndarray]]]:
+    """(doc_id, sentence id arrays) from a _work docs table, as zero-copy numpy views."""
+    col = table.column("sentences").combine_chunks()
+    outer = col.offsets.to_numpy()
+    inner_arr = col.values
+    inner = inner_arr.offsets.to_numpy()
+    flat = inner_arr.values.to_numpy()
+    for i, doc_id in enumerate(table.column("doc_id").to_pylist()):
+        o0, o1 = outer[i], outer[i + 1]
+        yield doc_id, [flat[inner[j]:inner[j + 1]] for j in range(o0, o1)]
+
+
+def read_docs(ctx: StepContext, uid: str) -> pa.Table:
+    fs, path = filesystem_for(ctx.url("docs", f"{uid}.parquet"), ctx.endpoint_url)
+    with fs.open(path, "rb") as f:
+        return pq.read_table(f)
+
+
+def load_pool(ctx: StepContext, selection: dict[str, list[str]]) -> RandomDocPool:
+    """Build the pool from the chosen documents, in a fixed order (unit, then position)."""
+    def docs():
+        for uid in sorted(selection):
+            wanted = set(selection[uid])
+            for doc_id, sents in iter_docs(read_docs(ctx, uid)):
+                if doc_id in wanted:
+                    yield doc_id, [s.copy() for s in sents]
+    return RandomDocPool(docs())
+
+
+def instances_step(uid: str, ctx: StepContext, pool: RandomDocPool, vocab: VocabInfo, bits: int) -> dict:
+    """NSP pairs + MLM masks for every (document, pass) of a unit, written bucketed by key, with a marker."""
+    cols: dict[str, list] = {c: [] for c in ("input_ids", "a_length", "masked_lm_positions", "masked_lm_ids",
+                                              "next_sentence_label", "key")}
+    for doc_id, sents in iter_docs(read_docs(ctx, uid)):
+        for p in range(ctx.dupe_factor):
+            out = create_instances(doc_id, sents, p, ctx.instances, pool, vocab)
+            for c in cols:
+                cols[c].extend(out[c])
+    dtype = token_dtype(ctx.vocab_size)
+    lengths = np.fromiter((len(a) for a in cols["input_ids"]), np.int64, len(cols["input_ids"]))
+    schema = instance_schema(ctx.vocab_size).append(pa.field("key", pa.uint64()))
+    table = pa.Table.from_arrays([
+        _list_array(cols["input_ids"], dtype),
+        pa.array(cols["a_length"], pa.int16()),
+        _list_array(cols["masked_lm_positions"], np.dtype(np.uint16)),
+        _list_array(cols["masked_lm_ids"], dtype),
+        pa.array(cols["next_sentence_label"], pa.int8()),
+        pa.array(np.asarray(cols["key"], dtype=np.uint64)),
+    ], schema=schema)
+    index = write_bucketed(ctx.url("instances", f"{uid}.parquet"), table, bits, ctx.endpoint_url)
+    hist = np.bincount(lengths) if len(lengths) else np.zeros(0, np.int64)
+    marker = {
+        "uid": uid, "instances": table.num_rows, "buckets": index, "bits": bits,
+        "random_next": int(np.sum(cols["next_sentence_label"])),
+        "masked": int(sum(len(a) for a in cols["masked_lm_positions"])),
+        "seq_len_histogram": {str(k): int(v) for k, v in enumerate(hist) if v},
+    }
+    write_json_atomic(ctx.url("instances", f"{uid}.done.json"), marker, ctx.endpoint_url)
+    return marker
+
+
+def bucket_sources(markers: list[dict], ctx: StepContext) -> dict[int, list[tuple[str, list[int]]]]:
+    """For each bucket, the (instances file, row groups) that hold it, in unit order (the stable tie-break)."""
+    out: dict[int, list[tuple[str, list[int]]]] = {}
+    for m in sorted(markers, key=lambda m: m["uid"]):
+        url = ctx.url("instances", f"{m['uid']}.parquet")
+        for bucket, rg, _ in m["buckets"]:
+            srcs = out.setdefault(bucket, [])
+            if srcs and srcs[-1][0] == url:
+                srcs[-1][1].append(rg)
+            else:
+                srcs.append((url, [rg]))
+    return out
+
+
+def shard_step(task: ShardTask, ctx: StepContext, sources: dict[int, list[tuple[str, list[int]]]]) -> dict:
+    from pipeline.schema import shard_name
+
+    name = shard_name(task.index, task.count)
+    rows = write_shard(task, join(ctx.output, name), sources, instance_schema(ctx.vocab_size), ctx.endpoint_url)
+    assert rows == task.rows, (rows, task.rows)
+    marker = {"index": task.index, "file": name, "rows": rows}
+    write_json_atomic(ctx.url("shards", f"{task.index:05d}.done.json"), marker, ctx.endpoint_url)
+    return marker
+
+
+def marker_json(marker: dict) -> str:
+    return json.dumps(marker, sort_keys=True)

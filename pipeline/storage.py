@@ -1,0 +1,274 @@
+"""fsspec helpers for the data build: filesystems by URL, input expansion, early checks, atomic commits, JSON.
+
+Every path is a URL (``s3://bucket/key``, ``gs://``, ``http(s)://``, or a local path). S3 credentials come from the
+standard AWS environment/config (boto's chain); ``endpoint_url`` points at an S3-compatible store (MinIO, Ceph).
+
+Atomic commit: readers treat a file as present only once it has its final name. Locally we write ``NAME.tmp-<uuid>``
+and ``os.replace`` it (atomic on POSIX); on object stores a single PUT is atomic, so the final key is written in one
+``pipe`` call and never appears half-written.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import posixpath
+import uuid
+from collections.abc import Iterator
+from typing import IO, Any
+
+import fsspec
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
+
+log = logging.getLogger(__name__)
+
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}
+# Environment variables boto reads; forwarded to Ray workers (never logged), whose env the driver's does not reach.
+AWS_ENV_VARS = (
+    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION",
+    "AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_ENDPOINT_URL", "AWS_EC2_METADATA_DISABLED",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileInfo:
+    """One input file: its URL, the key that names it in document ids, size and a version stamp."""
+
+    path: str
+    key: str
+    size: int
+    etag: str | None = None
+    mtime: str | None = None
+
+
+def protocol_of(url: str) -> str:
+    return url.split("://", 1)[0] if "://" in url else "file"
+
+
+def storage_options(url: str, endpoint_url: str | None = None) -> dict[str, Any]:
+    if protocol_of(url) in ("s3", "s3a") and endpoint_url:
+        return {"endpoint_url": endpoint_url}
+    return {}
+
+
+def filesystem_for(url: str, endpoint_url: str | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """(filesystem, path inside it) for a URL; ``endpoint_url`` applies to s3:// only."""
+    fs, path = url_to_fs(url, **storage_options(url, endpoint_url))
+    return fs, path
+
+
+def unstrip(fs: fsspec.AbstractFileSystem, path: str, like: str) -> str:
+    """The URL of ``path`` on ``fs`` (fsspec strips the protocol)."""
+    if isinstance(fs, LocalFileSystem) or "://" not in like:
+        return path
+    proto = protocol_of(like)
+    return path if path.startswith(proto + "://") else f"{proto}://{path}"
+
+
+def join(url: str, *parts: str) -> str:
+    """``url/part/...`` for local paths and URLs alike."""
+    return posixpath.join(url.rstrip("/"), *parts) if "://" in url else os.path.join(url, *parts)
+
+
+def compression_of(path: str) -> str | None:
+    for ext, name in COMPRESSIONS.items():
+        if path.endswith(ext):
+            return name
+    return None
+
+
+def strip_compression(path: str) -> str:
+    for ext in COMPRESSIONS:
+        if path.endswith(ext):
+            return path[: -len(ext)]
+    return path
+
+
+def _describe(url: str) -> str:
+    if protocol_of(url) in ("s3", "s3a", "gs", "gcs"):
+        bucket = url.split("://", 1)[1].split("/", 1)[0]
+        return f"{url} (bucket {bucket!r})"
+    return url
+
+
+def storage_error(url: str, e: BaseException, doing: str) -> ValueError:
+    """A user-facing error that names the path/bucket and says how to fix the usual causes."""
+    text = f"{type(e).__name__}: {e}"
+    hint = ""
+    low = text.lower()
+    if "credential" in low or "accessdenied" in low or "access denied" in low or "forbidden" in low or \
+            "invalidaccesskeyid" in low or "signaturedoesnotmatch" in low or isinstance(e, PermissionError):
+        hint = (" Check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or ~/.aws) and the"
+                " bucket policy.")
+    elif "nosuchbucket" in low or "bucket" in low and "not exist" in low:
+        hint = " The bucket does not exist: create it or fix the URL."
+    elif "connect" in low or "endpoint" in low:
+        hint = " Check --endpoint-url and that the server is reachable."
+    return ValueError(f"cannot {doing} {_describe(url)}: {text}.{hint}")
+
+
+def _stamp(info: dict) -> tuple[str | None, str | None]:
+    etag = info.get("ETag") or info.get("etag") or info.get("md5Hash")
+    mtime = info.get("LastModified") or info.get("mtime") or info.get("updated") or info.get("last_modified")
+    if isinstance(etag, str):
+        etag = etag.strip('"')
+    if mtime is not None and not isinstance(mtime, str):
+        mtime = mtime.isoformat() if hasattr(mtime, "isoformat") else str(mtime)
+    return etag, mtime
+
+
+def expand_inputs(urls: list[str], endpoint_url: str | None = None) -> list[FileInfo]:
+    """Files named by ``urls`` (files, directories walked recursively, globs), sorted, with size and version.
+
+    Raises ValueError naming the URL when nothing is there or the store refuses us (missing bucket, credentials),
+    so the build fails before any work is scheduled. Hidden files (``.``/``_`` prefixes) inside directories are
+    skipped, as Spark and Ray do.
+    """
+    if not urls:
+        raise ValueError("no --input given: pass at least one file, directory or glob")
+    found: dict[str, FileInfo] = {}
+    keys: set[str] = set()
+    for i, url in enumerate(urls):
+        fs, path = filesystem_for(url, endpoint_url)
+        try:
+            if any(c in path for c in "*?["):
+                infos = {p: fs.info(p) for p in fs.glob(path)}
+                root = path[: min(path.find(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
+            elif fs.isdir(path):
+                infos = fs.find(path, detail=True)
+                root = path
+            else:
+                infos = {path: fs.info(path)}
+                root = posixpath.dirname(path.rstrip("/"))
+        except FileNotFoundError as e:
+            raise ValueError(f"input {_describe(url)} does not exist ({e}); fix --input") from e
+        except Exception as e:  # botocore/aiohttp errors have no common base worth importing here
+            raise storage_error(url, e, "list input") from e
+        files = {p: info for p, info in infos.items() if info.get("type", "file") != "directory"}
+        files = {p: info for p, info in files.items()
+                 if not any(part.startswith((".", "_")) for part in p[len(root):].split("/") if part)}
+        if not files:
+            raise ValueError(f"input {_describe(url)} matches no files; fix --input")
+        for p in sorted(files):
+            full = unstrip(fs, p, url)
+            if full in found:
+                continue
+            rel = p[len(root):].lstrip("/") if p.startswith(root) else posixpath.basename(p)
+            key = rel or posixpath.basename(p)
+            if key in keys:  # two inputs with the same relative name: keep ids distinct and stable
+                key = f"{i}:{key}"
+            keys.add(key)
+            etag, mtime = _stamp(files[p])
+            found[full] = FileInfo(path=full, key=key, size=int(files[p].get("size") or 0), etag=etag, mtime=mtime)
+    return sorted(found.values(), key=lambda f: f.path)
+
+
+def check_writable(url: str, endpoint_url: str | None = None) -> None:
+    """Fail early (naming the bucket/path) when the output cannot be written: missing bucket, credentials."""
+    fs, path = filesystem_for(url, endpoint_url)
+    probe = join(path, f"_write_probe-{uuid.uuid4().hex}")
+    try:
+        if isinstance(fs, LocalFileSystem):
+            fs.makedirs(path, exist_ok=True)
+        fs.pipe_file(probe, b"")
+        fs.rm_file(probe)
+    except Exception as e:
+        raise storage_error(url, e, "write output to") from e
+
+
+def exists(url: str, endpoint_url: str | None = None) -> bool:
+    fs, path = filesystem_for(url, endpoint_url)
+    return fs.exists(path)
+
+
+def read_bytes(url: str, endpoint_url: str | None = None) -> bytes:
+    fs, path = filesystem_for(url, endpoint_url)
+    return fs.cat_file(path)
+
+
+def write_bytes_atomic(url: str, data: bytes, endpoint_url: str | None = None) -> None:
+    """Commit ``data`` under ``url`` so that readers see all of it or nothing."""
+    fs, path = filesystem_for(url, endpoint_url)
+    if isinstance(fs, LocalFileSystem):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    else:
+        fs.pipe_file(path, data)  # one PUT: atomic on S3/GCS
+
+
+def read_json(url: str, endpoint_url: str | None = None) -> Any:
+    return json.loads(read_bytes(url, endpoint_url))
+
+
+def write_json_atomic(url: str, obj: Any, endpoint_url: str | None = None) -> None:
+    write_bytes_atomic(url, json.dumps(obj, indent=1, sort_keys=True).encode(), endpoint_url)
+
+
+def remove_tree(url: str, endpoint_url: str | None = None) -> None:
+    fs, path = filesystem_for(url, endpoint_url)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+def list_names(url: str, endpoint_url: str | None = None) -> list[str]:
+    """Base names under a folder URL (empty when it does not exist)."""
+    fs, path = filesystem_for(url, endpoint_url)
+    fs.invalidate_cache()  # s3fs caches listings; markers written by workers must be seen
+    try:
+        return sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False))
+    except FileNotFoundError:
+        return []
+
+
+def aws_env() -> dict[str, str]:
+    """The AWS variables set in this process, to hand to Ray workers through runtime_env (never log them)."""
+    return {k: os.environ[k] for k in AWS_ENV_VARS if k in os.environ}
+
+
+@contextlib.contextmanager
+def open_atomic(url: str, endpoint_url: str | None = None) -> Iterator[IO[bytes]]:
+    """A binary file that appears under ``url`` only if the block exits cleanly (never half-written).
+
+    Local: a temp name beside it, then ``os.replace``. Object stores: the object is created when the upload
+    completes (one PUT, or CompleteMultipartUpload), and an exception discards the upload instead.
+    """
+    fs, path = filesystem_for(url, endpoint_url)
+    if isinstance(fs, LocalFileSystem):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        try:
+            with open(tmp, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        return
+    f = fs.open(path, "wb")
+    try:
+        yield f
+    except BaseException:
+        discard = getattr(f, "discard", None)
+        if discard is not None:
+            discard()
+        raise
+    f.close()
+
+
+def remove_stale_temps(url: str, endpoint_url: str | None = None) -> None:
+    """Delete ``*.tmp-<uuid>`` leftovers of a killed local writer under a folder."""
+    fs, path = filesystem_for(url, endpoint_url)
+    if isinstance(fs, LocalFileSystem) and os.path.isdir(path):
+        for name in os.listdir(path):
+            if ".tmp-" in name:
+                os.remove(os.path.join(path, name))
