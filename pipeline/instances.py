@@ -23,7 +23,7 @@ import numpy as np
 
 from pipeline.masking import VocabInfo, mask_sequences
 from pipeline.pairs import RandomDocPool, document_pairs, pack_sentences
-from pipeline.rng import derive_seed, np_rng, py_rng
+from pipeline.rng import derive_seeds, np_rng, py_rng
 
 __all__ = ["InstanceConfig", "RandomDocPool", "VocabInfo", "create_instances", "COLUMNS"]
 
@@ -105,15 +105,10 @@ def create_instances(
     seq_len = a_len + b_len + 3
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(seq_len, out=offsets[1:])
-    is_candidate = np.ones(len(flat), dtype=bool)
-    is_candidate[offsets[:-1]] = False  # [CLS]
-    is_candidate[offsets[:-1] + a_len + 1] = False  # middle [SEP]
-    is_candidate[offsets[1:] - 1] = False  # final [SEP]
-
     masked = mask_sequences(
         flat,
         offsets,
-        is_candidate,
+        a_len,
         vocab,
         np_rng(cfg.seed, doc_id, pass_idx, "mask"),
         cfg.masked_lm_prob,
@@ -122,12 +117,18 @@ def create_instances(
     )
     mask_offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(masked.counts, out=mask_offsets[1:])
-    cut, mcut = offsets[1:-1], mask_offsets[1:-1]
     return {
-        "input_ids": np.split(masked.input_ids, cut),
+        "input_ids": _split(masked.input_ids, offsets),
         "a_length": a_len.tolist(),
-        "masked_lm_positions": np.split(masked.positions.astype(np.uint16), mcut),
-        "masked_lm_ids": np.split(masked.labels.astype(dtype, copy=False), mcut),
+        "masked_lm_positions": _split(masked.positions.astype(np.uint16), mask_offsets),
+        "masked_lm_ids": _split(masked.labels.astype(dtype, copy=False), mask_offsets),
         "next_sentence_label": [int(p.is_random_next) for p in pairs],
-        "key": [derive_seed(cfg.seed, doc_id, pass_idx, i) for i in range(n)],
+        # == derive_seed(cfg.seed, doc_id, pass_idx, i), hashing the common prefix once.
+        "key": derive_seeds((cfg.seed, doc_id, pass_idx), range(n)),
     }
+
+
+def _split(flat: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
+    # Plain slicing: np.split costs ~5 µs per piece in Python-level overhead.
+    bounds = offsets.tolist()
+    return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]

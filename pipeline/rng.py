@@ -16,7 +16,13 @@ _SEP = b"\x1f"
 
 
 def _encode(part: object) -> bytes:
-    # Type-tag every part so that 1, "1" and b"1" give different seeds.
+    # Type-tag every part so that 1, "1" and b"1" give different seeds. Exact-type checks first: this runs per
+    # instance in the hot path.
+    t = type(part)
+    if t is int:
+        return b"i%d" % part
+    if t is str:
+        return b"s" + part.encode("utf-8", "surrogatepass")
     if isinstance(part, bool):
         return b"b" + (b"1" if part else b"0")
     if isinstance(part, (int, np.integer)):
@@ -30,8 +36,20 @@ def _encode(part: object) -> bytes:
 
 def derive_seed(*parts: object) -> int:
     """A 64-bit seed from the parts (ints, strings, bytes), stable across processes and machines."""
-    h = hashlib.blake2b(_SEP.join(_encode(p) for p in parts), digest_size=8)
+    h = hashlib.blake2b(_SEP.join([_encode(p) for p in parts]), digest_size=8)
     return int.from_bytes(h.digest(), "little")
+
+
+def derive_seeds(prefix: tuple, indices: range) -> list[int]:
+    """``[derive_seed(*prefix, i) for i in indices]`` at ~1 µs each: the common prefix is hashed once."""
+    head = _SEP.join([_encode(p) for p in prefix]) + _SEP
+    base = hashlib.blake2b(head, digest_size=8)
+    out = []
+    for i in indices:
+        h = base.copy()
+        h.update(b"i%d" % i)  # what _encode gives an int
+        out.append(int.from_bytes(h.digest(), "little"))
+    return out
 
 
 def py_rng(*parts: object) -> random.Random:
