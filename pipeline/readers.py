@@ -37,7 +37,7 @@ ON_ERROR = ("fail", "skip")
 COMPRESSED_RATIO = 3  # text compresses ~3x: an estimate of the decompressed size, used to plan units only
 MAX_COMPRESSED_UNITS = 8
 _CONTEXT = 64 << 10  # bytes read before a unit's start to learn whether its first line starts a document
-_CHUNK = 1 << 20
+_CHUNK = 256 << 10
 
 
 class InputError(ValueError):
@@ -179,30 +179,31 @@ def _position(f: IO[bytes], pos: int, seekable: bool) -> None:
 
 def _lines(f: IO[bytes], pos: int, max_line: int) -> Iterator[tuple[int, bytes | None]]:
     """(offset, line with its newline) from ``pos``; an over-long line comes as None and is never held whole."""
-    buf, i, skip_from = b"", 0, None
+    pending: list[bytes] = []  # pieces of the current line (a list: joining once beats repeated concatenation)
+    plen, skipping = 0, False
     while True:
-        j = buf.find(b"\n", i)
-        if j >= 0:
-            if skip_from is not None:
-                yield skip_from, None
-                skip_from = None
-            else:
-                yield pos, buf[i:j + 1]
-            pos += j + 1 - i
-            i = j + 1
-            continue
-        if len(buf) - i > max_line:
-            skip_from = pos if skip_from is None else skip_from
-            pos += len(buf) - i
-            buf, i = b"", 0
         data = f.read(_CHUNK)
         if not data:
-            if skip_from is not None:
-                yield skip_from, None
-            elif i < len(buf):
-                yield pos, buf[i:]
+            if skipping or pending:
+                yield pos, (None if skipping else b"".join(pending))
             return
-        buf, i = buf[i:] + data, 0
+        i = 0
+        while (j := data.find(b"\n", i)) >= 0:
+            if skipping:
+                yield pos, None
+            elif pending:
+                yield pos, b"".join(pending) + data[i:j + 1]
+            else:
+                yield pos, data[i:j + 1]
+            pos += plen + j + 1 - i
+            pending, plen, skipping, i = [], 0, False, j + 1
+        rest = len(data) - i
+        if rest:
+            plen += rest
+            if not skipping:
+                pending.append(data[i:])
+                if plen > max_line:
+                    pending, skipping = [], True
 
 
 def _decode(line: bytes) -> tuple[str | None, str | None]:

@@ -1,6 +1,6 @@
 """The dataset contract between the build and pre-training: Parquet schemas and the manifest (single source of truth).
 
-See docs/architecture.md. Token ids are ``uint16`` when the vocabulary has at most 65,535 entries, else ``uint32``;
+See docs/architecture.md. Token ids are ``uint16`` when the vocabulary has at most 65,536 entries (ids up to 65,535), else ``uint32``;
 rows are unpadded; ``a_length`` rebuilds the segment ids (``token_type_ids[i] = 0 if i < a_length + 2 else 1``).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ MANIFEST = "manifest.json"
 VOCAB_FILE = "vocab.txt"
 SHARDS_DIR = "shards"
 WORK_DIR = "_work"
-UINT16_MAX_VOCAB = 65535
+UINT16_MAX_VOCAB = 65536  # ids 0..65535 fit uint16
 
 REQUIRED_MANIFEST_KEYS = ("format", "format_version", "config", "config_hash", "vocab", "token_dtype",
                           "max_seq_length", "inputs", "shards", "totals", "seq_len_histogram")

@@ -1,0 +1,57 @@
+"""pipeline.storage: input expansion, early errors naming the path, atomic commits."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pipeline.storage import (exists, expand_inputs, join, open_atomic, read_json, remove_stale_temps,
+                              write_bytes_atomic, write_json_atomic)
+
+
+def test_expand_files_dirs_globs_sorted_with_size_and_mtime(tmp_path):
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    (tmp_path / "d" / "b.txt").write_text("bb")
+    (tmp_path / "d" / "sub" / "a.jsonl").write_text("a")
+    (tmp_path / "d" / ".hidden").write_text("x")
+    (tmp_path / "d" / "_SUCCESS").write_text("")
+    (tmp_path / "c.txt").write_text("ccc")
+    got = expand_inputs([str(tmp_path / "d"), str(tmp_path / "*.txt"), str(tmp_path / "c.txt")])
+    assert [f.path for f in got] == sorted(f.path for f in got)
+    assert [os.path.basename(f.path) for f in got] == ["c.txt", "b.txt", "a.jsonl"]
+    assert {f.key: f.size for f in got} == {"b.txt": 2, "sub/a.jsonl": 1, "c.txt": 3}
+    assert all(f.mtime for f in got)
+
+
+def test_same_relative_name_from_two_inputs_gets_distinct_keys(tmp_path):
+    for d in ("x", "y"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "part.txt").write_text(d)
+    keys = [f.key for f in expand_inputs([str(tmp_path / "x"), str(tmp_path / "y")])]
+    assert len(set(keys)) == 2
+
+
+@pytest.mark.parametrize("name", ["missing.txt", "nothing-*.txt"])
+def test_missing_input_fails_naming_it(tmp_path, name):
+    with pytest.raises(ValueError, match=name.replace("*", r"\*")):
+        expand_inputs([str(tmp_path / name)])
+
+
+def test_atomic_write_leaves_no_temp_and_json_roundtrips(tmp_path):
+    url = str(tmp_path / "o" / "m.json")
+    write_json_atomic(url, {"a": [1, 2]})
+    assert read_json(url) == {"a": [1, 2]} and exists(url)
+    write_bytes_atomic(url, b"{}")
+    assert os.listdir(tmp_path / "o") == ["m.json"]
+
+
+def test_open_atomic_commits_nothing_on_error(tmp_path):
+    url = join(str(tmp_path), "shard.parquet")
+    with pytest.raises(RuntimeError):
+        with open_atomic(url) as f:
+            f.write(b"half")
+            raise RuntimeError("killed")
+    assert os.listdir(tmp_path) == []
+    (tmp_path / "x.parquet.tmp-abc").write_bytes(b"stale")
+    remove_stale_temps(str(tmp_path))
+    assert os.listdir(tmp_path) == []
