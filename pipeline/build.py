@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import time
 from collections import Counter
@@ -249,6 +250,7 @@ def build(cfg: BuildConfig, executor: Executor | None = None) -> dict[str, Any]:
         "random_pool": {"documents": len(pool), "tokens": int(len(pool.tokens))},
         "build_seconds": round(time.time() - t0, 2),
     }
+    manifest = json.loads(json.dumps(manifest))  # what readers will see (tuples become lists)
     validate_manifest(manifest, "the new manifest")
     write_json_atomic(manifest_url, manifest, ep)  # last: its presence means the dataset is complete
     remove_tree(join(out, WORK_DIR), ep)
