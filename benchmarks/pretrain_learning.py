@@ -1,0 +1,160 @@
+"""Does pre-training learn? A tiny BERT on the five shared corpora, against the trivial baselines, on held-out data.
+
+    python benchmarks/pretrain_learning.py --stage all   [--out /work/artifacts] [--minutes 30]
+    python benchmarks/pretrain_learning.py --stage data      # split + build train/eval with the real builder
+    python benchmarks/pretrain_learning.py --stage train     # jobs/pretrain.py for at most --minutes
+    python benchmarks/pretrain_learning.py --stage report    # baselines + learning curve from MLflow
+
+Held-out split: in every corpus a seeded 4% of the *documents* (at least 3) go to the eval set, so no eval
+sentence (nor its document) was seen in training. The vocabulary is trained on the train split only, and the eval
+set is built with it. Baselines, computed on the eval shards: MLM = always predict the most frequent token among
+the *train* set's masked labels; NSP = always predict the train set's majority class.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+CORPORA = REPO.parent / "shared" / "data" / "corpora"
+
+
+def split_documents(out: Path, fraction: float = 0.04, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    for part in ("train", "eval"):
+        (out / "raw" / part).mkdir(parents=True, exist_ok=True)
+    for path in sorted(CORPORA.glob("*.jsonl.gz")):
+        docs = [line for line in gzip.open(path, "rt", encoding="utf-8") if line.strip()]
+        held = set(rng.sample(range(len(docs)), max(3, round(fraction * len(docs)))))
+        for part, keep in (("train", lambda i: i not in held), ("eval", lambda i: i in held)):
+            with gzip.open(out / "raw" / part / path.name, "wt", encoding="utf-8") as f:
+                f.writelines(d for i, d in enumerate(docs) if keep(i))
+        print(f"{path.name}: {len(docs) - len(held)} train / {len(held)} eval documents")
+
+
+def build(out: Path, vocab_size: int, dupe_factor: int, seq: int) -> None:
+    from jobs import build_dataset
+
+    common = ["--max-seq-length", str(seq), "--max-predictions-per-seq", str(round(seq * 0.15 + 0.5)),
+              "--num-shards", "8", "--num-cpus", "2"]
+    train, ev = out / "pretrain-data" / "train", out / "pretrain-data" / "eval"
+    if not (train / "manifest.json").exists():
+        rc = build_dataset.main(["--input", str(out / "raw" / "train"), "--output", str(train),
+                                 "--vocab-size", str(vocab_size), "--dupe-factor", str(dupe_factor), *common])
+        assert rc == 0, rc
+    if not (ev / "manifest.json").exists():
+        rc = build_dataset.main(["--input", str(out / "raw" / "eval"), "--output", str(ev),
+                                 "--vocab", str(train / "vocab.txt"), "--dupe-factor", "1", *common])
+        assert rc == 0, rc
+
+
+def train(out: Path, args: argparse.Namespace) -> int:
+    data = out / "pretrain-data"
+    cmd = [sys.executable, str(REPO / "jobs" / "pretrain.py"),
+           "--data", str(data / "train"), "--eval-data", str(data / "eval"), "--eval-sequences", str(args.eval_sequences),
+           "--preset", args.preset, "--max-steps", str(args.max_steps), "--batch-size", str(args.batch_size),
+           "--num-workers", "1", "--cpus-per-worker", "2", "--threads", "2",
+           "--lr", str(args.lr), "--warmup-steps", str(args.max_steps // 20), "--max-grad-norm", "1.0",
+           "--storage", str(out / "pretrain-learning" / "runs"), "--run-name", args.run_name,
+           "--checkpoint-every", "200", "--keep-checkpoints", "2", "--log-every", "20",
+           "--eval-every", str(args.eval_every), "--length-bucketing", "--max-minutes", str(args.minutes),
+           "--export", str(out / "pretrain-learning" / "export"),
+           "--mlflow-tracking-uri", f"sqlite:///{out / 'pretrain-learning' / 'mlflow.db'}",
+           "--experiment", "pretrain-learning"]
+    print(" ".join(cmd), flush=True)
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
+    return subprocess.call(cmd, cwd=out / "pretrain-learning", env=env)
+
+
+def baselines(out: Path) -> dict[str, float]:
+    import numpy as np
+
+    from pipeline.batching import read_shard
+    from pipeline.schema import read_manifest, shard_urls
+
+    def load(name):
+        url = str(out / "pretrain-data" / name)
+        return [read_shard(u) for u in shard_urls(url, read_manifest(url))]
+
+    train_rows, eval_rows = load("train"), load("eval")
+    top_token = int(np.bincount(np.concatenate([r.lab for r in train_rows])).argmax())
+    majority = int(np.bincount(np.concatenate([r.nsp for r in train_rows])).argmax())
+    eval_lab = np.concatenate([r.lab for r in eval_rows])
+    eval_nsp = np.concatenate([r.nsp for r in eval_rows])
+    vocab = (out / "pretrain-data" / "train" / "vocab.txt").read_text().splitlines()
+    return {"mlm_top_token": vocab[top_token], "mlm_baseline_accuracy": float((eval_lab == top_token).mean()),
+            "nsp_majority_class": int(majority), "nsp_baseline_accuracy": float((eval_nsp == majority).mean()),
+            "eval_sequences": int(len(eval_nsp)), "eval_masked_tokens": int(len(eval_lab)),
+            "train_sequences": int(sum(len(r) for r in train_rows))}
+
+
+def report(out: Path, args: argparse.Namespace) -> None:
+    from mlflow.tracking import MlflowClient
+
+    base = baselines(out)
+    print(json.dumps(base, indent=1))
+    client = MlflowClient(f"sqlite:///{out / 'pretrain-learning' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("pretrain-learning")
+    run = client.search_runs([exp.experiment_id], filter_string=f"tags.`bert.run_name` = '{args.run_name}'")[0]
+    hist = {k: {m.step: m.value for m in client.get_metric_history(run.info.run_id, k)}
+            for k in ("loss", "mlm_accuracy", "nsp_accuracy", "sequences_per_second", "eval_loss",
+                      "eval_mlm_accuracy", "eval_nsp_accuracy")}
+    t0 = run.info.start_time
+    print(f"run {run.info.run_id} status {run.info.status}; "
+          f"wall {(run.info.end_time or int(time.time() * 1000)) - t0:.0f} ms")
+    print("| step | train loss | train MLM acc | train NSP acc | eval loss | eval MLM acc | eval NSP acc |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for step in sorted(hist["eval_mlm_accuracy"]):
+        near = min(hist["loss"], key=lambda s: abs(s - step))
+        print(f"| {step} | {hist['loss'][near]:.3f} | {hist['mlm_accuracy'][near]:.3f} | "
+              f"{hist['nsp_accuracy'][near]:.3f} | {hist['eval_loss'][step]:.3f} | "
+              f"{hist['eval_mlm_accuracy'][step]:.3f} | {hist['eval_nsp_accuracy'][step]:.3f} |")
+    last = max(hist["eval_mlm_accuracy"])
+    mlm, nsp_acc = hist["eval_mlm_accuracy"][last], hist["eval_nsp_accuracy"][last]
+    sps = sorted(hist["sequences_per_second"].values())
+    print(f"final held-out: MLM {mlm:.4f} = {mlm / base['mlm_baseline_accuracy']:.1f}x the most-frequent-token "
+          f"baseline {base['mlm_baseline_accuracy']:.4f} (target >= 3x); NSP {nsp_acc:.4f} vs majority "
+          f"{base['nsp_baseline_accuracy']:.4f} (target >= 0.75); median {sps[len(sps) // 2]:.1f} sequences/s")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stage", choices=("data", "train", "report", "all"), default="all")
+    p.add_argument("--out", default="/work/artifacts")
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--dupe-factor", type=int, default=3)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--preset", default="bert_tiny")
+    p.add_argument("--max-steps", type=int, default=4000)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--minutes", type=float, default=28.0, help="training-loop wall-clock budget (+ ~1 min start-up)")
+    p.add_argument("--eval-sequences", type=int, default=4096, help="held-out sequences per evaluation (0 = all)")
+    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--run-name", default="tiny-5corpora")
+    args = p.parse_args()
+    out = Path(args.out)
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    if args.stage in ("data", "all"):
+        split_documents(out)
+        build(out, args.vocab_size, args.dupe_factor, args.seq)
+    if args.stage in ("train", "all"):
+        (out / "pretrain-learning").mkdir(parents=True, exist_ok=True)
+        rc = train(out, args)
+        if rc:
+            return rc
+    if args.stage in ("report", "all"):
+        report(out, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,362 @@
+"""Pre-train BERT (MLM + NSP) on Ray Train from the shards of `jobs/build_dataset.py`, tracked in one MLflow run.
+
+    python jobs/pretrain.py --data DATASET_URL [--eval-data URL] --preset bert_tiny --max-steps 1000 \
+        --batch-size 256 [--micro-batch-size 64] [--num-workers 2 --cpus-per-worker 1 | --use-gpu] \
+        [--storage ./runs --run-name NAME --checkpoint-every 200] [--init CHECKPOINT] [--export DIR]
+    ray job submit --working-dir . -- python jobs/pretrain.py ...          # the same flags, on a cluster
+
+Checked here, before any worker starts: the flags, the dataset manifest(s) (vocabulary size and max length against
+the model, the same vocabulary in train and eval data and in `--init`), the batch geometry and the MLflow store.
+
+Fault tolerance: checkpoints go to STORAGE/RUN_NAME every `--checkpoint-every` steps (the last `--keep-checkpoints`
+kept). A dead worker makes Ray Train restart the group from the last checkpoint (`--max-failures`); running the same
+command again with the same `--run-name` resumes from there too, into the same MLflow run (found by its
+`bert.run_name` tag). The data position is part of the checkpoint, so the resumed run sees the same batches.
+
+Data reaches the workers through `pipeline.batching.RankStream`, not `get_dataset_shard`: each rank reads its own
+deterministic part of the balanced shards in a background thread. That keeps ranks exactly equal (no hang at the
+end of an epoch, no row dropped: epochs wrap around) and makes the data position a number, which Ray Data's
+demand-driven `streaming_split` cannot give; it also uses no Ray CPU slots, so the 2-CPU starvation hang cannot occur.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # `python jobs/pretrain.py` (also under `ray job submit --working-dir .`)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from jobs._common import (check_tracking_reachable, get_or_create_experiment, init_ray, resolve_tracking_uri,
+                          setup_logging)
+
+log = logging.getLogger("jobs.pretrain")
+
+LINEAGE_FILE = "bert_pretrain_run.json"
+RUN_NAME_TAG = "bert.run_name"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="pretrain", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    d = p.add_argument_group("data")
+    d.add_argument("--data", required=True, help="dataset directory written by jobs/build_dataset.py (local/s3://)")
+    d.add_argument("--eval-data", help="held-out dataset (same vocabulary) for eval_* metrics")
+    d.add_argument("--eval-sequences", type=int, default=2048, help="eval on the first N sequences (0 = all)")
+    d.add_argument("--endpoint-url", help="S3-compatible endpoint for s3:// data and storage (MinIO, Ceph, ...)")
+    d.add_argument("--length-bucketing", action="store_true", help="batch rows of similar length together")
+    d.add_argument("--dynamic-masking", action="store_true", help="redraw MLM masks every time a row is read")
+    m = p.add_argument_group("model and optimisation")
+    m.add_argument("--preset", default="bert_base", help="bert_tiny|bert_mini|bert_small|bert_medium|bert_base|...")
+    m.add_argument("--init", help="start from an export, a checkpoint directory or any HF BERT directory")
+    m.add_argument("--max-steps", type=int, required=True)
+    m.add_argument("--batch-size", type=int, default=256, help="GLOBAL sequences per optimizer step")
+    m.add_argument("--micro-batch-size", type=int, help="sequences per forward per worker (default: all of them)")
+    m.add_argument("--optimizer", choices=("adamw", "lamb"), default="adamw")
+    m.add_argument("--lr", type=float, default=1e-4)
+    m.add_argument("--warmup-steps", type=int, default=0)
+    m.add_argument("--weight-decay", type=float, default=0.01)
+    m.add_argument("--decay", choices=("linear", "poly"), default="linear")
+    m.add_argument("--poly-power", type=float, default=0.5, help="power of --decay poly")
+    m.add_argument("--max-grad-norm", type=float, default=1.0, help="0 disables clipping")
+    m.add_argument("--compile", action="store_true", help="torch.compile the model")
+    m.add_argument("--seed", type=int, default=12345)
+    r = p.add_argument_group("resources")
+    r.add_argument("--num-workers", type=int, default=1)
+    r.add_argument("--use-gpu", action="store_true", help="one GPU per worker, NCCL, bf16 autocast, fused AdamW")
+    r.add_argument("--cpus-per-worker", type=float, default=1.0,
+                   help="Ray CPUs per worker; fractions are fine (the data thread needs no Ray slot)")
+    r.add_argument("--threads", type=int, help="torch threads per CPU worker (default: round(cpus-per-worker))")
+    r.add_argument("--peak-tflops", type=float, help="accelerator peak for mfu (default: known GPUs' bf16 peak)")
+    c = p.add_argument_group("checkpoints and tracking")
+    c.add_argument("--storage", default="./runs", help="where checkpoints go (local path or s3://bucket/prefix)")
+    c.add_argument("--run-name", help="names the checkpoint folder and MLflow run; rerun with it to resume")
+    c.add_argument("--checkpoint-every", type=int, default=1000)
+    c.add_argument("--keep-checkpoints", type=int, default=3)
+    c.add_argument("--max-failures", type=int, default=3, help="worker-group restarts before giving up")
+    c.add_argument("--export", help="write the final model here in the Hugging Face layout")
+    c.add_argument("--mlflow-tracking-uri")
+    c.add_argument("--experiment", default="bert-pretrain")
+    c.add_argument("--parent-run-id", help="log this run as a child of that MLflow run")
+    c.add_argument("--log-every", type=int, default=50)
+    c.add_argument("--eval-every", type=int, default=0, help="0 = only at the end (when --eval-data is given)")
+    c.add_argument("--max-minutes", type=float, help="wall-clock budget of the training loop: stop (with a final "
+                   "eval, checkpoint and export) at the first log step after it; the lr schedule still spans --max-steps")
+    c.add_argument("--no-system-metrics", action="store_true", help="do not sample CPU/GPU/memory into MLflow")
+    a = p.parse_args(argv)
+    for name in ("max_steps", "batch_size", "num_workers", "checkpoint_every", "keep_checkpoints", "log_every"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if a.cpus_per_worker <= 0:
+        p.error("--cpus-per-worker must be > 0")
+    return a
+
+
+# ---- checks at start ---------------------------------------------------------------------------------------------
+
+def load_dataset_info(url: str, endpoint_url: str | None) -> dict[str, Any]:
+    """The manifest plus what the workers need: shard URLs and rows, vocab text, [MASK] id, a hash of the manifest."""
+    from pipeline import schema, storage
+
+    manifest = schema.read_manifest(url, endpoint_url)  # validated: complete, balanced, known format
+    raw = json.dumps(manifest, sort_keys=True).encode()
+    vocab_text = storage.read_bytes(storage.join(url, manifest["vocab"]["file"]), endpoint_url).decode("utf-8")
+    vocab = vocab_text.splitlines()
+    if len(vocab) != manifest["vocab"]["size"]:
+        raise ValueError(f"{url}: vocab.txt has {len(vocab)} entries, the manifest says {manifest['vocab']['size']}")
+    if "[MASK]" not in vocab:
+        raise ValueError(f"{url}: vocab.txt has no [MASK] token")
+    shards = manifest["shards"]
+    if sum(s["rows"] for s in shards) == 0:
+        raise ValueError(f"{url}: the manifest lists no rows")
+    cfg = manifest.get("config", {}).get("instances", {})
+    return {
+        "url": url,
+        "manifest": manifest,
+        "manifest_sha256": hashlib.sha256(raw).hexdigest(),  # of its canonical JSON
+        "config_hash": manifest.get("config_hash", ""),
+        "vocab_text": vocab_text,
+        "vocab_sha256": manifest["vocab"].get("sha256") or hashlib.sha256(vocab_text.encode()).hexdigest(),
+        "do_lower_case": bool(manifest["vocab"].get("do_lower_case", True)),
+        "max_seq_length": int(manifest["max_seq_length"]),
+        "worker": {  # what the loop reads
+            "shard_urls": schema.shard_urls(url, manifest),
+            "shard_rows": [int(s["rows"]) for s in shards],
+            "storage_options": storage.storage_options(url, endpoint_url),
+            "max_predictions": int(cfg.get("max_predictions_per_seq", 20)),
+            "masked_lm_prob": float(cfg.get("masked_lm_prob", 0.15)),
+            "mask_id": vocab.index("[MASK]"),
+            "config_hash": manifest.get("config_hash", ""),
+        },
+    }
+
+
+def model_config_for(args: argparse.Namespace, data: dict[str, Any]):
+    """The model's BertConfig (preset, or --init's), checked against the dataset's vocabulary and length."""
+    from bert_core import PRESETS, BertConfig
+    from bert_core.hf import resolve_model_dir
+
+    vocab_size = data["manifest"]["vocab"]["size"]
+    if args.init:
+        model_dir = resolve_model_dir(args.init)
+        config = BertConfig.from_json_file(model_dir / "config.json")
+        if config.vocab_size != vocab_size:
+            raise ValueError(f"--init {args.init} has vocab_size {config.vocab_size} but {data['url']} was built with "
+                             f"a {vocab_size}-entry vocabulary: rebuild the dataset with the model's vocab.txt")
+        vocab_file = model_dir / "vocab.txt"
+        if vocab_file.is_file():
+            sha = hashlib.sha256(vocab_file.read_bytes()).hexdigest()
+            if sha != data["vocab_sha256"]:
+                raise ValueError(f"--init {args.init}'s vocab.txt differs from the dataset's (same size, other "
+                                 "tokens): the ids would mean different words; rebuild the data with that vocab")
+    else:
+        if args.preset not in PRESETS:
+            raise ValueError(f"unknown --preset {args.preset!r}; choose one of {sorted(PRESETS)}")
+        config = PRESETS[args.preset](vocab_size=vocab_size)
+    if data["max_seq_length"] > config.max_position_embeddings:
+        raise ValueError(f"{data['url']} has sequences of {data['max_seq_length']} tokens but the model has only "
+                         f"{config.max_position_embeddings} positions")
+    return config
+
+
+def batch_geometry(args: argparse.Namespace) -> tuple[int, int]:
+    """(micro-batch size, accumulation steps) from the global batch and the worker count."""
+    if args.batch_size % args.num_workers:
+        raise ValueError(f"--batch-size {args.batch_size} does not split over {args.num_workers} workers; "
+                         f"use a multiple of {args.num_workers}")
+    per_worker = args.batch_size // args.num_workers
+    micro = args.micro_batch_size or per_worker
+    if micro < 1 or per_worker % micro:
+        raise ValueError(f"--micro-batch-size {micro} must divide the {per_worker} sequences each worker gets per "
+                         "step (--batch-size / --num-workers)")
+    return micro, per_worker // micro
+
+
+def normalise_tracking_uri(uri: str) -> str:
+    """Relative sqlite paths are resolved here: Ray workers run in other directories."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
+    return uri
+
+
+def storage_filesystem(url: str, endpoint_url: str | None):
+    """(pyarrow filesystem or None, path) for RunConfig. Credentials are resolved here (the driver's
+    environment) so that the Ray Train controller, which does not share it, can use the filesystem too."""
+    if "://" not in url or url.startswith("file://"):
+        return None, str(Path(url.removeprefix("file://")).resolve())
+    import pyarrow.fs
+
+    from pipeline import storage
+
+    fs, path = storage.filesystem_for(url, endpoint_url)
+    if storage.protocol_of(url) in ("s3", "s3a"):
+        import os
+
+        import s3fs
+
+        fs = s3fs.S3FileSystem(key=os.environ.get("AWS_ACCESS_KEY_ID"), secret=os.environ.get("AWS_SECRET_ACCESS_KEY"),
+                               token=os.environ.get("AWS_SESSION_TOKEN"),
+                               client_kwargs={"endpoint_url": endpoint_url} if endpoint_url else {})
+    return pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs)), path
+
+
+# ---- MLflow --------------------------------------------------------------------------------------------------------
+
+def open_mlflow_run(args, tracking_uri: str, params: dict[str, Any], tags: dict[str, str]) -> str:
+    """The run of this job: the existing one for this --run-name (a resume), else a new one."""
+    from mlflow.entities import Param, RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    exp_id = get_or_create_experiment(args.experiment, tracking_uri)
+    found = client.search_runs([exp_id], filter_string=f"tags.`{RUN_NAME_TAG}` = '{args.run_name}'",
+                               max_results=1, order_by=["attributes.start_time DESC"])
+    if found:
+        run_id = found[0].info.run_id
+        client.update_run(run_id, status="RUNNING")
+        old = found[0].data.params
+        changed = {k: (old[k], str(v)) for k, v in params.items() if k in old and old[k] != str(v)[:6000]}
+        if changed:
+            log.warning("resuming MLflow run %s with changed settings (kept as first logged): %s", run_id, changed)
+        params = {k: v for k, v in params.items() if k not in old}
+        log.info("resuming MLflow run %s (%s)", run_id, args.run_name)
+    else:
+        run_id = client.create_run(exp_id, run_name=args.run_name, tags=tags).info.run_id
+        log.info("MLflow run %s in experiment %r at %s", run_id, args.experiment, tracking_uri)
+    items = [Param(k, str(v)[:6000]) for k, v in sorted(params.items())]
+    for i in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[i:i + 100])
+    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+    return run_id
+
+
+def run_params(args, config, micro: int, accum: int, data: dict, eval_data: dict | None) -> dict[str, Any]:
+    flags = {k: v for k, v in vars(args).items() if v is not None}
+    params = {**flags, **{f"model.{k}": v for k, v in config.to_dict().items()
+                          if k not in ("id2label", "label2id", "architectures")}}
+    params.update({"micro_batch_size_resolved": micro, "grad_accumulation_steps": accum,
+                   "dataset.max_seq_length": data["max_seq_length"],
+                   "dataset.instances": sum(data["worker"]["shard_rows"]),
+                   "dataset.max_predictions_per_seq": data["worker"]["max_predictions"]})
+    if eval_data:
+        params["eval_dataset.instances"] = sum(eval_data["worker"]["shard_rows"])
+    return params
+
+
+def export_model(checkpoint, export_dir: Path, run_id: str, tracking_uri: str) -> Path:
+    with checkpoint.as_directory() as d:
+        if export_dir.exists():
+            shutil.rmtree(export_dir)
+        shutil.copytree(Path(d) / "model", export_dir)
+    (export_dir / LINEAGE_FILE).write_text(json.dumps({"mlflow_run_id": run_id, "tracking_uri": tracking_uri}) + "\n")
+    return export_dir
+
+
+# ---- main ----------------------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    setup_logging()
+    import time
+
+    args.run_name = args.run_name or time.strftime("pretrain-%Y%m%d-%H%M%S")
+    try:
+        data = load_dataset_info(args.data, args.endpoint_url)
+        eval_data = load_dataset_info(args.eval_data, args.endpoint_url) if args.eval_data else None
+        if eval_data and eval_data["vocab_sha256"] != data["vocab_sha256"]:
+            raise ValueError(f"--eval-data {args.eval_data} was built with another vocabulary than --data")
+        config = model_config_for(args, data)
+        micro, accum = batch_geometry(args)
+        tracking_uri = normalise_tracking_uri(resolve_tracking_uri(args.mlflow_tracking_uri))
+        check_tracking_reachable(tracking_uri)
+        fs, storage_path = storage_filesystem(args.storage, args.endpoint_url)
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
+
+    tags = {RUN_NAME_TAG: args.run_name, "job": "pretrain", "dataset.url": args.data,
+            "dataset.manifest_sha256": data["manifest_sha256"], "dataset.config_hash": data["config_hash"],
+            "dataset.vocab_sha256": data["vocab_sha256"], "storage": f"{args.storage.rstrip('/')}/{args.run_name}"}
+    if eval_data:
+        tags.update({"eval_dataset.url": args.eval_data, "eval_dataset.manifest_sha256": eval_data["manifest_sha256"]})
+    if args.init:
+        tags["init"] = args.init
+        lineage = Path(args.init) / LINEAGE_FILE
+        if lineage.is_file():
+            tags["lineage.init_run_id"] = json.loads(lineage.read_text()).get("mlflow_run_id", "")
+    if args.parent_run_id:
+        tags["mlflow.parentRunId"] = args.parent_run_id
+    run_id = open_mlflow_run(args, tracking_uri, run_params(args, config, micro, accum, data, eval_data), tags)
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    try:
+        result = fit(args, config, micro, accum, data, eval_data, tracking_uri, run_id, fs, storage_path)
+        with tempfile.TemporaryDirectory() as tmp:
+            export_dir = Path(args.export).resolve() if args.export else Path(tmp) / "export"
+            export_model(result.checkpoint, export_dir, run_id, tracking_uri)
+            client.log_artifacts(run_id, str(export_dir), artifact_path="model")
+        if args.export:
+            log.info("exported the model (Hugging Face layout) to %s", export_dir)
+    except BaseException:
+        client.set_terminated(run_id, status="FAILED")
+        raise
+    client.set_terminated(run_id, status="FINISHED")
+    log.info("done: run %s, checkpoints under %s/%s", run_id, args.storage, args.run_name)
+    return 0
+
+
+def fit(args, config, micro: int, accum: int, data: dict, eval_data: dict | None, tracking_uri: str, run_id: str,
+        fs, storage_path: str):
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from pipeline.storage import aws_env
+
+    loop_config = {
+        "model_config": config.to_dict(), "init": str(Path(args.init).resolve()) if args.init else None,
+        "vocab_text": data["vocab_text"], "do_lower_case": data["do_lower_case"],
+        "data": data["worker"], "eval_data": eval_data["worker"] if eval_data else None,
+        "eval_sequences": args.eval_sequences, "eval_every": args.eval_every if eval_data else 0,
+        "micro_batch_size": micro, "accum": accum, "seed": args.seed, "max_steps": args.max_steps,
+        "length_bucketing": args.length_bucketing, "dynamic_masking": args.dynamic_masking,
+        "optimizer": args.optimizer, "lr": args.lr, "weight_decay": args.weight_decay,
+        "warmup_steps": args.warmup_steps, "decay": args.decay, "poly_power": args.poly_power,
+        "max_grad_norm": args.max_grad_norm, "compile": args.compile,
+        "threads": args.threads or max(1, round(args.cpus_per_worker)), "peak_flops": (
+            args.peak_tflops * 1e12 if args.peak_tflops else None),
+        "log_every": args.log_every, "max_seconds": args.max_minutes * 60 if args.max_minutes else None, "checkpoint_every": args.checkpoint_every, "run_name": args.run_name,
+        "mlflow": {"tracking_uri": tracking_uri, "run_id": run_id, "system_metrics": not args.no_system_metrics},
+    }
+    init_ray()
+    resources = {"CPU": args.cpus_per_worker}
+    if args.use_gpu:
+        resources["GPU"] = 1
+    env = aws_env()
+    from jobs._pretrain_loop import train_loop
+
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config=loop_config,
+        torch_config=TorchConfig(backend="nccl" if args.use_gpu else "gloo"),
+        scaling_config=ray.train.ScalingConfig(num_workers=args.num_workers, use_gpu=args.use_gpu,
+                                               resources_per_worker=resources),
+        run_config=ray.train.RunConfig(
+            name=args.run_name, storage_path=storage_path, storage_filesystem=fs,
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=args.keep_checkpoints),
+            failure_config=ray.train.FailureConfig(max_failures=args.max_failures),
+            worker_runtime_env={"env_vars": env} if env else None,
+        ),
+    )
+    return trainer.fit()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
