@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# A local Ray head + MLflow tracking server, both on 127.0.0.1, that behave like the cluster: the README's
+# `ray job submit --working-dir . -- python jobs/...` commands run verbatim against it and their runs appear in
+# the MLflow UI. See docs/local.md.
+#
+#   scripts/local_stack.sh start      # starts both (idempotent), prints the variables to export
+#   scripts/local_stack.sh status     # what is running, and where
+#   scripts/local_stack.sh env        # just the export lines:  eval "$(scripts/local_stack.sh env)"
+#   scripts/local_stack.sh stop       # stops both; runs and artifacts stay in the state dir
+#
+# Settings (environment): LOCAL_STACK_DIR (default .local-stack/ in the repository), RAY_PORT (6379),
+# RAY_DASHBOARD_PORT (8265, also the job server), MLFLOW_PORT (5000), LOCAL_STACK_CPUS (default: all).
+#
+# Every process is started in its own session (setsid) and stopped by that session id, never by name: `ray stop`
+# would also kill every other Ray on this machine (other users', other test runs).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+state="${LOCAL_STACK_DIR:-$root/.local-stack}"
+mkdir -p "$state"
+state="$(cd "$state" && pwd)"
+ray_port="${RAY_PORT:-6379}"
+dash_port="${RAY_DASHBOARD_PORT:-8265}"
+mlflow_port="${MLFLOW_PORT:-5000}"
+# Ray's temp dir holds Unix sockets (paths limited to ~107 bytes): keep it short, and distinct from /tmp/ray so
+# that a later `ray.init()` elsewhere never discovers this head through /tmp/ray/ray_current_cluster.
+ray_tmp="/tmp/ray-stack-$(printf '%s' "$state" | sha256sum | cut -c1-8)"
+if [ -x "$root/.venv/bin/python" ] && [ -z "${VIRTUAL_ENV:-}" ]; then
+  export PATH="$root/.venv/bin:$PATH"
+fi
+# Keep every Ray listener on loopback (Ray otherwise advertises the external interface; see docs/local.md).
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
+
+mlflow_uri="http://127.0.0.1:$mlflow_port"
+api_address="http://127.0.0.1:$dash_port"
+gcs_address="127.0.0.1:$ray_port"
+# Ray 2.60 authenticates every client of a cluster started in token mode (the job server included). The stack's
+# token lives in its state dir, readable by you only, not in ~/.ray, so that it is this stack's alone.
+token_file="$state/ray_auth_token"
+
+session_alive() {  # session_alive FILE: is any process of the session recorded in FILE still running?
+  [ -f "$1" ] || return 1
+  local sid
+  sid="$(cat "$1")"
+  [ -n "$(ps -eo sid= | awk -v s="$sid" '$1==s' | head -1)" ]
+}
+
+stop_session() {  # stop_session FILE NAME: SIGTERM the session's processes, SIGKILL what is left after 15 s
+  local file="$1" name="$2" sid pids i
+  [ -f "$file" ] || return 0
+  sid="$(cat "$file")"
+  pids="$(ps -eo pid=,sid= | awk -v s="$sid" '$2==s {print $1}')"
+  if [ -n "$pids" ]; then
+    echo ">> stopping $name (session $sid)"
+    kill -TERM $pids 2>/dev/null || true
+    for i in $(seq 30); do
+      pids="$(ps -eo pid=,sid= | awk -v s="$sid" '$2==s {print $1}')"
+      [ -z "$pids" ] && break
+      sleep 0.5
+    done
+    [ -n "$pids" ] && kill -KILL $pids 2>/dev/null || true
+  fi
+  rm -f "$file"
+}
+
+wait_http() {  # wait_http URL SECONDS NAME LOG
+  local i
+  for i in $(seq "$2"); do
+    # Any HTTP answer means the server is up (the job server answers 401 without the token).
+    if python - "$1" <<'EOF' 2>/dev/null; then return 0; fi
+import sys, urllib.error, urllib.request
+try:
+    urllib.request.urlopen(sys.argv[1], timeout=2).read()
+except urllib.error.HTTPError:
+    pass
+EOF
+    sleep 1
+  done
+  echo "error: $3 did not answer on $1 within $2 s; its log: $4" >&2
+  tail -20 "$4" >&2 || true
+  return 1
+}
+
+# RAY_API_SERVER_ADDRESS is where `ray job submit` goes; RAY_ADDRESS (the GCS) is what `python jobs/X.py`
+# joins when run directly in the same shell (an http:// RAY_ADDRESS would make ray.init() fail).
+print_env() {
+  cat <<EOF
+export RAY_API_SERVER_ADDRESS=$api_address
+export RAY_ADDRESS=$gcs_address
+export RAY_AUTH_MODE=token
+export RAY_AUTH_TOKEN_PATH=$token_file
+export MLFLOW_TRACKING_URI=$mlflow_uri
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
+EOF
+}
+
+start() {
+  if ! session_alive "$state/mlflow.sid"; then
+    mkdir -p "$state/mlflow/artifacts"
+    echo ">> starting MLflow on $mlflow_uri (store: $state/mlflow/mlflow.db)"
+    # One worker and no job runner: ~7 s and ~0.5 GB instead of ~29 s and ~1.5 GB. Artifacts are proxied by the
+    # server (--serve-artifacts), as on the team server, so clients never write to the store directly.
+    MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false setsid bash -c 'echo $$ > "$0"; exec "$@"' "$state/mlflow.sid" \
+      mlflow server --backend-store-uri "sqlite:///$state/mlflow/mlflow.db" \
+      --artifacts-destination "$state/mlflow/artifacts" --serve-artifacts \
+      --host 127.0.0.1 --port "$mlflow_port" --workers 1 >"$state/mlflow.log" 2>&1 </dev/null &
+    sleep 0.5
+  fi
+  if ! session_alive "$state/ray.sid"; then
+    if [ ! -s "$token_file" ]; then
+      (umask 077 && python -c 'import secrets; print(secrets.token_hex(32), end="")' >"$token_file")
+    fi
+    # Ray's other fixed default ports (the dashboard agent's 52365, which job submission goes through, and the
+    # client server's 10001) collide with any other Ray on the machine: take free ones.
+    read -r agent_port client_port < <(python -c 'import socket
+ss = [socket.socket() for _ in range(2)]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(*[s.getsockname()[1] for s in ss])')
+    echo ">> starting Ray head on $gcs_address (dashboard + job server $api_address, temp $ray_tmp)"
+    # MLFLOW_TRACKING_URI in the head's environment is inherited by every job driver `ray job submit` starts.
+    MLFLOW_TRACKING_URI="$mlflow_uri" RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$token_file" setsid bash -c 'echo $$ > "$0"; exec "$@"' "$state/ray.sid" \
+      ray start --head --node-ip-address=127.0.0.1 --port="$ray_port" \
+      --dashboard-host=127.0.0.1 --dashboard-port="$dash_port" --temp-dir="$ray_tmp" \
+      --dashboard-agent-listen-port="$agent_port" --ray-client-server-port="$client_port" \
+      --disable-usage-stats ${LOCAL_STACK_CPUS:+--num-cpus="$LOCAL_STACK_CPUS"} >"$state/ray.log" 2>&1 </dev/null \
+      || { echo "error: ray start failed; its log: $state/ray.log" >&2; tail -20 "$state/ray.log" >&2; exit 1; }
+  fi
+  wait_http "$mlflow_uri/health" 120 MLflow "$state/mlflow.log"
+  wait_http "$api_address/api/version" 120 "Ray job server" "$state/ray.log"
+  print_env >"$state/env.sh"
+  echo
+  echo "Local stack is up. In your shell:"
+  echo
+  print_env | sed 's/^/  /'
+  echo
+  echo "  (or: source $state/env.sh)   MLflow UI: $mlflow_uri   Ray dashboard: $api_address"
+  echo "  then e.g.: ray job submit --working-dir . -- python jobs/build_dataset.py --input data/sample/corpus ..."
+  echo "  stop with: scripts/local_stack.sh stop"
+}
+
+status() {
+  local rc=0
+  if session_alive "$state/ray.sid"; then
+    echo "ray:    running (session $(cat "$state/ray.sid")), GCS $gcs_address, job server $api_address"
+  else
+    echo "ray:    stopped"; rc=1
+  fi
+  if session_alive "$state/mlflow.sid"; then
+    echo "mlflow: running (session $(cat "$state/mlflow.sid")), $mlflow_uri, store $state/mlflow"
+  else
+    echo "mlflow: stopped"; rc=1
+  fi
+  return $rc
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop)
+    stop_session "$state/ray.sid" "Ray head"
+    stop_session "$state/mlflow.sid" "MLflow server"
+    rm -rf "$ray_tmp" "$state/env.sh"
+    echo ">> stopped (runs and artifacts kept in $state/mlflow)"
+    ;;
+  status) status ;;
+  env) print_env ;;
+  *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
+esac
