@@ -70,7 +70,10 @@ def train(out: Path, args: argparse.Namespace) -> int:
            "--mlflow-tracking-uri", f"sqlite:///{out / 'pretrain-learning' / 'mlflow.db'}",
            "--experiment", "pretrain-learning"]
     print(" ".join(cmd), flush=True)
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
+    # Ray starts its workers at nice 15 (RAY_worker_niceness); on a box shared with other people's nice-0 processes
+    # that starves the training worker to a fraction of a core. Nice 0 gives it a fair share, no more.
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
+           "RAY_worker_niceness": "0"}
     return subprocess.call(cmd, cwd=out / "pretrain-learning", env=env)
 
 

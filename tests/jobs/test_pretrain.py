@@ -80,7 +80,7 @@ def test_two_workers_learn_and_mlflow_has_one_complete_run(baseline, tiny_pretra
     assert lr[2][0] == pytest.approx(1.5e-3) and lr[STEPS][0] < lr[20][0]  # step 2 of a 2-step warm-up, then decay
     assert 0 <= run.data.metrics["data_wait_fraction"] < 1
     seq = run.data.metrics["sequences_per_second"]
-    assert run.data.metrics["tokens_per_second"] < 64 * seq  # real tokens only, never more than the padded width
+    assert 8 * seq < run.data.metrics["tokens_per_second"] <= 64.001 * seq  # real tokens: at most 64 per sequence
 
     artifacts = {f.path for f in client.list_artifacts(run.info.run_id, "model")}
     assert {"model/config.json", "model/model.safetensors", "model/vocab.txt", "model/bert_pretrain_run.json"} <= artifacts

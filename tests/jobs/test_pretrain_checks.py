@@ -1,0 +1,58 @@
+"""jobs/pretrain.py refuses bad inputs at start, before Ray or any worker: fast tests, no Ray."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from jobs import pretrain
+
+
+def run(args: list[str], caplog) -> tuple[int, str]:
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="jobs.pretrain"):
+        rc = pretrain.main(args)
+    return rc, caplog.text
+
+
+@pytest.fixture
+def base(tiny_pretrain_data, tmp_path) -> list[str]:
+    return ["--data", tiny_pretrain_data["train"], "--preset", "bert_tiny", "--max-steps", "2",
+            "--storage", str(tmp_path / "runs"), "--mlflow-tracking-uri", f"sqlite:///{tmp_path}/m.db"]
+
+
+def test_unreachable_tracking_server_fails_at_start(base, caplog):
+    rc, text = run(base + ["--batch-size", "8", "--mlflow-tracking-uri", "http://127.0.0.1:9"], caplog)
+    assert rc == 2 and "unreachable" in text
+
+
+def test_batch_geometry_is_checked(base, caplog):
+    rc, text = run(base + ["--batch-size", "9", "--num-workers", "2"], caplog)
+    assert rc == 2 and "does not split over 2 workers" in text
+    rc, text = run(base + ["--batch-size", "8", "--num-workers", "2", "--micro-batch-size", "3"], caplog)
+    assert rc == 2 and "must divide the 4 sequences" in text
+    micro, accum = pretrain.batch_geometry(pretrain.parse_args(base + ["--batch-size", "64", "--num-workers", "2",
+                                                                       "--micro-batch-size", "8"]))
+    assert (micro, accum) == (8, 4)
+
+
+def test_dataset_and_model_must_agree(base, tiny_pretrain_data, tmp_path, caplog):
+    from bert_core import BertForPreTraining, bert_tiny
+
+    rc, text = run(base + ["--data", str(tmp_path / "nowhere")], caplog)
+    assert rc == 2 and "not found" in text
+    other = tmp_path / "other-vocab"
+    BertForPreTraining(bert_tiny(vocab_size=700)).save_pretrained(other)
+    rc, text = run(base + ["--init", str(other)], caplog)
+    assert rc == 2 and "vocab_size 700" in text
+    short = tmp_path / "short-positions"
+    BertForPreTraining(bert_tiny(vocab_size=600, max_position_embeddings=32)).save_pretrained(short)
+    rc, text = run(base + ["--init", str(short)], caplog)
+    assert rc == 2 and "only 32 positions" in text
+    rc, text = run(base + ["--preset", "bert_huge"], caplog)
+    assert rc == 2 and "unknown --preset" in text
+
+
+def test_unknown_flags_fail():
+    with pytest.raises(SystemExit):
+        pretrain.parse_args(["--data", "x", "--max-steps", "1", "--no-such-flag"])
