@@ -62,7 +62,7 @@ def train(out: Path, args: argparse.Namespace) -> int:
            "--data", str(data / "train"), "--eval-data", str(data / "eval"), "--eval-sequences", str(args.eval_sequences),
            "--preset", args.preset, "--max-steps", str(args.max_steps), "--batch-size", str(args.batch_size),
            "--num-workers", "1", "--cpus-per-worker", "2", "--threads", "2",
-           "--lr", str(args.lr), "--warmup-steps", str(args.max_steps // 20), "--max-grad-norm", "1.0",
+           "--lr", str(args.lr), "--warmup-steps", str(args.max_steps // 25), "--max-grad-norm", "1.0",
            "--storage", str(out / "pretrain-learning" / "runs"), "--run-name", args.run_name,
            "--checkpoint-every", "200", "--keep-checkpoints", "2", "--log-every", "20",
            "--eval-every", str(args.eval_every), "--length-bucketing", "--max-minutes", str(args.minutes),
@@ -136,12 +136,12 @@ def main() -> int:
     p.add_argument("--dupe-factor", type=int, default=3)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--preset", default="bert_tiny")
-    p.add_argument("--max-steps", type=int, default=4000)
+    p.add_argument("--max-steps", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--minutes", type=float, default=28.0, help="training-loop wall-clock budget (+ ~1 min start-up)")
     p.add_argument("--eval-sequences", type=int, default=4096, help="held-out sequences per evaluation (0 = all)")
-    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--eval-every", type=int, default=250)
     p.add_argument("--run-name", default="tiny-5corpora")
     args = p.parse_args()
     out = Path(args.out)

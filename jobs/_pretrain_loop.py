@@ -76,7 +76,7 @@ def _build_model(cfg: dict, checkpoint_dir: Path | None):
 
 
 def _stream(cfg: dict, rank: int, world: int, start_batch: int):
-    from pipeline.batching import Prefetcher, RankStream, Remasker, StreamConfig, read_shard
+    from pipeline.batching import Prefetcher, RankStream, Remasker, StreamConfig, micro_batches, read_shard
 
     data = cfg["data"]
     remasker = None
@@ -86,9 +86,38 @@ def _stream(cfg: dict, rank: int, world: int, start_batch: int):
     scfg = StreamConfig(micro_batch_size=cfg["micro_batch_size"], seed=cfg["seed"], rank=rank, world_size=world,
                         max_predictions=data["max_predictions"], length_bucketing=cfg["length_bucketing"],
                         remasker=remasker)
-    stream = RankStream(data["shard_rows"], lambda i: read_shard(data["shard_urls"][i], data["storage_options"]),
-                        scfg, start_batch=start_batch)
-    return Prefetcher(iter(stream), depth=max(4, 2 * cfg["accum"]))
+    if cfg["data_loader"] == "ray-data":
+        window = scfg.bucket_window if scfg.length_bucketing else 1
+        first_window, skip = divmod(start_batch, window)
+        source = micro_batches(_ray_data_rows(first_window * window * scfg.micro_batch_size), scfg, first_window, skip)
+    else:
+        source = iter(RankStream(data["shard_rows"], lambda i: read_shard(data["shard_urls"][i],
+                                                                          data["storage_options"]),
+                                 scfg, start_batch=start_batch))
+    return Prefetcher(source, depth=max(4, 2 * cfg["accum"]))
+
+
+def _ray_data_rows(drop: int):
+    """This worker's rows from Ray Data (`get_dataset_shard`), epoch after epoch, the first `drop` rows skipped.
+
+    Train's DataConfig splits with `streaming_split(equal=True)`: every rank gets the same number of rows per epoch
+    (Ray Data drops at most world_size - 1 rows of an epoch to make it so), and rows carry over epoch boundaries, so
+    ranks stay equal. Which rows a rank gets depends on timing: a resumed run skips as many rows as were consumed,
+    not the same rows (use the default loader for an exact replay).
+    """
+    import ray.train
+
+    from pipeline.batching import Rows
+
+    shard = ray.train.get_dataset_shard("train")
+    while True:
+        for table in shard.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):
+            rows = Rows.from_arrow(table)
+            if drop >= len(rows):
+                drop -= len(rows)
+                continue
+            yield rows.slice(drop, len(rows)) if drop else rows
+            drop = 0
 
 
 def _eval_rows(cfg: dict):

@@ -13,10 +13,13 @@ kept). A dead worker makes Ray Train restart the group from the last checkpoint 
 command again with the same `--run-name` resumes from there too, into the same MLflow run (found by its
 `bert.run_name` tag). The data position is part of the checkpoint, so the resumed run sees the same batches.
 
-Data reaches the workers through `pipeline.batching.RankStream`, not `get_dataset_shard`: each rank reads its own
-deterministic part of the balanced shards in a background thread. That keeps ranks exactly equal (no hang at the
-end of an epoch, no row dropped: epochs wrap around) and makes the data position a number, which Ray Data's
-demand-driven `streaming_split` cannot give; it also uses no Ray CPU slots, so the 2-CPU starvation hang cannot occur.
+Data (`--data-loader stream`, the default) reaches the workers through `pipeline.batching.RankStream`: each rank
+reads its own deterministic part of the balanced shards in a background thread. That keeps ranks exactly equal (no
+hang at the end of an epoch, no row dropped: epochs wrap around) and makes the data position a number, which Ray
+Data's demand-driven `streaming_split` cannot give; it also needs no Ray CPU slot, so the 2-CPU starvation hang
+cannot occur. `--data-loader ray-data` streams the same shards through Ray Data (`read_parquet` ->
+`get_dataset_shard`, equal rows per rank) into the same batching; its resume skips rows rather than replaying them.
+Leave CPUs for its read tasks (fractional `--cpus-per-worker`).
 """
 from __future__ import annotations
 
@@ -50,6 +53,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     d.add_argument("--eval-data", help="held-out dataset (same vocabulary) for eval_* metrics")
     d.add_argument("--eval-sequences", type=int, default=2048, help="eval on the first N sequences (0 = all)")
     d.add_argument("--endpoint-url", help="S3-compatible endpoint for s3:// data and storage (MinIO, Ceph, ...)")
+    d.add_argument("--data-loader", choices=("stream", "ray-data"), default="stream",
+                   help="stream: each rank reads its deterministic part of the shards (exact resume); ray-data: "
+                        "Ray Data read_parquet + get_dataset_shard (equal rows per rank, order not reproducible)")
     d.add_argument("--length-bucketing", action="store_true", help="batch rows of similar length together")
     d.add_argument("--dynamic-masking", action="store_true", help="redraw MLM masks every time a row is read")
     m = p.add_argument_group("model and optimisation")
@@ -326,7 +332,7 @@ def fit(args, config, micro: int, accum: int, data: dict, eval_data: dict | None
         "data": data["worker"], "eval_data": eval_data["worker"] if eval_data else None,
         "eval_sequences": args.eval_sequences, "eval_every": args.eval_every if eval_data else 0,
         "micro_batch_size": micro, "accum": accum, "seed": args.seed, "max_steps": args.max_steps,
-        "length_bucketing": args.length_bucketing, "dynamic_masking": args.dynamic_masking,
+        "length_bucketing": args.length_bucketing, "data_loader": args.data_loader, "dynamic_masking": args.dynamic_masking,
         "optimizer": args.optimizer, "lr": args.lr, "weight_decay": args.weight_decay,
         "warmup_steps": args.warmup_steps, "decay": args.decay, "poly_power": args.poly_power,
         "max_grad_norm": args.max_grad_norm, "compile": args.compile,
@@ -342,10 +348,22 @@ def fit(args, config, micro: int, accum: int, data: dict, eval_data: dict | None
     env = aws_env()
     from jobs._pretrain_loop import train_loop
 
+    datasets = None
+    if args.data_loader == "ray-data":
+        import ray.data
+
+        from pipeline.batching import COLUMNS
+
+        read_fs, _ = storage_filesystem(args.data, args.endpoint_url)
+        urls = data["worker"]["shard_urls"]
+        if read_fs is not None:
+            urls = [u.split("://", 1)[1] for u in urls]
+        datasets = {"train": ray.data.read_parquet(urls, filesystem=read_fs, columns=list(COLUMNS))}
     trainer = TorchTrainer(
         train_loop,
         train_loop_config=loop_config,
         torch_config=TorchConfig(backend="nccl" if args.use_gpu else "gloo"),
+        datasets=datasets,
         scaling_config=ray.train.ScalingConfig(num_workers=args.num_workers, use_gpu=args.use_gpu,
                                                resources_per_worker=resources),
         run_config=ray.train.RunConfig(

@@ -26,7 +26,7 @@ import hashlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -288,35 +288,54 @@ class RankStream:
                 offset = 0
             epoch += 1
 
-    def _windows(self) -> Iterator[Rows]:
-        pieces, have = [], 0
-        for piece in self._rows_from(self._first_window * self._window_rows):
-            pieces.append(piece)
-            have += len(piece)
-            while have >= self._window_rows:
-                rows = Rows.concat(pieces)
-                yield rows.slice(0, self._window_rows)
-                rest = rows.slice(self._window_rows, len(rows))
-                pieces, have = ([rest] if len(rest) else []), len(rest)
-
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        cfg, m = self.cfg, self.cfg.micro_batch_size
-        for w, rows in enumerate(self._windows(), start=self._first_window):
-            batches = [np.arange(i, i + m) for i in range(0, len(rows), m)]
-            if cfg.length_bucketing:
-                rng = np.random.default_rng(seed_for("bucket", cfg.seed, cfg.rank, w))
-                by_len = np.argsort(rows.lengths + rng.random(len(rows)), kind="stable")  # random tie-break
-                batches = [by_len[i:i + m] for i in range(0, len(rows), m)]
-                batches = [batches[j] for j in rng.permutation(len(batches))]
-            for j, idx in enumerate(batches):
-                if w == self._first_window and j < self._skip:
-                    continue
-                batch_rows = rows.take(idx)
-                if cfg.remasker is not None:
-                    rng = np.random.default_rng(seed_for("remask", cfg.seed, cfg.rank, self.batch_index))
-                    batch_rows = cfg.remasker(batch_rows, rng)
-                yield collate(batch_rows, cfg.max_predictions, cfg.pad_id, cfg.pad_multiple)
-                self.batch_index += 1
+        for batch in micro_batches(self._rows_from(self._first_window * self._window_rows), self.cfg,
+                                   self._first_window, self._skip):
+            yield batch
+            self.batch_index += 1
+
+
+def micro_batches(pieces: Iterable[Rows], cfg: StreamConfig, first_window: int = 0, skip: int = 0,
+                  ) -> Iterator[dict[str, np.ndarray]]:
+    """Cut a stream of rows into collated micro-batches of exactly `cfg.micro_batch_size` rows.
+
+    Rows are taken in windows of `bucket_window` micro-batches (1 without bucketing); with bucketing a window is
+    sorted by length (random tie-break), cut, and its batches shuffled, all seeded by (seed, rank, window). The
+    first `skip` batches of window `first_window` are dropped (resume); re-masking is seeded by the batch index.
+    """
+    m = cfg.micro_batch_size
+    window_rows = (cfg.bucket_window if cfg.length_bucketing else 1) * m
+    batch_index = first_window * (window_rows // m)
+    for w, rows in enumerate(_windows(pieces, window_rows), start=first_window):
+        batches = [np.arange(i, i + m) for i in range(0, len(rows), m)]
+        if cfg.length_bucketing:
+            rng = np.random.default_rng(seed_for("bucket", cfg.seed, cfg.rank, w))
+            by_len = np.argsort(rows.lengths + rng.random(len(rows)), kind="stable")
+            batches = [by_len[i:i + m] for i in range(0, len(rows), m)]
+            batches = [batches[j] for j in rng.permutation(len(batches))]
+        for j, idx in enumerate(batches):
+            if w == first_window and j < skip:
+                batch_index += 1
+                continue
+            batch_rows = rows.take(idx)
+            if cfg.remasker is not None:
+                rng = np.random.default_rng(seed_for("remask", cfg.seed, cfg.rank, batch_index))
+                batch_rows = cfg.remasker(batch_rows, rng)
+            yield collate(batch_rows, cfg.max_predictions, cfg.pad_id, cfg.pad_multiple)
+            batch_index += 1
+
+
+def _windows(pieces: Iterable[Rows], window_rows: int) -> Iterator[Rows]:
+    """Re-chunk a stream of row pieces into runs of exactly `window_rows` rows (a remainder waits for more)."""
+    held, have = [], 0
+    for piece in pieces:
+        held.append(piece)
+        have += len(piece)
+        while have >= window_rows:
+            rows = Rows.concat(held)
+            yield rows.slice(0, window_rows)
+            rest = rows.slice(window_rows, len(rows))
+            held, have = ([rest] if len(rest) else []), len(rest)
 
 
 def read_shard(url: str, storage_options: dict | None = None) -> Rows:
