@@ -130,7 +130,7 @@ def run_stage(stage: Stage, argv: list[str], log_file: Path) -> dict[str, Any]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     log_file.parent.mkdir(parents=True, exist_ok=True)
     last_json: dict[str, Any] = {}
-    with open(log_file, "a") as lf:
+    with open(log_file, "a", buffering=1) as lf:  # line-buffered: `tail -f` the log while it runs
         lf.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {stage.command()}\n")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                 env=env, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
@@ -244,6 +244,8 @@ def acquire_lock(workdir: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     _common.setup_logging(args.log_level)
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)  # progress must show up in `ray job logs` / a redirect as it happens
     t0 = time.time()
     try:
         cfg = load_config(args.config)

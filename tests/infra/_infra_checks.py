@@ -218,18 +218,22 @@ def split_entrypoint(cmd: str) -> tuple[str, list[str]]:
 def job_rejects(job: str, args: list[str]) -> str | None:
     """None when the job's own argument parser accepts `args`, else why not.
 
-    Uses `jobs.<job>.build_parser()` where the job has one; otherwise falls back to the `--help` text (every flag
-    we pass must be listed), which is weaker but needs nothing from the job.
+    Uses `jobs.<job>.build_parser()` or `jobs.<job>.parse_args(argv)` (what `main` calls) where the job has one;
+    otherwise falls back to the `--help` text (every flag we pass must be listed), weaker but needing nothing.
     """
+    import contextlib
     import importlib
+    import io
 
     mod = importlib.import_module(f"jobs.{job}")
-    if hasattr(mod, "build_parser"):
-        parser = mod.build_parser()
+    parse = mod.build_parser().parse_args if hasattr(mod, "build_parser") else getattr(mod, "parse_args", None)
+    if parse is not None:
+        err = io.StringIO()
         try:
-            parser.parse_args(args)
+            with contextlib.redirect_stderr(err):
+                parse(args)
         except SystemExit as e:
-            return f"jobs/{job}.py's parser rejected {args} (exit {e.code})"
+            return f"jobs/{job}.py's parser rejected {args} (exit {e.code}): {err.getvalue().strip()}"
         return None
     out = subprocess.run([sys.executable, f"jobs/{job}.py", "--help"], cwd=REPO, capture_output=True, text=True,
                          timeout=120)

@@ -17,13 +17,13 @@ from _infra_checks import (
     split_entrypoint,
 )
 
-KUBERAY_DOCS = [(p.name, d) for p in KUBERAY_YAMLS for d in load_all(p)]
+KUBERAY_DOCS = [(p.name, d) for p in KUBERAY_YAMLS for d in load_all(p) if d.get("apiVersion") == "ray.io/v1"]
 RAYJOBS = {p.name: d for p, ds in ((p, load_all(p)) for p in KUBERAY_YAMLS) for d in ds if d.get("kind") == "RayJob"}
 
 
 def test_the_manifests_we_promise_exist():
     names = {p.name for p in KUBERAY_YAMLS}
-    assert {"raycluster.yaml", "rayjob-build-dataset.yaml", "rayjob-pretrain.yaml"} <= names
+    assert {"raycluster.yaml", "rayjob-build-dataset.yaml", "rayjob-pretrain.yaml", "shared-storage.yaml"} <= names
     assert (INFRA / "mlflow" / "mlflow.yaml").is_file()
 
 
@@ -107,7 +107,8 @@ def test_rayjob_entrypoints_are_the_documented_commands(name):
 
 # --- plain Kubernetes objects (the MLflow server) -----------------------------------------------------------
 
-K8S_KINDS = {("v1", "Namespace"), ("v1", "Service"), ("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"),
+K8S_KINDS = {("v1", "Namespace"), ("v1", "Service"), ("v1", "PersistentVolumeClaim"), ("apps/v1", "Deployment"),
+             ("apps/v1", "StatefulSet"),
              ("ray.io/v1", "RayCluster"), ("ray.io/v1", "RayJob")}
 
 
@@ -146,3 +147,26 @@ def test_mlflow_server_manifest():
     uri = f"http://mlflow.{svc['metadata']['namespace']}.svc.cluster.local:{svc['spec']['ports'][0]['port']}"
     for _, doc in KUBERAY_DOCS:
         assert uri in yaml.safe_dump(doc), "MLFLOW_TRACKING_URI in the KubeRay manifests names the MLflow service"
+
+
+def _claims(node) -> set[str]:
+    if isinstance(node, dict):
+        found = {node["persistentVolumeClaim"]["claimName"]} if "persistentVolumeClaim" in node else set()
+        return found.union(*(_claims(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_claims(v) for v in node))
+    return set()
+
+
+def test_volumes_exist_and_exports_live_on_them():
+    """Every claim a pod mounts is defined here; --export/--init paths are on the shared mount that all pods see."""
+    defined = {d["metadata"]["name"] for p in KUBERAY_YAMLS for d in load_all(p) if d["kind"] == "PersistentVolumeClaim"}
+    for _, doc in KUBERAY_DOCS:
+        assert _claims(doc) <= defined
+    cmd = RAYJOBS["rayjob-pretrain.yaml"]["spec"]["entrypoint"].split()
+    export = cmd[cmd.index("--export") + 1]
+    assert export.startswith("/mnt/shared/")
+    spec = RAYJOBS["rayjob-pretrain.yaml"]["spec"]["rayClusterSpec"]
+    for tpl in [spec["headGroupSpec"]["template"]] + [g["template"] for g in spec["workerGroupSpecs"]]:
+        mounts = tpl["spec"]["containers"][0].get("volumeMounts", [])
+        assert any(m["mountPath"] == "/mnt/shared" for m in mounts)
