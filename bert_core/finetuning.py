@@ -10,7 +10,7 @@ from .config import BertConfig
 from .losses import mean_cross_entropy
 from .model import BertModel
 from .outputs import QuestionAnsweringOutput, SequenceClassifierOutput, TokenClassifierOutput
-from .pretrained import BertPreTrainedModel
+from .pretrained import BertPreTrainedModel, _no_init
 
 
 def _classifier_dropout(config: BertConfig) -> nn.Dropout:
@@ -25,7 +25,8 @@ class BertForSequenceClassification(BertPreTrainedModel):
     def __init__(self, config: BertConfig) -> None:
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.bert = BertModel(config)
+        with _no_init():  # initialised once, below, with the head
+            self.bert = BertModel(config)
         self.dropout = _classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()
@@ -67,7 +68,8 @@ class BertForTokenClassification(BertPreTrainedModel):
     def __init__(self, config: BertConfig) -> None:
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.bert = BertModel(config, add_pooling_layer=False)
+        with _no_init():  # initialised once, below, with the head
+            self.bert = BertModel(config, add_pooling_layer=False)
         self.dropout = _classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()
@@ -89,7 +91,8 @@ class BertForQuestionAnswering(BertPreTrainedModel):
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__(config)
-        self.bert = BertModel(config, add_pooling_layer=False)
+        with _no_init():  # initialised once, below, with the head
+            self.bert = BertModel(config, add_pooling_layer=False)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.init_weights()
 

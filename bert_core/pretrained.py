@@ -2,9 +2,11 @@
 Hugging Face layout (config.json, model.safetensors, vocab.txt, tokenizer_config.json)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,6 +19,21 @@ from .init import init_bert_weights
 
 logger = logging.getLogger(__name__)
 M = TypeVar("M", bound="BertPreTrainedModel")
+
+_SKIP_INIT = False
+
+
+@contextlib.contextmanager
+def _no_init() -> Iterator[None]:
+    """Skip random init while building a model whose weights are about to be loaded (the largest cost of
+    from_pretrained on CPU); what the checkpoint lacks is initialised afterwards."""
+    global _SKIP_INIT
+    previous, _SKIP_INIT = _SKIP_INIT, True
+    try:
+        yield
+    finally:
+        _SKIP_INIT = previous
+
 
 SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
                   "mask_token": "[MASK]"}
@@ -36,7 +53,14 @@ class BertPreTrainedModel(nn.Module):
         self.source_dir: Path | None = None  # where from_pretrained read us from (vocab.txt is carried over)
 
     def init_weights(self) -> None:
-        self.apply(lambda m: init_bert_weights(m, self.config.initializer_range))
+        if not _SKIP_INIT:
+            self.apply(lambda m: init_bert_weights(m, self.config.initializer_range))
+
+    def _init_missing(self, missing_keys: list[str]) -> None:
+        """Initialise (non-recursively) the modules that own parameters the checkpoint did not provide."""
+        owners = {key.rpartition(".")[0] for key in missing_keys}
+        for name in owners:
+            init_bert_weights(self.get_submodule(name), self.config.initializer_range)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -78,12 +102,14 @@ class BertPreTrainedModel(nn.Module):
             config = BertConfig.from_json_file(model_dir / "config.json", **config_overrides)
         elif config_overrides:
             config = config.replace(**config_overrides)
-        model = cls(config)
+        with _no_init():
+            model = cls(config)
         ckpt = hf.from_hf_state_dict(hf.load_weights(model_dir), with_prefix=cls.has_base_prefix)
         model_sd = model.state_dict()
         to_load, info = hf.match_state_dict(model_sd, ckpt, ignore_mismatched_sizes, model.ignore_unexpected)
         with torch.no_grad():
             model.load_state_dict(to_load, strict=False)
+        model._init_missing(info.missing_keys + [k for k, _, _ in info.mismatched_keys])
         if info.missing_keys:
             logger.warning("%s: weights not in %s were newly initialised: %s (train them before use)",
                            cls.__name__, model_dir, info.missing_keys)

@@ -13,13 +13,14 @@ from .heads import BertPreTrainingHeads
 from .losses import accuracy_counts, gather_masked, mean_cross_entropy
 from .model import BertModel
 from .outputs import BertForPreTrainingOutput
-from .pretrained import BertPreTrainedModel
+from .pretrained import BertPreTrainedModel, _no_init
 
 
 class BertForPreTraining(BertPreTrainedModel):
     def __init__(self, config: BertConfig) -> None:
         super().__init__(config)
-        self.bert = BertModel(config)
+        with _no_init():  # initialised once, below, with the head
+            self.bert = BertModel(config)
         self.cls = BertPreTrainingHeads(config)
         self.init_weights()
         self.tie_weights()
