@@ -21,15 +21,26 @@ class BertSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, hidden_states: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """hidden_states (B, T, H); attn_mask boolean (B, 1, 1, T), True = may attend, or None (attend all)."""
+    def forward(self, hidden_states: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                queries: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden_states (B, T, H); attn_mask boolean (B, 1, 1, T), True = may attend, or None (attend all).
+
+        `queries` (B, K, H), optional: compute outputs only for these rows (gathered from hidden_states) while
+        attending over all T keys; used by the last layer when only some positions' outputs are needed.
+        """
         b, t, h = hidden_states.shape
-        # (B, T, 3, heads, d) -> three (B, heads, T, d) views; SDPA accepts the strided views without a copy.
-        q, k, v = self.qkv(hidden_states).view(b, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout_p if self.training else 0.0
-        )
-        return out.transpose(1, 2).reshape(b, t, h)
+        dropout_p = self.dropout_p if self.training else 0.0
+        if queries is None:
+            # (B, T, 3, heads, d) -> three (B, heads, T, d) views; SDPA takes the strided views without a copy.
+            q, k, v = self.qkv(hidden_states).view(b, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4) \
+                .unbind(0)
+        else:
+            w, bias = self.qkv.weight, self.qkv.bias
+            q = F.linear(queries, w[:h], bias[:h]).view(b, -1, self.num_heads, self.head_dim).transpose(1, 2)
+            k, v = F.linear(hidden_states, w[h:], bias[h:]).view(b, t, 2, self.num_heads, self.head_dim) \
+                .permute(2, 0, 3, 1, 4).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+        return out.transpose(1, 2).reshape(b, -1, h)
 
 
 class BertSelfOutput(nn.Module):
@@ -49,5 +60,7 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, hidden_states: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.output(self.self(hidden_states, attn_mask), hidden_states)
+    def forward(self, hidden_states: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                queries: torch.Tensor | None = None) -> torch.Tensor:
+        residual = hidden_states if queries is None else queries
+        return self.output(self.self(hidden_states, attn_mask, queries), residual)

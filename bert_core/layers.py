@@ -51,8 +51,9 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, hidden_states: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        attention_output = self.attention(hidden_states, attn_mask)
+    def forward(self, hidden_states: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                queries: torch.Tensor | None = None) -> torch.Tensor:
+        attention_output = self.attention(hidden_states, attn_mask, queries)
         return self.output(self.intermediate(attention_output), attention_output)
 
 
@@ -62,13 +63,26 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
         self.gradient_checkpointing = False
 
-    def forward(self, hidden_states: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        for layer in self.layer:
+    def forward(self, hidden_states: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                output_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Returns (B, T, H), or (B, K, H) at `output_positions` (B, K) when given.
+
+        With `output_positions`, the last layer computes its outputs only at those rows (its keys and values still
+        cover every position), which is exact for those rows: nothing after the last layer reads the others. For
+        pre-training that is [CLS] plus the ~15% masked positions, skipping ~85% of the last layer's work.
+        """
+        last = len(self.layer) - 1
+        for i, layer in enumerate(self.layer):
+            queries = None
+            if output_positions is not None and i == last:
+                index = output_positions.unsqueeze(-1).expand(-1, -1, hidden_states.shape[-1])
+                queries = torch.gather(hidden_states, 1, index)
             if self.gradient_checkpointing and self.training:
                 # Trades one extra forward per layer for activation memory (long sequences, big batches).
-                hidden_states = torch.utils.checkpoint.checkpoint(layer, hidden_states, attn_mask, use_reentrant=False)
+                hidden_states = torch.utils.checkpoint.checkpoint(layer, hidden_states, attn_mask, queries,
+                                                                  use_reentrant=False)
             else:
-                hidden_states = layer(hidden_states, attn_mask)
+                hidden_states = layer(hidden_states, attn_mask, queries)
         return hidden_states
 
 

@@ -12,25 +12,19 @@ import torch.nn.functional as F
 IGNORE_INDEX = -100
 
 
-def gather_masked(hidden: torch.Tensor, positions: torch.Tensor, labels: torch.Tensor | None
-                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Rows of `hidden` (B, T, H) at the valid slots of `positions` (B, P) -> (N_valid, H) and their labels.
-
-    A slot is padding when its label is -100 (or, without labels, when its position is negative). Rows come out
-    batch-major in slot order, matching `labels[valid]`.
-    """
-    b, t, h = hidden.shape
-    if positions.shape[0] != b or positions.dim() != 2:
-        raise ValueError(f"masked_lm_positions must be (batch={b}, max_predictions), got {tuple(positions.shape)}")
+def valid_slots(positions: torch.Tensor, labels: torch.Tensor | None, batch_size: int) -> torch.Tensor:
+    """(B, P) bool: which masked-LM slots are real. A slot is padding when its label is -100 (or, without labels,
+    when its position is negative)."""
+    if positions.dim() != 2 or positions.shape[0] != batch_size:
+        raise ValueError(f"masked_lm_positions must be (batch={batch_size}, max_predictions), "
+                         f"got {tuple(positions.shape)}")
     valid = positions >= 0
     if labels is not None:
         if labels.shape != positions.shape:
             raise ValueError(f"masked_lm_labels {tuple(labels.shape)} must have the shape of masked_lm_positions "
                              f"{tuple(positions.shape)} (-100 in padding slots)")
         valid = valid & (labels != IGNORE_INDEX)
-    flat = positions + torch.arange(b, device=positions.device).unsqueeze(1) * t
-    rows = hidden.reshape(b * t, h).index_select(0, flat[valid])
-    return rows, (labels[valid] if labels is not None else None)
+    return valid
 
 
 def mean_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -57,10 +57,13 @@ class BertModel(BertPreTrainedModel):
         return self.embeddings.word_embeddings
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> BertModelOutput:
+                token_type_ids: torch.Tensor | None = None,
+                output_positions: torch.Tensor | None = None) -> BertModelOutput:
+        """`output_positions` (B, K), optional: return last_hidden_state only at these positions, (B, K, H),
+        computing the last layer only there. The pooler reads row 0, so put position 0 ([CLS]) first."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
         hidden = self.embeddings(input_ids, token_type_ids)
-        hidden = self.encoder(hidden, attention_mask_to_sdpa(attention_mask))
+        hidden = self.encoder(hidden, attention_mask_to_sdpa(attention_mask), output_positions)
         pooled = self.pooler(hidden) if self.pooler is not None else None
         return BertModelOutput(last_hidden_state=hidden, pooler_output=pooled)

@@ -113,39 +113,79 @@ def _pt_batch(b=4, t=20, p=4, seed=0):
     return ids, positions, labels, nsp
 
 
-def test_sparse_mlm_loss_equals_dense_loss():
-    torch.manual_seed(0)
-    m = BertForPreTraining(cfg()).eval()
-    ids, positions, labels, nsp = _pt_batch()
-    sparse = m(ids, masked_lm_positions=positions, masked_lm_labels=labels, next_sentence_label=nsp)
-    dense_labels = torch.full_like(ids, -100)
+def _dense_labels(ids, positions, labels):
+    dense = torch.full_like(ids, -100)
     for i in range(ids.shape[0]):
         for j in range(positions.shape[1]):
             if labels[i, j] != -100:
-                dense_labels[i, positions[i, j]] = labels[i, j]
+                dense[i, positions[i, j]] = labels[i, j]
+    return dense
+
+
+def _grads(m, loss):
+    m.zero_grad()
+    loss.backward()
+    return {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_sparse_mlm_loss_equals_dense_loss(fused):
+    """Sparse head (+ sparse last layer, + the fused loss or not) == full-vocabulary loss on the same positions,
+    in value and in every parameter's gradient: it is an exact computation, not an approximation."""
+    torch.manual_seed(0)
+    m = BertForPreTraining(cfg()).eval()
+    m.fused_mlm_loss = fused
+    ids, positions, labels, nsp = _pt_batch()
+    dense_labels = _dense_labels(ids, positions, labels)
+    sparse = m(ids, masked_lm_positions=positions, masked_lm_labels=labels, next_sentence_label=nsp)
     dense = m(ids, masked_lm_labels=dense_labels, next_sentence_label=nsp)
     assert dense.mlm_logits.shape == (4, 20, V)
-    assert sparse.mlm_logits.shape == ((labels != -100).sum().item(), V)
+    if fused:
+        assert sparse.mlm_logits is None  # never materialised while training
+    else:
+        assert sparse.mlm_logits.shape == ((labels != -100).sum().item(), V)
     ref = F.cross_entropy(dense.mlm_logits.reshape(-1, V), dense_labels.reshape(-1), ignore_index=-100)
     assert sparse.mlm_loss.item() == pytest.approx(ref.item(), abs=1e-5)
     assert dense.mlm_loss.item() == pytest.approx(ref.item(), abs=1e-5)
+    assert sparse.nsp_loss.item() == pytest.approx(dense.nsp_loss.item(), abs=1e-6)
     assert sparse.loss.item() == pytest.approx(sparse.mlm_loss.item() + sparse.nsp_loss.item(), abs=1e-6)
     assert sparse.mlm_count.item() == (labels != -100).sum().item() == dense.mlm_count.item()
     assert sparse.mlm_correct.item() == dense.mlm_correct.item()
-    # Gradients agree too (the sparse head is an exact computation, not an approximation).
-    m.zero_grad()
-    sparse.mlm_loss.backward()
-    g_sparse = m.bert.embeddings.word_embeddings.weight.grad.clone()
-    m.zero_grad()
-    dense.mlm_loss.backward()
-    assert torch.allclose(g_sparse, m.bert.embeddings.word_embeddings.weight.grad, atol=1e-6)
+    g_sparse, g_dense = _grads(m, sparse.loss), _grads(m, dense.loss)
+    assert g_sparse.keys() == g_dense.keys()
+    for name in g_dense:
+        assert torch.allclose(g_sparse[name], g_dense[name], atol=1e-6), name
+
+
+def test_sparse_last_layer_is_exact_at_requested_rows(model):
+    torch.manual_seed(3)
+    ids = torch.randint(0, V, (2, 16))
+    mask = torch.ones_like(ids)
+    mask[1, 12:] = 0
+    full = model(ids, attention_mask=mask)
+    rows = torch.tensor([[0, 3, 9], [0, 11, 2]])
+    part = model(ids, attention_mask=mask, output_positions=rows)
+    assert part.last_hidden_state.shape == (2, 3, 128)
+    expected = torch.gather(full.last_hidden_state, 1, rows.unsqueeze(-1).expand(-1, -1, 128))
+    assert torch.allclose(part.last_hidden_state, expected, atol=1e-5)
+    assert torch.allclose(part.pooler_output, full.pooler_output, atol=1e-5)
+
+
+def test_logits_returned_without_gradients():
+    m = BertForPreTraining(cfg()).eval()
+    ids, positions, labels, nsp = _pt_batch()
+    with torch.no_grad():
+        out = m(ids, masked_lm_positions=positions, masked_lm_labels=labels, next_sentence_label=nsp)
+    assert out.mlm_logits.shape == ((labels != -100).sum().item(), V)
+    assert out.prediction_logits is out.mlm_logits and out.seq_relationship_logits.shape == (4, 2)
 
 
 def test_accuracy_counts_exact():
     torch.manual_seed(0)
     m = BertForPreTraining(cfg()).eval()
     ids, positions, labels, nsp = _pt_batch()
-    out = m(ids, masked_lm_positions=positions, masked_lm_labels=labels, next_sentence_label=nsp)
+    with torch.no_grad():
+        out = m(ids, masked_lm_positions=positions, masked_lm_labels=labels, next_sentence_label=nsp)
     pred = out.mlm_logits.argmax(-1)
     assert out.mlm_correct.item() == (pred == labels[labels != -100]).sum().item()
     assert out.nsp_count.item() == 4

@@ -1,0 +1,58 @@
+"""Linear + cross-entropy for the MLM decoder without materialising all N x V logits (CPU/GPU memory traffic).
+
+`linear_cross_entropy(h, weight, bias, labels)` equals
+`F.cross_entropy(F.linear(h, weight, bias), labels, reduction="sum")` (labels all valid) and also returns the
+argmax predictions for accuracy. Rows are processed in chunks whose logits stay small (cache- and allocator-friendly:
+a large fresh buffer costs page faults on every step on CPU); the gradients w.r.t. h, weight and bias are computed
+in the same pass (softmax - one_hot is available right there) and only scaled in backward. This is the approach of
+Liger-Kernel's fused linear cross-entropy, in plain torch ops. It runs only when gradients are needed.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, labels: torch.Tensor,
+                chunk_rows: int):
+        n, cd = h.shape[0], h.dtype  # compute in the activations' dtype (bf16 under autocast), reduce in fp32
+        w, b = weight.to(cd), bias.to(cd)
+        if cd != torch.float32:
+            chunk_rows = max(n, 1)  # one chunk: accumulating the weight gradient across chunks in bf16 loses bits
+        grad_h = torch.empty_like(h)
+        grad_w = torch.zeros(w.shape, dtype=cd, device=w.device)
+        grad_b = torch.zeros(b.shape, dtype=torch.float32, device=b.device)
+        loss = torch.zeros((), dtype=torch.float32, device=h.device)
+        preds = torch.empty(n, dtype=torch.long, device=h.device)
+        for start in range(0, n, chunk_rows):
+            hc, yc = h[start:start + chunk_rows], labels[start:start + chunk_rows]
+            logits = torch.addmm(b, hc, w.t()).float()
+            lse = torch.logsumexp(logits, dim=1)
+            rows = torch.arange(hc.shape[0], device=h.device)
+            loss += (lse - logits[rows, yc]).sum()
+            preds[start:start + chunk_rows] = logits.argmax(dim=1)
+            # d(sum CE)/d logits = softmax - one_hot, computed in place over the logits buffer.
+            grad = logits.sub_(lse.unsqueeze(1)).exp_()
+            grad[rows, yc] -= 1.0
+            grad_b += grad.sum(dim=0)
+            g = grad.to(cd)
+            grad_h[start:start + chunk_rows] = g @ w
+            grad_w.addmm_(g.t(), hc)
+        ctx.save_for_backward(grad_h, grad_w, grad_b)
+        ctx.dtypes = (weight.dtype, bias.dtype)
+        ctx.mark_non_differentiable(preds)
+        return loss, preds
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor, _grad_preds: torch.Tensor | None):
+        grad_h, grad_w, grad_b = ctx.saved_tensors
+        w_dtype, b_dtype = ctx.dtypes
+        return ((grad_h * grad_loss).to(grad_h.dtype), (grad_w.float() * grad_loss).to(w_dtype),
+                (grad_b * grad_loss).to(b_dtype), None, None)
+
+
+def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, labels: torch.Tensor,
+                         chunk_rows: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of CE over rows, argmax predictions). `labels` must all be valid class ids (no -100)."""
+    return _LinearCrossEntropy.apply(h, weight, bias, labels, chunk_rows)
