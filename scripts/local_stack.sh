@@ -115,17 +115,34 @@ start() {
 ss = [socket.socket() for _ in range(2)]
 for s in ss: s.bind(("127.0.0.1", 0))
 print(*[s.getsockname()[1] for s in ss])')
+    echo "$agent_port" >"$state/agent_port"
     echo ">> starting Ray head on $gcs_address (dashboard + job server $api_address, temp $ray_tmp)"
-    # MLFLOW_TRACKING_URI in the head's environment is inherited by every job driver `ray job submit` starts.
-    MLFLOW_TRACKING_URI="$mlflow_uri" RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$token_file" setsid bash -c 'echo $$ > "$0"; exec "$@"' "$state/ray.sid" \
-      ray start --head --node-ip-address=127.0.0.1 --port="$ray_port" \
-      --dashboard-host=127.0.0.1 --dashboard-port="$dash_port" --temp-dir="$ray_tmp" \
-      --dashboard-agent-listen-port="$agent_port" --ray-client-server-port="$client_port" \
-      --disable-usage-stats ${LOCAL_STACK_CPUS:+--num-cpus="$LOCAL_STACK_CPUS"} >"$state/ray.log" 2>&1 </dev/null \
-      || { echo "error: ray start failed; its log: $state/ray.log" >&2; tail -20 "$state/ray.log" >&2; exit 1; }
+    # Ray gives its raylet 30 s to register (hard-coded); a loaded machine can miss that, so retry twice.
+    local attempt
+    for attempt in 1 2 3; do
+      # MLFLOW_TRACKING_URI in the head's environment is inherited by every job driver `ray job submit` starts.
+      if MLFLOW_TRACKING_URI="$mlflow_uri" RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$token_file" \
+          setsid bash -c 'echo $$ > "$0"; exec "$@"' "$state/ray.sid" \
+          ray start --head --node-ip-address=127.0.0.1 --port="$ray_port" \
+          --dashboard-host=127.0.0.1 --dashboard-port="$dash_port" --temp-dir="$ray_tmp" \
+          --dashboard-agent-listen-port="$agent_port" --ray-client-server-port="$client_port" \
+          --disable-usage-stats ${LOCAL_STACK_CPUS:+--num-cpus="$LOCAL_STACK_CPUS"} >"$state/ray.log" 2>&1 </dev/null
+      then
+        break
+      fi
+      stop_session "$state/ray.sid" "the half-started Ray head"
+      if [ "$attempt" = 3 ] || ! grep -q "timed out during startup" "$state/ray.log"; then
+        echo "error: ray start failed; its log: $state/ray.log (then: $0 stop)" >&2
+        tail -20 "$state/ray.log" >&2
+        exit 1
+      fi
+      echo ">> Ray did not come up in time (a busy machine?); retrying ($attempt/3)"
+    done
   fi
   wait_http "$mlflow_uri/health" 120 MLflow "$state/mlflow.log"
   wait_http "$api_address/api/version" 120 "Ray job server" "$state/ray.log"
+  # Jobs are handed to the dashboard agent: until it listens, `ray job submit` fails with "No available agent".
+  wait_http "http://127.0.0.1:$(cat "$state/agent_port")/" 120 "Ray dashboard agent" "$state/ray.log"
   print_env >"$state/env.sh"
   echo
   echo "Local stack is up. In your shell:"
