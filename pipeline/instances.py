@@ -23,7 +23,7 @@ import numpy as np
 
 from pipeline.masking import VocabInfo, mask_sequences
 from pipeline.pairs import RandomDocPool, document_pairs, pack_sentences
-from pipeline.rng import derive_seeds, np_rng, py_rng
+from pipeline.rng import UniformStream, derive_seeds, stream
 
 __all__ = ["InstanceConfig", "RandomDocPool", "VocabInfo", "create_instances", "COLUMNS"]
 
@@ -83,8 +83,9 @@ def create_instances(
     tokens, sent_offsets = pack_sentences(sentences)
     if len(sent_offsets) == 1:
         return {c: [] for c in COLUMNS}
-    rng = py_rng(cfg.seed, doc_id, pass_idx, "pairs")
-    pairs = document_pairs(doc_id, sent_offsets.tolist(), rng, pool, cfg.max_seq_length, cfg.short_seq_prob)
+    # One stream per (seed, document, pass): pairs draw from it first, then masking, always in the same order.
+    gen = stream(cfg.seed, doc_id, pass_idx)
+    pairs = document_pairs(doc_id, sent_offsets.tolist(), UniformStream(gen), pool, cfg.max_seq_length, cfg.short_seq_prob)
     n = len(pairs)
     dtype = np.dtype(np.uint16) if vocab.vocab_size <= 65536 else np.dtype(np.uint32)
     cls = np.array([vocab.cls_id], dtype=dtype)
@@ -110,7 +111,7 @@ def create_instances(
         offsets,
         a_len,
         vocab,
-        np_rng(cfg.seed, doc_id, pass_idx, "mask"),
+        gen,
         cfg.masked_lm_prob,
         cfg.max_predictions_per_seq,
         cfg.whole_word_mask,

@@ -21,6 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from pipeline.rng import UniformStream
+
 MAX_RANDOM_DOC_TRIES = 10  # the reference's bound on redraws that avoid the current document
 
 
@@ -116,11 +118,12 @@ class RandomDocPool:
         sentences until ``target_length`` tokens are reached (may overshoot) or the document ends."""
         s0, s1 = self._doc_offsets_list[idx], self._doc_offsets_list[idx + 1]
         start = s0 + int(rng.random() * (s1 - s0))
-        t0 = int(self.sent_offsets[start])
+        offs = self.sent_offsets
+        t0 = offs.item(start)
         # First sentence end at or past t0 + target: searchsorted finds it without a per-sentence loop.
-        j = int(np.searchsorted(self.sent_offsets, t0 + target_length, side="left"))
+        j = offs.searchsorted(t0 + target_length)
         j = min(max(j, start + 1), s1)
-        return t0, int(self.sent_offsets[j])
+        return t0, offs.item(j)
 
 
 class Pair(NamedTuple):
@@ -158,7 +161,7 @@ def _split_trims(rng: random.Random, lo: int, hi: int, trims: int) -> tuple[int,
 def document_pairs(
     doc_id: str,
     sent_offsets: list[int],
-    rng: random.Random,
+    rng: "random.Random | UniformStream",
     pool: RandomDocPool,
     max_seq_length: int,
     short_seq_prob: float,
