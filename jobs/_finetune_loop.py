@@ -15,6 +15,7 @@ import math
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,11 @@ def build_model(task: str, init: str, preset: str | None, vocab_size: int, overr
     """The task's head on weights from ``init`` (an HF dir or our checkpoint; the head is new) or random."""
     cls = HEADS[task]
     if init == "random":
-        return cls(PRESETS[preset](vocab_size=vocab_size, **overrides))
+        if preset in PRESETS:
+            return cls(PRESETS[preset](vocab_size=vocab_size, **overrides))
+        # A model directory as the preset: its architecture, fresh weights (e.g. MiniLM's shape from scratch).
+        base = BertConfig.from_json_file(Path(preset) / "config.json").replace(vocab_size=vocab_size)
+        return cls(base.replace(**overrides))
     return cls.from_pretrained(init, **overrides)
 
 
@@ -147,17 +152,29 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> None:
     import ray.train.torch
 
     ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+
+    def report(metrics: dict[str, float], checkpoint_dir: str | None) -> None:
+        checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
+        ray.train.report(metrics, checkpoint=checkpoint)
+
+    fit(cfg, ray.get(cfg["prepared_ref"]), ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.get_device(),
+        report, ray.train.torch.prepare_model)
+
+
+def fit(cfg: dict[str, Any], prepared: PreparedTask, rank: int, world: int, device: torch.device,
+        report: Callable[[dict[str, float], str | None], None],
+        wrap: Callable[[nn.Module], nn.Module] = lambda m: m) -> None:
+    """Train and evaluate every epoch; ``report(metrics, best_model_dir_or_None)`` once per epoch on every rank.
+
+    The same function runs under Ray Train (``wrap`` = DDP via ``prepare_model``) and in-process (``--no-ray``)."""
     torch.set_num_threads(cfg["threads_per_worker"])
-    prepared: PreparedTask = ray.get(cfg["prepared_ref"])
     task = prepared.task
-    device = ray.train.torch.get_device()
     # Same seed on every rank for the weights (DDP also broadcasts rank 0's); a per-rank one for dropout.
     torch.manual_seed(cfg["seed"])
     model = build_model(task, cfg["init"], cfg["preset"], cfg["vocab_size"], head_overrides(prepared))
     torch.manual_seed(cfg["seed"] + 1000 * rank)
     core = model
-    model = ray.train.torch.prepare_model(model)
+    model = wrap(model)
 
     per_worker = max(1, cfg["batch_size"] // world)
     n_train = len(prepared.train.features)
@@ -188,14 +205,13 @@ def train_loop_per_worker(cfg: dict[str, Any]) -> None:
                            train_examples_per_s=len(idx) * world / max(train_s, 1e-9),
                            epoch_seconds=time.perf_counter() - t0, lr=float(scheduler.get_last_lr()[0]))
             _log_mlflow(cfg, {k: v for k, v in metrics.items() if k != "epoch"}, epoch)
-            log.info("epoch %d: %s", epoch, {k: round(v, 4) for k, v in metrics.items()})
+            log.info("epoch %d: %s", epoch, {k: float(f"{v:.4g}") for k, v in metrics.items()})
             value = metrics[main_key]
             if not math.isnan(value) and (value > best or best == -math.inf):
                 best = value
                 checkpoint_dir = tempfile.mkdtemp(prefix="finetune-best-")
                 core.save_pretrained(checkpoint_dir, vocab_file=cfg["vocab_file"], do_lower_case=cfg["do_lower_case"])
                 Path(checkpoint_dir, BEST_METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
-        checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
-        ray.train.report(metrics, checkpoint=checkpoint)
+        report(metrics, checkpoint_dir)
         if checkpoint_dir:
             shutil.rmtree(checkpoint_dir, ignore_errors=True)

@@ -62,9 +62,11 @@ class FinetuneConfig:
     warmup_ratio: float = 0.1
     weight_decay: float = 0.01
     seed: int = 42
+    split_seed: int = 0
     num_workers: int = 1
     cpus_per_worker: float | None = None
     use_gpu: bool = False
+    no_ray: bool = False
     max_train_examples: int | None = None
     max_eval_examples: int | None = None
     mlflow_tracking_uri: str | None = None
@@ -81,8 +83,9 @@ class FinetuneConfig:
         if self.init == "random":
             from bert_core.config import PRESETS
 
-            if self.preset not in PRESETS:
-                raise ValueError(f"--init random needs --preset, one of {', '.join(PRESETS)}")
+            if self.preset not in PRESETS and not (self.preset and Path(self.preset, "config.json").is_file()):
+                raise ValueError(f"--init random needs --preset, one of {', '.join(PRESETS)}, or a model directory "
+                                 "whose config.json gives the architecture")
         elif self.preset is not None:
             raise ValueError("--preset only applies to --init random (a pre-trained model brings its own config)")
         if self.data_format is not None and self.data_format not in FORMATS:
@@ -90,6 +93,8 @@ class FinetuneConfig:
         for name in ("epochs", "batch_size", "eval_batch_size", "num_workers", "max_answer_length"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")
+        if self.no_ray and self.num_workers != 1:
+            raise ValueError("--no-ray runs one worker in this process; drop --num-workers or --no-ray")
         if self.batch_size % self.num_workers:
             raise ValueError(f"--batch-size {self.batch_size} (global) must divide evenly over "
                              f"--num-workers {self.num_workers}")
@@ -109,7 +114,7 @@ def parse_args(argv: list[str] | None = None) -> FinetuneConfig:
                    help="hold out this seeded fraction of --train for evaluation (tasks shipped without a split)")
     p.add_argument("--data-format", choices=FORMATS, help="force the file format (default: from the file name)")
     p.add_argument("--init", required=True, help="HF BERT dir, our export or checkpoint dir, or 'random'")
-    p.add_argument("--preset", help="architecture for --init random (bert_tiny, bert_mini, ...)")
+    p.add_argument("--preset", help="architecture for --init random: bert_tiny, bert_mini, ... or a model dir")
     p.add_argument("--vocab", help=f"vocab.txt for --init random (default: bert-base-uncased's, {DEFAULT_VOCAB.name})")
     p.add_argument("--text-column")
     p.add_argument("--text-pair-column")
@@ -126,10 +131,14 @@ def parse_args(argv: list[str] | None = None) -> FinetuneConfig:
     p.add_argument("--max-answer-length", type=int, default=30)
     p.add_argument("--warmup-ratio", type=float, default=0.1)
     p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--seed", type=int, default=42, help="weights of new heads / random init, dropout, data order")
+    p.add_argument("--split-seed", type=int, default=0,
+                   help="seed of --split-eval-from-train and of --max-*-examples subsets (fixed across --seed)")
     p.add_argument("--num-workers", type=int, default=1)
     p.add_argument("--cpus-per-worker", type=float, help="default: the cluster's CPUs / workers")
     p.add_argument("--use-gpu", action="store_true")
+    p.add_argument("--no-ray", action="store_true",
+                   help="run the same training loop in this process without Ray (one worker; debugging, quick tests)")
     p.add_argument("--max-train-examples", type=int, help="seeded subset, for quick runs")
     p.add_argument("--max-eval-examples", type=int)
     p.add_argument("--mlflow-tracking-uri")
@@ -146,8 +155,8 @@ def parse_args(argv: list[str] | None = None) -> FinetuneConfig:
         task=a.task, train=a.train, init=a.init, eval=a.eval, split_eval_from_train=a.split_eval_from_train,
         data_format=a.data_format, preset=a.preset, vocab=a.vocab, columns=columns, features=features,
         max_answer_length=a.max_answer_length, epochs=a.epochs, lr=a.lr, batch_size=a.batch_size,
-        eval_batch_size=a.eval_batch_size, warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay, seed=a.seed,
-        num_workers=a.num_workers, cpus_per_worker=a.cpus_per_worker, use_gpu=a.use_gpu,
+        eval_batch_size=a.eval_batch_size, warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay, seed=a.seed, split_seed=a.split_seed,
+        num_workers=a.num_workers, cpus_per_worker=a.cpus_per_worker, use_gpu=a.use_gpu, no_ray=a.no_ray,
         max_train_examples=a.max_train_examples, max_eval_examples=a.max_eval_examples,
         mlflow_tracking_uri=a.mlflow_tracking_uri, experiment=a.experiment, parent_run_id=a.parent_run_id,
         output=a.output, storage_path=a.storage_path,
@@ -178,14 +187,14 @@ def resolve_init(cfg: FinetuneConfig) -> tuple[Path | None, TaskTokenizer, int]:
 def load_task(cfg: FinetuneConfig, tokenizer: TaskTokenizer) -> PreparedTask:
     train = read_records(cfg.train, cfg.data_format)
     if cfg.split_eval_from_train is not None:
-        train, evals = split_train_eval(train, cfg.split_eval_from_train, cfg.seed)
+        train, evals = split_train_eval(train, cfg.split_eval_from_train, cfg.split_seed)
         train_src = f"{cfg.train} (train part of a seeded {1 - cfg.split_eval_from_train:.0%} split)"
-        eval_src = f"{cfg.train} (held-out {cfg.split_eval_from_train:.0%}, seed {cfg.seed})"
+        eval_src = f"{cfg.train} (held-out {cfg.split_eval_from_train:.0%}, split seed {cfg.split_seed})"
     else:
         evals = read_records(cfg.eval, cfg.data_format)
         train_src, eval_src = cfg.train, cfg.eval
-    train = subsample(train, cfg.max_train_examples, cfg.seed)
-    evals = subsample(evals, cfg.max_eval_examples, cfg.seed)
+    train = subsample(train, cfg.max_train_examples, cfg.split_seed)
+    evals = subsample(evals, cfg.max_eval_examples, cfg.split_seed)
     return prepare_task(cfg.task, train, evals, cfg.columns, tokenizer, cfg.features, train_src, eval_src)
 
 
@@ -251,60 +260,84 @@ def start_run(cfg: FinetuneConfig, tracking_uri: str, lineage: dict[str, str] | 
 
 
 # ---- training ----------------------------------------------------------------------------------------------------
-def run_training(cfg: FinetuneConfig, prepared: PreparedTask, model_dir: Path | None, tokenizer: TaskTokenizer,
-                 vocab_size: int, run_id: str, tracking_uri: str, storage: str) -> Any:
+def loop_config(cfg: FinetuneConfig, model_dir: Path | None, tokenizer: TaskTokenizer, vocab_size: int,
+                run_id: str, tracking_uri: str, threads: int) -> dict[str, Any]:
+    """What every worker needs, as plain values (the prepared data travels separately)."""
+    return {
+        "init": str(model_dir) if model_dir else "random", "preset": cfg.preset, "vocab_size": vocab_size,
+        "vocab_file": tokenizer.vocab_file, "do_lower_case": tokenizer.do_lower_case, "pad_id": tokenizer.pad_id,
+        "seed": cfg.seed, "epochs": cfg.epochs, "lr": cfg.lr, "batch_size": cfg.batch_size,
+        "eval_batch_size": cfg.eval_batch_size, "warmup_ratio": cfg.warmup_ratio, "weight_decay": cfg.weight_decay,
+        "max_answer_length": cfg.max_answer_length, "threads_per_worker": threads, "mlflow_run_id": run_id,
+        "tracking_uri": tracking_uri,
+    }
+
+
+def train_with_ray(cfg: FinetuneConfig, prepared: PreparedTask, loop_cfg: dict[str, Any], storage: str,
+                   best_dir: Path) -> None:
+    """Ray Train over ``--num-workers`` (DDP); the best epoch's checkpoint is copied to ``best_dir``."""
     import ray
     from ray.train import CheckpointConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from jobs._finetune_loop import train_loop_per_worker
 
+    init_ray()
     cpus = cfg.cpus_per_worker
     if cpus is None:
         per = ray.cluster_resources().get("CPU", 1) / cfg.num_workers
-        # Ray accepts fractions up to 1 or whole numbers; keep a little slack for the driver's tasks.
+        # Ray accepts fractions up to 1 or whole numbers.
         cpus = float(math.floor(per)) if per >= 1 else max(0.25, math.floor(per * 4) / 4)
-    loop_cfg = {
-        "prepared_ref": ray.put(prepared), "init": str(model_dir) if model_dir else "random", "preset": cfg.preset,
-        "vocab_size": vocab_size, "vocab_file": tokenizer.vocab_file, "do_lower_case": tokenizer.do_lower_case,
-        "pad_id": tokenizer.pad_id, "seed": cfg.seed, "epochs": cfg.epochs, "lr": cfg.lr,
-        "batch_size": cfg.batch_size, "eval_batch_size": cfg.eval_batch_size, "warmup_ratio": cfg.warmup_ratio,
-        "weight_decay": cfg.weight_decay, "max_answer_length": cfg.max_answer_length,
-        "threads_per_worker": max(1, int(cpus)), "mlflow_run_id": run_id, "tracking_uri": tracking_uri,
-    }
+    loop_cfg = {**loop_cfg, "prepared_ref": ray.put(prepared), "threads_per_worker": max(1, int(cpus))}
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=loop_cfg,
         scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
                                      resources_per_worker={"CPU": cpus}),
-        run_config=RunConfig(name=f"finetune-{run_id}", storage_path=storage,
+        # Only the best epoch reports a checkpoint, so keeping one keeps the best.
+        run_config=RunConfig(name=f"finetune-{loop_cfg['mlflow_run_id']}", storage_path=storage,
                              checkpoint_config=CheckpointConfig(num_to_keep=1)),
     )
     log.info("training on %d worker(s) x %s CPU%s", cfg.num_workers, cpus, " + GPU" if cfg.use_gpu else "")
-    return trainer.fit()
-
-
-def export_best(result: Any, output: str) -> dict[str, float]:
-    """Copy the best checkpoint (HF layout + label map) to ``output``; returns its evaluation metrics."""
-    from jobs._finetune_loop import BEST_METRICS_FILE
-
+    result = trainer.fit()
     if result.checkpoint is None:
         raise RuntimeError("training finished without a checkpoint; see the worker logs above")
+    result.checkpoint.to_directory(str(best_dir))
+
+
+def train_in_process(cfg: FinetuneConfig, prepared: PreparedTask, loop_cfg: dict[str, Any], best_dir: Path) -> None:
+    """The same loop without Ray (``--no-ray``): one worker in this process, for debugging and quick tests."""
+    import torch
+
+    from jobs._finetune_loop import fit
+
+    def keep_best(metrics: dict[str, float], checkpoint_dir: str | None) -> None:
+        if checkpoint_dir:
+            shutil.rmtree(best_dir, ignore_errors=True)
+            shutil.copytree(checkpoint_dir, best_dir)
+
+    threads = max(1, int(cfg.cpus_per_worker or torch.get_num_threads()))
+    device = torch.device("cuda" if cfg.use_gpu else "cpu")
+    fit({**loop_cfg, "threads_per_worker": threads}, prepared, 0, 1, device, keep_best)
+
+
+def publish(best_dir: Path, output: str) -> dict[str, float]:
+    """Move the best model (HF layout + label map) to ``output``; returns its evaluation metrics."""
+    from jobs._finetune_loop import BEST_METRICS_FILE
+
+    best = json.loads((best_dir / BEST_METRICS_FILE).read_text())
     if "://" in output and not output.startswith("file://"):
         import fsspec
 
-        with result.checkpoint.as_directory() as d:
-            fs, root = fsspec.core.url_to_fs(output)
-            fs.put(str(d) + "/", root, recursive=True)
-            return json.loads((Path(d) / BEST_METRICS_FILE).read_text())
+        fs, root = fsspec.core.url_to_fs(output)
+        fs.put(str(best_dir) + "/", root, recursive=True)
+        return best
     out = Path(output.removeprefix("file://"))
-    staging = Path(tempfile.mkdtemp(prefix=".finetune-export-", dir=out.parent if out.parent.exists() else None))
-    result.checkpoint.to_directory(str(staging))
     if out.exists():
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(str(staging), out)  # the model appears complete or not at all
-    return json.loads((out / BEST_METRICS_FILE).read_text())
+    shutil.move(str(best_dir), out)  # a rename on one filesystem: the model appears complete or not at all
+    return best
 
 
 def check_output(output: str) -> None:
@@ -336,15 +369,24 @@ def main(argv: list[str] | None = None) -> int:
     client = MlflowClient(tracking_uri)
     own_storage = cfg.storage_path is None
     storage = cfg.storage_path or tempfile.mkdtemp(prefix="finetune-ray-")
+    local_out = "://" not in output or output.startswith("file://")
+    # Stage beside the output so publishing is a rename, not a copy.
+    stage_root = Path(output.removeprefix("file://")).parent if local_out else Path(tempfile.gettempdir())
+    stage_root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".finetune-staging-", dir=stage_root))
+    best_dir = staging / "best"
+    loop_cfg = loop_config(cfg, model_dir, tokenizer, vocab_size, run_id, tracking_uri, 1)
     t0 = time.perf_counter()
     try:
-        init_ray()
-        result = run_training(cfg, prepared, model_dir, tokenizer, vocab_size, run_id, tracking_uri, storage)
-        best = export_best(result, output)
+        if cfg.no_ray:
+            train_in_process(cfg, prepared, loop_cfg, best_dir)
+        else:
+            train_with_ray(cfg, prepared, loop_cfg, storage, best_dir)
+        best = publish(best_dir, output)
         wall = time.perf_counter() - t0
         final = {k.removeprefix("eval_"): v for k, v in best.items() if k.startswith("eval_")}
         final.update(best_epoch=int(best["epoch"]), job_seconds=round(wall, 1))
-        if "://" not in output or output.startswith("file://"):
+        if local_out:
             Path(output.removeprefix("file://"), FINETUNE_LINEAGE_FILE).write_text(
                 json.dumps({"mlflow_run_id": run_id, "tracking_uri": tracking_uri}) + "\n")
         from mlflow.entities import Metric
@@ -352,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         ts = int(time.time() * 1000)
         client.log_batch(run_id, metrics=[Metric(f"final_{k}", float(v), ts, 0) for k, v in final.items()
                                           if isinstance(v, (int, float)) and math.isfinite(v)])
-        if "://" not in output or output.startswith("file://"):
+        if local_out:
             client.log_artifacts(run_id, output.removeprefix("file://"), artifact_path="model")
         client.set_tag(run_id, "model_output", output)
         client.set_terminated(run_id, "FINISHED")
@@ -360,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         client.set_terminated(run_id, "FAILED")
         raise
     finally:
+        shutil.rmtree(staging, ignore_errors=True)
         if own_storage:
             shutil.rmtree(storage, ignore_errors=True)
     log.info("best model (epoch %d) exported to %s; MLflow run %s", final["best_epoch"], output, run_id)
