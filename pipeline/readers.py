@@ -177,8 +177,13 @@ def _position(f: IO[bytes], pos: int, seekable: bool) -> None:
         left -= len(got)
 
 
-def _lines(f: IO[bytes], pos: int, max_line: int) -> Iterator[tuple[int, bytes | None]]:
-    """(offset, line with its newline) from ``pos``; an over-long line comes as None and is never held whole."""
+def _lines(f: IO[bytes], pos: int, max_line: int, start: int = 0, end: int | None = None
+           ) -> Iterator[tuple[int, bytes | None]]:
+    """(offset, line with its newline) from ``pos``; an over-long line comes as None and is never held whole.
+
+    A line that begins before ``start`` and runs to ``end`` means no line starts in [start, end): stop, or every
+    unit inside a 100 MB line would read to its end (quadratic work).
+    """
     pending: list[bytes] = []  # pieces of the current line (a list: joining once beats repeated concatenation)
     plen, skipping = 0, False
     while True:
@@ -200,6 +205,8 @@ def _lines(f: IO[bytes], pos: int, max_line: int) -> Iterator[tuple[int, bytes |
         rest = len(data) - i
         if rest:
             plen += rest
+            if end is not None and pos < start and pos + plen >= end:
+                return
             if not skipping:
                 pending.append(data[i:])
                 if plen > max_line:
@@ -233,7 +240,7 @@ def _text_docs(f: IO[bytes], unit: Unit, opts: ReadOptions, report: ReadReport, 
     lineno = 0 if s == 0 else None
     doc: Doc | None = None
     size, bad, bad_off, bad_line = 0, None, 0, None
-    for off, line in _lines(f, base, opts.max_record_bytes):
+    for off, line in _lines(f, base, opts.max_record_bytes, s, e):
         if lineno is not None:
             lineno += 1
         blank = line is not None and not line.strip()
@@ -279,7 +286,7 @@ def _jsonl_docs(f: IO[bytes], unit: Unit, opts: ReadOptions, report: ReadReport,
     base = max(0, s - 1)  # a line starting exactly at s has its newline at s-1
     _position(f, base, seekable)
     lineno = 0 if s == 0 else None
-    for off, line in _lines(f, base, opts.max_record_bytes):
+    for off, line in _lines(f, base, opts.max_record_bytes, s, e):
         if lineno is not None:
             lineno += 1
         if off < s:

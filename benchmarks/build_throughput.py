@@ -1,0 +1,143 @@
+"""Data build throughput (MB of raw text per second per CPU) and peak memory of all processes, at 1x and 4x corpus.
+
+    python benchmarks/build_throughput.py [--corpus DIR] [--scales 1,4] [--cpus 1,2] [--dupe-factor 5]
+
+Each run is `python jobs/build_dataset.py` in a fresh process (its own local Ray, capped with --num-cpus), seq 128,
+the bert-base-uncased vocab. The 4x corpus is the corpus repeated 4 times under distinct names, so its documents
+have distinct ids (4x the work, not a cache hit). Peak memory is the largest sum of RSS over the whole process tree
+(driver, Ray's GCS/raylet and every worker), sampled every 0.2 s.
+
+Reported: end-to-end MB/s/CPU (process start to exit: Python and Ray start-up included) and build MB/s/CPU (the
+build's own clock, from the manifest: Ray already up), against the reference script's ~0.1 MB/s per process.
+Ratios printed: 2 CPUs vs 1 (target >= 1.7x) and peak memory 4x vs 1x (target <= 1.25x).
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared" / "data" / "corpora"
+VOCAB = REPO / "data" / "sample" / "reference" / "bert-base-uncased-vocab.txt"
+REFERENCE_MB_S = 0.1
+
+
+def raw_mb(folder: Path) -> float:
+    total = 0
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            opener = gzip.open if p.suffix == ".gz" else open
+            with opener(p, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    total += len(chunk)
+    return total / 1e6
+
+
+def make_corpus(src: Path, scale: int, work: Path) -> Path:
+    dst = work / f"corpus-{scale}x"
+    for k in range(scale):
+        (dst / f"copy{k}").mkdir(parents=True, exist_ok=True)
+        for p in sorted(src.glob("*")):
+            if p.is_file():
+                shutil.copy(p, dst / f"copy{k}" / p.name)
+    return dst
+
+
+def tree_rss(proc: psutil.Process) -> int:
+    total = 0
+    try:
+        procs = [proc] + proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def run(corpus: Path, cpus: int, dupe: int, out: Path, no_ray: bool) -> dict:
+    cmd = [sys.executable, str(REPO / "jobs" / "build_dataset.py"), "--input", str(corpus), "--output", str(out),
+           "--vocab", str(VOCAB), "--dupe-factor", str(dupe), "--max-seq-length", "128", "--num-cpus", str(cpus),
+           "--log-level", "WARNING"] + (["--no-ray"] if no_ray else [])
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_DATA_DISABLE_PROGRESS_BARS="1",
+               TOKENIZERS_PARALLELISM="false")
+    env.pop("RAY_ADDRESS", None)
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    ps = psutil.Process(proc.pid)
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, tree_rss(ps))
+        time.sleep(0.2)
+    wall = time.time() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed with {proc.returncode}")
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {"wall_s": wall, "build_s": manifest["build_seconds"], "peak_rss_mb": peak / 1e6,
+            "instances": manifest["totals"]["instances"], "cmd": " ".join(cmd[1:])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpus", type=Path, default=SHARED if SHARED.exists() else REPO / "data" / "sample" / "corpus")
+    ap.add_argument("--scales", default="1,4")
+    ap.add_argument("--cpus", default="1,2")
+    ap.add_argument("--dupe-factor", type=int, default=5)
+    ap.add_argument("--plain-loop", action="store_true", help="also time the plain loop (no Ray) at 1x")
+    args = ap.parse_args()
+    scales = [int(s) for s in args.scales.split(",")]
+    cpus = [int(c) for c in args.cpus.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="build-bench-"))
+    results = {}
+    try:
+        for scale in scales:
+            corpus = make_corpus(args.corpus, scale, work)
+            mb = raw_mb(corpus)
+            modes = [(c, False) for c in cpus] + ([(1, True)] if args.plain_loop and scale == scales[0] else [])
+            for c, no_ray in modes:
+                out = work / f"out-{scale}x-{c}cpu{'-plain' if no_ray else ''}"
+                r = run(corpus, c, args.dupe_factor, out, no_ray)
+                shutil.rmtree(out, ignore_errors=True)
+                r |= {"raw_mb": mb, "e2e_mb_s_cpu": mb / r["wall_s"] / c, "build_mb_s_cpu": mb / r["build_s"] / c}
+                key = f"{scale}x/{c}cpu" + ("/plain" if no_ray else "")
+                results[key] = r
+                print(f"{key:14s} raw {mb:6.1f} MB  wall {r['wall_s']:6.1f} s  build {r['build_s']:6.1f} s  "
+                      f"e2e {r['e2e_mb_s_cpu']:.2f} MB/s/CPU  build {r['build_mb_s_cpu']:.2f} MB/s/CPU  "
+                      f"peak {r['peak_rss_mb']:.0f} MB  instances {r['instances']}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    s0, c0, c1 = scales[0], cpus[0], cpus[-1]
+    ratios = {}
+    if len(cpus) > 1:
+        for s in scales:
+            a, b = results[f"{s}x/{c0}cpu"], results[f"{s}x/{c1}cpu"]
+            ratios[f"{s}x speed-up {c1} vs {c0} CPU (e2e)"] = a["wall_s"] / b["wall_s"]
+            ratios[f"{s}x speed-up {c1} vs {c0} CPU (build)"] = a["build_s"] / b["build_s"]
+    if len(scales) > 1:
+        for c in cpus:
+            ratios[f"peak memory {scales[-1]}x / {s0}x at {c} CPU"] = (
+                results[f"{scales[-1]}x/{c}cpu"]["peak_rss_mb"] / results[f"{s0}x/{c}cpu"]["peak_rss_mb"])
+    best = max(r["e2e_mb_s_cpu"] for r in results.values())
+    ratios["best e2e MB/s/CPU vs reference 0.1 MB/s"] = best / REFERENCE_MB_S
+    for k, v in ratios.items():
+        print(f"{k}: {v:.2f}x")
+    print(json.dumps({"machine": f"{platform.node()} {os.cpu_count()} CPU {platform.machine()}",
+                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                      "load_avg_at_end": os.getloadavg(), "results": results, "ratios": ratios}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
