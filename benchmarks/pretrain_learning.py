@@ -40,15 +40,23 @@ def split_documents(out: Path, fraction: float = 0.04, seed: int = 0) -> None:
         print(f"{path.name}: {len(docs) - len(held)} train / {len(held)} eval documents")
 
 
+def data_dirs(out: Path, seq: int) -> tuple[Path, Path]:
+    """(train, eval) dataset folders; seq 128 (the first build) in train/ and eval/, other lengths beside them."""
+    suffix = "" if seq == 128 else f"-seq{seq}"
+    return out / "pretrain-data" / f"train{suffix}", out / "pretrain-data" / f"eval{suffix}"
+
+
 def build(out: Path, vocab_size: int, dupe_factor: int, seq: int) -> None:
     from jobs import build_dataset
 
     common = ["--max-seq-length", str(seq), "--max-predictions-per-seq", str(round(seq * 0.15 + 0.5)),
               "--num-shards", "8", "--num-cpus", "2"]
-    train, ev = out / "pretrain-data" / "train", out / "pretrain-data" / "eval"
+    train, ev = data_dirs(out, seq)
+    first_vocab = out / "pretrain-data" / "train" / "vocab.txt"  # other lengths reuse the first build's vocab
+    vocab = ["--vocab", str(first_vocab)] if first_vocab.exists() else ["--vocab-size", str(vocab_size)]
     if not (train / "manifest.json").exists():
         rc = build_dataset.main(["--input", str(out / "raw" / "train"), "--output", str(train),
-                                 "--vocab-size", str(vocab_size), "--dupe-factor", str(dupe_factor), *common])
+                                 *vocab, "--dupe-factor", str(dupe_factor), *common])
         assert rc == 0, rc
     if not (ev / "manifest.json").exists():
         rc = build_dataset.main(["--input", str(out / "raw" / "eval"), "--output", str(ev),
@@ -57,9 +65,9 @@ def build(out: Path, vocab_size: int, dupe_factor: int, seq: int) -> None:
 
 
 def train(out: Path, args: argparse.Namespace) -> int:
-    data = out / "pretrain-data"
+    train_dir, eval_dir = data_dirs(out, args.seq)
     cmd = [sys.executable, str(REPO / "jobs" / "pretrain.py"),
-           "--data", str(data / "train"), "--eval-data", str(data / "eval"), "--eval-sequences", str(args.eval_sequences),
+           "--data", str(train_dir), "--eval-data", str(eval_dir), "--eval-sequences", str(args.eval_sequences),
            "--preset", args.preset, "--max-steps", str(args.max_steps), "--batch-size", str(args.batch_size),
            "--num-workers", "1", "--cpus-per-worker", "2", "--threads", "2",
            "--lr", str(args.lr), "--warmup-steps", str(args.max_steps // 25), "--max-grad-norm", "1.0",
@@ -77,22 +85,22 @@ def train(out: Path, args: argparse.Namespace) -> int:
     return subprocess.call(cmd, cwd=out / "pretrain-learning", env=env)
 
 
-def baselines(out: Path) -> dict[str, float]:
+def baselines(out: Path, seq: int) -> dict[str, float]:
     import numpy as np
 
     from pipeline.batching import read_shard
     from pipeline.schema import read_manifest, shard_urls
 
-    def load(name):
-        url = str(out / "pretrain-data" / name)
-        return [read_shard(u) for u in shard_urls(url, read_manifest(url))]
+    def load(folder: Path):
+        return [read_shard(u) for u in shard_urls(str(folder), read_manifest(str(folder)))]
 
-    train_rows, eval_rows = load("train"), load("eval")
+    train_dir, eval_dir = data_dirs(out, seq)
+    train_rows, eval_rows = load(train_dir), load(eval_dir)
     top_token = int(np.bincount(np.concatenate([r.lab for r in train_rows])).argmax())
     majority = int(np.bincount(np.concatenate([r.nsp for r in train_rows])).argmax())
     eval_lab = np.concatenate([r.lab for r in eval_rows])
     eval_nsp = np.concatenate([r.nsp for r in eval_rows])
-    vocab = (out / "pretrain-data" / "train" / "vocab.txt").read_text().splitlines()
+    vocab = (train_dir / "vocab.txt").read_text().splitlines()
     return {"mlm_top_token": vocab[top_token], "mlm_baseline_accuracy": float((eval_lab == top_token).mean()),
             "nsp_majority_class": int(majority), "nsp_baseline_accuracy": float((eval_nsp == majority).mean()),
             "eval_sequences": int(len(eval_nsp)), "eval_masked_tokens": int(len(eval_lab)),
@@ -102,7 +110,7 @@ def baselines(out: Path) -> dict[str, float]:
 def report(out: Path, args: argparse.Namespace) -> None:
     from mlflow.tracking import MlflowClient
 
-    base = baselines(out)
+    base = baselines(out, args.seq)
     print(json.dumps(base, indent=1))
     client = MlflowClient(f"sqlite:///{out / 'pretrain-learning' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("pretrain-learning")
@@ -147,7 +155,8 @@ def main() -> int:
     out = Path(args.out)
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     if args.stage in ("data", "all"):
-        split_documents(out)
+        if not (out / "raw" / "eval").exists():
+            split_documents(out)
         build(out, args.vocab_size, args.dupe_factor, args.seq)
     if args.stage in ("train", "all"):
         (out / "pretrain-learning").mkdir(parents=True, exist_ok=True)

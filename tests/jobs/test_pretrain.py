@@ -151,9 +151,15 @@ def test_killed_worker_resumes_from_s3_checkpoint_into_the_same_run(baseline, ti
     done = threading.Event()
 
     def kill_after_first_checkpoint():
+        # Kill only once the controller has *registered* checkpoint 10 (its snapshot names it); a checkpoint whose
+        # files are uploaded but not yet registered is not one Ray Train would resume from.
+        snapshot = "ckpt/killed/checkpoint_manager_snapshot.json"
         while not done.is_set():
-            keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
-            if any("checkpoint-00000010/train_state.json" in k for k in keys):
+            try:
+                body = s3.get_object(Bucket=bucket, Key=snapshot)["Body"].read().decode()
+            except s3.exceptions.NoSuchKey:
+                body = ""
+            if "checkpoint-00000010" in body:
                 workers = _train_workers()
                 if workers:
                     os.kill(workers[-1].pid, signal.SIGKILL)
