@@ -9,7 +9,8 @@ user runs it (a subprocess; its last stdout line is the metrics JSON), timed fro
 Data: ../shared/data/tasks (or --data-dir). None of the tasks ships a split: every run holds out a seeded 10%
 (`--split-eval-from-train 0.1 --split-seed 0`: numpy `default_rng(0).permutation` of the rows, the first 10% are
 validation), the same rows for every model and seed; `--seed` varies only the head/random init, dropout and order.
-Results are appended as JSON lines to --results (default /work/artifacts/finetune/results.jsonl).
+Jobs run with --no-ray (the job's own training loop in-process) unless --ray is given: on a 2-core box shared with
+other work, Ray's start-up timed out once and costs ~20-60 s per run. Results are appended as JSON lines to --results (default /work/artifacts/finetune/results.jsonl).
 """
 from __future__ import annotations
 
@@ -53,12 +54,12 @@ def run(name: str, task: str, init: list[str], flags: list[str], seed: int, args
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
     print(f"[{time.strftime('%H:%M:%S')}] {name} {task} seed {seed}: {' '.join(cmd)}", flush=True)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
-    wall = time.perf_counter() - t0
     log = ART / "logs" / f"{name}-{task}-seed{seed}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(proc.stderr + proc.stdout)
+    t0 = time.perf_counter()
+    with open(log, "w") as err:  # stderr streams to the log, so a long run can be followed
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO)
+    wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{name} {task} seed {seed} failed (rc {proc.returncode}); see {log}")
     final = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -74,7 +75,7 @@ def run(name: str, task: str, init: list[str], flags: list[str], seed: int, args
 def minilm_sentiment(args: argparse.Namespace) -> None:
     # A 4,000-example subset, one epoch: what fits the 15-minute budget on 2 (shared) cores.
     flags = ["--epochs", "1", "--lr", "6e-5", "--batch-size", "32", "--max-seq-length", "64",
-             "--max-train-examples", str(args.max_train_examples or 4000)]
+             "--max-train-examples", str(args.max_train_examples or 4000), *args.runner]
     run("minilm", "rt_sentiment", ["--init", minilm()], flags, 0, args)
 
 
@@ -86,13 +87,13 @@ COMPARE = {
     "wordnet_lexname": ["--epochs", "2", "--batch-size", "32", "--max-seq-length", "48", "--max-train-examples",
                         "4000", "--max-eval-examples", "1000"],
 }
-LR = {"random": "1e-3", "ours": "1e-3", "minilm": "8e-5"}
+LR = {"random": "5e-4", "ours": "5e-4", "minilm": "8e-5", "minilm-arch-random": "5e-4"}
 
 
 def compare(args: argparse.Namespace, task: str, inits: dict[str, list[str]], seeds: list[int]) -> None:
     for seed in seeds:
         for name, init in inits.items():
-            run(name, task, init, [*COMPARE[task], "--lr", LR[name], "--no-ray"], seed, args)
+            run(name, task, init, [*COMPARE[task], "--lr", LR[name], *args.runner], seed, args)
 
 
 def ner(args: argparse.Namespace) -> None:
@@ -132,11 +133,14 @@ def main() -> None:
     p.add_argument("--results", type=Path, default=ART / "results.jsonl")
     p.add_argument("--ours", default="/work/artifacts/pretrain-learning/export")
     p.add_argument("--preset", default="bert_tiny", help="the architecture of --ours, for the random-init baseline")
-    p.add_argument("--tasks", nargs="+", default=["wnut16_ner", "rt_sentiment"], choices=list(COMPARE))
+    p.add_argument("--tasks", nargs="+", default=["wnut16_ner", "rt_sentiment", "wordnet_lexname"], choices=list(COMPARE))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--with-minilm", action="store_true", help="add the MiniLM column (one seed is enough)")
     p.add_argument("--max-train-examples", type=int)
+    p.add_argument("--ray", action="store_true", help="run the jobs through Ray Train (default: --no-ray, the same "
+                   "loop in-process, which avoids Ray start-up on a loaded 2-core box)")
     args = p.parse_args()
+    args.runner = [] if args.ray else ["--no-ray"]
     args.results.parent.mkdir(parents=True, exist_ok=True)
     {"minilm-sentiment": minilm_sentiment, "ner": ner, "pretraining-pays": pretraining_pays,
      "report": report}[args.suite](args)

@@ -40,6 +40,7 @@ HEADS = {
     "question_answering": BertForQuestionAnswering,
 }
 BEST_METRICS_FILE = "eval_metrics.json"
+LOG_EVERY = 50  # optimizer steps between progress lines (and MLflow train_loss_step points)
 
 
 def head_overrides(prepared: PreparedTask) -> dict[str, Any]:
@@ -193,6 +194,12 @@ def fit(cfg: dict[str, Any], prepared: PreparedTask, rank: int, world: int, devi
         for b in range(0, len(idx), per_worker):
             batch = to_tensors(collate(prepared.train.features, idx[b : b + per_worker], pad_id), device)
             losses.append(train_step(model, batch, optimizer, scheduler))
+            step = (epoch - 1) * steps_per_epoch + len(losses)
+            if rank == 0 and step % LOG_EVERY == 0:
+                recent = float(np.mean(losses[-LOG_EVERY:]))
+                log.info("epoch %d step %d/%d loss %.4f (%.1f examples/s)", epoch, step, total, recent,
+                         min(b + per_worker, len(idx)) * world / (time.perf_counter() - t0))
+                _log_mlflow(cfg, {"train_loss_step": recent}, step)
         train_s = time.perf_counter() - t0
         outputs = predict(core, task, prepared.eval.features, eval_idx, cfg["eval_batch_size"], pad_id, device)
         gathered = gather_outputs(eval_idx, outputs, len(prepared.eval.features))

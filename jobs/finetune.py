@@ -155,7 +155,8 @@ def parse_args(argv: list[str] | None = None) -> FinetuneConfig:
         task=a.task, train=a.train, init=a.init, eval=a.eval, split_eval_from_train=a.split_eval_from_train,
         data_format=a.data_format, preset=a.preset, vocab=a.vocab, columns=columns, features=features,
         max_answer_length=a.max_answer_length, epochs=a.epochs, lr=a.lr, batch_size=a.batch_size,
-        eval_batch_size=a.eval_batch_size, warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay, seed=a.seed, split_seed=a.split_seed,
+        eval_batch_size=a.eval_batch_size, warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay, seed=a.seed,
+        split_seed=a.split_seed,
         num_workers=a.num_workers, cpus_per_worker=a.cpus_per_worker, use_gpu=a.use_gpu, no_ray=a.no_ray,
         max_train_examples=a.max_train_examples, max_eval_examples=a.max_eval_examples,
         mlflow_tracking_uri=a.mlflow_tracking_uri, experiment=a.experiment, parent_run_id=a.parent_run_id,
@@ -321,23 +322,19 @@ def train_in_process(cfg: FinetuneConfig, prepared: PreparedTask, loop_cfg: dict
     fit({**loop_cfg, "threads_per_worker": threads}, prepared, 0, 1, device, keep_best)
 
 
-def publish(best_dir: Path, output: str) -> dict[str, float]:
-    """Move the best model (HF layout + label map) to ``output``; returns its evaluation metrics."""
-    from jobs._finetune_loop import BEST_METRICS_FILE
-
-    best = json.loads((best_dir / BEST_METRICS_FILE).read_text())
+def publish(best_dir: Path, output: str) -> None:
+    """Move the best model (HF layout + label map) to ``output`` (a local path or any fsspec URL)."""
     if "://" in output and not output.startswith("file://"):
         import fsspec
 
         fs, root = fsspec.core.url_to_fs(output)
         fs.put(str(best_dir) + "/", root, recursive=True)
-        return best
+        return
     out = Path(output.removeprefix("file://"))
     if out.exists():
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(str(best_dir), out)  # a rename on one filesystem: the model appears complete or not at all
-    return best
 
 
 def check_output(output: str) -> None:
@@ -382,20 +379,19 @@ def main(argv: list[str] | None = None) -> int:
             train_in_process(cfg, prepared, loop_cfg, best_dir)
         else:
             train_with_ray(cfg, prepared, loop_cfg, storage, best_dir)
-        best = publish(best_dir, output)
-        wall = time.perf_counter() - t0
-        final = {k.removeprefix("eval_"): v for k, v in best.items() if k.startswith("eval_")}
-        final.update(best_epoch=int(best["epoch"]), job_seconds=round(wall, 1))
-        if local_out:
-            Path(output.removeprefix("file://"), FINETUNE_LINEAGE_FILE).write_text(
-                json.dumps({"mlflow_run_id": run_id, "tracking_uri": tracking_uri}) + "\n")
+        from jobs._finetune_loop import BEST_METRICS_FILE
         from mlflow.entities import Metric
 
+        best = json.loads((best_dir / BEST_METRICS_FILE).read_text())
+        (best_dir / FINETUNE_LINEAGE_FILE).write_text(
+            json.dumps({"mlflow_run_id": run_id, "tracking_uri": tracking_uri}) + "\n")
+        client.log_artifacts(run_id, str(best_dir), artifact_path="model")
+        publish(best_dir, output)
+        final = {k.removeprefix("eval_"): v for k, v in best.items() if k.startswith("eval_")}
+        final.update(best_epoch=int(best["epoch"]), job_seconds=round(time.perf_counter() - t0, 1))
         ts = int(time.time() * 1000)
         client.log_batch(run_id, metrics=[Metric(f"final_{k}", float(v), ts, 0) for k, v in final.items()
                                           if isinstance(v, (int, float)) and math.isfinite(v)])
-        if local_out:
-            client.log_artifacts(run_id, output.removeprefix("file://"), artifact_path="model")
         client.set_tag(run_id, "model_output", output)
         client.set_terminated(run_id, "FINISHED")
     except BaseException:

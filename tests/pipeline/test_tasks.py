@@ -175,3 +175,15 @@ def test_qa_drops_misaligned_training_answers_but_keeps_eval(tok):
     assert len(feats) == 1
     feats, windows = qa_features(ex, tok, 32, 8, 8, training=False)
     assert len(feats) == 2 and windows.example_index.tolist() == [0, 1]
+
+
+def test_reads_task_files_from_object_storage(s3_bucket, monkeypatch):
+    """Any fsspec URL: a gzipped JSONL on an S3-protocol server (endpoint from AWS_ENDPOINT_URL, as users set it)."""
+    import boto3
+
+    endpoint, bucket = s3_bucket
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    body = gzip.compress("".join(json.dumps(r) + "\n" for r in RECS).encode())
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").put_object(
+        Bucket=bucket, Key="tasks/rt.jsonl.gz", Body=body)
+    assert read_records(f"s3://{bucket}/tasks/rt.jsonl.gz") == RECS
