@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -57,18 +58,22 @@ def run(name: str, task: str, init: list[str], flags: list[str], seed: int, args
     log = ART / "logs" / f"{name}-{task}-seed{seed}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(log, "w") as err:  # stderr streams to the log, so a long run can be followed
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO)
     wall = time.perf_counter() - t0
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU seconds of the job: on a shared box, wall time says more about the neighbours than about the job.
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     if proc.returncode != 0:
         raise RuntimeError(f"{name} {task} seed {seed} failed (rc {proc.returncode}); see {log}")
     final = json.loads(proc.stdout.strip().splitlines()[-1])
     rec = {"suite": args.suite, "name": name, "task": task, "seed": seed, "metric": metric,
-           "value": final[metric], "wall_s": round(wall, 1), "final": final, "flags": init + flags,
+           "value": final[metric], "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "final": final, "flags": init + flags,
            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_avg_1m": os.getloadavg()[0]}
     with open(args.results, "a") as f:
         f.write(json.dumps(rec) + "\n")
-    print(f"    -> {metric}={final[metric]:.4f} in {wall:.0f}s", flush=True)
+    print(f"    -> {metric}={final[metric]:.4f} in {wall:.0f}s ({cpu:.0f} CPU s)", flush=True)
     return rec
 
 
@@ -118,12 +123,13 @@ def report(args: argparse.Namespace) -> None:
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["task"], r["name"]), []).append(r)
-    print("| task | init | metric | mean | seeds | values | wall s per run (mean) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| task | init | metric | mean | seeds | values | wall s per run (mean) | CPU s per run (mean) |")
+    print("|---|---|---|---|---|---|---|---|")
     for (task, name), rs in sorted(groups.items()):
         vals = [r["value"] for r in rs]
         print(f"| {task} | {name} | {rs[0]['metric']} | {statistics.mean(vals):.4f} | {len(vals)} | "
-              f"{', '.join(f'{v:.4f}' for v in vals)} | {statistics.mean(r['wall_s'] for r in rs):.0f} |")
+              f"{', '.join(f'{v:.4f}' for v in vals)} | {statistics.mean(r['wall_s'] for r in rs):.0f} | "
+              f"{statistics.mean(r.get('cpu_s', float('nan')) for r in rs):.0f} |")
 
 
 def main() -> None:

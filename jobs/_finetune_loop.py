@@ -6,6 +6,9 @@ count hangs DDP's all-reduce). Evaluation is sharded the same way; rank 0 gather
 with ``pipeline.tasks.evaluation``, logs the epoch to the job's single MLflow run, and, when the main metric
 improved, reports the model as the Ray checkpoint (only the best one is kept). Every rank calls
 ``ray.train.report`` each epoch: it is a barrier.
+
+``fit`` is the whole loop and knows nothing of Ray: ``train_loop_per_worker`` hands it Ray's rank, device, DDP
+wrapper and report; ``--no-ray`` hands it rank 0 of 1 in the driver process, so both paths run the same code.
 """
 from __future__ import annotations
 
@@ -174,7 +177,7 @@ def fit(cfg: dict[str, Any], prepared: PreparedTask, rank: int, world: int, devi
     torch.manual_seed(cfg["seed"])
     model = build_model(task, cfg["init"], cfg["preset"], cfg["vocab_size"], head_overrides(prepared))
     torch.manual_seed(cfg["seed"] + 1000 * rank)
-    core = model
+    core = model.to(device)
     model = wrap(model)
 
     per_worker = max(1, cfg["batch_size"] // world)
