@@ -9,9 +9,10 @@ whole-word group that would overshoot, until the count is reached; each chosen p
 
 How we differ, with the same distribution:
 - "shuffle, take the first k" is done as "draw a uniform key per candidate, take the k smallest keys per sequence"
-  (one argsort for every sequence of the document pass). Both give every k-subset the same probability.
-- 80/10/10 comes from one uniform per position (<0.8 mask, <0.9 keep, else random) instead of the reference's two
-  draws (0.8, then 0.5 of the rest): same probabilities, independent per position.
+  (one row-wise sort for every sequence of the document pass). Both give every k-subset the same probability.
+- 80/10/10 and the random id come from one integer draw per position (``draw % 10``: 0-7 mask, 8 keep, 9 random;
+  ``draw // 10``: the random id) instead of the reference's two or three draws: same probabilities, independent
+  per position and of each other.
 - Whole-word groups never span the [SEP] between A and B. The reference appends a ``##`` piece at the start of B
   (possible after front truncation) to A's last word, since it only skips the [SEP]; we start a new group there.
 """
@@ -105,6 +106,8 @@ def mask_sequences(
     """Mask ``[CLS] A [SEP] B [SEP]`` sequences stored back to back: sequence i is
     ``tokens[offsets[i]:offsets[i + 1]]`` with ``a_lengths[i]`` tokens in A.
 
+    Draw order: one uniform key per token, then one integer per chosen position (token mode); the batched
+    instance builder draws the same per document pass, so both give identical masks.
     The specials are found by position (0, len(A) + 1, last), never by token value, as the reference's
     candidates exclude exactly those three positions.
     """
@@ -121,41 +124,63 @@ def mask_sequences(
         positions = chosen - offsets[seq_chosen]
         counts = np.bincount(seq_chosen, minlength=n_seq)
     else:
-        positions, counts = _choose_tokens(lengths, a_lengths, rng, k)
-        chosen = np.repeat(offsets[:-1], counts) + positions
-    m = len(chosen)
-    u = rng.random(m)
-    random_ids = rng.integers(0, vocab.vocab_size, m)
-    labels = tokens[chosen]
-    replacement = np.where(u < 0.8, vocab.mask_id, np.where(u < 0.9, labels, random_ids))
-    out = tokens.copy()
-    out[chosen] = replacement
+        keys = rng.random(len(tokens))
+        rows, positions = choose_positions(keys, offsets, a_lengths, k)
+        chosen = offsets[rows] + positions
+        counts = np.bincount(rows, minlength=n_seq)
+    draws = rng.integers(0, 10 * vocab.vocab_size, len(chosen))
+    out, labels = apply_masks(tokens, chosen, draws, vocab)
     return MaskedBatch(input_ids=out, positions=positions, labels=labels, counts=counts)
 
 
-def _choose_tokens(
-    lengths: np.ndarray, a_lengths: np.ndarray, rng: np.random.Generator, k: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Positions (flat, sorted per sequence) and counts: the k smallest uniform keys among each row's candidates.
+def apply_masks(tokens: np.ndarray, chosen: np.ndarray, draws: np.ndarray, vocab: VocabInfo) -> tuple[np.ndarray, np.ndarray]:
+    """(masked copy of tokens, original ids at ``chosen``) given one integer draw in [0, 10 * vocab_size) per
+    chosen position: ``draw % 10`` 0-7 -> [MASK] (80%), 8 -> keep (10%), 9 -> ``draw // 10``, a uniformly random
+    vocabulary id (10%); kind and id are independent."""
+    kind = draws % 10
+    labels = tokens[chosen]
+    replacement = labels.copy()
+    replacement[kind < 8] = vocab.mask_id
+    is_random = kind == 9
+    replacement[is_random] = draws[is_random] // 10
+    out = tokens.copy()
+    out[chosen] = replacement
+    return out, labels
 
-    Sequences are rows of a padded (n, longest) key matrix: a row-wise argsort of 128 keys is ~3x cheaper than
-    one argsort over the whole document pass.
+
+def choose_positions(
+    keys: np.ndarray, offsets: np.ndarray, a_lengths: np.ndarray, k: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(row, position) of each sequence's k smallest keys among its candidates, row-major (positions sorted per
+    sequence). ``keys`` holds one uniform [0, 1) key per token, laid out like the tokens.
+
+    Sequences become rows of a padded (n, longest) matrix; sorting the key *values* row-wise gives each row's k-th
+    smallest key, and everything at or below it is chosen: cheaper than argsort + gather + sort. A row with fewer
+    candidates than k takes all of them, as the reference.
     """
-    n, width = len(lengths), int(lengths.max())
+    n = len(offsets) - 1
+    lengths = np.diff(offsets)
+    width = int(lengths.max())
     rows = np.arange(n)
-    cols = np.arange(width)
-    keys = rng.random((n, width))
-    keys[cols >= lengths[:, None]] = _SPECIAL_SORT_KEY  # padding
-    keys[:, 0] = _SPECIAL_SORT_KEY  # [CLS]
-    keys[rows, a_lengths + 1] = _SPECIAL_SORT_KEY  # middle [SEP]
-    keys[rows, lengths - 1] = _SPECIAL_SORT_KEY  # final [SEP]
-    kmax = int(k.max())
-    order = np.argsort(keys, axis=1)[:, :kmax]
-    # A row with fewer candidates than k (masked_lm_prob near 1) takes all its candidates, as the reference.
-    valid = (cols[:kmax] < k[:, None]) & (np.take_along_axis(keys, order, axis=1) < 1.0)
-    picked = np.where(valid, order, width)
-    picked.sort(axis=1)
-    return picked[picked < width], valid.sum(axis=1)
+    starts = offsets[:-1]
+    padded = np.full((n, width), _SPECIAL_SORT_KEY)
+    # Row-major scatter: token t of sequence i goes to (i, t - offsets[i]).
+    cols = np.arange(len(keys)) - np.repeat(starts, lengths)
+    padded[np.repeat(rows, lengths), cols] = keys
+    padded[:, 0] = _SPECIAL_SORT_KEY  # [CLS]
+    padded[rows, a_lengths + 1] = _SPECIAL_SORT_KEY  # middle [SEP]
+    padded[rows, lengths - 1] = _SPECIAL_SORT_KEY  # final [SEP]
+    kth = np.sort(padded, axis=1)[rows, k - 1]
+    chosen = (padded <= kth[:, None]) & (padded < 1.0)
+    expected = np.minimum(k, lengths - 3)
+    if int(chosen.sum()) != int(expected.sum()):
+        # Two equal keys at a row's k-th value (odds ~1e-12 per row): fall back to exact ranks, lowest index first.
+        order = np.argsort(padded, axis=1, kind="stable")
+        rank = np.empty_like(order)
+        np.put_along_axis(rank, order, np.broadcast_to(np.arange(width), (n, width)), axis=1)
+        chosen = (rank < k[:, None]) & (padded < 1.0)
+    r, c = np.nonzero(chosen)
+    return r, c
 
 
 def _choose_whole_words(

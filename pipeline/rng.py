@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import random
 import threading
+from collections.abc import Callable, Iterator
+from functools import partial
 
 import numpy as np
 
@@ -92,25 +94,13 @@ class UniformStream:
 
     One generator then serves both the scalar control flow (pairs) and the vectorised masking, so a document pass
     needs a single seeding. numpy's doubles are exact multiples of 2**-53, so each holds 53 fair random bits.
+    ``random`` is ``next`` on a generator of floats: a C-level call, ~3x cheaper than a Python method.
     """
 
-    __slots__ = ("_gen", "_buf", "_i", "_n", "_block")
+    __slots__ = ("random",)
 
     def __init__(self, gen: np.random.Generator, block: int = 64):
-        self._gen = gen
-        self._buf: list[float] = []
-        self._i = self._n = 0
-        self._block = block
-
-    def random(self) -> float:
-        i = self._i
-        if i == self._n:
-            self._buf = self._gen.random(self._block).tolist()
-            self._n = self._block
-            self._block = min(4 * self._block, 4096)  # long documents: fewer, larger refills
-            i = 0
-        self._i = i + 1
-        return self._buf[i]
+        self.random: Callable[[], float] = partial(next, _floats(gen, block))
 
     def getrandbits(self, k: int) -> int:
         bits = got = 0
@@ -119,3 +109,9 @@ class UniformStream:
             bits |= (int(self.random() * _TWO_53) & ((1 << take) - 1)) << got
             got += take
         return bits
+
+
+def _floats(gen: np.random.Generator, block: int) -> Iterator[float]:
+    while True:
+        yield from gen.random(block).tolist()
+        block = min(4 * block, 4096)  # long documents: fewer, larger refills

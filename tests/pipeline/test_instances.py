@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.instances import COLUMNS, InstanceConfig, RandomDocPool, VocabInfo, create_instances
+from pipeline.instances import COLUMNS, InstanceConfig, RandomDocPool, VocabInfo, create_instances, create_instances_batch
 from pipeline.rng import derive_seed
 
 V = 30522
@@ -179,3 +179,18 @@ def test_whole_word_mask_end_to_end() -> None:
             if cont[full[p]] and p not in (1, a_len + 2):
                 assert p - 1 in chosen
         assert len(pos) <= 20
+
+
+def test_batch_equals_per_document_pass_calls() -> None:
+    docs = make_docs(8, seed=4) + [("empty", [np.zeros(0, np.uint16)])]
+    pool = RandomDocPool(docs)
+    for cfg in (InstanceConfig(seed=11), InstanceConfig(seed=11, whole_word_mask=True)):
+        batch = create_instances_batch(docs, range(3), cfg, pool, vocab())
+        loop = {c: [] for c in COLUMNS}
+        for d, s in docs:
+            for p in range(3):
+                out = create_instances(d, s, p, cfg, pool, vocab())
+                for c in COLUMNS:
+                    loop[c].extend(out[c])
+        for c in COLUMNS:
+            assert [np.asarray(v).tolist() for v in batch[c]] == [np.asarray(v).tolist() for v in loop[c]], c
