@@ -203,7 +203,7 @@ def build(cfg: BuildConfig, executor: Executor | None = None) -> dict[str, Any]:
                          " --format/--text-field and the inputs")
 
     expected = cfg.dupe_factor * totals["tokens"] // max(1, cfg.instances.max_seq_length - 3) + 1
-    bits = bucket_bits(expected)
+    bits = bucket_bits(expected, cfg.num_shards)
     selection = select_pool(doc_markers, cfg.pool_tokens)
     pool = load_pool(ctx, selection)
     log.info("random-next pool: %d documents (%d tokens)", len(pool), len(pool.tokens))

@@ -22,9 +22,12 @@ from pipeline.storage import filesystem_for, open_atomic
 ROWS_PER_BUCKET = 1 << 18  # ~100 MB of seq-128 rows: what one shard writer holds at a time
 
 
-def bucket_bits(expected_rows: int) -> int:
-    """Key bits that name a bucket, so that buckets hold about ROWS_PER_BUCKET rows (0 = one bucket)."""
-    return max(0, min(16, math.ceil(math.log2(max(1, expected_rows) / ROWS_PER_BUCKET)))) if expected_rows else 0
+def bucket_bits(expected_rows: int, num_shards: int = 1) -> int:
+    """Key bits that name a bucket: buckets of at most ~ROWS_PER_BUCKET rows, and at least two buckets per shard so
+    that a shard writer reads ~2 buckets' worth, not the whole dataset (0 bits = one bucket)."""
+    by_rows = math.ceil(math.log2(max(1, expected_rows) / ROWS_PER_BUCKET)) if expected_rows else 0
+    by_shards = math.ceil(math.log2(2 * num_shards)) if num_shards > 1 else 0
+    return max(0, min(16, max(by_rows, by_shards)))
 
 
 def buckets_of(keys: np.ndarray, bits: int) -> np.ndarray:

@@ -90,36 +90,37 @@ def tokenize_commit(split: SplitUnit, ctx: StepContext, encoder) -> dict:
     ids: list[np.ndarray] = []
     for i in range(0, len(flat), _ENCODE_BATCH):
         ids.extend(encoder.encode(flat[i:i + _ENCODE_BATCH]))
+    del flat
     dtype = token_dtype(ctx.vocab_size)
+    # Vectorised bookkeeping over all sentences of the unit (no Python loop per sentence besides len()).
+    lens = np.fromiter((len(a) for a in ids), np.int64, len(ids))
+    values = np.concatenate(ids).astype(dtype, copy=False) if ids else np.zeros(0, dtype)
+    del ids
+    n_per_doc = np.array([len(s) for s in split.sentences], dtype=np.int64)
+    doc_of_sent = np.repeat(np.arange(len(n_per_doc)), n_per_doc)
+    keep = lens > 0  # the reference drops lines with no tokens ...
+    kept_per_doc = np.bincount(doc_of_sent[keep], minlength=len(n_per_doc))
+    tok_per_doc = np.bincount(doc_of_sent, weights=lens, minlength=len(n_per_doc)).astype(np.int64)
+    doc_keep = kept_per_doc > 0  # ... and removes documents left empty; we count them
     dropped = Counter(split.report.dropped)
-    doc_ids, doc_sents, pos = [], [], 0
-    n_sent = n_tok = 0
-    candidates = []
-    for doc_id, sents in zip(split.doc_ids, split.sentences):
-        kept = [a for a in ids[pos:pos + len(sents)] if len(a)]  # the reference drops lines with no tokens
-        pos += len(sents)
-        if not kept:
-            dropped["no_tokens"] += 1  # the reference removes empty documents; we count them
-            continue
-        doc_ids.append(doc_id)
-        doc_sents.append(kept)
-        n_sent += len(kept)
-        ntok = int(sum(len(a) for a in kept))
-        n_tok += ntok
-        candidates.append((derive_seed(ctx.instances.seed, doc_id, "pool"), doc_id, ntok))
-    sent_arrays = [a for sents in doc_sents for a in sents]
-    outer = np.zeros(len(doc_sents) + 1, dtype=np.int32)
-    np.cumsum([len(s) for s in doc_sents], out=outer[1:])
-    table = pa.Table.from_arrays(
-        [pa.array(doc_ids, pa.string()), pa.ListArray.from_arrays(pa.array(outer), _list_array(sent_arrays, dtype))],
-        schema=work_docs_schema(ctx.vocab_size),
-    )
+    if (~doc_keep).sum():
+        dropped["no_tokens"] += int((~doc_keep).sum())
+    doc_ids = [d for d, k in zip(split.doc_ids, doc_keep.tolist()) if k]
+    inner = np.zeros(int(keep.sum()) + 1, dtype=np.int32)
+    np.cumsum(lens[keep], out=inner[1:])
+    outer = np.zeros(len(doc_ids) + 1, dtype=np.int32)
+    np.cumsum(kept_per_doc[doc_keep], out=outer[1:])
+    sentences = pa.ListArray.from_arrays(pa.array(outer), pa.ListArray.from_arrays(pa.array(inner), pa.array(values)))
+    table = pa.Table.from_arrays([pa.array(doc_ids, pa.string()), sentences], schema=work_docs_schema(ctx.vocab_size))
     with open_atomic(ctx.url("docs", f"{split.uid}.parquet"), ctx.endpoint_url) as f:
         pq.write_table(table, f, compression="zstd")
+    seed = ctx.instances.seed
+    ntoks = tok_per_doc[doc_keep].tolist()
+    candidates = [(derive_seed(seed, d, "pool"), d, n) for d, n in zip(doc_ids, ntoks)]
     marker = {
-        "uid": split.uid, "path": split.path, "documents": len(doc_ids), "sentences": n_sent, "tokens": n_tok,
-        "read_documents": len(split.doc_ids), "dropped": dict(dropped), "bad_files": split.report.bad_files,
-        "pool_candidates": pool_prefix(candidates, ctx.pool_tokens),
+        "uid": split.uid, "path": split.path, "documents": len(doc_ids), "sentences": int(keep.sum()),
+        "tokens": int(lens.sum()), "read_documents": len(split.doc_ids), "dropped": dict(dropped),
+        "bad_files": split.report.bad_files, "pool_candidates": pool_prefix(candidates, ctx.pool_tokens),
     }
     write_json_atomic(ctx.url("docs", f"{split.uid}.done.json"), marker, ctx.endpoint_url)
     return marker
