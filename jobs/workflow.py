@@ -37,6 +37,10 @@ from jobs._workflow_plan import Stage, load_config, plan, with_tracking  # noqa:
 log = logging.getLogger("workflow")
 JOBS_DIR = Path(__file__).resolve().parent
 STATE_DIR = "_workflow"
+# Ray gives a new local node 30 s (hard-coded) to come up; a loaded machine can miss it. Such a stage failed
+# before doing anything and is retried (the jobs are idempotent); any other failure stops the workflow.
+TRANSIENT = ("The current node timed out during startup",)
+RETRIES = 2
 # The metrics worth a line at the end (and on the parent run), per job, when the stage reports them.
 KEY_METRICS = {
     "pretrain": ("loss", "mlm_accuracy", "nsp_accuracy", "eval_loss", "eval_mlm_accuracy", "eval_nsp_accuracy",
@@ -125,11 +129,26 @@ def _die_with_parent() -> None:
 
 
 def run_stage(stage: Stage, argv: list[str], log_file: Path) -> dict[str, Any]:
-    """Run the job, stream its output (prefixed) to our stdout and to its log; return its last JSON line."""
+    """Run the job (again, after a transient start-up failure); return its last JSON line."""
+    for attempt in range(RETRIES + 1):
+        rc, last_json, transient = _run_once(stage, argv, log_file)
+        if rc == 0:
+            return last_json
+        if not transient or attempt == RETRIES:
+            break
+        print(f"== {stage.name}: Ray did not start in time (a busy machine?); retrying ({attempt + 1}/{RETRIES})",
+              flush=True)
+    raise RuntimeError(f"stage {stage.name} failed (exit {rc}); its full log: {log_file}\n"
+                       f"  rerun the workflow to resume, or run the stage alone:\n  {stage.command()}")
+
+
+def _run_once(stage: Stage, argv: list[str], log_file: Path) -> tuple[int, dict[str, Any], bool]:
+    """Run the job, stream its output (prefixed) to our stdout and to its log."""
     cmd = [sys.executable, "-u", str(JOBS_DIR / f"{stage.job}.py"), *argv]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     log_file.parent.mkdir(parents=True, exist_ok=True)
     last_json: dict[str, Any] = {}
+    transient = False
     with open(log_file, "a", buffering=1) as lf:  # line-buffered: `tail -f` the log while it runs
         lf.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {stage.command()}\n")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
@@ -139,6 +158,7 @@ def run_stage(stage: Stage, argv: list[str], log_file: Path) -> dict[str, Any]:
                 lf.write(line)
                 sys.stdout.write(f"  {stage.key} | {line}")
                 s = line.strip()
+                transient = transient or any(t in s for t in TRANSIENT)
                 if s.startswith("{") and s.endswith("}"):
                     try:
                         last_json = json.loads(s)
@@ -152,10 +172,7 @@ def run_stage(stage: Stage, argv: list[str], log_file: Path) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 proc.kill()
             raise
-    if rc != 0:
-        raise RuntimeError(f"stage {stage.name} failed (exit {rc}); its full log: {log_file}\n"
-                           f"  rerun the workflow to resume, or run the stage alone:\n  {stage.command()}")
-    return last_json
+    return rc, last_json, transient
 
 
 # ---- MLflow ----------------------------------------------------------------------------------------------------
@@ -226,6 +243,10 @@ def stage_metrics(stage: Stage, result: dict[str, Any], tracking_uri: str) -> di
 
 # ---- the workflow ----------------------------------------------------------------------------------------------
 
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def acquire_lock(workdir: Path) -> Path:
     lock = workdir / STATE_DIR / "lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
@@ -283,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"workflow: error: {e}", file=sys.stderr)
         return 2
     lock = acquire_lock(workdir)
+    signal.signal(signal.SIGTERM, _interrupted)  # `ray job stop`, `kill`: stop the stage, mark the runs KILLED
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)

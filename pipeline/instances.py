@@ -2,13 +2,13 @@
 
 ``create_instances(doc_id, sentences, pass_idx, cfg, pool, vocab)`` is the reference's
 ``create_instances_from_document`` (google-research/bert ``create_pretraining_data.py``) with its randomness
-re-keyed for a distributed build. Every random decision of a document pass comes from streams seeded by
-``derive_seed(cfg.seed, doc_id, pass_idx, purpose)``, so the output never depends on worker count, block layout or
+re-keyed for a distributed build. Every random decision of a document pass comes from one stream seeded by
+blake2b over (cfg.seed, doc_id, pass_idx) (``rng.stream``), so the output never depends on worker count, block layout or
 arrival order. Where the reference differs (see also ``docs/data.md``):
 
 - One global RNG over the run -> one RNG per (seed, document id, pass); the reference's document shuffle and
-  its final instance shuffle have no counterpart here: each instance carries ``key`` =
-  ``derive_seed(seed, doc_id, pass, index)`` (uint64) for the downstream seeded shuffle/partition.
+  its final instance shuffle have no counterpart here: each instance carries a uint64 ``key`` =
+  ``rng.instance_keys(seed, doc_id, pass, n)[index]`` for the downstream seeded shuffle/partition.
 - Random-next documents come from a ``RandomDocPool`` (all documents in the plain loop; a seeded sample of the corpus
   in a distributed build) instead of the whole in-memory corpus (``pipeline/pairs.py``).
 - Truncation coin flips, candidate shuffle and 80/10/10 draws are replaced by draws with the same law
@@ -24,7 +24,7 @@ import numpy as np
 
 from pipeline.masking import MaskedBatch, VocabInfo, apply_masks, choose_positions, mask_sequences, num_to_predict
 from pipeline.pairs import RandomDocPool, document_pairs, pack_sentences
-from pipeline.rng import UniformStream, derive_seeds, stream
+from pipeline.rng import UniformStream, derive_seed, mix64, stream
 
 __all__ = ["InstanceConfig", "RandomDocPool", "VocabInfo", "create_instances", "create_instances_batch", "COLUMNS"]
 
@@ -108,7 +108,8 @@ def create_instances_batch(
     seq_len: list[int] = []
     a_len: list[int] = []
     nsp: list[int] = []
-    keys: list[int] = []
+    key_bases: list[int] = []
+    key_counts: list[int] = []
     mask_keys: list[np.ndarray] = []
     mask_draws: list[np.ndarray] = []
     wwm_parts: list[tuple[MaskedBatch, np.ndarray]] = []
@@ -122,17 +123,17 @@ def create_instances_batch(
             gen = stream(cfg.seed, doc_id, pass_idx)
             pairs = document_pairs(doc_id, offsets_list, UniformStream(gen), pool, cfg.max_seq_length, cfg.short_seq_prob)
             first_piece, total, n_pred = len(pieces), 0, 0
-            for p in pairs:
-                la, length = p.a1 - p.a0, p.a1 - p.a0 + p.b1 - p.b0 + 3
-                pieces += (cls, tokens[p.a0 : p.a1], sep, (pool_tokens if p.b_from_pool else tokens)[p.b0 : p.b1], sep)
-                a_len.append(la)
+            for a0, a1, from_pool, b0, b1, is_random_next in pairs:
+                length = a1 - a0 + b1 - b0 + 3
+                pieces += (cls, tokens[a0:a1], sep, (pool_tokens if from_pool else tokens)[b0:b1], sep)
+                a_len.append(a1 - a0)
                 seq_len.append(length)
-                nsp.append(1 if p.is_random_next else 0)
+                nsp.append(1 if is_random_next else 0)
                 total += length
                 # Python's round is half-to-even on the same double as num_to_predict's np.rint.
                 n_pred += min(max_pred, max(1, round(length * prob)), length - 3)
-            # == derive_seed(cfg.seed, doc_id, pass_idx, i), hashing the common prefix once.
-            keys += derive_seeds((cfg.seed, doc_id, pass_idx), range(len(pairs)))
+            key_bases.append(derive_seed(cfg.seed, doc_id, pass_idx, "key"))
+            key_counts.append(len(pairs))
             if cfg.whole_word_mask:
                 # Word groups depend on the tokens: mask this document pass on its own (not the default path).
                 flat = np.concatenate(pieces[first_piece:]).astype(dtype, copy=False)
@@ -170,8 +171,17 @@ def create_instances_batch(
         "masked_lm_positions": _split(masked.positions.astype(np.uint16), mask_offsets),
         "masked_lm_ids": _split(masked.labels.astype(dtype, copy=False), mask_offsets),
         "next_sentence_label": nsp,
-        "key": keys,
+        "key": _keys(key_bases, key_counts),
     }
+
+
+def _keys(bases: list[int], counts: list[int]) -> list[int]:
+    """``instance_keys`` for every document pass of the batch in one vectorised call."""
+    n = np.asarray(counts, dtype=np.int64)
+    starts = np.repeat(np.cumsum(n) - n, n)
+    index = (np.arange(int(n.sum())) - starts).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        return mix64(np.repeat(np.asarray(bases, dtype=np.uint64), n) + index).tolist()
 
 
 def _offsets(lengths: Sequence[int] | np.ndarray) -> np.ndarray:

@@ -16,6 +16,7 @@ How we differ from the reference, with the same distribution:
 from __future__ import annotations
 
 import random
+from bisect import bisect_left
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -151,13 +152,6 @@ def truncation_trims(len_a: int, len_b: int, max_num_tokens: int) -> tuple[int, 
     return trim_a, trim_b
 
 
-def _split_trims(rng: random.Random, lo: int, hi: int, trims: int) -> tuple[int, int]:
-    if trims == 0:
-        return lo, hi
-    front = rng.getrandbits(trims).bit_count()  # Binomial(trims, 1/2): one fair coin per trimmed token
-    return lo + front, hi - (trims - front)
-
-
 def document_pairs(
     doc_id: str,
     sent_offsets: list[int],
@@ -166,32 +160,53 @@ def document_pairs(
     max_seq_length: int,
     short_seq_prob: float,
 ) -> list[Pair]:
-    """The reference's create_instances_from_document, minus masking, for one document pass."""
+    """The reference's create_instances_from_document, minus masking, for one document pass.
+
+    This is the builder's hottest Python loop, so it returns plain tuples in ``Pair``'s field order (a Pair
+    compares equal to its tuple) and inlines ``pool.draw`` / ``pool.random_segment``, which stay the readable
+    definitions (tests check both agree through the hand-computed cases).
+    """
     n_sent = len(sent_offsets) - 1
     max_num_tokens = max_seq_length - 3
+    rand = rng.random
     target = max_num_tokens
-    if rng.random() < short_seq_prob:
+    if rand() < short_seq_prob:
         target = randint(rng, 2, max_num_tokens)  # drawn once per document pass, as the reference
+    pool_ids, pool_docs, pool_offsets = pool.doc_ids, pool._doc_offsets_list, pool.sent_offsets
+    n_pool = len(pool_ids)
+    if n_pool == 0:
+        raise ValueError("the random-document pool is empty; it needs at least one non-empty document")
     pairs: list[Pair] = []
+    offs = sent_offsets
     chunk_start = 0
-    i = 0
-    while i < n_sent:
-        if i == n_sent - 1 or sent_offsets[i + 1] - sent_offsets[chunk_start] >= target:
-            n_chunk = i - chunk_start + 1
-            a_end = 1 + int(rng.random() * (n_chunk - 1)) if n_chunk >= 2 else 1  # randint(1, n_chunk - 1)
-            a0, a1 = sent_offsets[chunk_start], sent_offsets[chunk_start + a_end]
-            if n_chunk == 1 or rng.random() < 0.5:
-                d = pool.draw(rng, doc_id)
-                b0, b1 = pool.random_segment(rng, d, target - (a1 - a0))
-                from_pool = True
-                i = chunk_start + a_end - 1  # unused sentences go back: the next chunk starts after A
-            else:
-                b0, b1 = a1, sent_offsets[i + 1]
-                from_pool = False
-            trim_a, trim_b = truncation_trims(a1 - a0, b1 - b0, max_num_tokens)
-            a0, a1 = _split_trims(rng, a0, a1, trim_a)
-            b0, b1 = _split_trims(rng, b0, b1, trim_b)
-            pairs.append(Pair(a0, a1, from_pool, b0, b1, from_pool))
+    while chunk_start < n_sent:
+        # The chunk ends at the first sentence that brings it to the target, or at the document's end.
+        i = min(bisect_left(offs, offs[chunk_start] + target, chunk_start + 1) - 1, n_sent - 1)
+        n_chunk = i - chunk_start + 1
+        a_end = 1 + int(rand() * (n_chunk - 1)) if n_chunk >= 2 else 1  # randint(1, n_chunk - 1)
+        a0, a1 = offs[chunk_start], offs[chunk_start + a_end]
+        if n_chunk == 1 or rand() < 0.5:
+            for _ in range(MAX_RANDOM_DOC_TRIES):  # pool.draw
+                d = int(rand() * n_pool)
+                if pool_ids[d] != doc_id:
+                    break
+            s0, s1 = pool_docs[d], pool_docs[d + 1]  # pool.random_segment
+            start = s0 + int(rand() * (s1 - s0))
+            b0 = pool_offsets.item(start)
+            j = min(max(int(pool_offsets.searchsorted(b0 + target - (a1 - a0))), start + 1), s1)
+            b1 = pool_offsets.item(j)
+            from_pool = True
+            chunk_start += a_end  # unused sentences go back: the next chunk starts after A
+        else:
+            b0, b1 = a1, offs[i + 1]
+            from_pool = False
             chunk_start = i + 1
-        i += 1
+        trim_a, trim_b = truncation_trims(a1 - a0, b1 - b0, max_num_tokens)
+        if trim_a:
+            front = rng.getrandbits(trim_a).bit_count()  # Binomial(trims, 1/2): a fair coin per trimmed token
+            a0, a1 = a0 + front, a1 - (trim_a - front)
+        if trim_b:
+            front = rng.getrandbits(trim_b).bit_count()
+            b0, b1 = b0 + front, b1 - (trim_b - front)
+        pairs.append((a0, a1, from_pool, b0, b1, from_pool))  # type: ignore[arg-type]
     return pairs

@@ -43,16 +43,22 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(h.digest(), "little")
 
 
-def derive_seeds(prefix: tuple, indices: range) -> list[int]:
-    """``[derive_seed(*prefix, i) for i in indices]`` at ~1 µs each: the common prefix is hashed once."""
-    head = _SEP.join([_encode(p) for p in prefix]) + _SEP
-    base = hashlib.blake2b(head, digest_size=8)
-    out = []
-    for i in indices:
-        h = base.copy()
-        h.update(b"i%d" % i)  # what _encode gives an int
-        out.append(int.from_bytes(h.digest(), "little"))
-    return out
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser over a uint64 array (wrapping arithmetic): consecutive inputs give unrelated outputs."""
+    z = np.asarray(x, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def instance_keys(seed: int, doc_id: str, pass_idx: int, n: int) -> np.ndarray:
+    """Shuffle keys of a document pass's n instances: ``mix64(derive_seed(seed, doc_id, pass_idx, "key") + i)``.
+
+    One hash per document pass, then a vectorised mix (a blake2b per instance cost ~15% of the instance builder).
+    """
+    base = np.uint64(derive_seed(seed, doc_id, pass_idx, "key"))
+    with np.errstate(over="ignore"):
+        return mix64(base + np.arange(n, dtype=np.uint64))
 
 
 def py_rng(*parts: object) -> random.Random:

@@ -12,7 +12,6 @@ marker is done and is skipped on resume; a unit without one is redone from scrat
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections import Counter
 from collections.abc import Iterator
@@ -234,7 +233,3 @@ def shard_step(task: ShardTask, ctx: StepContext, sources: dict[int, list[tuple[
     marker = {"index": task.index, "file": name, "rows": rows}
     write_json_atomic(ctx.url("shards", f"{task.index:05d}.done.json"), marker, ctx.endpoint_url)
     return marker
-
-
-def marker_json(marker: dict) -> str:
-    return json.dumps(marker, sort_keys=True)

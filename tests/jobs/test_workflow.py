@@ -1,8 +1,9 @@
-"""jobs/workflow.py end to end on tiny data, as a user runs it (a subprocess): the whole DAG runs; a rerun skips
-every stage and creates no MLflow run; a changed pre-training config reruns pre-training and fine-tuning only; a
-workflow SIGKILLed mid pre-training leaves no process behind and its rerun resumes and completes.
+"""jobs/workflow.py end to end on tiny data, as a user runs it (a subprocess): a workflow SIGKILLed mid
+pre-training leaves no process behind; its rerun resumes pre-training and completes the whole DAG; a further rerun
+skips every stage and creates no MLflow run; a changed config reruns exactly the changed stage and what depends on it.
 
-The tests share one work dir and run in file order (each builds on the previous one's state).
+The tests share one work dir and run in file order (each builds on the previous one's state). One pass through the
+pipeline in all (the kill splits it in two), to keep Ray Train start-ups, the bulk of the time, to a minimum.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ SAMPLE = REPO / "data" / "sample"
 pytestmark = pytest.mark.slow
 
 
-def tiny_config(root: Path, corpus: Path, pretrain_steps: int) -> dict:
+def tiny_config(root: Path, corpus: Path, pretrain_steps: int = 40, finetune_epochs: int = 1,
+                dupe_factor: int = 1) -> dict:
     return {
         "name": "tiny",
         "workdir": str(root / "work"),
@@ -32,13 +34,15 @@ def tiny_config(root: Path, corpus: Path, pretrain_steps: int) -> dict:
         "vocab": {"input": [str(corpus)], "args": {"vocab-size": 2000}},
         # --no-ray: the same build steps as a plain loop; saves a Ray start in a test about orchestration.
         "datasets": {"train": {"input": [str(corpus)],
-                               "args": {"max-seq-length": 64, "dupe-factor": 1, "num-shards": 2, "no-ray": True}}},
+                               "args": {"max-seq-length": 64, "dupe-factor": dupe_factor, "num-shards": 2,
+                                        "no-ray": True}}},
         "pretrain": {"phase1": {"data": "train", "args": {
             "preset": "bert_tiny", "max-steps": pretrain_steps, "batch-size": 8, "checkpoint-every": 2,
             "log-every": 2, "cpus-per-worker": 1, "no-system-metrics": True}}},
         "finetune": {"rt": {"args": {
             "task": "classification", "train": str(SAMPLE / "tasks" / "rt_sentiment.jsonl.gz"),
-            "split-eval-from-train": 0.1, "max-train-examples": 160, "max-eval-examples": 64, "epochs": 1,
+            "split-eval-from-train": 0.1, "max-train-examples": 160, "max-eval-examples": 64,
+            "epochs": finetune_epochs,
             "batch-size": 16, "max-seq-length": 32}}},
     }
 
@@ -50,7 +54,7 @@ def wf():
     with gzip.open(SAMPLE / "corpus" / "mobydick.jsonl.gz", "rt") as f:
         corpus.write_text("".join(line for i, line in enumerate(f) if 1 <= i <= 8))  # a few chapters, ~90 KB
     config = root / "tiny.yaml"
-    config.write_text(yaml.safe_dump(tiny_config(root, corpus, pretrain_steps=6), sort_keys=False))
+    config.write_text(yaml.safe_dump(tiny_config(root, corpus), sort_keys=False))
     ray_tmp = tempfile.mkdtemp(prefix="rw", dir="/tmp")  # short: Ray's Unix socket paths
     env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{root}/mlflow.db", RAY_TMPDIR=ray_tmp,
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_DATA_DISABLE_PROGRESS_BARS="1",
@@ -58,14 +62,14 @@ def wf():
     env.pop("RAY_ADDRESS", None)
     yield {"root": root, "config": config, "corpus": corpus, "env": env, "ray_tmp": ray_tmp,
            "uri": env["MLFLOW_TRACKING_URI"]}
-    assert leftover_processes(ray_tmp) == [], "the workflow left Ray processes running"
+    assert wait_gone(ray_tmp) == [], "the workflow left Ray processes running"
     import shutil
 
     shutil.rmtree(root, ignore_errors=True)
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
-def run_workflow(wf, timeout=420) -> subprocess.CompletedProcess:
+def run_workflow(wf, timeout=1200) -> subprocess.CompletedProcess:
     out = subprocess.run([sys.executable, "jobs/workflow.py", "--config", str(wf["config"])], cwd=REPO,
                          env=wf["env"], capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-6000:]
@@ -95,17 +99,66 @@ def leftover_processes(ray_tmp: str) -> list[str]:
     return out
 
 
+def wait_gone(ray_tmp: str, seconds: float = 90) -> list[str]:
+    """Ray's daemons notice their driver's death within seconds (longer on a loaded machine); what is still there
+    after `seconds` is a leak. It is killed (by pid: processes this test started) and reported."""
+    deadline = time.time() + seconds
+    while leftover_processes(ray_tmp) and time.time() < deadline:
+        time.sleep(1)
+    left = leftover_processes(ray_tmp)
+    for entry in left:
+        try:
+            os.kill(int(entry.split(":")[0]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
+
+
+def plan_of(wf, cfg: dict) -> list[str]:
+    """The stages `--dry-run` says would run for `cfg`."""
+    wf["config"].write_text(yaml.safe_dump(cfg, sort_keys=False))
+    dry = subprocess.run([sys.executable, "jobs/workflow.py", "--config", str(wf["config"]), "--dry-run"],
+                         cwd=REPO, env=wf["env"], capture_output=True, text=True, timeout=300)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    rows = [line.split("] ", 1)[1] for line in dry.stdout.splitlines() if line.startswith("  [")]
+    return [r[:24].strip() for r in rows if r[24:].lstrip().startswith("run ")]
+
+
 def markers(wf) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in (wf["root"] / "work" / "_workflow").glob("*.json")
             if p.name != "parent_run.json"}
 
 
-def test_end_to_end(wf):
+def test_killed_mid_pretraining_leaves_nothing_running(wf):
+    proc = subprocess.Popen([sys.executable, "jobs/workflow.py", "--config", str(wf["config"])], cwd=REPO,
+                            env=wf["env"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    checkpoints = wf["root"] / "work" / "checkpoints"
+    deadline = time.time() + 900
+    try:
+        # The first checkpoint (step 2 of 40): pre-training is under way and has something to resume from.
+        while not any(checkpoints.glob("tiny-phase1-*/checkpoint[-_]*")):
+            assert proc.poll() is None, "the workflow ended before pre-training wrote a checkpoint"
+            assert time.time() < deadline, "no checkpoint within 900 s"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the workflow and the stage it runs, at once
+        proc.wait()
+    assert wait_gone(wf["ray_tmp"]) == []
+    done = markers(wf)
+    assert {"vocab", "dataset.train"} <= set(done) and "pretrain.phase1" not in done
+    assert [r.data.tags.get("job", r.info.run_name) for r in child_runs(wf)
+            if r.data.tags.get("job") == "pretrain"] == ["pretrain"]
+
+
+def test_rerun_resumes_and_completes_end_to_end(wf):
+    (killed,) = [r for r in child_runs(wf) if r.data.tags.get("job") == "pretrain"]
     out = run_workflow(wf)
+    assert "vocab: done earlier" in out.stdout and "dataset train: done earlier" in out.stdout
+    assert "resuming MLflow run" in out.stdout  # pre-training continued its own run, from its checkpoint
     summary = json.loads((wf["root"] / "work" / "summary.json").read_text())
     stages = summary["stages"]
     assert list(stages) == ["vocab", "dataset train", "pretrain phase1", "finetune rt"]
-    assert all(s["ran"] for s in stages.values())
     # Each product is there, in the format its consumer reads.
     vocab = Path(stages["vocab"]["outputs"]["vocab"]).read_text().splitlines()
     assert 500 < len(vocab) <= 2000 and vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -114,18 +167,23 @@ def test_end_to_end(wf):
     assert len(manifest["shards"]) == 2 and manifest["totals"]["instances"] > 0
     assert (dataset / "vocab.txt").read_text().splitlines() == vocab
     export = Path(stages["pretrain phase1"]["outputs"]["export"])
-    assert {"config.json", "model.safetensors", "vocab.txt", "bert_pretrain_run.json"} <= {p.name for p in
-                                                                                           export.iterdir()}
+    assert {"config.json", "model.safetensors", "vocab.txt", "bert_pretrain_run.json"} <= {
+        p.name for p in export.iterdir()}
     assert "loss" in stages["pretrain phase1"]["metrics"]
     assert "accuracy" in stages["finetune rt"]["result"]
     assert (Path(stages["finetune rt"]["outputs"]["model"]) / "config.json").is_file()
-    # One parent run holding the three MLflow-tracked stages as children; the parent carries the key metrics.
+    # One parent run holding the three MLflow-tracked stages as children (the resumed pre-training run is the one
+    # the killed attempt opened); the parent carries the key metrics. A stage retried after Ray missed its
+    # start-up deadline on a busy machine may leave a FAILED run beside them.
     from mlflow.tracking import MlflowClient
 
-    kids = child_runs(wf)
+    client = MlflowClient(wf["uri"])
+    kids = [r for r in child_runs(wf) if r.info.status == "FINISHED"]
     assert sorted(r.data.tags.get("job", r.info.run_name) for r in kids) == ["build_dataset", "finetune", "pretrain"]
-    assert all(r.info.status == "FINISHED" for r in kids)
-    parent = MlflowClient(wf["uri"]).get_run(summary["mlflow"]["parent_run_id"])
+    pretrain = next(r for r in kids if r.data.tags.get("job") == "pretrain")
+    assert pretrain.info.run_id == killed.info.run_id
+    assert max(m.step for m in client.get_metric_history(pretrain.info.run_id, "loss")) == 40
+    parent = client.get_run(summary["mlflow"]["parent_run_id"])
     assert parent.info.status == "FINISHED" and "pretrain.phase1.loss" in parent.data.metrics
     assert "mlflow ui --backend-store-uri" in out.stdout
 
@@ -139,46 +197,16 @@ def test_rerun_skips_everything(wf):
     assert {r.info.run_id for r in child_runs(wf)} == before_runs
 
 
-def test_changed_config_killed_midway_then_rerun_completes(wf):
-    """More pre-training steps: pre-training and fine-tuning rerun (vocab and dataset do not). The workflow is
-    SIGKILLed once pre-training has written a checkpoint; the rerun resumes that run and finishes."""
-    root = wf["root"]
-    cfg = tiny_config(root, wf["corpus"], pretrain_steps=40)
-    wf["config"].write_text(yaml.safe_dump(cfg, sort_keys=False))
-    runs_before = {r.info.run_id for r in child_runs(wf)}
-    dry = subprocess.run([sys.executable, "jobs/workflow.py", "--config", str(wf["config"]), "--dry-run"],
-                         cwd=REPO, env=wf["env"], capture_output=True, text=True, timeout=120)
-    plan = {line.split("]")[1].split("  ")[0].strip(): line for line in dry.stdout.splitlines() if "] " in line}
-    assert [k for k, v in plan.items() if " run " in v] == ["pretrain phase1", "finetune rt"], dry.stdout
-
-    proc = subprocess.Popen([sys.executable, "jobs/workflow.py", "--config", str(wf["config"])], cwd=REPO,
-                            env=wf["env"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    checkpoints = root / "work" / "checkpoints"
-    deadline = time.time() + 300
+def test_a_changed_stage_reruns_with_what_depends_on_it(wf):
+    root, corpus = wf["root"], wf["corpus"]
     try:
-        while not any(checkpoints.glob("tiny-phase1-*/checkpoint_*")):
-            assert proc.poll() is None, "the workflow ended before pre-training wrote a checkpoint"
-            assert time.time() < deadline, "no checkpoint within 300 s"
-            time.sleep(0.5)
+        assert plan_of(wf, tiny_config(root, corpus)) == []
+        assert plan_of(wf, tiny_config(root, corpus, finetune_epochs=2)) == ["finetune rt"]
+        assert plan_of(wf, tiny_config(root, corpus, pretrain_steps=50)) == ["pretrain phase1", "finetune rt"]
+        assert plan_of(wf, tiny_config(root, corpus, dupe_factor=2)) == [
+            "dataset train", "pretrain phase1", "finetune rt"]
+        # An edited input file (same name) is a changed input.
+        os.utime(corpus, (time.time() + 10, time.time() + 10))
+        assert plan_of(wf, tiny_config(root, corpus)) == ["vocab", "dataset train", "pretrain phase1", "finetune rt"]
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    deadline = time.time() + 60
-    while leftover_processes(wf["ray_tmp"]) and time.time() < deadline:
-        time.sleep(1)
-    assert leftover_processes(wf["ray_tmp"]) == []
-    killed = [r for r in child_runs(wf) if r.info.run_id not in runs_before]
-    assert [r.data.tags.get("job") for r in killed] == ["pretrain"]
-
-    out = run_workflow(wf)
-    assert "dataset train: done earlier" in out.stdout and "vocab: done earlier" in out.stdout
-    assert "resuming MLflow run" in out.stdout  # pre-training continued its run (and checkpoint)
-    new = [r for r in child_runs(wf) if r.info.run_id not in runs_before]
-    assert sorted(r.data.tags.get("job") for r in new) == ["finetune", "pretrain"]  # the same pretrain run
-    assert all(r.info.status == "FINISHED" for r in new)
-    from mlflow.tracking import MlflowClient
-
-    pretrain = next(r for r in new if r.data.tags.get("job") == "pretrain")
-    steps = [m.step for m in MlflowClient(wf["uri"]).get_metric_history(pretrain.info.run_id, "loss")]
-    assert max(steps) == 40
+        wf["config"].write_text(yaml.safe_dump(tiny_config(root, corpus), sort_keys=False))

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from pipeline.instances import COLUMNS, InstanceConfig, RandomDocPool, VocabInfo, create_instances, create_instances_batch
-from pipeline.rng import derive_seed
+from pipeline.rng import instance_keys
 
 V = 30522
 CLS, SEP, MASK = 101, 102, 103
@@ -76,7 +76,7 @@ def test_columns_layout_and_segments() -> None:
         assert not np.isin(np.concatenate([a, b]), [CLS, SEP]).any()  # specials only at the three slots
         assert is_sub(a, text[doc_id])  # A is a contiguous run of the document (truncation trims the ends)
         assert is_sub(b, every if nsp else text[doc_id])
-        assert out["key"][i] == derive_seed(cfg.seed, doc_id, 0, i)
+        assert out["key"][i] == int(instance_keys(cfg.seed, doc_id, 0, len(out["key"]))[i])
 
 
 def test_actual_next_continues_a() -> None:

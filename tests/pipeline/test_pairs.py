@@ -10,7 +10,6 @@ import pytest
 from pipeline.pairs import (
     RandomDocPool,
     Pair,
-    _split_trims,
     document_pairs,
     pack_sentences,
     truncation_trims,
@@ -66,13 +65,20 @@ def test_truncation_trims_match_reference_loop() -> None:
         assert truncation_trims(la, lb, mx) == reference_truncate(la, lb, mx), (la, lb, mx)
 
 
-def test_split_trims_is_binomial_front_back() -> None:
-    rng = random.Random(1)
-    fronts = [_split_trims(rng, 0, 100, 20)[0] for _ in range(20000)]
-    assert abs(np.mean(fronts) - 10) < 0.1
-    assert abs(np.var(fronts) - 5) < 0.3  # Binomial(20, 1/2): one fair coin per trimmed token
-    lo, hi = _split_trims(ScriptedRng([], [(4, 0b0111)]), 10, 30, 4)
-    assert (lo, hi) == (13, 29)
+def test_front_trims_are_binomial() -> None:
+    # Two 100-token sentences, max 10 tokens: A (100) and B (100) each lose 95 tokens, each one from the front or
+    # the back by a fair coin, so the tokens cut from A's front are Binomial(95, 1/2).
+    from pipeline.rng import UniformStream, np_rng
+
+    pool = RandomDocPool([("d", [arr(100), arr(100)])])
+    fronts = []
+    for seed in range(3000):
+        pairs = document_pairs("d", [0, 100, 200], UniformStream(np_rng(seed)), pool, 13, 0.0)
+        a0, a1 = pairs[0][0], pairs[0][1]
+        assert a1 - a0 == 5
+        fronts.append(a0)
+    assert abs(np.mean(fronts) - 47.5) < 0.3
+    assert abs(np.var(fronts) - 23.75) < 2.5
 
 
 def make_pool() -> RandomDocPool:

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from pipeline.rng import derive_seed, derive_seeds, np_rng, py_rng
+from pipeline.rng import UniformStream, derive_seed, instance_keys, np_rng, py_rng, stream
 
 
 def test_stable_across_processes_and_hash_seeds() -> None:
@@ -36,8 +36,23 @@ def test_parts_are_separated_and_typed() -> None:
         derive_seed(1.5)
 
 
-def test_derive_seeds_matches_derive_seed() -> None:
-    assert derive_seeds((12345, "doc-7", 3), range(50)) == [derive_seed(12345, "doc-7", 3, i) for i in range(50)]
+def test_instance_keys_are_stable_and_spread() -> None:
+    keys = instance_keys(12345, "doc-7", 3, 1000)
+    assert keys.dtype == np.uint64 and len(np.unique(keys)) == 1000
+    np.testing.assert_array_equal(keys, instance_keys(12345, "doc-7", 3, 1000))
+    assert not np.array_equal(keys[:10], instance_keys(12345, "doc-7", 4, 10))
+    # Consecutive indices map to unrelated keys: the top bit is a fair coin.
+    assert 0.45 < np.mean(keys >> np.uint64(63)) < 0.55
+
+
+def test_stream_is_reset_per_key_and_uniform_stream_bits() -> None:
+    a = stream(1, "d", 0).random(5)
+    stream(2, "e", 1).random(3)
+    np.testing.assert_array_equal(stream(1, "d", 0).random(5), a)
+    u = UniformStream(np_rng(3))
+    bits = [u.getrandbits(70) for _ in range(2000)]
+    assert all(0 <= b < 2**70 for b in bits)
+    assert abs(np.mean([b.bit_count() for b in bits]) - 35) < 0.3
 
 
 def test_generators_reproduce() -> None:
