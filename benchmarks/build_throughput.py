@@ -25,12 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data" / "corpora"
 VOCAB = REPO / "data" / "sample" / "reference" / "bert-base-uncased-vocab.txt"
 REFERENCE_MB_S = 0.1
+PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def raw_mb(folder: Path) -> float:
@@ -54,17 +53,28 @@ def make_corpus(src: Path, scale: int, work: Path) -> Path:
     return dst
 
 
-def tree_rss(proc: psutil.Process) -> int:
-    total = 0
-    try:
-        procs = [proc] + proc.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return 0
-    for p in procs:
+def tree_rss(root: int) -> int:
+    """Sum of RSS (bytes) of ``root`` and all its descendants, from /proc (Linux; no psutil needed)."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
         try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{name}/statm") as f:
+                pages = int(f.read().split()[1])
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the command name may contain spaces and parentheses
+        children.setdefault(ppid, []).append(int(name))
+        rss[int(name)] = pages * PAGE
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo.extend(children.get(pid, []))
     return total
 
 
@@ -77,10 +87,9 @@ def run(corpus: Path, cpus: int, dupe: int, out: Path, no_ray: bool) -> dict:
     env.pop("RAY_ADDRESS", None)
     t0 = time.time()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    ps = psutil.Process(proc.pid)
     peak = 0
     while proc.poll() is None:
-        peak = max(peak, tree_rss(ps))
+        peak = max(peak, tree_rss(proc.pid))
         time.sleep(0.2)
     wall = time.time() - t0
     if proc.returncode != 0:

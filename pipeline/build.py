@@ -32,8 +32,6 @@ from pipeline.storage import (check_writable, exists, expand_inputs, join, list_
 
 log = logging.getLogger(__name__)
 
-FILE_REASONS = ("empty_file", "corrupt_file")
-
 
 @dataclasses.dataclass(frozen=True)
 class BuildConfig:
@@ -269,7 +267,6 @@ def _doc_totals(markers: list[dict], report: ReadReport, on_error: str) -> tuple
         dropped.update(m["dropped"])
         bad_files.update(m["bad_files"])
         per_file[m["path"]] += m["read_documents"] + sum(m["dropped"].values())
-        per_file.setdefault(m["path"], 0)
     for path, n in per_file.items():
         if n == 0 and path not in bad_files:
             if on_error == "fail":

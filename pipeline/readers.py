@@ -319,8 +319,9 @@ def _parquet_docs(fs, path: str, unit: Unit, opts: ReadOptions, report: ReadRepo
     with fs.open(path, "rb") as fh:
         pf = pq.ParquetFile(fh)
         if opts.text_field not in pf.schema_arrow.names:
-            raise InputError(f"input {unit.path}: no column {opts.text_field!r} (columns: {pf.schema_arrow.names});"
-                             " pass --text-field")
+            _bad_file(opts, report, unit.path, "missing_text_column",
+                      f"no column {opts.text_field!r} (columns: {pf.schema_arrow.names}); pass --text-field")
+            return
         first = sum(pf.metadata.row_group(g).num_rows for g in range(unit.start))
         column = pf.read_row_group(unit.start, columns=[opts.text_field]).column(0).to_pylist()
     for i, text in enumerate(column):

@@ -57,8 +57,10 @@ def storage_options(url: str, endpoint_url: str | None = None) -> dict[str, Any]
 
 def filesystem_for(url: str, endpoint_url: str | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
     """(filesystem, path inside it) for a URL; ``endpoint_url`` applies to s3:// only."""
-    fs, path = url_to_fs(url, **storage_options(url, endpoint_url))
-    return fs, path
+    try:
+        return url_to_fs(url, **storage_options(url, endpoint_url))
+    except ImportError as e:  # e.g. gs:// without gcsfs: say which URL needs which package
+        raise ValueError(f"cannot open {url}: {e}") from e
 
 
 def unstrip(fs: fsspec.AbstractFileSystem, path: str, like: str) -> str:

@@ -46,7 +46,8 @@ def _rows(out):
 
 def _same(a, b):
     (ma, ta), (mb, tb) = _rows(a), _rows(b)
-    assert ma["totals"] == mb["totals"] and ma["shards"] == mb["shards"]
+    assert ma["totals"] == mb["totals"], (ma["totals"], mb["totals"])
+    assert ma["shards"] == mb["shards"], (ma["shards"], mb["shards"])
     assert all(x.equals(y) for x, y in zip(ta, tb))
     assert not os.path.exists(os.path.join(b, "_work"))
 
