@@ -3,9 +3,9 @@
     python benchmarks/train_throughput.py --data /work/artifacts/pretrain-data/train [--preset bert_tiny]
         [--micro-batch-size 32] [--steps 60] [--threads 2] [--dynamic-masking] [--length-bucketing]
 
-Both measurements run in this process with the same model, optimizer, threads and the *same batches*: first the
-full loop exactly as a Ray Train worker runs it (background reader thread, `train_step`), recording the batches it
-consumed; then `train_step` alone over those batches, already in memory. The ratio is what the data path costs;
+Both measurements run in this process with the same model, optimizer, threads and the *same batches*: the full
+loop exactly as a Ray Train worker runs it (background reader thread, `train_step`), recording the batches it
+consumed, and `train_step` alone over those batches, already in memory, alternating every `--chunk` steps. The ratio is what the data path costs;
 `data_wait_fraction` is the share of the full loop's wall time spent waiting for a batch (the job logs the same
 metric). Sequences/s count sequences; tokens/s count real (unpadded) tokens.
 """
@@ -27,7 +27,8 @@ def main() -> int:
     p.add_argument("--micro-batch-size", type=int, default=32)
     p.add_argument("--accum", type=int, default=1)
     p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--warmup", type=int, default=5, help="steps excluded from the timing")
+    p.add_argument("--warmup", type=int, default=10, help="steps excluded from the timing (one chunk)")
+    p.add_argument("--chunk", type=int, default=10, help="steps per alternation of full loop / model-only")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dynamic-masking", action="store_true")
     p.add_argument("--length-bucketing", action="store_true")
@@ -56,29 +57,32 @@ def main() -> int:
         opt = build_optimizer(model, "adamw", lr=1e-4)
         return model, opt, build_scheduler(opt, 0, 10_000)
 
-    # 1. The full loop, as the worker runs it (shards read in a background thread, counted from a cold start).
-    model, opt, sched = fresh()
+    # The two measurements alternate in chunks of `--chunk` steps, so a change in the (shared) machine's load hits
+    # both alike: chunk k of the full loop (reader thread + collate + step, recording its batches), then the
+    # model-only step on exactly those batches, already in memory, with a second model and optimizer.
+    full_model, full_opt, full_sched = fresh()
+    only_model, only_opt, only_sched = fresh()
     stream = Prefetcher(iter(RankStream([s["rows"] for s in manifest["shards"]], lambda i: read_shard(urls[i]), cfg)),
                         depth=max(4, 2 * a.accum))
-    kept, sums = [], MetricSums()
-    for step in range(a.warmup + a.steps):
-        if step == a.warmup:
-            t0, wait0, sums = time.perf_counter(), stream.wait_seconds, MetricSums()
-        micro = [next(stream) for _ in range(a.accum)]
-        kept.append(micro)
-        train_step(model, opt, [to_device(b, "cpu") for b in micro], scheduler=sched, sums=sums)
-    full_s = time.perf_counter() - t0
-    wait_s = stream.wait_seconds - wait0
+    full_s = model_s = wait_s = 0.0
+    sums = MetricSums()
+    for step0 in range(0, a.warmup + a.steps, a.chunk):
+        n = min(a.chunk, a.warmup + a.steps - step0)
+        timed = step0 >= a.warmup
+        t0, w0, kept = time.perf_counter(), stream.wait_seconds, []
+        for _ in range(n):
+            micro = [next(stream) for _ in range(a.accum)]
+            kept.append(micro)
+            train_step(full_model, full_opt, [to_device(b, "cpu") for b in micro], scheduler=full_sched,
+                       sums=sums if timed else None)
+        t1 = time.perf_counter()
+        for micro in kept:
+            train_step(only_model, only_opt, [to_device(b, "cpu") for b in micro], scheduler=only_sched)
+        t2 = time.perf_counter()
+        if timed:
+            full_s, model_s, wait_s = full_s + t1 - t0, model_s + t2 - t1, wait_s + stream.wait_seconds - w0
     stream.close()
     seqs, tokens = sums.sequences, sums.tokens
-
-    # 2. The model-only step on the same batches, already collated and in memory.
-    model, opt, sched = fresh()
-    for step, micro in enumerate(kept):
-        if step == a.warmup:
-            t1 = time.perf_counter()
-        train_step(model, opt, [to_device(b, "cpu") for b in micro], scheduler=sched)
-    model_s = time.perf_counter() - t1
 
     result = {
         "preset": a.preset, "micro_batch_size": a.micro_batch_size, "accum": a.accum, "steps": a.steps,
