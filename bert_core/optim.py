@@ -91,13 +91,17 @@ class Lamb(torch.optim.Optimizer):
 def build_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-4, weight_decay: float = 0.01,
                     betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
                     fused: bool | None = None) -> torch.optim.Optimizer:
-    """AdamW or LAMB over BERT's decay / no-decay groups. `fused=None` picks torch's fused AdamW kernel when every
-    parameter is on CUDA (elsewhere the default foreach implementation)."""
+    """AdamW or LAMB over BERT's decay / no-decay groups.
+
+    `fused=None` picks torch's fused AdamW kernel when every parameter is a float tensor on CUDA or CPU: one kernel
+    per group instead of ~20 tensor-list ops per step. On a 2-core CPU the foreach AdamW step of bert_mini took
+    ~5x longer than the fused one (3.6 s vs 0.7 s wall, contended machine), a large share of a training step."""
     groups = param_groups(model, weight_decay)
     name = name.lower()
     if name == "adamw":
         if fused is None:
-            fused = all(p.is_cuda for g in groups for p in g["params"])
+            fused = all(p.device.type in ("cuda", "cpu") and p.is_floating_point()
+                        for g in groups for p in g["params"])
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)
     if name == "lamb":
         return Lamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)

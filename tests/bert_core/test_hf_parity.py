@@ -135,3 +135,34 @@ def test_roundtrip_transformers_to_ours(tmp_path):
     assert (a.mlm_logits - b.prediction_logits)[real].abs().max().item() < 1e-5
     assert (a.nsp_logits - b.seq_relationship_logits).abs().max().item() < 1e-5
     assert ours.cls.predictions.decoder.weight is ours.bert.embeddings.word_embeddings.weight
+
+
+def test_saved_keys_are_exactly_transformers_keys(tmp_path):
+    """Our model.safetensors holds exactly the tensors transformers writes for the same architecture."""
+    from safetensors import safe_open
+
+    cfg = transformers.BertConfig(vocab_size=512, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=512, max_position_embeddings=64)
+    for ours_cls, hf_cls in [(bert_core.BertForPreTraining, transformers.BertForPreTraining),
+                             (bert_core.BertModel, transformers.BertModel),
+                             (bert_core.BertForQuestionAnswering, transformers.BertForQuestionAnswering)]:
+        hf_cls(cfg).save_pretrained(tmp_path / "hf")
+        ours_cls(_tiny_config()).save_pretrained(tmp_path / "ours")
+        keys = {}
+        for name in ("hf", "ours"):
+            with safe_open(tmp_path / name / "model.safetensors", "pt") as f:
+                keys[name] = set(f.keys())
+        assert keys["ours"] == keys["hf"], (ours_cls.__name__, keys["ours"] ^ keys["hf"])
+        assert "cls.predictions.decoder.weight" not in keys["ours"]  # tied: stored once, as HF does
+
+
+def test_bf16_autocast_training_step_runs():
+    torch.manual_seed(0)
+    m = bert_core.BertForPreTraining(_tiny_config()).train()
+    ids, mask, types, positions, labels, nsp = _pretraining_batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = m(ids, attention_mask=mask, token_type_ids=types, masked_lm_positions=positions,
+                masked_lm_labels=labels, next_sentence_label=nsp)
+    assert out.loss.dtype == torch.float32 and torch.isfinite(out.loss)
+    out.loss.backward()
+    assert m.bert.embeddings.word_embeddings.weight.grad.dtype == torch.float32
