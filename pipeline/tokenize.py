@@ -9,12 +9,18 @@ where a word of more than 200 characters becomes ``[UNK]``. ``tokenizers`` has t
 Special tokens are deliberately *not* registered as added tokens: the reference tokenises the text "[MASK]" as
 ``[ mask ]`` like any other text, so must we (only the instance builder inserts [CLS]/[SEP]/[MASK] ids).
 
+Speed: ``BertNormalizer`` is ~40% of the encoding time, and on ASCII text without control characters it reduces to
+``str.lower()`` (uncased) or nothing (cased): no accents, no CJK, and tabs/newlines split words the same either way.
+``encode`` sends such sentences, lowercased in Python, through a second tokenizer with no normalizer (identical ids,
+tested) and the rest through the full one: ~1.7x faster on English.
+
 ``WordPieceEncoder`` pickles by value (the vocabulary travels with it), so it can be shipped to Ray actors;
 it is still best built once per actor (``fn_constructor_kwargs``) since building is ~50 ms.
 """
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -30,6 +36,9 @@ log = logging.getLogger(__name__)
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 # The reference's limit (HF's default is 100): longer words become [UNK].
 MAX_INPUT_CHARS_PER_WORD = 200
+# ASCII control characters that BertNormalizer deletes (tab, newline and carriage return are whitespace instead):
+# a sentence holding one must take the full normalizer path.
+_ASCII_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 def read_vocab(path: str | Path) -> list[str]:
@@ -91,6 +100,8 @@ class WordPieceEncoder:
         self.tokens = tokens
         self.do_lower_case = do_lower_case
         self._tok = build_tokenizer(tokens, do_lower_case)
+        self._tok_ascii = build_tokenizer(tokens, do_lower_case)
+        self._tok_ascii.normalizer = None  # fed clean ASCII, already lowercased when uncased
         self.vocab_info = VocabInfo.from_tokens(tokens)
         self.vocab_size = self.vocab_info.vocab_size
         self.cls_id = self.vocab_info.cls_id
@@ -113,15 +124,31 @@ class WordPieceEncoder:
         """One id array per sentence (possibly empty: callers drop sentences with no tokens, as the reference)."""
         if not sentences:
             return []
-        encs = self._tok.encode_batch_fast(sentences, add_special_tokens=False)
+        lower, control = self.do_lower_case, _ASCII_CONTROL.search
+        plain: list[str] = []
+        plain_idx: list[int] = []
+        full: list[str] = []
+        full_idx: list[int] = []
+        for i, s in enumerate(sentences):
+            if s.isascii() and not control(s):
+                plain.append(s.lower() if lower else s)
+                plain_idx.append(i)
+            else:
+                full.append(s)
+                full_idx.append(i)
         dtype = self.dtype
-        return [np.array(e.ids, dtype=dtype) for e in encs]
+        out: list[np.ndarray] = [None] * len(sentences)  # type: ignore[list-item]
+        for tok, texts, idx in ((self._tok_ascii, plain, plain_idx), (self._tok, full, full_idx)):
+            if texts:
+                for i, e in zip(idx, tok.encode_batch_fast(texts, add_special_tokens=False)):
+                    out[i] = np.array(e.ids, dtype=dtype)
+        return out
 
     __call__ = encode
 
     def tokenize(self, text: str) -> list[str]:
-        """Word pieces as strings (for tests and debugging)."""
-        return self._tok.encode(text, add_special_tokens=False).tokens
+        """Word pieces as strings (for tests and debugging), through the same path as ``encode``."""
+        return [self.tokens[i] for i in self.encode([text])[0]]
 
 
 def train_wordpiece(

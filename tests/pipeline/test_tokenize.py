@@ -123,3 +123,21 @@ def test_train_wordpiece_specials_first(sample_dir) -> None:
     assert enc.tokenize("[MASK]")[0] == "["  # text "[MASK]" is text, not the special token (as the reference)
     with pytest.raises(ValueError):
         train_wordpiece(texts, vocab_size=3)
+
+
+@pytest.mark.parametrize("lower", [True, False])
+def test_ascii_fast_path_equals_full_normalizer(vocab_path, lower) -> None:
+    # Random ASCII with every control character, punctuation and case: the plain path must give the full path's ids.
+    import random
+
+    enc = WordPieceEncoder(vocab_path, do_lower_case=lower)
+    r = random.Random(0)
+    alphabet = [chr(c) for c in range(128)] + ["the ", "Whale ", "AHAB", " ", " ", "don't", "##", "[MASK]"]
+    texts = ["".join(r.choice(alphabet) for _ in range(r.randint(0, 60))) for _ in range(3000)]
+    got = enc.encode(texts)
+    full = [np.array(e.ids) for e in enc._tok.encode_batch_fast(texts, add_special_tokens=False)]
+    for t, g, f in zip(texts, got, full):
+        assert g.tolist() == f.tolist(), repr(t)
+    # Both paths were exercised: texts with no control character (plain path) and with one (full path).
+    plain = sum(not any(ord(c) < 32 and c not in "\t\n\r" or c == "\x7f" for c in t) for t in texts)
+    assert 150 < plain < 2900
