@@ -146,7 +146,9 @@ def main() -> None:
     p.add_argument("--ray", action="store_true", help="run the jobs through Ray Train (default: --no-ray, the same "
                    "loop in-process, which avoids Ray start-up on a loaded 2-core box)")
     args = p.parse_args()
-    args.runner = [] if args.ray else ["--no-ray"]
+    # One torch thread: on the shared 2-core box a 2-thread step ran ~28x slower than a 1-thread one (OpenMP
+    # threads spinning against a load average of ~25), see docs/benchmarks.md.
+    args.runner = ["--cpus-per-worker", "1"] + ([] if args.ray else ["--no-ray"])
     args.results.parent.mkdir(parents=True, exist_ok=True)
     {"minilm-sentiment": minilm_sentiment, "ner": ner, "pretraining-pays": pretraining_pays,
      "report": report}[args.suite](args)

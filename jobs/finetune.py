@@ -135,7 +135,9 @@ def parse_args(argv: list[str] | None = None) -> FinetuneConfig:
     p.add_argument("--split-seed", type=int, default=0,
                    help="seed of --split-eval-from-train and of --max-*-examples subsets (fixed across --seed)")
     p.add_argument("--num-workers", type=int, default=1)
-    p.add_argument("--cpus-per-worker", type=float, help="default: the cluster's CPUs / workers")
+    p.add_argument("--cpus-per-worker", type=float,
+                   help="CPUs (and torch threads) per worker; default: the cluster's CPUs / workers. On a box shared "
+                        "with other work use 1: oversubscribed OpenMP threads ran ~25x slower here")
     p.add_argument("--use-gpu", action="store_true")
     p.add_argument("--no-ray", action="store_true",
                    help="run the same training loop in this process without Ray (one worker; debugging, quick tests)")
@@ -319,7 +321,11 @@ def train_in_process(cfg: FinetuneConfig, prepared: PreparedTask, loop_cfg: dict
 
     threads = max(1, int(cfg.cpus_per_worker or torch.get_num_threads()))
     device = torch.device("cuda" if cfg.use_gpu else "cpu")
-    fit({**loop_cfg, "threads_per_worker": threads}, prepared, 0, 1, device, keep_best)
+    before = torch.get_num_threads()
+    try:
+        fit({**loop_cfg, "threads_per_worker": threads}, prepared, 0, 1, device, keep_best)
+    finally:
+        torch.set_num_threads(before)  # the caller's process (a test session, a notebook) keeps its setting
 
 
 def publish(best_dir: Path, output: str) -> None:

@@ -73,7 +73,8 @@ def _last_json(capsys) -> dict:
     return json.loads(lines[-1])
 
 
-QUICK = ["--epochs", "2", "--batch-size", "16", "--max-seq-length", "64", "--lr", "1e-3"]
+# One torch thread per worker: on a busy 2-core CI box two OpenMP threads per process thrash.
+QUICK = ["--epochs", "2", "--batch-size", "16", "--max-seq-length", "64", "--lr", "1e-3", "--cpus-per-worker", "1"]
 MAIN = {"classification": "accuracy", "pair_classification": "accuracy", "regression": "pearson",
         "token_classification": "f1", "question_answering": "f1"}
 
