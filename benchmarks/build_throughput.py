@@ -7,8 +7,10 @@ the bert-base-uncased vocab. The 4x corpus is the corpus repeated 4 times under 
 have distinct ids (4x the work, not a cache hit). Peak memory is the largest sum of RSS over the whole process tree
 (driver, Ray's GCS/raylet and every worker), sampled every 0.2 s.
 
-Reported: end-to-end MB/s/CPU (process start to exit: Python and Ray start-up included) and build MB/s/CPU (the
-build's own clock, from the manifest: Ray already up), against the reference script's ~0.1 MB/s per process.
+Reported: end-to-end MB/s/CPU (process start to exit: Python and Ray start-up included), build MB/s/CPU (the
+build's own clock, from the manifest: Ray already up), and MB per CPU-second actually consumed by the whole process
+tree (robust when other work shares the machine), against the reference script's ~0.1 MB/s per process. The load
+average during each run is printed: wall-clock figures mean little when it exceeds the CPU count.
 Ratios printed: 2 CPUs vs 1 (target >= 1.7x) and peak memory 4x vs 1x (target <= 1.25x).
 """
 from __future__ import annotations
@@ -30,6 +32,7 @@ SHARED = REPO.parent / "shared" / "data" / "corpora"
 VOCAB = REPO / "data" / "sample" / "reference" / "bert-base-uncased-vocab.txt"
 REFERENCE_MB_S = 0.1
 PAGE = os.sysconf("SC_PAGE_SIZE")
+TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def raw_mb(folder: Path) -> float:
@@ -53,10 +56,12 @@ def make_corpus(src: Path, scale: int, work: Path) -> Path:
     return dst
 
 
-def tree_rss(root: int) -> int:
-    """Sum of RSS (bytes) of ``root`` and all its descendants, from /proc (Linux; no psutil needed)."""
+def tree_sample(root: int, cpu_ticks: dict[int, int]) -> int:
+    """RSS (bytes) summed over ``root`` and its descendants, from /proc (Linux; no psutil). Also records each
+    process's CPU ticks (utime + stime) in ``cpu_ticks`` (kept per pid: a process that exits keeps its last value)."""
     children: dict[int, list[int]] = {}
     rss: dict[int, int] = {}
+    ticks: dict[int, int] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -67,13 +72,16 @@ def tree_rss(root: int) -> int:
                 pages = int(f.read().split()[1])
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the command name may contain spaces and parentheses
-        children.setdefault(ppid, []).append(int(name))
-        rss[int(name)] = pages * PAGE
+        fields = stat.rsplit(")", 1)[1].split()  # the command name may contain spaces and parentheses
+        pid = int(name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        rss[pid] = pages * PAGE
+        ticks[pid] = int(fields[11]) + int(fields[12])
     total, todo = 0, [root]
     while todo:
         pid = todo.pop()
         total += rss.get(pid, 0)
+        cpu_ticks[pid] = max(cpu_ticks.get(pid, 0), ticks.get(pid, 0))
         todo.extend(children.get(pid, []))
     return total
 
@@ -87,15 +95,17 @@ def run(corpus: Path, cpus: int, dupe: int, out: Path, no_ray: bool) -> dict:
     env.pop("RAY_ADDRESS", None)
     t0 = time.time()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    peak = 0
+    peak, cpu_ticks, load = 0, {}, []
     while proc.poll() is None:
-        peak = max(peak, tree_rss(proc.pid))
+        peak = max(peak, tree_sample(proc.pid, cpu_ticks))
+        load.append(os.getloadavg()[0])
         time.sleep(0.2)
     wall = time.time() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed with {proc.returncode}")
     manifest = json.loads((out / "manifest.json").read_text())
     return {"wall_s": wall, "build_s": manifest["build_seconds"], "peak_rss_mb": peak / 1e6,
+            "cpu_s": sum(cpu_ticks.values()) / TICKS, "load_avg": sum(load) / max(1, len(load)),
             "instances": manifest["totals"]["instances"], "cmd": " ".join(cmd[1:])}
 
 
@@ -106,6 +116,7 @@ def main() -> None:
     ap.add_argument("--cpus", default="1,2")
     ap.add_argument("--dupe-factor", type=int, default=5)
     ap.add_argument("--plain-loop", action="store_true", help="also time the plain loop (no Ray) at 1x")
+    ap.add_argument("--cpus-at-max-scale", default=None, help="CPU counts to run at the largest scale (default: --cpus)")
     args = ap.parse_args()
     scales = [int(s) for s in args.scales.split(",")]
     cpus = [int(c) for c in args.cpus.split(",")]
@@ -115,28 +126,38 @@ def main() -> None:
         for scale in scales:
             corpus = make_corpus(args.corpus, scale, work)
             mb = raw_mb(corpus)
-            modes = [(c, False) for c in cpus] + ([(1, True)] if args.plain_loop and scale == scales[0] else [])
+            run_cpus = cpus
+            if args.cpus_at_max_scale and scale == scales[-1] and len(scales) > 1:
+                run_cpus = [int(c) for c in args.cpus_at_max_scale.split(",")]
+            modes = [(c, False) for c in run_cpus] + ([(1, True)] if args.plain_loop and scale == scales[0] else [])
             for c, no_ray in modes:
                 out = work / f"out-{scale}x-{c}cpu{'-plain' if no_ray else ''}"
                 r = run(corpus, c, args.dupe_factor, out, no_ray)
                 shutil.rmtree(out, ignore_errors=True)
-                r |= {"raw_mb": mb, "e2e_mb_s_cpu": mb / r["wall_s"] / c, "build_mb_s_cpu": mb / r["build_s"] / c}
+                r |= {"raw_mb": mb, "e2e_mb_s_cpu": mb / r["wall_s"] / c, "build_mb_s_cpu": mb / r["build_s"] / c,
+                      "mb_per_cpu_s": mb / r["cpu_s"]}
                 key = f"{scale}x/{c}cpu" + ("/plain" if no_ray else "")
                 results[key] = r
                 print(f"{key:14s} raw {mb:6.1f} MB  wall {r['wall_s']:6.1f} s  build {r['build_s']:6.1f} s  "
                       f"e2e {r['e2e_mb_s_cpu']:.2f} MB/s/CPU  build {r['build_mb_s_cpu']:.2f} MB/s/CPU  "
-                      f"peak {r['peak_rss_mb']:.0f} MB  instances {r['instances']}", flush=True)
+                      f"{r['mb_per_cpu_s']:.2f} MB per CPU-second  peak {r['peak_rss_mb']:.0f} MB  "
+                      f"instances {r['instances']}  load {r['load_avg']:.1f}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     s0, c0, c1 = scales[0], cpus[0], cpus[-1]
     ratios = {}
     if len(cpus) > 1:
         for s in scales:
+            if f"{s}x/{c0}cpu" not in results or f"{s}x/{c1}cpu" not in results:
+                continue
             a, b = results[f"{s}x/{c0}cpu"], results[f"{s}x/{c1}cpu"]
             ratios[f"{s}x speed-up {c1} vs {c0} CPU (e2e)"] = a["wall_s"] / b["wall_s"]
             ratios[f"{s}x speed-up {c1} vs {c0} CPU (build)"] = a["build_s"] / b["build_s"]
+            ratios[f"{s}x CPU-seconds per MB {c1} vs {c0} CPU"] = b["cpu_s"] / a["cpu_s"]
     if len(scales) > 1:
         for c in cpus:
+            if f"{scales[-1]}x/{c}cpu" not in results:
+                continue
             ratios[f"peak memory {scales[-1]}x / {s0}x at {c} CPU"] = (
                 results[f"{scales[-1]}x/{c}cpu"]["peak_rss_mb"] / results[f"{s0}x/{c}cpu"]["peak_rss_mb"])
     best = max(r["e2e_mb_s_cpu"] for r in results.values())
