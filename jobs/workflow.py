@@ -89,6 +89,13 @@ def marker_path(workdir: Path, stage: Stage) -> Path:
     return workdir / STATE_DIR / f"{stage.key}.json"
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """A marker is either absent or whole, whenever the workflow is killed."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def output_complete(stage: Stage) -> bool:
     """The stage's product is all there (each job writes its completion evidence last)."""
     from pipeline import storage
@@ -110,7 +117,10 @@ def finished(workdir: Path, stage: Stage) -> dict[str, Any] | None:
     path = marker_path(workdir, stage)
     if not path.is_file():
         return None
-    marker = json.loads(path.read_text())
+    try:
+        marker = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
     if marker.get("fingerprint") != stage.fingerprint or not output_complete(stage):
         return None
     return marker
@@ -303,7 +313,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"workflow: error: {e}", file=sys.stderr)
         return 2
-    lock = acquire_lock(workdir)
+    try:
+        lock = acquire_lock(workdir)
+    except ValueError as e:
+        print(f"workflow: error: {e}", file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, _interrupted)  # `ray job stop`, `kill`: stop the stage, mark the runs KILLED
     from mlflow.tracking import MlflowClient
 
@@ -327,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             marker = {"stage": s.name, "fingerprint": s.fingerprint, "command": s.command(), "outputs": s.outputs,
                       "seconds": round(time.time() - started, 1), "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
                       "result": result, "metrics": stage_metrics(s, result, tracking_uri)}
-            marker_path(workdir, s).write_text(json.dumps(marker, indent=1) + "\n")
+            write_atomic(marker_path(workdir, s), json.dumps(marker, indent=1) + "\n")
             results[s.name] = marker
             print(f"== [{i}/{len(stages)}] {s.name}: finished in {marker['seconds']:.0f} s")
     except BaseException as e:

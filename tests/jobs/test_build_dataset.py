@@ -50,6 +50,8 @@ def test_unknown_and_bad_flags_fail(tmp_path):
         build_dataset.main(["--input", "x", "--output", str(tmp_path), "--dupe_factor", "5"])
     with pytest.raises(SystemExit):
         build_dataset.main(["--input", "x", "--output", str(tmp_path), "--on-error", "ignore"])
+    with pytest.raises(SystemExit):  # no prefix matching: --dupe is not --dupe-factor
+        build_dataset.main(["--input", "x", "--output", str(tmp_path), "--dupe", "5"])
     with pytest.raises(ValueError, match="dupe-factor"):
         build_dataset.main(["--input", "x", "--output", str(tmp_path), "--dupe-factor", "0"])
 

@@ -80,7 +80,9 @@ MAIN = {"classification": "accuracy", "pair_classification": "accuracy", "regres
 
 
 @pytest.mark.parametrize("task,extra", [
-    ("pair_classification", ["--init", "MINILM", "--lr", "5e-5", "--no-ray"]),
+    # The real all-MiniLM-L6-v2 weights (22M parameters): kept to a few short rows, the slowest case here.
+    ("pair_classification", ["--init", "MINILM", "--lr", "5e-5", "--no-ray", "--max-train-examples", "32",
+                             "--max-eval-examples", "16", "--max-seq-length", "32"]),
     ("regression", ["--init", "random", "--preset", "bert_tiny", "--label-column", "rating", "--no-ray"]),
     ("question_answering", ["--init", "random", "--preset", "bert_tiny", "--doc-stride", "16", "--max-seq-length", "48",
                             "--no-ray"]),

@@ -22,7 +22,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "data" / "sample"
-pytestmark = pytest.mark.slow
+# The pyproject default (600 s per test) is far more than one test needs on an idle 2-core box (~1-2 min), but
+# not on a shared one where Ray Train start-ups alone take minutes.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def tiny_config(root: Path, corpus: Path, pretrain_steps: int = 40, finetune_epochs: int = 1,
