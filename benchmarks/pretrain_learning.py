@@ -71,18 +71,18 @@ def train(out: Path, args: argparse.Namespace) -> int:
            "--preset", args.preset, "--max-steps", str(args.max_steps), "--batch-size", str(args.batch_size),
            "--num-workers", "1", "--cpus-per-worker", "2", "--threads", "2",
            "--lr", str(args.lr), "--warmup-steps", str(args.max_steps // 25), "--max-grad-norm", "1.0",
-           "--storage", str(out / "pretrain-learning" / "runs"), "--run-name", args.run_name,
+           "--storage", str(out / args.name / "runs"), "--run-name", args.run_name,
            "--checkpoint-every", "200", "--keep-checkpoints", "2", "--log-every", "20",
            "--eval-every", str(args.eval_every), "--length-bucketing", "--max-minutes", str(args.minutes),
-           "--export", str(out / "pretrain-learning" / "export"),
-           "--mlflow-tracking-uri", f"sqlite:///{out / 'pretrain-learning' / 'mlflow.db'}",
+           "--export", str(out / args.name / "export"),
+           "--mlflow-tracking-uri", f"sqlite:///{out / args.name / 'mlflow.db'}",
            "--experiment", "pretrain-learning"]
     print(" ".join(cmd), flush=True)
     # Ray starts its workers at nice 15 (RAY_worker_niceness); on a box shared with other people's nice-0 processes
     # that starves the training worker to a fraction of a core. Nice 0 gives it a fair share, no more.
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
            "RAY_worker_niceness": "0"}
-    return subprocess.call(cmd, cwd=out / "pretrain-learning", env=env)
+    return subprocess.call(cmd, cwd=out / args.name, env=env)
 
 
 def baselines(out: Path, seq: int) -> dict[str, float]:
@@ -112,7 +112,7 @@ def report(out: Path, args: argparse.Namespace) -> None:
 
     base = baselines(out, args.seq)
     print(json.dumps(base, indent=1))
-    client = MlflowClient(f"sqlite:///{out / 'pretrain-learning' / 'mlflow.db'}")
+    client = MlflowClient(f"sqlite:///{out / args.name / 'mlflow.db'}")
     exp = client.get_experiment_by_name("pretrain-learning")
     run = client.search_runs([exp.experiment_id], filter_string=f"tags.`bert.run_name` = '{args.run_name}'")[0]
     hist = {k: {m.step: m.value for m in client.get_metric_history(run.info.run_id, k)}
@@ -151,6 +151,7 @@ def main() -> int:
     p.add_argument("--eval-sequences", type=int, default=4096, help="held-out sequences per evaluation (0 = all)")
     p.add_argument("--eval-every", type=int, default=250)
     p.add_argument("--run-name", default="tiny-5corpora")
+    p.add_argument("--name", default="pretrain-learning", help="folder under --out for runs, MLflow and export")
     args = p.parse_args()
     out = Path(args.out)
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -159,7 +160,7 @@ def main() -> int:
             split_documents(out)
         build(out, args.vocab_size, args.dupe_factor, args.seq)
     if args.stage in ("train", "all"):
-        (out / "pretrain-learning").mkdir(parents=True, exist_ok=True)
+        (out / args.name).mkdir(parents=True, exist_ok=True)
         rc = train(out, args)
         if rc:
             return rc
