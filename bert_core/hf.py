@@ -36,6 +36,7 @@ def to_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     """Our state dict -> HF key names, each tensor its own contiguous storage (safetensors refuses shared ones)."""
     out: dict[str, torch.Tensor] = {}
     for key, value in state_dict.items():
+        key = key.replace("_orig_mod.", "")  # a torch.compile'd submodule nests its parameters under _orig_mod
         if key in TIED_KEYS:
             continue
         m = _QKV.match(key)

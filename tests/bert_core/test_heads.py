@@ -157,3 +157,12 @@ def test_missing_directory_errors(tmp_path):
         bert_core.BertModel.from_pretrained(tmp_path)
     with pytest.raises(ValueError, match="does not exist"):
         bert_core.BertModel.from_pretrained(tmp_path / "nope")
+
+
+def test_compiled_submodule_keys_are_saved_under_hf_names():
+    sd = {"bert._orig_mod.encoder.layer.0.attention.self.qkv.weight": torch.zeros(6, 2),
+          "cls._orig_mod.seq_relationship.bias": torch.zeros(2)}
+    out = bert_core.hf.to_hf_state_dict(sd)
+    assert set(out) == {"bert.encoder.layer.0.attention.self.query.weight",
+                        "bert.encoder.layer.0.attention.self.key.weight",
+                        "bert.encoder.layer.0.attention.self.value.weight", "cls.seq_relationship.bias"}
