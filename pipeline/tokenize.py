@@ -11,9 +11,10 @@ Special tokens are deliberately *not* registered as added tokens: the reference 
 
 Speed: ``BertNormalizer`` is ~40% of the encoding time, and on printable ASCII (plus curly quotes and dashes) it
 reduces to ``str.lower()`` (uncased) or nothing (cased): no accents, no CJK, no control characters, and
-tabs/newlines split words the same either way.
-``encode`` sends such sentences, lowercased in Python, through a second tokenizer with no normalizer (identical ids,
-tested) and the rest through the full one: ~1.7x faster on English.
+tabs/newlines split words the same either way. On such sentences ``encode`` also splits words in Python (a regex)
+and WordPieces each distinct word once per encoder, through a second tokenizer with no normalizer; the other
+sentences go through the full tokenizer. Identical ids (tested against the full path and the reference), ~2.5x
+faster on English text.
 
 ``WordPieceEncoder`` pickles by value (the vocabulary travels with it), so it can be shipped to Ray actors;
 it is still best built once per actor (``fn_constructor_kwargs``) since building is ~50 ms.
@@ -42,6 +43,10 @@ MAX_INPUT_CHARS_PER_WORD = 200
 # control (curly quotes and dashes are common in edited English). Anything else takes the full path.
 _SAFE_PUNCTUATION = "\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f\u2013\u2014\u2015\u2026\u00ab\u00bb\u2039\u203a\u2022"
 _NEEDS_NORMALIZER = re.compile(f"[^\t\n\r\x20-\x7e{_SAFE_PUNCTUATION}]")
+# On that text BertPreTokenizer's words are runs of ASCII letters/digits and single other non-space characters
+# (all of them punctuation to BERT), so Python can split words and WordPiece each distinct word once.
+_WORD = re.compile(r"[A-Za-z0-9]+|\S")
+_WORD_CACHE_MAX = 500_000  # distinct words remembered per encoder (~75 MB at most)
 
 
 def read_vocab(path: str | Path) -> list[str]:
@@ -104,7 +109,8 @@ class WordPieceEncoder:
         self.do_lower_case = do_lower_case
         self._tok = build_tokenizer(tokens, do_lower_case)
         self._tok_ascii = build_tokenizer(tokens, do_lower_case)
-        self._tok_ascii.normalizer = None  # fed clean ASCII, already lowercased when uncased
+        self._tok_ascii.normalizer = None  # fed clean ASCII words, already lowercased when uncased
+        self._word_cache: dict[str, list[int]] = {}
         self.vocab_info = VocabInfo.from_tokens(tokens)
         self.vocab_size = self.vocab_info.vocab_size
         self.cls_id = self.vocab_info.cls_id
@@ -127,24 +133,33 @@ class WordPieceEncoder:
         """One id array per sentence (possibly empty: callers drop sentences with no tokens, as the reference)."""
         if not sentences:
             return []
-        lower, needs_normalizer = self.do_lower_case, _NEEDS_NORMALIZER.search
-        plain: list[str] = []
+        lower, needs_normalizer, words_of = self.do_lower_case, _NEEDS_NORMALIZER.search, _WORD.findall
+        plain: list[list[str]] = []
         plain_idx: list[int] = []
         full: list[str] = []
         full_idx: list[int] = []
         for i, s in enumerate(sentences):
             if not needs_normalizer(s):
-                plain.append(s.lower() if lower else s)
+                plain.append(words_of(s.lower() if lower else s))
                 plain_idx.append(i)
             else:
                 full.append(s)
                 full_idx.append(i)
         dtype = self.dtype
         out: list[np.ndarray] = [None] * len(sentences)  # type: ignore[list-item]
-        for tok, texts, idx in ((self._tok_ascii, plain, plain_idx), (self._tok, full, full_idx)):
-            if texts:
-                for i, e in zip(idx, tok.encode_batch_fast(texts, add_special_tokens=False)):
-                    out[i] = np.array(e.ids, dtype=dtype)
+        if plain:
+            cache = self._word_cache
+            missing = list({w for words in plain for w in words if w not in cache})
+            if len(cache) + len(missing) > _WORD_CACHE_MAX:
+                cache.clear()  # bounded memory on huge vocabularies of words; refilled from this batch
+                missing = list({w for words in plain for w in words})
+            for w, e in zip(missing, self._tok_ascii.encode_batch_fast(missing, add_special_tokens=False)):
+                cache[w] = e.ids
+            for i, words in zip(plain_idx, plain):
+                out[i] = np.array([t for w in words for t in cache[w]], dtype=dtype)
+        if full:
+            for i, e in zip(full_idx, self._tok.encode_batch_fast(full, add_special_tokens=False)):
+                out[i] = np.array(e.ids, dtype=dtype)
         return out
 
     __call__ = encode

@@ -145,3 +145,17 @@ def test_ascii_fast_path_equals_full_normalizer(vocab_path, lower) -> None:
 
     plain = sum(not _NEEDS_NORMALIZER.search(t) for t in texts)
     assert 150 < plain < 2900
+
+
+def test_word_cache_warm_and_bounded(vocab_path, monkeypatch) -> None:
+    import pipeline.tokenize as tk
+
+    enc = WordPieceEncoder(vocab_path)
+    texts = ["Call me Ishmael, said the whale-man.", "The whale! The whale!", "ISHMAEL"]
+    first = [a.tolist() for a in enc.encode(texts)]
+    assert [a.tolist() for a in enc.encode(texts)] == first  # warm cache
+    monkeypatch.setattr(tk, "_WORD_CACHE_MAX", 5)
+    small = WordPieceEncoder(vocab_path)
+    assert [a.tolist() for a in small.encode(texts)] == first
+    assert [a.tolist() for a in small.encode(texts[::-1])] == first[::-1]
+    assert len(small._word_cache) <= 12  # cleared and refilled from one batch, never growing without bound
