@@ -222,3 +222,25 @@ def test_ray_data_loader_keeps_ranks_equal(ray_local, tiny_pretrain_data, tmp_pa
     (run,) = client.search_runs([client.get_experiment_by_name("rd").experiment_id])
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [30, 60]
     assert run.data.metrics["sequences_per_second"] > 0
+
+
+def test_phase2_init_from_phase1_export_on_another_dataset(baseline, tiny_pretrain_data, tmp_path):
+    """Phase 2 is a second run: --init from phase 1's export (or checkpoint), another dataset, a fresh optimizer."""
+    from mlflow.tracking import MlflowClient
+
+    from jobs import pretrain
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    rc = pretrain.main(["--data", tiny_pretrain_data["eval"], "--init", str(baseline["export"]), "--max-steps", "4",
+                        "--batch-size", "8", "--num-workers", "1", "--cpus-per-worker", "0.5", "--lr", "1e-4",
+                        "--storage", str(tmp_path / "runs"), "--run-name", "phase2", "--checkpoint-every", "4",
+                        "--log-every", "2", "--mlflow-tracking-uri", uri, "--experiment", "p2",
+                        "--no-system-metrics"])
+    assert rc == 0
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("p2").experiment_id])
+    assert run.data.tags["lineage.init_run_id"] == baseline["runs"][0].info.run_id
+    assert run.data.tags["dataset.url"] == tiny_pretrain_data["eval"]
+    first = client.get_metric_history(run.info.run_id, "loss")[0].value
+    scratch = history(baseline["client"], baseline["runs"][0].info.run_id, "loss")[LOG_EVERY][0]
+    assert first < scratch - 0.5  # it starts from the trained weights, not from scratch
