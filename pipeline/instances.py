@@ -122,7 +122,7 @@ def create_instances_batch(
             # One stream per (seed, document, pass): pairs draw from it first, then masking, always in this order.
             gen = stream(cfg.seed, doc_id, pass_idx)
             pairs = document_pairs(doc_id, offsets_list, UniformStream(gen), pool, cfg.max_seq_length, cfg.short_seq_prob)
-            first_piece, total, n_pred = len(pieces), 0, 0
+            first_piece, total = len(pieces), 0
             for a0, a1, from_pool, b0, b1, is_random_next in pairs:
                 length = a1 - a0 + b1 - b0 + 3
                 pieces += (cls, tokens[a0:a1], sep, (pool_tokens if from_pool else tokens)[b0:b1], sep)
@@ -130,8 +130,6 @@ def create_instances_batch(
                 seq_len.append(length)
                 nsp.append(1 if is_random_next else 0)
                 total += length
-                # Python's round is half-to-even on the same double as num_to_predict's np.rint.
-                n_pred += min(max_pred, max(1, round(length * prob)), length - 3)
             key_bases.append(derive_seed(cfg.seed, doc_id, pass_idx, "key"))
             key_counts.append(len(pairs))
             if cfg.whole_word_mask:
@@ -141,8 +139,10 @@ def create_instances_batch(
                 group_a = np.asarray(a_len[len(a_len) - len(pairs) :], dtype=np.int64)
                 wwm_parts.append((mask_sequences(flat, offsets, group_a, vocab, gen, prob, max_pred, True), offsets))
             else:
+                # A block of max_predictions_per_seq draws per sequence (a few spare): the batch can then pick each
+                # position's draw by (sequence, rank) without knowing the counts yet.
                 mask_keys.append(gen.random(total))
-                mask_draws.append(gen.integers(0, draw_range, n_pred))
+                mask_draws.append(gen.integers(0, draw_range, len(pairs) * max_pred))
     if not seq_len:
         return {c: [] for c in COLUMNS}
     offsets = _offsets(seq_len)
@@ -160,10 +160,11 @@ def create_instances_batch(
         rows, positions = choose_positions(
             np.concatenate(mask_keys), offsets, a_arr, num_to_predict(lengths, prob, max_pred)
         )
-        draws = np.concatenate(mask_draws)
-        assert len(rows) == len(draws), "predicted and chosen mask counts disagree"
+        counts = np.bincount(rows, minlength=len(seq_len))
+        rank = np.arange(len(rows)) - np.repeat(_offsets(counts)[:-1], counts)  # r-th chosen position of its row
+        draws = np.concatenate(mask_draws)[rows * max_pred + rank]
         out, labels = apply_masks(flat, offsets[rows] + positions, draws, vocab)
-        masked = MaskedBatch(out, positions, labels, np.bincount(rows, minlength=len(seq_len)))
+        masked = MaskedBatch(out, positions, labels, counts)
     mask_offsets = _offsets(masked.counts)
     return {
         "input_ids": _split(masked.input_ids, offsets),

@@ -106,8 +106,8 @@ def mask_sequences(
     """Mask ``[CLS] A [SEP] B [SEP]`` sequences stored back to back: sequence i is
     ``tokens[offsets[i]:offsets[i + 1]]`` with ``a_lengths[i]`` tokens in A.
 
-    Draw order: one uniform key per token, then one integer per chosen position (token mode); the batched
-    instance builder draws the same per document pass, so both give identical masks.
+    Draw order (token mode): one uniform key per token, then ``max_predictions_per_seq`` integers per sequence;
+    the batched instance builder draws the same per document pass, so both give identical masks.
     The specials are found by position (0, len(A) + 1, last), never by token value, as the reference's
     candidates exclude exactly those three positions.
     """
@@ -128,6 +128,13 @@ def mask_sequences(
         rows, positions = choose_positions(keys, offsets, a_lengths, k)
         chosen = offsets[rows] + positions
         counts = np.bincount(rows, minlength=n_seq)
+        # max_predictions_per_seq draws per sequence, the r-th chosen position of row i taking draw i * max + r:
+        # the layout the batched instance builder uses, so both give identical masks.
+        block = rng.integers(0, 10 * vocab.vocab_size, n_seq * max_predictions_per_seq)
+        rank = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+        draws = block[rows * max_predictions_per_seq + rank]
+        out, labels = apply_masks(tokens, chosen, draws, vocab)
+        return MaskedBatch(input_ids=out, positions=positions, labels=labels, counts=counts)
     draws = rng.integers(0, 10 * vocab.vocab_size, len(chosen))
     out, labels = apply_masks(tokens, chosen, draws, vocab)
     return MaskedBatch(input_ids=out, positions=positions, labels=labels, counts=counts)

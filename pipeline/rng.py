@@ -109,6 +109,8 @@ class UniformStream:
         self.random: Callable[[], float] = partial(next, _floats(gen, block))
 
     def getrandbits(self, k: int) -> int:
+        if k <= 53:  # the common case (a few trimmed tokens): the top k of one double's 53 bits
+            return int(self.random() * _TWO_53) >> (53 - k)
         bits = got = 0
         while got < k:
             take = min(53, k - got)

@@ -53,6 +53,8 @@ def test_stream_is_reset_per_key_and_uniform_stream_bits() -> None:
     bits = [u.getrandbits(70) for _ in range(2000)]
     assert all(0 <= b < 2**70 for b in bits)
     assert abs(np.mean([b.bit_count() for b in bits]) - 35) < 0.3
+    small = np.bincount([u.getrandbits(3) for _ in range(8000)], minlength=8)
+    assert len(small) == 8 and small.min() > 850  # uniform over 0..7 (expected 1000 each)
 
 
 def test_generators_reproduce() -> None:
