@@ -63,7 +63,7 @@ def test_ray_job_submit_to_the_local_stack(tmp_path):
     state = Path(tempfile.mkdtemp(prefix="stack-", dir=tmp_path))
     ray_port, dash_port, mlflow_port = _free_ports(3)
     env = dict(os.environ, LOCAL_STACK_DIR=str(state), RAY_PORT=str(ray_port), RAY_DASHBOARD_PORT=str(dash_port),
-               MLFLOW_PORT=str(mlflow_port), LOCAL_STACK_CPUS="2",
+               MLFLOW_PORT=str(mlflow_port), LOCAL_STACK_CPUS="2", RAY_worker_niceness="0",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")  # `ray`, `mlflow`
     env.pop("RAY_ADDRESS", None)
     out_dir = tmp_path / "dataset"

@@ -60,7 +60,9 @@ def wf():
     ray_tmp = tempfile.mkdtemp(prefix="rw", dir="/tmp")  # short: Ray's Unix socket paths
     env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{root}/mlflow.db", RAY_TMPDIR=ray_tmp,
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_DATA_DISABLE_PROGRESS_BARS="1",
-               MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING="false", TOKENIZERS_PARALLELISM="false")
+               MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING="false", TOKENIZERS_PARALLELISM="false",
+               # Ray starts workers at nice 15: on a shared CI box they would crawl behind everything else.
+               RAY_worker_niceness="0")
     env.pop("RAY_ADDRESS", None)
     yield {"root": root, "config": config, "corpus": corpus, "env": env, "ray_tmp": ray_tmp,
            "uri": env["MLFLOW_TRACKING_URI"]}
