@@ -94,7 +94,8 @@ def run(corpus: Path, cpus: int, dupe: int, out: Path, no_ray: bool) -> dict:
                TOKENIZERS_PARALLELISM="false")
     env.pop("RAY_ADDRESS", None)
     t0 = time.time()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    err = open(out.parent / f"{out.name}.stderr", "w+")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
     peak, cpu_ticks, load = 0, {}, []
     while proc.poll() is None:
         peak = max(peak, tree_sample(proc.pid, cpu_ticks))
@@ -102,7 +103,9 @@ def run(corpus: Path, cpus: int, dupe: int, out: Path, no_ray: bool) -> dict:
         time.sleep(0.2)
     wall = time.time() - t0
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed with {proc.returncode}")
+        err.seek(0)
+        tail = err.read()[-3000:]
+        raise RuntimeError(f"{' '.join(cmd)} failed with {proc.returncode}:\n{tail}")
     manifest = json.loads((out / "manifest.json").read_text())
     return {"wall_s": wall, "build_s": manifest["build_seconds"], "peak_rss_mb": peak / 1e6,
             "cpu_s": sum(cpu_ticks.values()) / TICKS, "load_avg": sum(load) / max(1, len(load)),
@@ -132,7 +135,15 @@ def main() -> None:
             modes = [(c, False) for c in run_cpus] + ([(1, True)] if args.plain_loop and scale == scales[0] else [])
             for c, no_ray in modes:
                 out = work / f"out-{scale}x-{c}cpu{'-plain' if no_ray else ''}"
-                r = run(corpus, c, args.dupe_factor, out, no_ray)
+                for attempt in range(3):  # a loaded machine can time out Ray's start-up: retry that run
+                    try:
+                        r = run(corpus, c, args.dupe_factor, out, no_ray)
+                        break
+                    except RuntimeError as e:
+                        print(f"run failed (attempt {attempt + 1}): {str(e)[-400:]}", flush=True)
+                        shutil.rmtree(out, ignore_errors=True)
+                else:
+                    raise SystemExit("giving up")
                 shutil.rmtree(out, ignore_errors=True)
                 r |= {"raw_mb": mb, "e2e_mb_s_cpu": mb / r["wall_s"] / c, "build_mb_s_cpu": mb / r["build_s"] / c,
                       "mb_per_cpu_s": mb / r["cpu_s"]}

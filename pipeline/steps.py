@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.instances import InstanceConfig, RandomDocPool, VocabInfo, create_instances
+from pipeline.instances import InstanceConfig, RandomDocPool, VocabInfo, create_instances_batch
 from pipeline.readers import ReadOptions, ReadReport, Unit, read_unit
 from pipeline.rng import derive_seed
 from pipeline.schema import instance_schema, token_dtype, work_docs_schema
@@ -30,6 +30,7 @@ from pipeline.storage import filesystem_for, join, open_atomic, write_json_atomi
 log = logging.getLogger(__name__)
 
 _ENCODE_BATCH = 20000  # sentences per encode call: bounds the tokenizer's temporary memory
+_INSTANCE_BLOCK_TOKENS = 1 << 20  # instance tokens per create_instances_batch call (~10 bytes each while masking)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,11 +183,25 @@ def instances_step(uid: str, ctx: StepContext, pool: RandomDocPool, vocab: Vocab
     """NSP pairs + MLM masks for every (document, pass) of a unit, written bucketed by key, with a marker."""
     cols: dict[str, list] = {c: [] for c in ("input_ids", "a_length", "masked_lm_positions", "masked_lm_ids",
                                               "next_sentence_label", "key")}
+    passes = range(ctx.dupe_factor)
+    block: list[tuple[str, list[np.ndarray]]] = []
+    block_tokens = 0
+
+    def flush() -> None:
+        out = create_instances_batch(block, passes, ctx.instances, pool, vocab)
+        for c in cols:
+            cols[c].extend(out[c])
+        block.clear()
+
+    # Blocks of documents: one masking pass per block (numpy's per-call cost paid per block), memory bounded.
     for doc_id, sents in iter_docs(read_docs(ctx, uid)):
-        for p in range(ctx.dupe_factor):
-            out = create_instances(doc_id, sents, p, ctx.instances, pool, vocab)
-            for c in cols:
-                cols[c].extend(out[c])
+        block.append((doc_id, sents))
+        block_tokens += sum(len(s) for s in sents)
+        if block_tokens * ctx.dupe_factor >= _INSTANCE_BLOCK_TOKENS:
+            flush()
+            block_tokens = 0
+    if block:
+        flush()
     dtype = token_dtype(ctx.vocab_size)
     lengths = np.fromiter((len(a) for a in cols["input_ids"]), np.int64, len(cols["input_ids"]))
     schema = instance_schema(ctx.vocab_size).append(pa.field("key", pa.uint64()))
