@@ -81,4 +81,6 @@ def init_ray(num_cpus: int | None = None) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False)
+        # address="local": without it, ray.init() joins any cluster already running on this machine (someone's
+        # `ray start`, another job's session) and then refuses num_cpus; we promised a fresh local Ray.
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
