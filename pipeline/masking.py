@@ -1,4 +1,4 @@
-"""Masked-LM selection (reference step 7), vectorised over all sequences of one document pass.
+"""Masked-LM selection (reference step 7), vectorised over many sequences at once (a document pass or a batch).
 
 Reference law, per sequence: candidates are all positions except [CLS]/[SEP] (with whole-word masking a word and its
 ``##`` pieces form one candidate); shuffle them; ``num_to_predict = min(max_predictions_per_seq,
@@ -9,7 +9,7 @@ whole-word group that would overshoot, until the count is reached; each chosen p
 
 How we differ, with the same distribution:
 - "shuffle, take the first k" is done as "draw a uniform key per candidate, take the k smallest keys per sequence"
-  (one row-wise sort for every sequence of the document pass). Both give every k-subset the same probability.
+  (one row-wise sort of a padded key matrix for all sequences). Both give every k-subset the same probability.
 - 80/10/10 and the random id come from one integer draw per position (``draw % 10``: 0-7 mask, 8 keep, 9 random;
   ``draw // 10``: the random id) instead of the reference's two or three draws: same probabilities, independent
   per position and of each other.
