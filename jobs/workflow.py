@@ -365,24 +365,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _fmt(v: float) -> str:
+    return f"{int(v):,}" if float(v).is_integer() else f"{v:.4g}"
+
+
 def summarise(cfg, stages, results, workdir, tracking_uri, experiment, parent, seconds, todo) -> dict[str, Any]:
     ran = sum(todo.values())
     print(f"\n== workflow {cfg.get('name')!r} done in {seconds / 60:.1f} min ({ran} stages ran, "
           f"{len(stages) - ran} skipped as already done)")
     for s in stages:
         m = results[s.name].get("metrics", {})
-        nums = "  ".join(f"{k} {v:.4g}" for k, v in m.items())
+        nums = "  ".join(f"{k} {_fmt(v)}" for k, v in m.items())
         where = "  ".join(f"{k}: {v}" for k, v in s.outputs.items())
         if s.job == "build_dataset":
             where += f"  (shards: {s.outputs['dataset']}/shards)"
         print(f"  {s.name:<24} {where}")
         if nums:
             print(f"  {'':<24} {nums}")
-        if s.job == "finetune":
-            final = {k: v for k, v in results[s.name].get("result", {}).items()
-                     if isinstance(v, (int, float)) and k not in ("best_epoch", "job_seconds")}
-            if final:
-                print(f"  {'':<24} " + "  ".join(f"{k} {v:.4g}" for k, v in final.items()))
     print(f"\nMLflow: parent run {parent} (experiment {experiment!r}) holds every stage as a child run; store "
           f"{tracking_uri}")
     if tracking_uri.startswith(("http://", "https://")):
