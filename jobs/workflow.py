@@ -350,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e, RuntimeError):
             print(f"workflow: error: {e}", file=sys.stderr)
             return 1
+        if isinstance(e, KeyboardInterrupt):
+            print(f"workflow: interrupted ({e or 'Ctrl-C'}); rerun the same command to resume", file=sys.stderr)
+            return 130
         raise
     summary = summarise(cfg, stages, results, workdir, tracking_uri, experiment, parent, time.time() - t0, todo)
     from mlflow.entities import Metric
