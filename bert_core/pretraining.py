@@ -33,8 +33,8 @@ class BertForPreTraining(BertPreTrainedModel):
         with _no_init():  # initialised once, below, with the head
             self.bert = BertModel(config)
         self.cls = BertPreTrainingHeads(config)
+        self.tie_weights()  # before init: the decoder's own V x H matrix is dropped, never initialised
         self.init_weights()
-        self.tie_weights()
 
     def tie_weights(self) -> None:
         """The MLM decoder shares the word-embedding matrix (same Parameter, same storage), as in the paper."""
