@@ -119,6 +119,8 @@ def main() -> None:
     ap.add_argument("--cpus", default="1,2")
     ap.add_argument("--dupe-factor", type=int, default=5)
     ap.add_argument("--plain-loop", action="store_true", help="also time the plain loop (no Ray) at 1x")
+    ap.add_argument("--plain-only", action="store_true",
+                    help="only the plain loop (no Ray, 1 CPU) at every scale: the steps' own memory and throughput")
     ap.add_argument("--cpus-at-max-scale", default=None, help="CPU counts to run at the largest scale (default: --cpus)")
     args = ap.parse_args()
     scales = [int(s) for s in args.scales.split(",")]
@@ -133,6 +135,8 @@ def main() -> None:
             if args.cpus_at_max_scale and scale == scales[-1] and len(scales) > 1:
                 run_cpus = [int(c) for c in args.cpus_at_max_scale.split(",")]
             modes = [(c, False) for c in run_cpus] + ([(1, True)] if args.plain_loop and scale == scales[0] else [])
+            if args.plain_only:
+                modes = [(1, True)]
             for c, no_ray in modes:
                 out = work / f"out-{scale}x-{c}cpu{'-plain' if no_ray else ''}"
                 for attempt in range(3):  # a loaded machine can time out Ray's start-up: retry that run
@@ -165,6 +169,9 @@ def main() -> None:
             ratios[f"{s}x speed-up {c1} vs {c0} CPU (e2e)"] = a["wall_s"] / b["wall_s"]
             ratios[f"{s}x speed-up {c1} vs {c0} CPU (build)"] = a["build_s"] / b["build_s"]
             ratios[f"{s}x CPU-seconds per MB {c1} vs {c0} CPU"] = b["cpu_s"] / a["cpu_s"]
+    if len(scales) > 1 and args.plain_only:
+        ratios[f"peak memory {scales[-1]}x / {s0}x, plain loop"] = (
+            results[f"{scales[-1]}x/1cpu/plain"]["peak_rss_mb"] / results[f"{s0}x/1cpu/plain"]["peak_rss_mb"])
     if len(scales) > 1:
         for c in cpus:
             if f"{scales[-1]}x/{c}cpu" not in results:
