@@ -358,7 +358,9 @@ def fit(args, config, micro: int, accum: int, data: dict, eval_data: dict | None
         urls = data["worker"]["shard_urls"]
         if read_fs is not None:
             urls = [u.split("://", 1)[1] for u in urls]
-        datasets = {"train": ray.data.read_parquet(urls, filesystem=read_fs, columns=list(COLUMNS))}
+        # Small read tasks: a whole CPU each would not fit beside the training workers on a small box (Ray Data
+        # splits what Train leaves it between its operators, and a 1-CPU task may never be scheduled).
+        datasets = {"train": ray.data.read_parquet(urls, filesystem=read_fs, columns=list(COLUMNS), num_cpus=0.25)}
     trainer = TorchTrainer(
         train_loop,
         train_loop_config=loop_config,
