@@ -7,7 +7,8 @@ Everything that can be wrong with the inputs (flags, files, columns, labels, voc
 before any worker starts. Training runs under Ray Train (``jobs/_finetune_loop.py``) on one or many workers; the
 best epoch's model is exported in the Hugging Face layout with its label map; one MLflow run records params,
 per-epoch metrics, final metrics and the model, linked to the pre-training run the weights came from. The last
-line on stdout is the final evaluation metrics as one JSON object.
+line on stdout is the final evaluation metrics as one JSON object. ``--no-ray`` runs the very same loop in this
+process (one worker) for debugging and quick runs; ``--init random --preset P`` trains the architecture from scratch.
 """
 from __future__ import annotations
 
