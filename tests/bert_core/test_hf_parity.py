@@ -47,7 +47,7 @@ def _compare(ours, theirs, batch):
     real = batch["attention_mask"].bool()
     # Compared at real tokens only. Padded rows are not defined outputs (nothing reads them; both libraries mask
     # keys only, so they hold attention over the real tokens) and there the two differ by up to ~2.5e-5 on this
-    # batch (measured 2026-11-22) vs ~3e-6 at real tokens: float summation order, amplified at those rows.
+    # batch (measured 2026-11-22) vs ~3e-6 at real tokens, presumably float summation order.
     hid_diff = (a.last_hidden_state - b.last_hidden_state)[real].abs().max().item()
     pool_diff = (a.pooler_output - b.pooler_output).abs().max().item()
     return hid_diff, pool_diff
