@@ -27,9 +27,11 @@ import argparse
 import hashlib
 import json
 import logging
+import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -202,8 +204,6 @@ def storage_filesystem(url: str, endpoint_url: str | None):
 
     fs, path = storage.filesystem_for(url, endpoint_url)
     if storage.protocol_of(url) in ("s3", "s3a"):
-        import os
-
         import s3fs
 
         fs = s3fs.S3FileSystem(key=os.environ.get("AWS_ACCESS_KEY_ID"), secret=os.environ.get("AWS_SECRET_ACCESS_KEY"),
@@ -269,8 +269,6 @@ def export_model(checkpoint, export_dir: Path, run_id: str, tracking_uri: str) -
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging()
-    import time
-
     args.run_name = args.run_name or time.strftime("pretrain-%Y%m%d-%H%M%S")
     try:
         data = load_dataset_info(args.data, args.endpoint_url)
