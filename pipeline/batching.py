@@ -22,7 +22,6 @@ with no Python loop over tokens. Outputs are numpy arrays; the training loop wra
 """
 from __future__ import annotations
 
-import hashlib
 import queue
 import threading
 import time
@@ -31,14 +30,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.rng import derive_seed as seed_for  # one seed derivation for the whole pipeline
+
 IGNORE_INDEX = -100  # the label of padded MLM slots (torch's cross_entropy default ignore_index)
 COLUMNS = ("input_ids", "a_length", "masked_lm_positions", "masked_lm_ids", "next_sentence_label")
-
-
-def seed_for(*parts: int | str) -> int:
-    """A stable 64-bit seed from the given parts (Python's hash() is salted per process)."""
-    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little")
 
 
 def _gather_ragged(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
