@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 CORPORA = REPO.parent / "shared" / "data" / "corpora"
 
 

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 CORPORA = REPO.parent / "shared" / "data" / "corpora"
 
 Splitter = Callable[[str], list[str]]

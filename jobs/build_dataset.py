@@ -18,13 +18,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-if __package__ in (None, ""):  # `python jobs/build_dataset.py` (also under `ray job submit --working-dir .`)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from jobs import _common  # noqa: E402
-from pipeline.build import BuildConfig, LocalExecutor, build  # noqa: E402
-from pipeline.instances import InstanceConfig  # noqa: E402
-from pipeline.readers import FORMATS, ON_ERROR, ReadOptions  # noqa: E402
+from jobs import _common
+from pipeline.build import BuildConfig, LocalExecutor, build
+from pipeline.instances import InstanceConfig
+from pipeline.readers import FORMATS, ON_ERROR, ReadOptions
 
 log = logging.getLogger("build_dataset")
 

@@ -35,9 +35,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # `python jobs/pretrain.py` (also under `ray job submit --working-dir .`)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from jobs._common import (check_tracking_reachable, get_or_create_experiment, init_ray, resolve_tracking_uri,
                           setup_logging)
 

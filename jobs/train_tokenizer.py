@@ -10,15 +10,11 @@ import logging
 import sys
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from jobs import _common  # noqa: E402
-from pipeline.readers import FORMATS, ON_ERROR, ReadOptions, ReadReport, plan_units, read_unit  # noqa: E402
-from pipeline.storage import expand_inputs, write_bytes_atomic  # noqa: E402
-from pipeline.tokenize import train_wordpiece  # noqa: E402
+from jobs import _common
+from pipeline.readers import FORMATS, ON_ERROR, ReadOptions, ReadReport, plan_units, read_unit
+from pipeline.storage import expand_inputs, write_bytes_atomic
+from pipeline.tokenize import train_wordpiece
 
 log = logging.getLogger("train_tokenizer")
 

@@ -28,11 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # `python jobs/workflow.py` (also under `ray job submit --working-dir .`)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from jobs import _common  # noqa: E402
-from jobs._workflow_plan import Stage, load_config, plan, with_tracking  # noqa: E402
+from jobs import _common
+from jobs._workflow_plan import Stage, load_config, plan, with_tracking
 
 log = logging.getLogger("workflow")
 JOBS_DIR = Path(__file__).resolve().parent
