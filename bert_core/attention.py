@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import BertConfig
+from .dropout import Dropout, attention
 
 
 class BertSelfAttention(nn.Module):
@@ -39,7 +40,7 @@ class BertSelfAttention(nn.Module):
             q = F.linear(queries, w[:h], bias[:h]).view(b, -1, self.num_heads, self.head_dim).transpose(1, 2)
             k, v = F.linear(hidden_states, w[h:], bias[h:]).view(b, t, 2, self.num_heads, self.head_dim) \
                 .permute(2, 0, 3, 1, 4).unbind(0)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+        out = attention(q, k, v, attn_mask, dropout_p)
         return out.transpose(1, 2).reshape(b, -1, h)
 
 
@@ -48,7 +49,7 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(hidden_states)) + residual)

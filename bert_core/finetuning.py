@@ -7,15 +7,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import BertConfig
+from .dropout import Dropout
 from .losses import mean_cross_entropy
 from .model import BertModel
 from .outputs import QuestionAnsweringOutput, SequenceClassifierOutput, TokenClassifierOutput
 from .pretrained import BertPreTrainedModel, _no_init
 
 
-def _classifier_dropout(config: BertConfig) -> nn.Dropout:
+def _classifier_dropout(config: BertConfig) -> Dropout:
     p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-    return nn.Dropout(p)
+    return Dropout(p)
 
 
 class BertForSequenceClassification(BertPreTrainedModel):

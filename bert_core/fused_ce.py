@@ -1,8 +1,8 @@
 """Linear + cross-entropy for the MLM decoder without materialising all N x V logits (CPU/GPU memory traffic).
 
 `linear_cross_entropy(h, weight, bias, labels)` equals
-`F.cross_entropy(F.linear(h, weight, bias), labels, reduction="sum")` (labels all valid) and also returns the
-argmax predictions for accuracy. Rows are processed in chunks whose logits stay small (cache- and allocator-friendly:
+`F.cross_entropy(F.linear(h, weight, bias), labels, reduction="sum")` (labels all valid) and also returns how many
+rows the model gets right, for accuracy. Rows are processed in chunks whose logits stay small (cache- and allocator-friendly:
 a large fresh buffer costs page faults on every step on CPU); the gradients w.r.t. h, weight and bias are computed
 in the same pass (softmax - one_hot is available right there) and only scaled in backward. This is the approach of
 Liger-Kernel's fused linear cross-entropy, in plain torch ops. It runs only when gradients are needed.
@@ -24,16 +24,22 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_w = torch.zeros(w.shape, dtype=cd, device=w.device)
         grad_b = torch.zeros(b.shape, dtype=torch.float32, device=b.device)
         loss = torch.zeros((), dtype=torch.float32, device=h.device)
-        preds = torch.empty(n, dtype=torch.long, device=h.device)
+        correct = torch.zeros((), dtype=torch.long, device=h.device)
+        buf = None  # one logits buffer reused by every chunk (a fresh large buffer costs page faults on CPU)
         for start in range(0, n, chunk_rows):
             hc, yc = h[start:start + chunk_rows], labels[start:start + chunk_rows]
-            logits = torch.addmm(b, hc, w.t()).float()
-            lse = torch.logsumexp(logits, dim=1)
             rows = torch.arange(hc.shape[0], device=h.device)
-            loss += (lse - logits[rows, yc]).sum()
-            preds[start:start + chunk_rows] = logits.argmax(dim=1)
-            # d(sum CE)/d logits = softmax - one_hot, computed in place over the logits buffer.
-            grad = logits.sub_(lse.unsqueeze(1)).exp_()
+            if buf is None or buf.shape[0] != hc.shape[0]:
+                buf = torch.empty((hc.shape[0], w.shape[0]), dtype=cd, device=h.device)
+            logits = torch.addmm(b, hc, w.t(), out=buf).float()  # no copy in fp32
+            target = logits[rows, yc]
+            top = logits.amax(dim=1)
+            # softmax in place: one exp per logit (no separate logsumexp pass), then d(CE)/d logits = p - one_hot.
+            probs = logits.sub_(top.unsqueeze(1)).exp_()
+            total = probs.sum(dim=1)
+            loss += (top + total.log() - target).sum()
+            correct += (target >= top).sum()  # the label's logit is the maximum: argmax == label (up to exact ties)
+            grad = probs.div_(total.unsqueeze(1))
             grad[rows, yc] -= 1.0
             grad_b += grad.sum(dim=0)
             g = grad.to(cd)
@@ -41,11 +47,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_w.addmm_(g.t(), hc)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.dtypes = (weight.dtype, bias.dtype)
-        ctx.mark_non_differentiable(preds)
-        return loss, preds
+        ctx.mark_non_differentiable(correct)
+        return loss, correct
 
     @staticmethod
-    def backward(ctx, grad_loss: torch.Tensor, _grad_preds: torch.Tensor | None):
+    def backward(ctx, grad_loss: torch.Tensor, _grad_correct: torch.Tensor | None):
         grad_h, grad_w, grad_b = ctx.saved_tensors
         w_dtype, b_dtype = ctx.dtypes
         return ((grad_h * grad_loss).to(grad_h.dtype), (grad_w.float() * grad_loss).to(w_dtype),
@@ -54,5 +60,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, labels: torch.Tensor,
                          chunk_rows: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of CE over rows, argmax predictions). `labels` must all be valid class ids (no -100)."""
+    """(sum of CE over rows, number of rows whose label has the highest logit). `labels` must all be valid class
+    ids (no -100). The count is the accuracy numerator without an argmax pass; it differs from
+    `(logits.argmax(1) == labels).sum()` only when another class ties the label's logit exactly."""
     return _LinearCrossEntropy.apply(h, weight, bias, labels, chunk_rows)

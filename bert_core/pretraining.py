@@ -71,10 +71,10 @@ class BertForPreTraining(BertPreTrainedModel):
         if (labels is not None and masked_lm_positions is not None and self.fused_mlm_loss
                 and torch.is_grad_enabled() and hidden.requires_grad):
             # Training: loss and gradients chunk by chunk, no (N, V) logits kept (see fused_ce.py).
-            loss_sum, preds = linear_cross_entropy(hidden, head.decoder.weight, head.bias, labels)
+            loss_sum, correct = linear_cross_entropy(hidden, head.decoder.weight, head.bias, labels)
             count = labels.new_tensor(labels.numel())
             result.mlm_loss = loss_sum / count.clamp(min=1)
-            result.mlm_correct, result.mlm_count = (preds == labels).sum(), count
+            result.mlm_correct, result.mlm_count = correct, count
         else:
             result.mlm_logits = F.linear(hidden, head.decoder.weight, head.bias)
             if labels is not None:
