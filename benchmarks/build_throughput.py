@@ -91,7 +91,7 @@ def run(corpus: Path, cpus: int, dupe: int, out: Path, no_ray: bool) -> dict:
            "--vocab", str(VOCAB), "--dupe-factor", str(dupe), "--max-seq-length", "128", "--num-cpus", str(cpus),
            "--log-level", "WARNING"] + (["--no-ray"] if no_ray else [])
     env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_DATA_DISABLE_PROGRESS_BARS="1",
-               TOKENIZERS_PARALLELISM="false", RAY_raylet_start_wait_time_s="120")  # a loaded box starts slowly
+               TOKENIZERS_PARALLELISM="false")
     env.pop("RAY_ADDRESS", None)
     t0 = time.time()
     err = open(out.parent / f"{out.name}.stderr", "w+")

@@ -68,10 +68,16 @@ def get_or_create_experiment(name: str, tracking_uri: str) -> str:
     return mlflow.create_experiment(name, artifact_location=f"{root}/{name}" if root else None)
 
 
-def init_ray(num_cpus: int | None = None) -> None:
+START_ATTEMPTS = 3
+
+
+def init_ray(num_cpus: int | None = None, dashboard: bool = False) -> None:
     """Join the cluster when there is one (`ray job submit` sets RAY_ADDRESS), else start a local Ray on loopback.
 
-    `num_cpus` caps a local Ray (ignored when joining a cluster, whose size the cluster decides).
+    `num_cpus` caps a local Ray (ignored when joining a cluster, whose size the cluster decides). `dashboard` starts
+    the local dashboard (on 127.0.0.1): Ray Train needs it, because its placement-group cleaner asks the state API,
+    served by the dashboard, whether the train controller is alive (without it, it warns every second and cannot
+    clean up after a crashed controller). The data build does without it (less memory and CPU on small machines).
     """
     import ray
 
@@ -83,4 +89,14 @@ def init_ray(num_cpus: int | None = None) -> None:
     else:
         # address="local": without it, ray.init() joins any cluster already running on this machine (someone's
         # `ray start`, another job's session) and then refuses num_cpus; we promised a fresh local Ray.
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard)
+                return
+            except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this; anything else re-raises
+                if "timed out during startup" not in str(e) or attempt == START_ATTEMPTS:
+                    raise
+                # Ray gives a new node a hard-coded 30 s to register; an overloaded machine can miss that.
+                log.warning("local Ray start timed out (attempt %d of %d, machine overloaded?); retrying",
+                            attempt, START_ATTEMPTS)
+                ray.shutdown()

@@ -286,7 +286,7 @@ def train_with_ray(cfg: FinetuneConfig, prepared: PreparedTask, loop_cfg: dict[s
 
     from jobs._finetune_loop import train_loop_per_worker
 
-    init_ray()
+    init_ray(dashboard=True)
     cpus = cfg.cpus_per_worker
     if cpus is None:
         per = ray.cluster_resources().get("CPU", 1) / cfg.num_workers

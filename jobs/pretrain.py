@@ -336,7 +336,7 @@ def fit(args, config, micro: int, accum: int, data: dict, eval_data: dict | None
         "log_every": args.log_every, "max_seconds": args.max_minutes * 60 if args.max_minutes else None, "checkpoint_every": args.checkpoint_every, "run_name": args.run_name,
         "mlflow": {"tracking_uri": tracking_uri, "run_id": run_id, "system_metrics": not args.no_system_metrics},
     }
-    init_ray()
+    init_ray(dashboard=True)
     resources = {"CPU": args.cpus_per_worker}
     if args.use_gpu:
         resources["GPU"] = 1

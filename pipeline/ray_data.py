@@ -1,14 +1,16 @@
 """The one Ray adapter: the build's stages as Ray Data pipelines over the same step functions as the plain loop.
 
-    docs:       from_items(units) -> map_batches(read_split) [tasks] -> map_batches(TokenizeCommit) [actor pool]
+    docs:       from_items(units) -> map_batches(read, split, tokenize, commit) [tasks]
     instances:  from_items(uids)  -> map_batches(instances) [tasks; the random-next pool from the object store]
     shards:     from_items(tasks) -> map_batches(write one shard) [tasks]
 
-(Ray Data fuses read_split into the tokenizer actors: one process reads, splits and tokenizes a unit.)
+Every stage is one map of tasks taking one CPU each: one process reads, splits and tokenizes a unit, so its
+sentences never cross a process boundary, and tasks reuse Ray's warm worker processes (the WordPiece encoder is
+cached per process, its word cache warm from unit to unit). No actor pools: nothing holds a CPU while waiting on
+another stage (the 2-CPU hang of NOTES-stack.md cannot happen), and ``--num-cpus`` caps the parallelism exactly.
 
-Streaming execution with Ray Data's backpressure: one unit per block, so memory is bounded by the unit size. Actors
-take fractional CPUs (0.5) so that an actor pool as wide as the CPUs never starves the read tasks (the 2-CPU hang of
-NOTES-stack.md). Results are completion markers (small JSON); the data itself goes to storage, atomically.
+Streaming execution with Ray Data's backpressure: one unit per block, so memory is bounded by the unit size.
+Results are completion markers (small JSON); the data itself goes to storage, atomically.
 """
 from __future__ import annotations
 
@@ -18,52 +20,40 @@ import os
 from typing import Any
 
 from pipeline.instances import RandomDocPool, VocabInfo
-from pipeline.readers import InputError, ReadReport, Unit
+from pipeline.readers import InputError, Unit
 from pipeline.shards import ShardTask
-from pipeline.steps import SplitUnit, StepContext, instances_step, read_split, shard_step, tokenize_commit
+from pipeline.steps import StepContext, instances_step, read_split, shard_step, tokenize_commit
 from pipeline.storage import aws_env
 
 log = logging.getLogger(__name__)
 
-ACTOR_CPUS = 0.5
-TASK_CPUS = 0.5
 
 
 def _unit_from(d: dict) -> Unit:
     return Unit(**d)
 
 
-def _read_split_batch(batch: dict[str, Any], ctx: StepContext) -> dict[str, list]:
-    out: dict[str, list] = {"uid": [], "payload": []}
-    for item in batch["item"]:
-        s = read_split(_unit_from(json.loads(item)), ctx)
-        payload = {"uid": s.uid, "path": s.path, "doc_ids": s.doc_ids, "sentences": s.sentences,
-                   "dropped": dict(s.report.dropped), "bad_files": s.report.bad_files}
-        out["uid"].append(s.uid)
-        out["payload"].append(json.dumps(payload))
-    return out
+_ENCODERS: dict[tuple, Any] = {}
 
 
-class TokenizeCommit:
-    """Loads the WordPiece tokenizer once per actor; tokenizes and commits whole units."""
+def _encoder(vocab_tokens: list[str], do_lower_case: bool):
+    """One WordPiece encoder per worker process and vocabulary: Ray reuses its workers across tasks, so the
+    tokenizer loads once per process and its word cache stays warm from unit to unit."""
+    from pipeline.tokenize import WordPieceEncoder
 
-    def __init__(self, ctx: StepContext, vocab_tokens: list[str]):
-        from pipeline.tokenize import WordPieceEncoder
+    key = (len(vocab_tokens), hash(tuple(vocab_tokens)), do_lower_case)
+    if key not in _ENCODERS:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per task: Ray gives the parallelism
+        _ENCODERS.clear()
+        _ENCODERS[key] = WordPieceEncoder(tokens=vocab_tokens, do_lower_case=do_lower_case)
+    return _ENCODERS[key]
 
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per actor: Ray gives the parallelism
-        self.ctx = ctx
-        self.encoder = WordPieceEncoder(tokens=vocab_tokens, do_lower_case=ctx.do_lower_case)
 
-    def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
-        markers = []
-        for payload in batch["payload"]:
-            p = json.loads(payload)
-            report = ReadReport()
-            report.dropped.update(p["dropped"])
-            report.bad_files.update(p["bad_files"])
-            split = SplitUnit(p["uid"], p["path"], p["doc_ids"], p["sentences"], report)
-            markers.append(json.dumps(tokenize_commit(split, self.ctx, self.encoder)))
-        return {"marker": markers}
+def _docs_batch(batch: dict[str, Any], ctx: StepContext, vocab_tokens: list[str]) -> dict[str, list]:
+    """Read, split, tokenize and commit whole units in one task: the sentences never leave the process."""
+    encoder = _encoder(vocab_tokens, ctx.do_lower_case)
+    return {"marker": [json.dumps(tokenize_commit(read_split(_unit_from(json.loads(item)), ctx), ctx, encoder))
+                       for item in batch["item"]]}
 
 
 def _instances_batch(batch: dict[str, Any], ctx: StepContext, pool_ref: list, vocab_tokens: list[str],
@@ -97,23 +87,21 @@ def _unwrap(e: BaseException) -> BaseException:
 
 
 class RayDataExecutor:
-    """Runs pending units of each stage on Ray Data; ``num_cpus`` = how wide the actor pools may grow."""
+    """Runs pending units of each stage on Ray Data; ``num_cpus`` caps the concurrent tasks of every stage (None:
+    as many as the cluster's CPUs allow, which is what an autoscaling cluster wants)."""
 
     def __init__(self, num_cpus: int | None = None):
+        self.width = int(num_cpus) if num_cpus else None
+
+    def _map_args(self, ctx: StepContext) -> dict[str, Any]:
         import ray
 
-        self.width = max(1, int(num_cpus or ray.cluster_resources().get("CPU", 1)))
-
-    def _remote_args(self, ctx: StepContext) -> dict[str, Any]:
+        args: dict[str, Any] = {"num_cpus": 1, "compute": ray.data.TaskPoolStrategy(size=self.width)}
         # Workers do not inherit the driver's environment: hand them the AWS settings (never logged).
         env = aws_env()
-        return {"runtime_env": {"env_vars": env}} if env else {}
-
-    def _pool(self, n_items: int):
-        import ray
-
-        size = max(1, min(self.width, n_items))
-        return ray.data.ActorPoolStrategy(min_size=size, max_size=size)
+        if env:
+            args["runtime_env"] = {"env_vars": env}
+        return args
 
     def _run(self, ds) -> list[dict]:
         try:
@@ -132,12 +120,9 @@ class RayDataExecutor:
         if not units:
             return []
         items = [{"item": json.dumps(dataclasses.asdict(u))} for u in units]
-        extra = self._remote_args(ctx)
-        ds = (ray.data.from_items(items, override_num_blocks=len(items))
-              .map_batches(_read_split_batch, batch_size=1, fn_kwargs={"ctx": ctx}, num_cpus=TASK_CPUS, **extra)
-              .map_batches(TokenizeCommit, batch_size=1, fn_constructor_kwargs={"ctx": ctx,
-                           "vocab_tokens": vocab_tokens}, compute=self._pool(len(units)), num_cpus=ACTOR_CPUS,
-                           **extra))
+        ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
+            _docs_batch, batch_size=1, fn_kwargs={"ctx": ctx, "vocab_tokens": vocab_tokens},
+            **self._map_args(ctx))
         return self._run(ds)
 
     def instances(self, uids: list[str], ctx: StepContext, pool: RandomDocPool, vocab_tokens: list[str],
@@ -150,9 +135,9 @@ class RayDataExecutor:
         # Tasks, not an actor pool: the work per unit dwarfs fetching the pool, and tasks reuse the warm workers
         # instead of starting a new process per actor (seconds each at this corpus size).
         ds = ray.data.from_items([{"item": u} for u in uids], override_num_blocks=len(uids)).map_batches(
-            _instances_batch, batch_size=1, num_cpus=1,
+            _instances_batch, batch_size=1,
             fn_kwargs={"ctx": ctx, "pool_ref": [pool_ref], "vocab_tokens": vocab_tokens, "bits": bits},
-            **self._remote_args(ctx))
+            **self._map_args(ctx))
         return self._run(ds)
 
     def shards(self, tasks: list[ShardTask], ctx: StepContext, sources: dict) -> list[dict]:
@@ -162,6 +147,6 @@ class RayDataExecutor:
             return []
         items = [{"item": json.dumps({"index": t.index, "count": t.count, "slices": t.slices})} for t in tasks]
         ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-            _shard_batch, batch_size=1, fn_kwargs={"ctx": ctx, "sources": sources}, num_cpus=TASK_CPUS,
-            **self._remote_args(ctx))
+            _shard_batch, batch_size=1, fn_kwargs={"ctx": ctx, "sources": sources},
+            **self._map_args(ctx))
         return self._run(ds)

@@ -36,6 +36,11 @@ def buckets_of(keys: np.ndarray, bits: int) -> np.ndarray:
     return (keys >> np.uint64(64 - bits)).astype(np.int64)
 
 
+# Intermediate (_work) files are written once and read once, then deleted: plain encoding, no compression writes
+# twice as fast as zstd with dictionaries (final shards keep zstd: ~2.7x smaller, read many times).
+WORK_PARQUET = {"compression": "none", "use_dictionary": False}
+
+
 def write_bucketed(url: str, table: pa.Table, bits: int, endpoint_url: str | None = None) -> list[list[int]]:
     """Write ``table`` (with a uint64 ``key`` column) as one row group per non-empty bucket, atomically.
 
@@ -48,7 +53,7 @@ def write_bucketed(url: str, table: pa.Table, bits: int, endpoint_url: str | Non
     sorted_b = buckets[order]
     index: list[list[int]] = []
     with open_atomic(url, endpoint_url) as f:
-        with pq.ParquetWriter(f, table.schema, compression="zstd") as w:
+        with pq.ParquetWriter(f, table.schema, **WORK_PARQUET) as w:
             if table.num_rows == 0:
                 w.write_table(table)
             starts = np.flatnonzero(np.r_[True, sorted_b[1:] != sorted_b[:-1]]) if len(sorted_b) else []

@@ -24,7 +24,7 @@ from pipeline.instances import InstanceConfig, RandomDocPool, VocabInfo, create_
 from pipeline.readers import ReadOptions, ReadReport, Unit, read_unit
 from pipeline.rng import derive_seed
 from pipeline.schema import instance_schema, token_dtype, work_docs_schema
-from pipeline.shards import ShardTask, write_bucketed, write_shard
+from pipeline.shards import WORK_PARQUET, ShardTask, write_bucketed, write_shard
 from pipeline.storage import filesystem_for, join, open_atomic, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -87,15 +87,13 @@ def _list_array(arrays: list[np.ndarray], dtype: np.dtype) -> pa.Array:
 def tokenize_commit(split: SplitUnit, ctx: StepContext, encoder) -> dict:
     """WordPiece the unit's sentences and commit its documents (+ pool candidates) with a marker."""
     flat = [s for sents in split.sentences for s in sents]
-    ids: list[np.ndarray] = []
-    for i in range(0, len(flat), _ENCODE_BATCH):
-        ids.extend(encoder.encode(flat[i:i + _ENCODE_BATCH]))
+    parts = [encoder.encode_flat(flat[i:i + _ENCODE_BATCH]) for i in range(0, len(flat), _ENCODE_BATCH)]
     del flat
     dtype = token_dtype(ctx.vocab_size)
-    # Vectorised bookkeeping over all sentences of the unit (no Python loop per sentence besides len()).
-    lens = np.fromiter((len(a) for a in ids), np.int64, len(ids))
-    values = np.concatenate(ids).astype(dtype, copy=False) if ids else np.zeros(0, dtype)
-    del ids
+    # Vectorised bookkeeping over all sentences of the unit (no Python loop per sentence).
+    lens = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
+    values = np.concatenate([p[0] for p in parts]).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+    del parts
     n_per_doc = np.array([len(s) for s in split.sentences], dtype=np.int64)
     doc_of_sent = np.repeat(np.arange(len(n_per_doc)), n_per_doc)
     keep = lens > 0  # the reference drops lines with no tokens ...
@@ -113,7 +111,7 @@ def tokenize_commit(split: SplitUnit, ctx: StepContext, encoder) -> dict:
     sentences = pa.ListArray.from_arrays(pa.array(outer), pa.ListArray.from_arrays(pa.array(inner), pa.array(values)))
     table = pa.Table.from_arrays([pa.array(doc_ids, pa.string()), sentences], schema=work_docs_schema(ctx.vocab_size))
     with open_atomic(ctx.url("docs", f"{split.uid}.parquet"), ctx.endpoint_url) as f:
-        pq.write_table(table, f, compression="zstd")
+        pq.write_table(table, f, **WORK_PARQUET)
     seed = ctx.instances.seed
     ntoks = tok_per_doc[doc_keep].tolist()
     candidates = [(derive_seed(seed, d, "pool"), d, n) for d, n in zip(doc_ids, ntoks)]

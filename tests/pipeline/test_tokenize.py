@@ -140,6 +140,9 @@ def test_ascii_fast_path_equals_full_normalizer(vocab_path, lower) -> None:
     full = [np.array(e.ids) for e in enc._tok.encode_batch_fast(texts, add_special_tokens=False)]
     for t, g, f in zip(texts, got, full):
         assert g.tolist() == f.tolist(), repr(t)
+    values, lengths = enc.encode_flat(texts)  # the build's path: one array, lengths per sentence
+    assert lengths.tolist() == [len(f) for f in full]
+    assert values.dtype == enc.dtype and values.tolist() == [i for f in full for i in f.tolist()]
     # Both paths were exercised: texts with no control character (plain path) and with one (full path).
     from pipeline.tokenize import _NEEDS_NORMALIZER
 
@@ -158,4 +161,5 @@ def test_word_cache_warm_and_bounded(vocab_path, monkeypatch) -> None:
     small = WordPieceEncoder(vocab_path)
     assert [a.tolist() for a in small.encode(texts)] == first
     assert [a.tolist() for a in small.encode(texts[::-1])] == first[::-1]
-    assert len(small._word_cache) <= 12  # cleared and refilled from one batch, never growing without bound
+    assert len(small._chunk_index) <= 12  # cleared and refilled from one batch, never growing without bound
+    assert len(small._wlen) == len(small._chunk_index) and small._wlen.sum() == len(small._flat)
