@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -26,7 +26,8 @@ from pipeline.masking import MaskedBatch, VocabInfo, apply_masks, choose_positio
 from pipeline.pairs import RandomDocPool, document_pairs, pack_sentences
 from pipeline.rng import UniformStream, derive_seed, mix64, stream
 
-__all__ = ["InstanceConfig", "RandomDocPool", "VocabInfo", "create_instances", "create_instances_batch", "COLUMNS"]
+__all__ = ["InstanceConfig", "RandomDocPool", "VocabInfo", "create_instances", "create_instances_batch",
+           "create_instances_flat", "COLUMNS"]
 
 COLUMNS = ("input_ids", "a_length", "masked_lm_positions", "masked_lm_ids", "next_sentence_label", "key")
 
@@ -97,6 +98,28 @@ def create_instances_batch(
     numpy's per-call overhead is paid per batch instead of per document pass (most of the cost when documents are
     short). Memory: ~10 bytes x instances x max_seq_length for the batch; feed a block of documents at a time.
     """
+    flat = create_instances_flat(docs, passes, cfg, pool, vocab)
+    if flat is None:
+        return {c: [] for c in COLUMNS}
+    return {
+        "input_ids": _split(*flat["input_ids"]),
+        "a_length": flat["a_length"].tolist(),
+        "masked_lm_positions": _split(*flat["masked_lm_positions"]),
+        "masked_lm_ids": _split(*flat["masked_lm_ids"]),
+        "next_sentence_label": flat["next_sentence_label"].tolist(),
+        "key": flat["key"].tolist(),
+    }
+
+
+def create_instances_flat(
+    docs: Iterable[tuple[str, Sequence[np.ndarray]]],
+    passes: Iterable[int],
+    cfg: InstanceConfig,
+    pool: RandomDocPool,
+    vocab: VocabLike,
+) -> dict[str, Any] | None:
+    """``create_instances_batch`` as columns ready for Arrow (None when there are no instances): list columns as
+    ``(values, offsets)``, the others as numpy arrays (a_length int16, next_sentence_label int8, key uint64)."""
     passes = list(passes)
     dtype = np.dtype(np.uint16) if vocab.vocab_size <= 65536 else np.dtype(np.uint32)
     cls = np.array([vocab.cls_id], dtype=dtype)
@@ -144,7 +167,7 @@ def create_instances_batch(
                 mask_keys.append(gen.random(total))
                 mask_draws.append(gen.integers(0, draw_range, len(pairs) * max_pred))
     if not seq_len:
-        return {c: [] for c in COLUMNS}
+        return None
     offsets = _offsets(seq_len)
     if cfg.whole_word_mask:
         masked = MaskedBatch(
@@ -167,22 +190,22 @@ def create_instances_batch(
         masked = MaskedBatch(out, positions, labels, counts)
     mask_offsets = _offsets(masked.counts)
     return {
-        "input_ids": _split(masked.input_ids, offsets),
-        "a_length": a_len,
-        "masked_lm_positions": _split(masked.positions.astype(np.uint16), mask_offsets),
-        "masked_lm_ids": _split(masked.labels.astype(dtype, copy=False), mask_offsets),
-        "next_sentence_label": nsp,
+        "input_ids": (masked.input_ids, offsets),
+        "a_length": np.asarray(a_len, dtype=np.int16),
+        "masked_lm_positions": (masked.positions.astype(np.uint16), mask_offsets),
+        "masked_lm_ids": (masked.labels.astype(dtype, copy=False), mask_offsets),
+        "next_sentence_label": np.asarray(nsp, dtype=np.int8),
         "key": _keys(key_bases, key_counts),
     }
 
 
-def _keys(bases: list[int], counts: list[int]) -> list[int]:
+def _keys(bases: list[int], counts: list[int]) -> np.ndarray:
     """``instance_keys`` for every document pass of the batch in one vectorised call."""
     n = np.asarray(counts, dtype=np.int64)
     starts = np.repeat(np.cumsum(n) - n, n)
     index = (np.arange(int(n.sum())) - starts).astype(np.uint64)
     with np.errstate(over="ignore"):
-        return mix64(np.repeat(np.asarray(bases, dtype=np.uint64), n) + index).tolist()
+        return mix64(np.repeat(np.asarray(bases, dtype=np.uint64), n) + index)
 
 
 def _offsets(lengths: Sequence[int] | np.ndarray) -> np.ndarray:

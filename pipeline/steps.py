@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.instances import InstanceConfig, RandomDocPool, VocabInfo, create_instances_batch
+from pipeline.instances import InstanceConfig, RandomDocPool, VocabInfo, create_instances_flat
 from pipeline.readers import ReadOptions, ReadReport, Unit, read_unit
 from pipeline.rng import derive_seed
 from pipeline.schema import instance_schema, token_dtype, work_docs_schema
@@ -29,8 +29,10 @@ from pipeline.storage import filesystem_for, join, open_atomic, write_json_atomi
 
 log = logging.getLogger(__name__)
 
+LIST_COLUMNS = ("input_ids", "masked_lm_positions", "masked_lm_ids")
+
 _ENCODE_BATCH = 20000  # sentences per encode call: bounds the tokenizer's temporary memory
-_INSTANCE_BLOCK_TOKENS = 1 << 20  # instance tokens per create_instances_batch call (~10 bytes each while masking)
+_INSTANCE_BLOCK_TOKENS = 1 << 20  # instance tokens per create_instances_flat call (~10 bytes each while masking)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,14 +76,6 @@ def read_split(unit: Unit, ctx: StepContext) -> SplitUnit:
         doc_ids.append(doc.doc_id)
         sentences.append([s for s in sents if s and not s.isspace()])
     return SplitUnit(unit.uid, unit.path, doc_ids, sentences, report)
-
-
-def _list_array(arrays: list[np.ndarray], dtype: np.dtype) -> pa.Array:
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
-    if arrays:
-        np.cumsum(np.fromiter((len(a) for a in arrays), np.int64, len(arrays)), out=offsets[1:])
-    values = np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
 
 
 def tokenize_commit(split: SplitUnit, ctx: StepContext, encoder) -> dict:
@@ -179,16 +173,15 @@ def load_pool(ctx: StepContext, selection: dict[str, list[str]]) -> RandomDocPoo
 
 def instances_step(uid: str, ctx: StepContext, pool: RandomDocPool, vocab: VocabInfo, bits: int) -> dict:
     """NSP pairs + MLM masks for every (document, pass) of a unit, written bucketed by key, with a marker."""
-    cols: dict[str, list] = {c: [] for c in ("input_ids", "a_length", "masked_lm_positions", "masked_lm_ids",
-                                              "next_sentence_label", "key")}
+    parts: list[dict] = []
     passes = range(ctx.dupe_factor)
     block: list[tuple[str, list[np.ndarray]]] = []
     block_tokens = 0
 
     def flush() -> None:
-        out = create_instances_batch(block, passes, ctx.instances, pool, vocab)
-        for c in cols:
-            cols[c].extend(out[c])
+        out = create_instances_flat(block, passes, ctx.instances, pool, vocab)
+        if out is not None:
+            parts.append(out)
         block.clear()
 
     # Blocks of documents: one masking pass per block (numpy's per-call cost paid per block), memory bounded.
@@ -201,22 +194,28 @@ def instances_step(uid: str, ctx: StepContext, pool: RandomDocPool, vocab: Vocab
     if block:
         flush()
     dtype = token_dtype(ctx.vocab_size)
-    lengths = np.fromiter((len(a) for a in cols["input_ids"]), np.int64, len(cols["input_ids"]))
     schema = instance_schema(ctx.vocab_size).append(pa.field("key", pa.uint64()))
-    table = pa.Table.from_arrays([
-        _list_array(cols["input_ids"], dtype),
-        pa.array(cols["a_length"], pa.int16()),
-        _list_array(cols["masked_lm_positions"], np.dtype(np.uint16)),
-        _list_array(cols["masked_lm_ids"], dtype),
-        pa.array(cols["next_sentence_label"], pa.int8()),
-        pa.array(np.asarray(cols["key"], dtype=np.uint64)),
+
+    def column(name: str, np_dtype) -> pa.Array:
+        if name in LIST_COLUMNS:  # (values, offsets) per block -> one list array
+            values = np.concatenate([p[name][0] for p in parts]).astype(np_dtype, copy=False)
+            lengths = np.concatenate([np.diff(p[name][1]) for p in parts])
+            offsets = np.zeros(len(lengths) + 1, np.int32)
+            np.cumsum(lengths, out=offsets[1:])
+            return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+        return pa.array(np.concatenate([p[name] for p in parts]).astype(np_dtype, copy=False))
+
+    table = schema.empty_table() if not parts else pa.Table.from_arrays([
+        column("input_ids", dtype), column("a_length", np.int16), column("masked_lm_positions", np.uint16),
+        column("masked_lm_ids", dtype), column("next_sentence_label", np.int8), column("key", np.uint64),
     ], schema=schema)
     index = write_bucketed(ctx.url("instances", f"{uid}.parquet"), table, bits, ctx.endpoint_url)
+    lengths = np.concatenate([np.diff(p["input_ids"][1]) for p in parts]) if parts else np.zeros(0, np.int64)
     hist = np.bincount(lengths) if len(lengths) else np.zeros(0, np.int64)
     marker = {
         "uid": uid, "instances": table.num_rows, "buckets": index, "bits": bits,
-        "random_next": int(np.sum(cols["next_sentence_label"])),
-        "masked": int(sum(len(a) for a in cols["masked_lm_positions"])),
+        "random_next": int(sum(int(p["next_sentence_label"].sum()) for p in parts)),
+        "masked": int(sum(len(p["masked_lm_positions"][0]) for p in parts)),
         "seq_len_histogram": {str(k): int(v) for k, v in enumerate(hist) if v},
     }
     write_json_atomic(ctx.url("instances", f"{uid}.done.json"), marker, ctx.endpoint_url)

@@ -21,12 +21,15 @@ its chunk table stays warm (the Ray build caches one per worker process).
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from tokenizers import Tokenizer, normalizers, pre_tokenizers
 from tokenizers.models import WordPiece
 from tokenizers.trainers import WordPieceTrainer
@@ -44,9 +47,17 @@ MAX_INPUT_CHARS_PER_WORD = 200
 _SAFE_PUNCTUATION = "\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f\u2013\u2014\u2015\u2026\u00ab\u00bb\u2039\u203a\u2022"
 _NEEDS_NORMALIZER = re.compile(f"[^\t\n\r\x20-\x7e{_SAFE_PUNCTUATION}]")
 _WORD_CACHE_MAX = 500_000  # distinct whitespace-delimited chunks remembered per encoder (~60 MB at most)
-# Joins the plain sentences of a batch: NUL never occurs in a plain sentence, and is its own whitespace chunk.
-_SENTENCE_BREAK = " \x00 "
-_BREAK_ROW = 0
+
+
+
+def _needs_normalizer(sentences: list[str]) -> np.ndarray:
+    """Indices of the sentences that must go through BertNormalizer (one regex scan over the whole batch)."""
+    joined = "".join(sentences)
+    hits = [m.start() for m in _NEEDS_NORMALIZER.finditer(joined)]
+    if not hits:
+        return np.zeros(0, np.int64)
+    ends = np.cumsum(np.fromiter(map(len, sentences), np.int64, len(sentences)))
+    return np.unique(np.searchsorted(ends, np.asarray(hits), side="right"))
 
 
 def read_vocab(path: str | Path) -> list[str]:
@@ -137,78 +148,73 @@ class WordPieceEncoder:
     def encode_flat(self, sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(all ids concatenated, tokens per sentence): ``encode`` without one array per sentence.
 
-        Plain sentences (see the module docstring) are joined with a separator, lowercased and split on whitespace
-        in one call each; every whitespace-delimited chunk ("whale," or "don't") is a row of a per-encoder table of
-        its word pieces (a new chunk is pre-tokenized and WordPieced once, in a batch, by the normalizer-free
-        tokenizer), and the ids are gathered from the table with numpy: no Python loop over sentences, words or
-        tokens. Other sentences go through the full tokenizer.
+        Plain sentences (see the module docstring) are lowercased and split on whitespace by Arrow compute kernels;
+        every whitespace-delimited chunk ("whale," or "don't") is a row of a per-encoder table of its word pieces
+        (a new chunk is pre-tokenized and WordPieced once, in a batch, by the normalizer-free tokenizer), found by
+        Arrow's hash lookup, and the ids are gathered from the table with numpy: no Python loop over sentences,
+        words or tokens. Other sentences go through the full tokenizer.
         """
         dtype = self.dtype
         n = len(sentences)
         if not n:
             return np.zeros(0, dtype), np.zeros(0, np.int64)
-        if not _NEEDS_NORMALIZER.search("".join(sentences)):  # the common case: one check for the whole batch
-            plain_idx, full_idx = list(range(n)), []
-        else:
-            needs = _NEEDS_NORMALIZER.search
-            plain_idx = [i for i, s in enumerate(sentences) if not needs(s)]
-            full_idx = [i for i, s in enumerate(sentences) if needs(s)]
+        full_idx = _needs_normalizer(sentences)
+        plain_idx = np.setdiff1d(np.arange(n), full_idx) if len(full_idx) else None
         lengths = np.zeros(n, np.int64)
         plain_ids = np.zeros(0, dtype)
-        if plain_idx:
-            text = _SENTENCE_BREAK.join(sentences[i] for i in plain_idx)
-            rows = self._chunk_rows((text.lower() if self.do_lower_case else text).split())
+        if plain_idx is None or len(plain_idx):
+            text = pa.array(sentences if plain_idx is None else [sentences[i] for i in plain_idx.tolist()], pa.string())
+            chunks = pc.ascii_split_whitespace(pc.ascii_lower(text) if self.do_lower_case else text)
+            rows = self._chunk_rows(chunks.flatten())
             wlen = self._wlen[rows]
-            tok_cum = np.cumsum(wlen)
-            total = int(tok_cum[-1]) if len(tok_cum) else 0
+            tok_cum = np.concatenate([[0], np.cumsum(wlen)])
             # ragged gather: token k of chunk j is _flat[_woff[rows[j]] + k]
-            plain_ids = self._flat[np.repeat(self._woff[rows] - (tok_cum - wlen), wlen) + np.arange(total)]
-            ends = np.append(tok_cum[rows == _BREAK_ROW], total)  # tokens up to each sentence's end
-            lengths[plain_idx] = np.diff(ends, prepend=0)
-        if not full_idx:
-            return plain_ids, lengths
+            plain_ids = self._flat[np.repeat(self._woff[rows] - tok_cum[:-1], wlen) + np.arange(tok_cum[-1])]
+            offsets = chunks.offsets.to_numpy()
+            per_sentence = tok_cum[offsets[1:] - offsets[0]] - tok_cum[offsets[:-1] - offsets[0]]
+            if plain_idx is None:
+                return plain_ids, per_sentence.astype(np.int64)
+            lengths[plain_idx] = per_sentence
         full_ids = [np.asarray(e.ids, dtype) for e in self._tok.encode_batch_fast(
-            [sentences[i] for i in full_idx], add_special_tokens=False)]
+            [sentences[i] for i in full_idx.tolist()], add_special_tokens=False)]
         lengths[full_idx] = [len(a) for a in full_ids]
         # Interleave back into sentence order: each group is contiguous in its own order.
-        offsets = np.cumsum(lengths) - lengths
+        starts = np.cumsum(lengths) - lengths
         out = np.empty(int(lengths.sum()), dtype)
-        for idx, vals in ((np.asarray(plain_idx, np.int64), plain_ids),
-                          (np.asarray(full_idx, np.int64), np.concatenate(full_ids))):
+        for idx, vals in ((plain_idx, plain_ids), (full_idx, np.concatenate(full_ids))):
             if len(vals):
                 ln = lengths[idx]
-                out[np.repeat(offsets[idx] - (np.cumsum(ln) - ln), ln) + np.arange(len(vals))] = vals
+                out[np.repeat(starts[idx] - (np.cumsum(ln) - ln), ln) + np.arange(len(vals))] = vals
         return out, lengths
 
-    def _chunk_rows(self, chunks: list[str]) -> np.ndarray:
+    def _chunk_rows(self, chunks: pa.Array) -> np.ndarray:
         """Row of each chunk in the word-piece table, WordPiecing (once) the chunks not seen before."""
-        index = self._chunk_index
-        get = index.get
-        rows = [get(c, -1) for c in chunks]
-        if -1 in rows:
-            new = list(dict.fromkeys(c for c, r in zip(chunks, rows) if r < 0))
-            if len(index) + len(new) > _WORD_CACHE_MAX:
-                self._reset_word_table()  # bounded memory on huge vocabularies of words; refilled from this batch
-                index = self._chunk_index
-                get = index.get
-                new = [c for c in dict.fromkeys(chunks) if c not in index]
-            pieces = [e.ids for e in self._tok_ascii.encode_batch_fast(new, add_special_tokens=False)]
-            base = len(index)
-            for k, c in enumerate(new):
-                index[c] = base + k
-            lens = np.fromiter((len(p) for p in pieces), np.int64, len(pieces))
-            self._woff = np.concatenate([self._woff, len(self._flat) + np.cumsum(lens) - lens])
-            self._wlen = np.concatenate([self._wlen, lens])
-            self._flat = np.concatenate([self._flat, np.fromiter((t for p in pieces for t in p), self.dtype,
-                                                                  int(lens.sum()))])
-            rows = [get(c) for c in chunks]
-        return np.asarray(rows, np.int64)
+        rows = pc.index_in(chunks, value_set=self._known)
+        if not rows.null_count:
+            return rows.to_numpy().astype(np.int64)
+        missing = rows.is_null()
+        unseen = chunks.filter(missing)
+        new = pc.unique(unseen)
+        if len(self._known) + len(new) > _WORD_CACHE_MAX:
+            self._reset_word_table()  # bounded memory on huge vocabularies of words; refilled from this batch
+            missing, unseen, new = pa.array(np.ones(len(chunks), bool)), chunks, pc.unique(chunks)
+        base = len(self._known)
+        pieces = [e.ids for e in self._tok_ascii.encode_batch_fast(new.to_pylist(), add_special_tokens=False)]
+        lens = np.fromiter((len(p) for p in pieces), np.int64, len(pieces))
+        self._woff = np.concatenate([self._woff, len(self._flat) + np.cumsum(lens) - lens])
+        self._wlen = np.concatenate([self._wlen, lens])
+        self._flat = np.concatenate([self._flat, np.fromiter(itertools.chain.from_iterable(pieces), self.dtype,
+                                                              int(lens.sum()))])
+        self._known = pa.concat_arrays([self._known, new.cast(pa.string())])
+        out = pc.fill_null(rows, -1).to_numpy().astype(np.int64)
+        # only the unseen chunks are looked up again, against the (small) set of new rows
+        out[missing.to_numpy(zero_copy_only=False)] = pc.index_in(unseen, value_set=new).to_numpy() + base
+        return out
 
     def _reset_word_table(self) -> None:
-        # Row 0 is the sentence break: no pieces.
-        self._chunk_index: dict[str, int] = {_SENTENCE_BREAK.strip(): _BREAK_ROW}
-        self._woff = np.zeros(1, np.int64)
-        self._wlen = np.zeros(1, np.int64)
+        self._known = pa.array([], pa.string())  # the chunks of the table, in row order
+        self._woff = np.zeros(0, np.int64)
+        self._wlen = np.zeros(0, np.int64)
         self._flat = np.zeros(0, self.dtype)
 
     __call__ = encode

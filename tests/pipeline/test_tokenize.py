@@ -161,5 +161,5 @@ def test_word_cache_warm_and_bounded(vocab_path, monkeypatch) -> None:
     small = WordPieceEncoder(vocab_path)
     assert [a.tolist() for a in small.encode(texts)] == first
     assert [a.tolist() for a in small.encode(texts[::-1])] == first[::-1]
-    assert len(small._chunk_index) <= 12  # cleared and refilled from one batch, never growing without bound
-    assert len(small._wlen) == len(small._chunk_index) and small._wlen.sum() == len(small._flat)
+    assert len(small._known) <= 12  # cleared and refilled from one batch, never growing without bound
+    assert len(small._wlen) == len(small._known) and small._wlen.sum() == len(small._flat)
