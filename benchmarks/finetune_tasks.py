@@ -94,6 +94,9 @@ COMPARE = {
                         # 5,000: a 4,000-row subset lacks the rare class noun.motive that the eval subset has
                         # (the job refuses labels unseen in training).
                         "5000", "--max-eval-examples", "1000"],
+    # The questions are glosses ("Which word means: ..."): 128 tokens leave room for question and passage.
+    "wordnet_span_qa": ["--epochs", "2", "--batch-size", "32", "--max-seq-length", "128", "--max-query-length", "64",
+                        "--max-train-examples", "5000", "--max-eval-examples", "1000"],
 }
 LR = {"random": "5e-4", "ours": "5e-4", "minilm": "8e-5", "minilm-arch-random": "5e-4"}
 

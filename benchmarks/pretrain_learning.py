@@ -75,7 +75,7 @@ def train(out: Path, args: argparse.Namespace) -> int:
            "--eval-every", str(args.eval_every), "--length-bucketing", "--max-minutes", str(args.minutes),
            "--export", str(out / args.name / "export"),
            "--mlflow-tracking-uri", f"sqlite:///{out / args.name / 'mlflow.db'}",
-           "--experiment", "pretrain-learning"]
+           "--experiment", "pretrain-learning", *(["--dynamic-masking"] if args.dynamic_masking else [])]
     print(" ".join(cmd), flush=True)
     # Ray starts its workers at nice 15 (RAY_worker_niceness); on a box shared with other people's nice-0 processes
     # that starves the training worker to a fraction of a core. Nice 0 gives it a fair share, no more.
@@ -153,6 +153,7 @@ def main() -> int:
     p.add_argument("--minutes", type=float, default=28.0, help="training-loop wall-clock budget (+ ~1 min start-up)")
     p.add_argument("--eval-sequences", type=int, default=4096, help="held-out sequences per evaluation (0 = all)")
     p.add_argument("--eval-every", type=int, default=250)
+    p.add_argument("--dynamic-masking", action="store_true", help="redraw MLM masks every epoch (several epochs)")
     p.add_argument("--run-name", default="tiny-5corpora")
     p.add_argument("--name", default="pretrain-learning", help="folder under --out for runs, MLflow and export")
     args = p.parse_args()
