@@ -38,6 +38,10 @@ class _MlflowSink:
         from mlflow.tracking import MlflowClient
 
         self.client, self.run_id, self.monitor = MlflowClient(tracking_uri), run_id, None
+        # After a worker-group restart (or a rerun with the same --run-name) training replays the steps since the last
+        # checkpoint; their metrics are already in the run. Log each (metric, step) once: skip what is there.
+        self.logged = {key: max((m.step for m in self.client.get_metric_history(run_id, key)), default=-1)
+                       for key in self.client.get_run(run_id).data.metrics}
         if system_metrics:
             try:
                 import mlflow
@@ -53,8 +57,10 @@ class _MlflowSink:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if not math.isnan(v)]
-        self.client.log_batch(self.run_id, metrics=batch)
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()
+                 if not math.isnan(v) and step > self.logged.get(k, -1)]
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch)
 
     def close(self) -> None:
         if self.monitor is not None:

@@ -186,8 +186,9 @@ def test_killed_worker_resumes_from_s3_checkpoint_into_the_same_run(baseline, ti
     base_run = baseline["runs"][0].info.run_id
     base_loss = history(baseline["client"], base_run, "loss")
     for step, values in loss.items():
-        # Steps replayed after the restart are logged again, with the same values (the resume is exact).
-        assert values == pytest.approx([base_loss[step][0]] * len(values), rel=1e-5), step
+        # Each step is logged once, though the steps after the last checkpoint ran twice; the resume is exact.
+        assert len(values) == 1, (step, values)
+        assert values[0] == pytest.approx(base_loss[step][0], rel=1e-5), step
     assert history(client, run.info.run_id, "eval_loss")[STEPS][-1] == pytest.approx(
         history(baseline["client"], base_run, "eval_loss")[STEPS][0], rel=1e-5)
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
