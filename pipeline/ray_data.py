@@ -6,7 +6,7 @@
 
 Every stage is one map of tasks taking one CPU each: one process reads, splits and tokenizes a unit, so its
 sentences never cross a process boundary, and tasks reuse Ray's warm worker processes (the WordPiece encoder is
-cached per process, its word cache warm from unit to unit). No actor pools: nothing holds a CPU while waiting on
+cached per process, its chunk table warm from unit to unit). No actor pools: nothing holds a CPU while waiting on
 another stage (the 2-CPU hang of NOTES-stack.md cannot happen), and ``--num-cpus`` caps the parallelism exactly.
 
 Streaming execution with Ray Data's backpressure: one unit per block, so memory is bounded by the unit size.

@@ -3,10 +3,10 @@
 Each step commits its output file atomically and then a small JSON completion marker (datatrove style): a unit with a
 marker is done and is skipped on resume; a unit without one is redone from scratch, overwriting any leftover.
 
-    read_split        unit -> documents as sentences (strings)           [Ray: tasks]
-    tokenize_commit   -> _work/docs/<uid>.parquet + marker                [Ray: actor pool, the tokenizer loads once]
+    read_split        unit -> documents as sentences (strings)           [Ray: one task with tokenize_commit]
+    tokenize_commit   -> _work/docs/<uid>.parquet + marker                [the encoder is cached per worker process]
     select_pool/load_pool: the random-next pool, a seeded sample of the whole corpus (driver, then object store)
-    instances_step    -> _work/instances/<uid>.parquet (bucketed) + marker [Ray: actor pool, the pool loads once]
+    instances_step    -> _work/instances/<uid>.parquet (bucketed) + marker [Ray: tasks, the pool from the object store]
     shard_step        -> shards/part-i-of-S.parquet + marker              [Ray: tasks]
 """
 from __future__ import annotations
