@@ -2,7 +2,7 @@
 
     python jobs/pretrain.py --data DATASET_URL [--eval-data URL] --preset bert_tiny --max-steps 1000 \
         --batch-size 256 [--micro-batch-size 64] [--num-workers 2 --cpus-per-worker 1 | --use-gpu] \
-        [--storage ./runs --run-name NAME --checkpoint-every 200] [--init CHECKPOINT] [--export DIR]
+        [--storage ./runs --run-name NAME --checkpoint-every 200] [--init CHECKPOINT] [--export DIR_OR_URL]
     ray job submit --working-dir . -- python jobs/pretrain.py ...          # the same flags, on a cluster
 
 Checked here, before any worker starts: the flags, the dataset manifest(s) (vocabulary size and max length against
@@ -85,7 +85,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     c.add_argument("--checkpoint-every", type=int, default=1000)
     c.add_argument("--keep-checkpoints", type=int, default=3)
     c.add_argument("--max-failures", type=int, default=3, help="worker-group restarts before giving up")
-    c.add_argument("--export", help="write the final model here in the Hugging Face layout")
+    c.add_argument("--export", help="write the final model here in the Hugging Face layout (a local directory or a "
+                   "URL such as s3://bucket/models/name)")
     c.add_argument("--mlflow-tracking-uri")
     c.add_argument("--experiment", default="bert-pretrain")
     c.add_argument("--parent-run-id", help="log this run as a child of that MLflow run")
@@ -252,6 +253,21 @@ def run_params(args, config, micro: int, accum: int, data: dict, eval_data: dict
     return params
 
 
+def is_url(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def upload_tree(local: Path, url: str, endpoint_url: str | None) -> None:
+    """Copy a local directory's files to ``url`` (s3://, gs://, ...), config.json last: a reader that finds
+    config.json finds the weights beside it."""
+    from pipeline.storage import filesystem_for, join
+
+    fs, root = filesystem_for(url, endpoint_url)
+    files = sorted((p for p in local.rglob("*") if p.is_file()), key=lambda p: p.name == "config.json")
+    for p in files:
+        fs.put_file(str(p), join(root, p.relative_to(local).as_posix()))
+
+
 def export_model(checkpoint, export_dir: Path, run_id: str, tracking_uri: str) -> Path:
     with checkpoint.as_directory() as d:
         if export_dir.exists():
@@ -277,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
         tracking_uri = normalise_tracking_uri(resolve_tracking_uri(args.mlflow_tracking_uri))
         check_tracking_reachable(tracking_uri)
         fs, storage_path = storage_filesystem(args.storage, args.endpoint_url)
+        if args.export and is_url(args.export):
+            from pipeline.storage import check_writable
+
+            check_writable(args.export, args.endpoint_url)  # a missing bucket fails now, not after training
     except ValueError as e:
         log.error("%s", e)
         return 2
@@ -301,11 +321,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = fit(args, config, micro, accum, data, eval_data, tracking_uri, run_id, fs, storage_path)
         with tempfile.TemporaryDirectory() as tmp:
-            export_dir = Path(args.export).resolve() if args.export else Path(tmp) / "export"
+            local_export = args.export and not is_url(args.export)
+            export_dir = Path(args.export).resolve() if local_export else Path(tmp) / "export"
             export_model(result.checkpoint, export_dir, run_id, tracking_uri)
             client.log_artifacts(run_id, str(export_dir), artifact_path="model")
+            if args.export and not local_export:
+                upload_tree(export_dir, args.export, args.endpoint_url)
         if args.export:
-            log.info("exported the model (Hugging Face layout) to %s", export_dir)
+            log.info("exported the model (Hugging Face layout) to %s", args.export if not local_export else export_dir)
     except BaseException:
         client.set_terminated(run_id, status="FAILED")
         raise

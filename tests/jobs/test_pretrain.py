@@ -194,9 +194,11 @@ def test_killed_worker_resumes_from_s3_checkpoint_into_the_same_run(baseline, ti
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
     assert {k.split("/")[2] for k in keys if "/checkpoint-" in k} == {"checkpoint-00000030", "checkpoint-00000040"}
 
-    # The same command again, with more steps: it resumes from step 40 into the same MLflow run.
-    again = [a if a != str(STEPS) else str(STEPS + 4) for a in args]
+    # The same command again, with more steps: it resumes from step 40 into the same MLflow run, and exports to S3.
+    again = [a if a != str(STEPS) else str(STEPS + 4) for a in args] + ["--export", f"s3://{bucket}/exports/killed"]
     assert pretrain.main(again) == 0
+    exported = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="exports/killed/")["Contents"]}
+    assert {f"exports/killed/{n}" for n in ("config.json", "model.safetensors", "vocab.txt")} <= exported
     runs = client.search_runs([client.get_experiment_by_name("t").experiment_id])
     assert [r.info.run_id for r in runs] == [run.info.run_id]
     run = client.get_run(run.info.run_id)

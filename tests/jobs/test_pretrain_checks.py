@@ -56,3 +56,9 @@ def test_dataset_and_model_must_agree(base, tiny_pretrain_data, tmp_path, caplog
 def test_unknown_flags_fail():
     with pytest.raises(SystemExit):
         pretrain.parse_args(["--data", "x", "--max-steps", "1", "--no-such-flag"])
+
+
+def test_export_to_a_missing_bucket_fails_at_start(base, s3_server, caplog):
+    rc, text = run(base + ["--batch-size", "8", "--export", "s3://no-such-bucket/exports/x",
+                           "--endpoint-url", s3_server], caplog)
+    assert rc == 2 and "no-such-bucket" in text
