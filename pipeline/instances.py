@@ -136,38 +136,50 @@ def create_instances_flat(
     mask_keys: list[np.ndarray] = []
     mask_draws: list[np.ndarray] = []
     wwm_parts: list[tuple[MaskedBatch, np.ndarray]] = []
+    all_pairs: list[tuple] = []
+    pass_bases: list[int] = []
+    doc_tokens: list[np.ndarray] = []
+    doc_base = 0
     for doc_id, sentences in docs:
         tokens, sent_offsets = pack_sentences(sentences)  # once per document, shared by its passes
         if len(sent_offsets) == 1:
             continue
         offsets_list = sent_offsets.tolist()
+        if not cfg.whole_word_mask:
+            doc_tokens.append(tokens)
         for pass_idx in passes:
             # One stream per (seed, document, pass): pairs draw from it first, then masking, always in this order.
             gen = stream(cfg.seed, doc_id, pass_idx)
             pairs = document_pairs(doc_id, offsets_list, UniformStream(gen), pool, cfg.max_seq_length, cfg.short_seq_prob)
-            first_piece, total = len(pieces), 0
-            for a0, a1, from_pool, b0, b1, is_random_next in pairs:
-                length = a1 - a0 + b1 - b0 + 3
-                pieces += (cls, tokens[a0:a1], sep, (pool_tokens if from_pool else tokens)[b0:b1], sep)
-                a_len.append(a1 - a0)
-                seq_len.append(length)
-                nsp.append(1 if is_random_next else 0)
-                total += length
             key_bases.append(derive_seed(cfg.seed, doc_id, pass_idx, "key"))
             key_counts.append(len(pairs))
-            if cfg.whole_word_mask:
-                # Word groups depend on the tokens: mask this document pass on its own (not the default path).
-                flat = np.concatenate(pieces[first_piece:]).astype(dtype, copy=False)
-                offsets = _offsets(seq_len[len(seq_len) - len(pairs) :])
-                group_a = np.asarray(a_len[len(a_len) - len(pairs) :], dtype=np.int64)
-                wwm_parts.append((mask_sequences(flat, offsets, group_a, vocab, gen, prob, max_pred, True), offsets))
-            else:
+            if not cfg.whole_word_mask:
+                # The sequences are assembled later for the whole batch, from these bounds (numpy, no loop).
+                all_pairs += pairs
+                pass_bases.append(doc_base)
+                total = sum(a1 - a0 + b1 - b0 for a0, a1, _, b0, b1, _ in pairs) + 3 * len(pairs)
                 # A block of max_predictions_per_seq draws per sequence (a few spare): the batch can then pick each
                 # position's draw by (sequence, rank) without knowing the counts yet.
                 mask_keys.append(gen.random(total))
                 mask_draws.append(gen.integers(0, draw_range, len(pairs) * max_pred))
-    if not seq_len:
+            else:
+                # Word groups depend on the tokens: mask this document pass on its own (not the default path).
+                first_piece = len(pieces)
+                for a0, a1, from_pool, b0, b1, is_random_next in pairs:
+                    pieces += (cls, tokens[a0:a1], sep, (pool_tokens if from_pool else tokens)[b0:b1], sep)
+                    a_len.append(a1 - a0)
+                    seq_len.append(a1 - a0 + b1 - b0 + 3)
+                    nsp.append(1 if is_random_next else 0)
+                flat = np.concatenate(pieces[first_piece:]).astype(dtype, copy=False)
+                offsets = _offsets(seq_len[len(seq_len) - len(pairs) :])
+                group_a = np.asarray(a_len[len(a_len) - len(pairs) :], dtype=np.int64)
+                wwm_parts.append((mask_sequences(flat, offsets, group_a, vocab, gen, prob, max_pred, True), offsets))
+        doc_base += len(tokens)
+    if not seq_len and not all_pairs:
         return None
+    if not cfg.whole_word_mask:
+        flat, seq_len, a_len, nsp = _assemble(all_pairs, np.repeat(pass_bases, key_counts), doc_tokens, pool_tokens,
+                                              vocab, dtype)
     offsets = _offsets(seq_len)
     if cfg.whole_word_mask:
         masked = MaskedBatch(
@@ -177,7 +189,6 @@ def create_instances_flat(
             counts=np.concatenate([m.counts for m, _ in wwm_parts]),
         )
     else:
-        flat = np.concatenate(pieces).astype(dtype, copy=False)
         lengths = np.asarray(seq_len, dtype=np.int64)
         a_arr = np.asarray(a_len, dtype=np.int64)
         rows, positions = choose_positions(
@@ -197,6 +208,36 @@ def create_instances_flat(
         "next_sentence_label": np.asarray(nsp, dtype=np.int8),
         "key": _keys(key_bases, key_counts),
     }
+
+
+def _ragged(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Indices start[i], start[i] + 1, ..., start[i] + lengths[i] - 1 for every i, back to back."""
+    return np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(int(lengths.sum()))
+
+
+def _assemble(pairs: list[tuple], bases: np.ndarray, doc_tokens: list[np.ndarray], pool_tokens: np.ndarray,
+              vocab: VocabLike, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``[CLS] A [SEP] B [SEP]`` for every pair of a batch at once: (flat ids, lengths, A lengths, random-next).
+
+    ``pairs`` are ``document_pairs`` tuples (bounds into their document's tokens, or into the pool's for a random
+    B); ``bases[i]`` is where pair i's document starts in ``concatenate(doc_tokens)``."""
+    p = np.asarray(pairs, dtype=np.int64).reshape(-1, 6)
+    a0, a1, from_pool, b0, b1, random_next = p.T
+    la, lb = a1 - a0, b1 - b0
+    lengths = la + lb + 3
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    block = np.concatenate(doc_tokens) if doc_tokens else np.zeros(0, dtype)
+    flat = np.empty(int(ends[-1]) if len(ends) else 0, dtype)
+    flat[starts] = vocab.cls_id
+    flat[starts + 1 + la] = vocab.sep_id
+    flat[ends - 1] = vocab.sep_id
+    flat[_ragged(starts + 1, la)] = block[_ragged(bases + a0, la)]
+    b_starts = starts + 2 + la
+    own = from_pool == 0
+    flat[_ragged(b_starts[own], lb[own])] = block[_ragged(bases[own] + b0[own], lb[own])]
+    flat[_ragged(b_starts[~own], lb[~own])] = pool_tokens[_ragged(b0[~own], lb[~own])]
+    return flat, lengths, la, random_next
 
 
 def _keys(bases: list[int], counts: list[int]) -> np.ndarray:
