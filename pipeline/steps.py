@@ -4,9 +4,9 @@ Each step commits its output file atomically and then a small JSON completion ma
 marker is done and is skipped on resume; a unit without one is redone from scratch, overwriting any leftover.
 
     read_split        unit -> documents as sentences (strings)           [Ray: one task with tokenize_commit]
-    tokenize_commit   -> _work/docs/<uid>.parquet + marker                [the encoder is cached per worker process]
+    tokenize_commit   -> _work/docs/<uid>.arrow + marker                  [the encoder is cached per worker process]
     select_pool/load_pool: the random-next pool, a seeded sample of the whole corpus (driver, then object store)
-    instances_step    -> _work/instances/<uid>.parquet (bucketed) + marker [Ray: tasks, the pool from the object store]
+    instances_step    -> _work/instances/<uid>.arrow (bucketed) + marker   [Ray: tasks, the pool from the object store]
     shard_step        -> shards/part-i-of-S.parquet + marker              [Ray: tasks]
 """
 from __future__ import annotations
@@ -18,13 +18,12 @@ from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.instances import InstanceConfig, RandomDocPool, VocabInfo, create_instances_flat
 from pipeline.readers import ReadOptions, ReadReport, Unit, read_unit
 from pipeline.rng import derive_seed
 from pipeline.schema import instance_schema, token_dtype, work_docs_schema
-from pipeline.shards import WORK_PARQUET, ShardTask, write_bucketed, write_shard
+from pipeline.shards import WORK_SUFFIX, ShardTask, read_work_table, write_bucketed, write_shard, write_work_table
 from pipeline.storage import filesystem_for, join, open_atomic, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -104,8 +103,8 @@ def tokenize_commit(split: SplitUnit, ctx: StepContext, encoder) -> dict:
     np.cumsum(kept_per_doc[doc_keep], out=outer[1:])
     sentences = pa.ListArray.from_arrays(pa.array(outer), pa.ListArray.from_arrays(pa.array(inner), pa.array(values)))
     table = pa.Table.from_arrays([pa.array(doc_ids, pa.string()), sentences], schema=work_docs_schema(ctx.vocab_size))
-    with open_atomic(ctx.url("docs", f"{split.uid}.parquet"), ctx.endpoint_url) as f:
-        pq.write_table(table, f, **WORK_PARQUET)
+    with open_atomic(ctx.url("docs", split.uid + WORK_SUFFIX), ctx.endpoint_url) as f:
+        write_work_table(f, table)
     seed = ctx.instances.seed
     ntoks = tok_per_doc[doc_keep].tolist()
     candidates = [(derive_seed(seed, d, "pool"), d, n) for d, n in zip(doc_ids, ntoks)]
@@ -155,9 +154,9 @@ def iter_docs(table: pa.Table) -> Iterator[tuple[str, list[np.ndarray]]]:
 
 
 def read_docs(ctx: StepContext, uid: str) -> pa.Table:
-    fs, path = filesystem_for(ctx.url("docs", f"{uid}.parquet"), ctx.endpoint_url)
+    fs, path = filesystem_for(ctx.url("docs", uid + WORK_SUFFIX), ctx.endpoint_url)
     with fs.open(path, "rb") as f:
-        return pq.read_table(f)
+        return read_work_table(f)
 
 
 def load_pool(ctx: StepContext, selection: dict[str, list[str]]) -> RandomDocPool:
@@ -209,7 +208,7 @@ def instances_step(uid: str, ctx: StepContext, pool: RandomDocPool, vocab: Vocab
         column("input_ids", dtype), column("a_length", np.int16), column("masked_lm_positions", np.uint16),
         column("masked_lm_ids", dtype), column("next_sentence_label", np.int8), column("key", np.uint64),
     ], schema=schema)
-    index = write_bucketed(ctx.url("instances", f"{uid}.parquet"), table, bits, ctx.endpoint_url)
+    index = write_bucketed(ctx.url("instances", uid + WORK_SUFFIX), table, bits, ctx.endpoint_url)
     lengths = np.concatenate([np.diff(p["input_ids"][1]) for p in parts]) if parts else np.zeros(0, np.int64)
     hist = np.bincount(lengths) if len(lengths) else np.zeros(0, np.int64)
     marker = {
@@ -226,7 +225,7 @@ def bucket_sources(markers: list[dict], ctx: StepContext) -> dict[int, list[tupl
     """For each bucket, the (instances file, row groups) that hold it, in unit order (the stable tie-break)."""
     out: dict[int, list[tuple[str, list[int]]]] = {}
     for m in sorted(markers, key=lambda m: m["uid"]):
-        url = ctx.url("instances", f"{m['uid']}.parquet")
+        url = ctx.url("instances", m["uid"] + WORK_SUFFIX)
         for bucket, rg, _ in m["buckets"]:
             srcs = out.setdefault(bucket, [])
             if srcs and srcs[-1][0] == url:
