@@ -29,6 +29,7 @@ from typing import Any
 from jobs._common import (
     check_tracking_reachable, get_or_create_experiment, init_ray, resolve_tracking_uri, setup_logging,
 )
+from pipeline.storage import is_url, upload_tree
 from pipeline.tasks.examples import TASKS, TaskColumns
 from pipeline.tasks.features import TaskTokenizer
 from pipeline.tasks.prepare import FeatureConfig, PreparedTask, prepare_task
@@ -331,11 +332,8 @@ def train_in_process(cfg: FinetuneConfig, prepared: PreparedTask, loop_cfg: dict
 
 def publish(best_dir: Path, output: str) -> None:
     """Move the best model (HF layout + label map) to ``output`` (a local path or any fsspec URL)."""
-    if "://" in output and not output.startswith("file://"):
-        import fsspec
-
-        fs, root = fsspec.core.url_to_fs(output)
-        fs.put(str(best_dir) + "/", root, recursive=True)
+    if is_url(output):
+        upload_tree(best_dir, output)
         return
     out = Path(output.removeprefix("file://"))
     if out.exists():
@@ -345,7 +343,7 @@ def publish(best_dir: Path, output: str) -> None:
 
 
 def check_output(output: str) -> None:
-    if "://" in output and not output.startswith("file://"):
+    if is_url(output):
         return
     out = Path(output.removeprefix("file://"))
     if out.exists() and any(out.iterdir()) and not (out / "config.json").exists():
@@ -373,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     client = MlflowClient(tracking_uri)
     own_storage = cfg.storage_path is None
     storage = cfg.storage_path or tempfile.mkdtemp(prefix="finetune-ray-")
-    local_out = "://" not in output or output.startswith("file://")
+    local_out = not is_url(output)
     # Stage beside the output so publishing is a rename, not a copy.
     stage_root = Path(output.removeprefix("file://")).parent if local_out else Path(tempfile.gettempdir())
     stage_root.mkdir(parents=True, exist_ok=True)

@@ -37,6 +37,7 @@ from typing import Any
 
 from jobs._common import (check_tracking_reachable, get_or_create_experiment, init_ray, resolve_tracking_uri,
                           setup_logging)
+from pipeline.storage import is_url, upload_tree
 
 log = logging.getLogger("jobs.pretrain")
 
@@ -194,7 +195,7 @@ def normalise_tracking_uri(uri: str) -> str:
 def storage_filesystem(url: str, endpoint_url: str | None):
     """(pyarrow filesystem or None, path) for RunConfig. Credentials are resolved here (the driver's
     environment) so that the Ray Train controller, which does not share it, can use the filesystem too."""
-    if "://" not in url or url.startswith("file://"):
+    if not is_url(url):
         return None, str(Path(url.removeprefix("file://")).resolve())
     import pyarrow.fs
 
@@ -251,21 +252,6 @@ def run_params(args, config, micro: int, accum: int, data: dict, eval_data: dict
     if eval_data:
         params["eval_dataset.instances"] = sum(eval_data["worker"]["shard_rows"])
     return params
-
-
-def is_url(path: str) -> bool:
-    return "://" in path and not path.startswith("file://")
-
-
-def upload_tree(local: Path, url: str, endpoint_url: str | None) -> None:
-    """Copy a local directory's files to ``url`` (s3://, gs://, ...), config.json last: a reader that finds
-    config.json finds the weights beside it."""
-    from pipeline.storage import filesystem_for, join
-
-    fs, root = filesystem_for(url, endpoint_url)
-    files = sorted((p for p in local.rglob("*") if p.is_file()), key=lambda p: p.name == "config.json")
-    for p in files:
-        fs.put_file(str(p), join(root, p.relative_to(local).as_posix()))
 
 
 def export_model(checkpoint, export_dir: Path, run_id: str, tracking_uri: str) -> Path:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.ragged import ragged_indices
 from pipeline.rng import derive_seed as seed_for  # one seed derivation for the whole pipeline
 
 IGNORE_INDEX = -100  # the label of padded MLM slots (torch's cross_entropy default ignore_index)
@@ -41,8 +42,7 @@ def _gather_ragged(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray) -> 
     starts, lengths = offsets[idx], offsets[idx + 1] - offsets[idx]
     new_off = np.zeros(len(idx) + 1, dtype=np.int64)
     np.cumsum(lengths, out=new_off[1:])
-    flat = np.repeat(starts - new_off[:-1], lengths) + np.arange(new_off[-1], dtype=np.int64)
-    return values[flat], new_off
+    return values[ragged_indices(starts, lengths)], new_off
 
 
 @dataclass

@@ -24,6 +24,7 @@ import numpy as np
 
 from pipeline.masking import MaskedBatch, VocabInfo, apply_masks, choose_positions, mask_sequences, num_to_predict
 from pipeline.pairs import RandomDocPool, document_pairs, pack_sentences
+from pipeline.ragged import ragged_indices
 from pipeline.rng import UniformStream, derive_seed, mix64, stream
 
 __all__ = ["InstanceConfig", "RandomDocPool", "VocabInfo", "create_instances", "create_instances_batch",
@@ -210,11 +211,6 @@ def create_instances_flat(
     }
 
 
-def _ragged(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Indices start[i], start[i] + 1, ..., start[i] + lengths[i] - 1 for every i, back to back."""
-    return np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(int(lengths.sum()))
-
-
 def _assemble(pairs: list[tuple], bases: np.ndarray, doc_tokens: list[np.ndarray], pool_tokens: np.ndarray,
               vocab: VocabLike, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``[CLS] A [SEP] B [SEP]`` for every pair of a batch at once: (flat ids, lengths, A lengths, random-next).
@@ -232,11 +228,11 @@ def _assemble(pairs: list[tuple], bases: np.ndarray, doc_tokens: list[np.ndarray
     flat[starts] = vocab.cls_id
     flat[starts + 1 + la] = vocab.sep_id
     flat[ends - 1] = vocab.sep_id
-    flat[_ragged(starts + 1, la)] = block[_ragged(bases + a0, la)]
+    flat[ragged_indices(starts + 1, la)] = block[ragged_indices(bases + a0, la)]
     b_starts = starts + 2 + la
     own = from_pool == 0
-    flat[_ragged(b_starts[own], lb[own])] = block[_ragged(bases[own] + b0[own], lb[own])]
-    flat[_ragged(b_starts[~own], lb[~own])] = pool_tokens[_ragged(b0[~own], lb[~own])]
+    flat[ragged_indices(b_starts[own], lb[own])] = block[ragged_indices(bases[own] + b0[own], lb[own])]
+    flat[ragged_indices(b_starts[~own], lb[~own])] = pool_tokens[ragged_indices(b0[~own], lb[~own])]
     return flat, lengths, la, random_next
 
 

@@ -49,6 +49,11 @@ def protocol_of(url: str) -> str:
     return url.split("://", 1)[0] if "://" in url else "file"
 
 
+def is_url(path: str) -> bool:
+    """True for remote URLs (s3://, gs://, http(s)://, ...); False for local paths and file:// URLs."""
+    return "://" in path and not path.startswith("file://")
+
+
 def storage_options(url: str, endpoint_url: str | None = None) -> dict[str, Any]:
     if protocol_of(url) in ("s3", "s3a") and endpoint_url:
         return {"endpoint_url": endpoint_url}
@@ -271,3 +276,15 @@ def remove_stale_temps(url: str, endpoint_url: str | None = None) -> None:
         for name in os.listdir(path):
             if ".tmp-" in name:
                 os.remove(os.path.join(path, name))
+
+
+def upload_tree(local: str | os.PathLike, url: str, endpoint_url: str | None = None, last: str = "config.json") -> None:
+    """Copy a local directory's files under ``url``, ``last`` written last: a reader that finds it (a model's
+    config.json) finds everything beside it."""
+    from pathlib import Path
+
+    fs, root = filesystem_for(url, endpoint_url)
+    local = Path(local)
+    files = sorted((p for p in local.rglob("*") if p.is_file()), key=lambda p: p.name == last)
+    for p in files:
+        fs.put_file(str(p), join(root, p.relative_to(local).as_posix()))

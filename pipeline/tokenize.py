@@ -35,6 +35,7 @@ from tokenizers.models import WordPiece
 from tokenizers.trainers import WordPieceTrainer
 
 from pipeline.masking import VocabInfo
+from pipeline.ragged import ragged_indices
 
 log = logging.getLogger(__name__)
 
@@ -168,8 +169,7 @@ class WordPieceEncoder:
             rows = self._chunk_rows(chunks.flatten())
             wlen = self._wlen[rows]
             tok_cum = np.concatenate([[0], np.cumsum(wlen)])
-            # ragged gather: token k of chunk j is _flat[_woff[rows[j]] + k]
-            plain_ids = self._flat[np.repeat(self._woff[rows] - tok_cum[:-1], wlen) + np.arange(tok_cum[-1])]
+            plain_ids = self._flat[ragged_indices(self._woff[rows], wlen)]  # each chunk's pieces, back to back
             offsets = chunks.offsets.to_numpy()
             per_sentence = tok_cum[offsets[1:] - offsets[0]] - tok_cum[offsets[:-1] - offsets[0]]
             if plain_idx is None:
@@ -182,9 +182,7 @@ class WordPieceEncoder:
         starts = np.cumsum(lengths) - lengths
         out = np.empty(int(lengths.sum()), dtype)
         for idx, vals in ((plain_idx, plain_ids), (full_idx, np.concatenate(full_ids))):
-            if len(vals):
-                ln = lengths[idx]
-                out[np.repeat(starts[idx] - (np.cumsum(ln) - ln), ln) + np.arange(len(vals))] = vals
+            out[ragged_indices(starts[idx], lengths[idx])] = vals
         return out, lengths
 
     def _chunk_rows(self, chunks: pa.Array) -> np.ndarray:

@@ -173,3 +173,19 @@ def test_bad_inputs_fail_before_training(data, tmp_path, mlflow_uri):
         finetune.main(["--task", "classification", "--eval", str(bad_eval), *base])
     with pytest.raises(ValueError, match="--preset"):
         finetune.main(["--task", "classification", "--eval", str(bad_eval), "--train", "x", "--init", "random"])
+
+
+def test_output_to_s3_writes_the_model_there(data, mlflow_uri, s3_bucket, capsys, monkeypatch):
+    """--output s3://...: the best model is uploaded (config.json last) with the standard AWS settings."""
+    import boto3
+
+    endpoint, bucket = s3_bucket
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)  # botocore's standard variable (the job has no --endpoint-url)
+    rc = finetune.main(["--task", "regression", "--train", data["regression"]["train"], "--eval",
+                        data["regression"]["eval"], *QUICK, "--init", "random", "--preset", "bert_tiny",
+                        "--label-column", "rating", "--no-ray", "--epochs", "1", "--output", f"s3://{bucket}/ft",
+                        "--mlflow-tracking-uri", mlflow_uri])
+    assert rc == 0
+    keys = {o["Key"] for o in boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+            .list_objects_v2(Bucket=bucket, Prefix="ft/")["Contents"]}
+    assert {"ft/config.json", "ft/model.safetensors", "ft/vocab.txt"} <= keys
