@@ -109,7 +109,8 @@ class RayDataExecutor:
 
         # Ray Data reserves half of the cluster's resources per operator by default, so that a chain of operators
         # cannot starve its later stages. Our pipelines are one map over in-memory items: the reservation only
-        # leaves CPUs idle (measured on 2 CPUs: 16 one-CPU tasks of 0.2 s took 5.0 s with it, 1.8 s without).
+        # leaves CPUs idle (on 2 CPUs, 16 one-CPU tasks of 0.2 s took 4.1 s with it, 1.8 s without:
+        # benchmarks/build_overheads.py).
         data_ctx = ray.data.DataContext.get_current()
         saved, data_ctx.op_resource_reservation_enabled = data_ctx.op_resource_reservation_enabled, False
         try:
