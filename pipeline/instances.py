@@ -23,9 +23,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from pipeline.masking import MaskedBatch, VocabInfo, apply_masks, choose_positions, mask_sequences, num_to_predict
-from pipeline.pairs import RandomDocPool, document_pairs, pack_sentences
+from pipeline.pairs import (BlockPairs, RandomDocPool, finish_pairs, pack_sentences, pair_words, pass_target,
+                            walk_chunks)
 from pipeline.ragged import ragged_indices
-from pipeline.rng import UniformStream, derive_seed, mix64, stream
+from pipeline.rng import derive_seed, mix64, stream
 
 __all__ = ["InstanceConfig", "RandomDocPool", "VocabInfo", "create_instances", "create_instances_batch",
            "create_instances_flat", "COLUMNS"]
@@ -120,120 +121,118 @@ def create_instances_flat(
     vocab: VocabLike,
 ) -> dict[str, Any] | None:
     """``create_instances_batch`` as columns ready for Arrow (None when there are no instances): list columns as
-    ``(values, offsets)``, the others as numpy arrays (a_length int16, next_sentence_label int8, key uint64)."""
+    ``(values, offsets)``, the others as numpy arrays (a_length int16, next_sentence_label int8, key uint64).
+
+    Per document pass (its stream ``rng.stream(seed, doc_id, pass)``, drawn in this order): ``2 + 2 * sentences``
+    uniforms for the chunk walk, one 64-bit seed for its pairs' counter-based streams, then per pair
+    ``max_seq_length`` masking keys and ``max_predictions_per_seq`` masking draws. Everything else runs once for
+    the whole block in numpy (``pairs.finish_pairs``, ``_assemble``, ``masking.choose_positions``).
+    """
     passes = list(passes)
     dtype = np.dtype(np.uint16) if vocab.vocab_size <= 65536 else np.dtype(np.uint32)
-    cls = np.array([vocab.cls_id], dtype=dtype)
-    sep = np.array([vocab.sep_id], dtype=dtype)
-    prob, max_pred = cfg.masked_lm_prob, cfg.max_predictions_per_seq
+    seq, prob, max_pred = cfg.max_seq_length, cfg.masked_lm_prob, cfg.max_predictions_per_seq
+    max_num_tokens = seq - 3
     draw_range = 10 * vocab.vocab_size  # see masking.apply_masks
-    pool_tokens = pool.tokens
-    pieces: list[np.ndarray] = []
-    seq_len: list[int] = []
-    a_len: list[int] = []
-    nsp: list[int] = []
+    walk: list[int] = []
+    doc_tokens: list[np.ndarray] = []
+    doc_offsets: list[np.ndarray] = []  # each document's sentence offsets, made block-wide
+    counts: list[int] = []  # per pass: its pairs, then what they share
+    sent_base: list[int] = []
+    targets: list[int] = []
+    own: list[int] = []
+    pair_seeds: list[int] = []
     key_bases: list[int] = []
-    key_counts: list[int] = []
+    pass_keys: list[tuple[str, int]] = []
     mask_keys: list[np.ndarray] = []
     mask_draws: list[np.ndarray] = []
-    wwm_parts: list[tuple[MaskedBatch, np.ndarray]] = []
-    all_pairs: list[tuple] = []
-    pass_bases: list[int] = []
-    doc_tokens: list[np.ndarray] = []
-    doc_base = 0
+    token_base = sentence_base = 0
     for doc_id, sentences in docs:
         tokens, sent_offsets = pack_sentences(sentences)  # once per document, shared by its passes
         if len(sent_offsets) == 1:
             continue
         offsets_list = sent_offsets.tolist()
-        if not cfg.whole_word_mask:
-            doc_tokens.append(tokens)
+        code = pool.code(doc_id)
         for pass_idx in passes:
-            # One stream per (seed, document, pass): pairs draw from it first, then masking, always in this order.
+            # One stream per (seed, document, pass), drawn in a fixed order: the output never depends on the block.
             gen = stream(cfg.seed, doc_id, pass_idx)
-            pairs = document_pairs(doc_id, offsets_list, UniformStream(gen), pool, cfg.max_seq_length, cfg.short_seq_prob)
-            key_bases.append(derive_seed(cfg.seed, doc_id, pass_idx, "key"))
-            key_counts.append(len(pairs))
+            u = gen.random(2 + 2 * len(offsets_list)).tolist()
+            target = pass_target(u[0], u[1], max_num_tokens, cfg.short_seq_prob)
+            n = walk_chunks(offsets_list, target, u, walk)
+            pair_seeds.append(int(gen.bit_generator.random_raw()))
             if not cfg.whole_word_mask:
-                # The sequences are assembled later for the whole batch, from these bounds (numpy, no loop).
-                all_pairs += pairs
-                pass_bases.append(doc_base)
-                total = sum(a1 - a0 + b1 - b0 for a0, a1, _, b0, b1, _ in pairs) + 3 * len(pairs)
-                # A block of max_predictions_per_seq draws per sequence (a few spare): the batch can then pick each
-                # position's draw by (sequence, rank) without knowing the counts yet.
-                mask_keys.append(gen.random(total))
-                mask_draws.append(gen.integers(0, draw_range, len(pairs) * max_pred))
-            else:
-                # Word groups depend on the tokens: mask this document pass on its own (not the default path).
-                first_piece = len(pieces)
-                for a0, a1, from_pool, b0, b1, is_random_next in pairs:
-                    pieces += (cls, tokens[a0:a1], sep, (pool_tokens if from_pool else tokens)[b0:b1], sep)
-                    a_len.append(a1 - a0)
-                    seq_len.append(a1 - a0 + b1 - b0 + 3)
-                    nsp.append(1 if is_random_next else 0)
-                flat = np.concatenate(pieces[first_piece:]).astype(dtype, copy=False)
-                offsets = _offsets(seq_len[len(seq_len) - len(pairs) :])
-                group_a = np.asarray(a_len[len(a_len) - len(pairs) :], dtype=np.int64)
-                wwm_parts.append((mask_sequences(flat, offsets, group_a, vocab, gen, prob, max_pred, True), offsets))
-        doc_base += len(tokens)
-    if not seq_len and not all_pairs:
+                mask_keys.append(gen.random((n, seq)))
+                mask_draws.append(gen.integers(0, draw_range, (n, max_pred)))
+            counts.append(n)
+            sent_base.append(sentence_base)
+            targets.append(target)
+            own.append(code)
+            key_bases.append(derive_seed(cfg.seed, doc_id, pass_idx, "key"))
+            pass_keys.append((doc_id, pass_idx))
+        doc_tokens.append(tokens)
+        doc_offsets.append(sent_offsets + token_base)
+        token_base += len(tokens)
+        sentence_base += len(sent_offsets)
+    if not counts:
         return None
-    if not cfg.whole_word_mask:
-        flat, seq_len, a_len, nsp = _assemble(all_pairs, np.repeat(pass_bases, key_counts), doc_tokens, pool_tokens,
-                                              vocab, dtype)
+    n_pass = np.asarray(counts, dtype=np.int64)
+    records = np.asarray(walk, dtype=np.int64).reshape(-1, 4)
+    base = np.repeat(np.asarray(sent_base, dtype=np.int64), n_pass)
+    records[:, 0] += base
+    records[:, 2] += base
+    index = np.arange(len(records)) - np.repeat(np.cumsum(n_pass) - n_pass, n_pass)  # pair index in its pass
+    seeds = pair_words(np.repeat(np.asarray(pair_seeds, dtype=np.uint64), n_pass), index)  # pair k: word k of its pass's
+    pairs = finish_pairs(records, np.concatenate(doc_offsets), np.repeat(np.asarray(targets, np.int64), n_pass),
+                         np.repeat(np.asarray(own, np.int64), n_pass), seeds, pool, max_num_tokens)
+    flat, seq_len, a_len = _assemble(pairs, np.concatenate(doc_tokens), pool.tokens, vocab, dtype)
     offsets = _offsets(seq_len)
     if cfg.whole_word_mask:
-        masked = MaskedBatch(
-            input_ids=np.concatenate([m.input_ids for m, _ in wwm_parts]),
-            positions=np.concatenate([m.positions for m, _ in wwm_parts]),
-            labels=np.concatenate([m.labels for m, _ in wwm_parts]),
-            counts=np.concatenate([m.counts for m, _ in wwm_parts]),
-        )
+        # Word groups depend on the tokens: each pass masks its own rows from a second stream of its own.
+        parts, row = [], 0
+        for (doc_id, pass_idx), n in zip(pass_keys, counts):
+            o = offsets[row : row + n + 1]
+            parts.append(mask_sequences(flat[o[0] : o[-1]], o - o[0], a_len[row : row + n], vocab,
+                                        stream(cfg.seed, doc_id, pass_idx, "wwm"), prob, max_pred, True))
+            row += n
+        masked = MaskedBatch(*(np.concatenate([getattr(m, f) for m in parts])
+                               for f in ("input_ids", "positions", "labels", "counts")))
     else:
-        lengths = np.asarray(seq_len, dtype=np.int64)
-        a_arr = np.asarray(a_len, dtype=np.int64)
-        rows, positions = choose_positions(
-            np.concatenate(mask_keys), offsets, a_arr, num_to_predict(lengths, prob, max_pred)
-        )
-        counts = np.bincount(rows, minlength=len(seq_len))
-        rank = np.arange(len(rows)) - np.repeat(_offsets(counts)[:-1], counts)  # r-th chosen position of its row
-        draws = np.concatenate(mask_draws)[rows * max_pred + rank]
+        rows, positions = choose_positions(np.concatenate(mask_keys), seq_len, a_len,
+                                           num_to_predict(seq_len, prob, max_pred))
+        n_chosen = np.bincount(rows, minlength=len(seq_len))
+        rank = np.arange(len(rows)) - np.repeat(_offsets(n_chosen)[:-1], n_chosen)  # r-th chosen position of its row
+        draws = np.concatenate(mask_draws)[rows, rank]
         out, labels = apply_masks(flat, offsets[rows] + positions, draws, vocab)
-        masked = MaskedBatch(out, positions, labels, counts)
+        masked = MaskedBatch(out, positions, labels, n_chosen)
     mask_offsets = _offsets(masked.counts)
     return {
         "input_ids": (masked.input_ids, offsets),
-        "a_length": np.asarray(a_len, dtype=np.int16),
+        "a_length": a_len.astype(np.int16),
         "masked_lm_positions": (masked.positions.astype(np.uint16), mask_offsets),
         "masked_lm_ids": (masked.labels.astype(dtype, copy=False), mask_offsets),
-        "next_sentence_label": np.asarray(nsp, dtype=np.int8),
-        "key": _keys(key_bases, key_counts),
+        "next_sentence_label": pairs.is_random.astype(np.int8),
+        "key": _keys(key_bases, counts),
     }
 
 
-def _assemble(pairs: list[tuple], bases: np.ndarray, doc_tokens: list[np.ndarray], pool_tokens: np.ndarray,
-              vocab: VocabLike, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``[CLS] A [SEP] B [SEP]`` for every pair of a batch at once: (flat ids, lengths, A lengths, random-next).
-
-    ``pairs`` are ``document_pairs`` tuples (bounds into their document's tokens, or into the pool's for a random
-    B); ``bases[i]`` is where pair i's document starts in ``concatenate(doc_tokens)``."""
-    p = np.asarray(pairs, dtype=np.int64).reshape(-1, 6)
-    a0, a1, from_pool, b0, b1, random_next = p.T
+def _assemble(pairs: BlockPairs, block: np.ndarray, pool_tokens: np.ndarray, vocab: VocabLike,
+              dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``[CLS] A [SEP] B [SEP]`` for every pair of a block at once: (flat ids, lengths, A lengths). A and an
+    actual-next B are slices of ``block`` (the block's documents back to back), a random-next B of the pool's."""
+    a0, a1, b0, b1, from_pool = pairs
     la, lb = a1 - a0, b1 - b0
     lengths = la + lb + 3
     ends = np.cumsum(lengths)
     starts = ends - lengths
-    block = np.concatenate(doc_tokens) if doc_tokens else np.zeros(0, dtype)
     flat = np.empty(int(ends[-1]) if len(ends) else 0, dtype)
     flat[starts] = vocab.cls_id
     flat[starts + 1 + la] = vocab.sep_id
     flat[ends - 1] = vocab.sep_id
-    flat[ragged_indices(starts + 1, la)] = block[ragged_indices(bases + a0, la)]
+    flat[ragged_indices(starts + 1, la)] = block[ragged_indices(a0, la)]
     b_starts = starts + 2 + la
-    own = from_pool == 0
-    flat[ragged_indices(b_starts[own], lb[own])] = block[ragged_indices(bases[own] + b0[own], lb[own])]
-    flat[ragged_indices(b_starts[~own], lb[~own])] = pool_tokens[ragged_indices(b0[~own], lb[~own])]
-    return flat, lengths, la, random_next
+    own = ~from_pool
+    flat[ragged_indices(b_starts[own], lb[own])] = block[ragged_indices(b0[own], lb[own])]
+    flat[ragged_indices(b_starts[from_pool], lb[from_pool])] = pool_tokens[ragged_indices(b0[from_pool], lb[from_pool])]
+    return flat, lengths, la
 
 
 def _keys(bases: list[int], counts: list[int]) -> np.ndarray:

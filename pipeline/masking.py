@@ -106,8 +106,8 @@ def mask_sequences(
     """Mask ``[CLS] A [SEP] B [SEP]`` sequences stored back to back: sequence i is
     ``tokens[offsets[i]:offsets[i + 1]]`` with ``a_lengths[i]`` tokens in A.
 
-    Draw order (token mode): one uniform key per token, then ``max_predictions_per_seq`` integers per sequence;
-    the batched instance builder draws the same per document pass, so both give identical masks.
+    Draw order (token mode): an (n, longest) matrix of uniform keys, then ``max_predictions_per_seq`` integers per
+    sequence (the instance builder draws the same shapes per document pass, with max_seq_length columns).
     The specials are found by position (0, len(A) + 1, last), never by token value, as the reference's
     candidates exclude exactly those three positions.
     """
@@ -124,15 +124,15 @@ def mask_sequences(
         positions = chosen - offsets[seq_chosen]
         counts = np.bincount(seq_chosen, minlength=n_seq)
     else:
-        keys = rng.random(len(tokens))
-        rows, positions = choose_positions(keys, offsets, a_lengths, k)
+        keys = rng.random((n_seq, int(lengths.max())))
+        rows, positions = choose_positions(keys, lengths, a_lengths, k)
         chosen = offsets[rows] + positions
         counts = np.bincount(rows, minlength=n_seq)
-        # max_predictions_per_seq draws per sequence, the r-th chosen position of row i taking draw i * max + r:
-        # the layout the batched instance builder uses, so both give identical masks.
-        block = rng.integers(0, 10 * vocab.vocab_size, n_seq * max_predictions_per_seq)
+        # max_predictions_per_seq draws per sequence, the r-th chosen position of row i taking draw (i, r), as the
+        # instance builder does.
+        block = rng.integers(0, 10 * vocab.vocab_size, (n_seq, max_predictions_per_seq))
         rank = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
-        draws = block[rows * max_predictions_per_seq + rank]
+        draws = block[rows, rank]
         out, labels = apply_masks(tokens, chosen, draws, vocab)
         return MaskedBatch(input_ids=out, positions=positions, labels=labels, counts=counts)
     draws = rng.integers(0, 10 * vocab.vocab_size, len(chosen))
@@ -156,36 +156,35 @@ def apply_masks(tokens: np.ndarray, chosen: np.ndarray, draws: np.ndarray, vocab
 
 
 def choose_positions(
-    keys: np.ndarray, offsets: np.ndarray, a_lengths: np.ndarray, k: np.ndarray
+    keys: np.ndarray, lengths: np.ndarray, a_lengths: np.ndarray, k: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """(row, position) of each sequence's k smallest keys among its candidates, row-major (positions sorted per
-    sequence). ``keys`` holds one uniform [0, 1) key per token, laid out like the tokens.
+    sequence). ``keys`` is an (n, width) matrix of uniform [0, 1) keys, row i for sequence i, whose first
+    ``lengths[i]`` entries belong to its tokens (the rest is ignored; it is overwritten).
 
-    Sequences become rows of a padded (n, longest) matrix; sorting the key *values* row-wise gives each row's k-th
-    smallest key, and everything at or below it is chosen: cheaper than argsort + gather + sort. A row with fewer
-    candidates than k takes all of them, as the reference.
+    Sorting the key *values* row-wise gives each row's k-th smallest key, and everything at or below it is chosen:
+    cheaper than argsort + gather + sort. A row with fewer candidates than k takes all of them, as the reference.
     """
-    n = len(offsets) - 1
-    lengths = np.diff(offsets)
-    width = int(lengths.max())
+    n, width = keys.shape
     rows = np.arange(n)
-    starts = offsets[:-1]
-    padded = np.full((n, width), _SPECIAL_SORT_KEY)
-    # Row-major scatter: token t of sequence i goes to (i, t - offsets[i]).
-    cols = np.arange(len(keys)) - np.repeat(starts, lengths)
-    padded[np.repeat(rows, lengths), cols] = keys
-    padded[:, 0] = _SPECIAL_SORT_KEY  # [CLS]
-    padded[rows, a_lengths + 1] = _SPECIAL_SORT_KEY  # middle [SEP]
-    padded[rows, lengths - 1] = _SPECIAL_SORT_KEY  # final [SEP]
-    kth = np.sort(padded, axis=1)[rows, k - 1]
-    chosen = (padded <= kth[:, None]) & (padded < 1.0)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    keys[np.arange(width)[None, :] >= lengths[:, None]] = _SPECIAL_SORT_KEY  # past the end
+    keys[:, 0] = _SPECIAL_SORT_KEY  # [CLS]
+    keys[rows, a_lengths + 1] = _SPECIAL_SORT_KEY  # middle [SEP]
+    keys[rows, lengths - 1] = _SPECIAL_SORT_KEY  # final [SEP]
+    kmax = int(k.max()) if n else 0
+    # Only the kmax smallest of a row matter: a partition, then a sort of those few.
+    smallest = np.partition(keys, kmax - 1, axis=1)[:, :kmax] if 0 < kmax < width else keys.copy()
+    smallest.sort(axis=1)
+    kth = smallest[rows, np.minimum(k, smallest.shape[1]) - 1]
+    chosen = (keys <= kth[:, None]) & (keys < 1.0)
     expected = np.minimum(k, lengths - 3)
     if int(chosen.sum()) != int(expected.sum()):
         # Two equal keys at a row's k-th value (odds ~1e-12 per row): fall back to exact ranks, lowest index first.
-        order = np.argsort(padded, axis=1, kind="stable")
+        order = np.argsort(keys, axis=1, kind="stable")
         rank = np.empty_like(order)
         np.put_along_axis(rank, order, np.broadcast_to(np.arange(width), (n, width)), axis=1)
-        chosen = (rank < k[:, None]) & (padded < 1.0)
+        chosen = (rank < k[:, None]) & (keys < 1.0)
     r, c = np.nonzero(chosen)
     return r, c
 

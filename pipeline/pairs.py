@@ -1,40 +1,53 @@
-"""NSP pairs (reference steps 3-6) over one document pass, as token-slice bounds rather than token lists.
+"""NSP pairs (reference steps 3-6) for a block of document passes, as token-slice bounds rather than token lists.
 
 A document is its sentences' ids back to back (``tokens``) plus sentence bounds (``sent_offsets``); every segment
-the reference builds is a run of consecutive sentences, so A, B and their truncations are plain slices. Control
-flow draws from a ``random.Random`` (scalar draws are ~10x cheaper than numpy's), in the reference's order.
+the reference builds is a run of consecutive sentences, so A, B and their truncations are plain slices. Two phases:
+
+1. ``walk_chunks``, per document pass, in Python: the reference's chunking loop, inherently sequential (where a
+   chunk starts depends on the previous pair's draws) and reduced to a few integer operations per pair. Its draws
+   come from the pass's uniforms in fixed slots: ``u[0]``, ``u[1]`` the short target, ``u[2 + 2k]``, ``u[3 + 2k]``
+   pair k's end of A and actual-vs-random next.
+2. ``finish_pairs``, the whole block at once, in numpy: segment bounds, the random-next document and its segment,
+   and truncation. Pair k of a pass draws from its own counter-based stream (SplitMix64 of the pass's seed and k,
+   ``pair_words``), so no draw depends on another pair, on the block or on the order of work.
 
 How we differ from the reference, with the same distribution:
 - The reference draws the random-next document from the whole in-memory corpus with one global RNG; we draw it from
   a ``RandomDocPool`` (the whole corpus in the plain loop and the tests; a seeded sample of it in a distributed
-  build) with the document pass's own RNG. Up to 10 draws avoid the current document, as in the reference;
-  "same document" means the same document id.
+  build). Up to 10 draws avoid the current document, as in the reference; "same document" means the same id.
 - ``truncate_seq_pair`` trims one token per step from the longer side (B on a tie), front or back with a fair coin.
-  Which side each step trims does not depend on the coins, so we compute the trims per side in closed form and
-  draw the number trimmed from the front as Binomial(n, 1/2) (a popcount of n random bits): the same law.
+  Which side each step trims does not depend on the coins, so we compute the trims per side in closed form
+  (``truncation_trims``) and draw the number trimmed from the front as Binomial(n, 1/2), the popcount of n random
+  bits (``fair_coin_counts``): the same law.
 """
 from __future__ import annotations
 
-import random
 from bisect import bisect_left
 from collections.abc import Iterable
 from typing import NamedTuple
 
 import numpy as np
 
-from pipeline.rng import UniformStream
+from pipeline.ragged import ragged_indices
+from pipeline.rng import mix64
 
 MAX_RANDOM_DOC_TRIES = 10  # the reference's bound on redraws that avoid the current document
+_GAMMA = np.uint64(0x9E3779B97F4A7C15)  # SplitMix64's increment
+_POOL_WORDS = MAX_RANDOM_DOC_TRIES + 1  # words 0-9: the document tries; 10: the start sentence; then trim coins
 
 
-def randint(rng: random.Random, a: int, b: int) -> int:
-    """Uniform integer in [a, b] like ``rng.randint`` at a sixth of the cost (one ``random()``; the float's
-    53-bit resolution biases a range of n values by at most n / 2**53)."""
-    return a + int(rng.random() * (b - a + 1))
+class PackedDoc(NamedTuple):
+    """A document as its sentences' ids back to back and the sentence bounds in them (n_sentences + 1, from 0), every
+    sentence non-empty: what the builder's intermediate files hold, used as is."""
+
+    tokens: np.ndarray
+    sent_offsets: np.ndarray
 
 
-def pack_sentences(sentences: Iterable[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def pack_sentences(sentences: Iterable[np.ndarray] | PackedDoc) -> tuple[np.ndarray, np.ndarray]:
     """(tokens, sent_offsets) of the non-empty sentences; the reference drops lines with no tokens."""
+    if isinstance(sentences, PackedDoc):
+        return sentences
     kept = [s for s in sentences if len(s)]
     if not kept:
         return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
@@ -88,8 +101,10 @@ class RandomDocPool:
         self.tokens = tokens
         self.sent_offsets = sent_offsets
         self.doc_offsets = doc_offsets
-        # Python lists for the per-draw scalar lookups (numpy scalar indexing is ~10x slower).
-        self._doc_offsets_list = doc_offsets.tolist()
+        # An integer per document id (the first index holding it), so "same document" is an array comparison.
+        first: dict[str, int] = {}
+        self._codes = np.array([first.setdefault(d, i) for i, d in enumerate(doc_ids)], dtype=np.int64)
+        self._first = first
 
     def __len__(self) -> int:
         return len(self.doc_ids)
@@ -97,116 +112,144 @@ class RandomDocPool:
     def __reduce__(self):
         return (RandomDocPool.from_arrays, self.to_arrays())
 
-    def draw(self, rng: random.Random, exclude_doc_id: str) -> int:
-        """Index of a random document, redrawn up to 10 times while it is ``exclude_doc_id`` (then kept anyway)."""
-        n = len(self.doc_ids)
-        if n == 0:
-            raise ValueError("the random-document pool is empty; it needs at least one non-empty document")
-        rand = rng.random
-        for _ in range(MAX_RANDOM_DOC_TRIES):
-            idx = int(rand() * n)
-            if self.doc_ids[idx] != exclude_doc_id:
-                break
-        return idx
+    def code(self, doc_id: str) -> int:
+        """The integer standing for ``doc_id`` in ``draw_documents`` (-1 when the pool does not hold it)."""
+        return self._first.get(doc_id, -1)
 
     def document(self, idx: int) -> list[np.ndarray]:
         """Sentence arrays of document ``idx`` (views into the pool)."""
-        s0, s1 = self._doc_offsets_list[idx], self._doc_offsets_list[idx + 1]
+        s0, s1 = int(self.doc_offsets[idx]), int(self.doc_offsets[idx + 1])
         return [self.tokens[self.sent_offsets[j] : self.sent_offsets[j + 1]] for j in range(s0, s1)]
 
-    def random_segment(self, rng: random.Random, idx: int, target_length: int) -> tuple[int, int]:
-        """Token bounds in ``tokens`` of a random-next B: from a random sentence of document ``idx``, whole
-        sentences until ``target_length`` tokens are reached (may overshoot) or the document ends."""
-        s0, s1 = self._doc_offsets_list[idx], self._doc_offsets_list[idx + 1]
-        start = s0 + int(rng.random() * (s1 - s0))
+    def draw_documents(self, u: np.ndarray, own: np.ndarray) -> np.ndarray:
+        """Document index per row of ``u`` (rows of 10 uniforms): the first of ``floor(u * len)`` whose id is not
+        the row's own (``own``, a ``code``), else the tenth draw anyway, as the reference."""
+        n = len(self.doc_ids)
+        if n == 0:
+            raise ValueError("the random-document pool is empty; it needs at least one non-empty document")
+        tries = (u[:, :MAX_RANDOM_DOC_TRIES] * n).astype(np.int64)
+        ok = self._codes[tries] != own[:, None]
+        first = np.where(ok.any(axis=1), ok.argmax(axis=1), MAX_RANDOM_DOC_TRIES - 1)
+        return tries[np.arange(len(tries)), first]
+
+    def segments(self, docs: np.ndarray, u: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Token bounds in ``tokens`` of random-next Bs: from sentence ``floor(u * sentences)`` of each document,
+        whole sentences until the target is reached (may overshoot) or the document ends; at least one sentence."""
+        s0, s1 = self.doc_offsets[docs], self.doc_offsets[docs + 1]
+        start = s0 + (u * (s1 - s0)).astype(np.int64)
         offs = self.sent_offsets
-        t0 = offs.item(start)
-        # First sentence end at or past t0 + target: searchsorted finds it without a per-sentence loop.
-        j = offs.searchsorted(t0 + target_length)
-        j = min(max(j, start + 1), s1)
-        return t0, offs.item(j)
+        b0 = offs[start]
+        end = np.minimum(np.maximum(np.searchsorted(offs, b0 + targets), start + 1), s1)
+        return b0, offs[end]
 
 
-class Pair(NamedTuple):
-    """One instance before masking: A is ``doc_tokens[a0:a1]``, B is ``b_src[b0:b1]`` (b_src: doc or pool)."""
-
-    a0: int
-    a1: int
-    b_from_pool: bool
-    b0: int
-    b1: int
-    is_random_next: bool
+def pass_target(u0: float, u1: float, max_num_tokens: int, short_seq_prob: float) -> int:
+    """The pass's target length: ``max_num_tokens``, or with probability short_seq_prob randint(2, max)."""
+    return 2 + int(u1 * (max_num_tokens - 1)) if u0 < short_seq_prob else max_num_tokens
 
 
-def truncation_trims(len_a: int, len_b: int, max_num_tokens: int) -> tuple[int, int]:
-    """Tokens the reference's truncate_seq_pair removes from A and from B (longer side first, B on a tie)."""
-    excess = len_a + len_b - max_num_tokens
-    if excess <= 0:
-        return 0, 0
-    gap = abs(len_a - len_b)
-    if excess <= gap:
-        return (excess, 0) if len_a > len_b else (0, excess)
-    rest = excess - gap  # once equal, trims alternate B, A, B, ... (B first on the tie)
-    trim_a = rest // 2 + (gap if len_a > len_b else 0)
-    trim_b = rest - rest // 2 + (gap if len_b > len_a else 0)
+def walk_chunks(offs: list[int], target: int, u: list[float], out: list[int]) -> int:
+    """The reference's chunking over one document pass; appends ``chunk_start, a_end, chunk_end, is_random`` per pair
+    (sentence indices: A is sentences [chunk_start, chunk_start + a_end), an actual B runs to chunk_end inclusive)
+    to ``out`` and returns the number of pairs. ``u`` needs ``2 + 2 * sentences`` uniforms (pair k: slots 2 + 2k,
+    3 + 2k). A chunk ends at the first sentence that brings it to the target, or at the document's end; with a
+    random next, the unused sentences go back (the next chunk starts after A); a one-sentence chunk is always
+    random next."""
+    n_sent = len(offs) - 1
+    last = n_sent - 1
+    start, k = 0, 2
+    extend = out.extend
+    while start < n_sent:
+        end = bisect_left(offs, offs[start] + target, start + 1) - 1
+        if end > last:
+            end = last
+        if end > start:
+            a_end = 1 + int(u[k] * (end - start))  # randint(1, sentences in the chunk - 1)
+            if u[k + 1] < 0.5:
+                extend((start, a_end, end, 1))
+                start += a_end
+            else:
+                extend((start, a_end, end, 0))
+                start = end + 1
+        else:
+            extend((start, 1, end, 1))
+            start += 1
+        k += 2
+    return (k - 2) >> 1
+
+
+def truncation_trims(len_a, len_b, max_num_tokens: int):
+    """Tokens the reference's truncate_seq_pair removes from A and from B (longer side first, B on a tie); works on
+    scalars and arrays."""
+    la, lb = np.asarray(len_a, dtype=np.int64), np.asarray(len_b, dtype=np.int64)
+    excess = np.maximum(la + lb - max_num_tokens, 0)
+    a_longer = la > lb
+    to_longer = np.minimum(excess, np.abs(la - lb))  # until both sides are equal
+    rest = excess - to_longer  # then alternately B, A, B, ... (B first on the tie)
+    trim_a = np.where(a_longer, to_longer, 0) + rest // 2
+    trim_b = np.where(a_longer, 0, to_longer) + rest - rest // 2
     return trim_a, trim_b
 
 
-def document_pairs(
-    doc_id: str,
-    sent_offsets: list[int],
-    rng: "random.Random | UniformStream",
-    pool: RandomDocPool,
-    max_seq_length: int,
-    short_seq_prob: float,
-) -> list[Pair]:
-    """The reference's create_instances_from_document, minus masking, for one document pass.
+def pair_words(seeds: np.ndarray, index: np.ndarray | int) -> np.ndarray:
+    """Word ``index`` of the SplitMix64 stream of each seed (uint64): ``mix64(seed + index * gamma)``."""
+    with np.errstate(over="ignore"):
+        return mix64(seeds + np.asarray(index, dtype=np.uint64) * _GAMMA)
 
-    This is the builder's hottest Python loop, so it returns plain tuples in ``Pair``'s field order (a Pair
-    compares equal to its tuple) and inlines ``pool.draw`` / ``pool.random_segment``, which stay the readable
-    definitions (tests check both agree through the hand-computed cases).
+
+def to_uniform(words: np.ndarray) -> np.ndarray:
+    """Uniform doubles in [0, 1) from the top 53 bits of uint64 words."""
+    return (words >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+
+
+def fair_coin_counts(seeds: np.ndarray, n: np.ndarray, first_word: np.ndarray) -> np.ndarray:
+    """Binomial(n_i, 1/2) per row: the popcount of n_i bits of row i's stream, from word ``first_word[i]`` on."""
+    n = np.asarray(n, dtype=np.int64)
+    out = np.zeros(len(n), dtype=np.int64)
+    rows = np.flatnonzero(n)
+    if not len(rows):
+        return out
+    bits = n[rows]
+    words = (bits + 63) >> 6
+    owner = np.repeat(np.arange(len(rows)), words)
+    w = pair_words(seeds[rows][owner], ragged_indices(first_word[rows], words))
+    last = np.cumsum(words) - 1  # the last word of a row keeps only the bits still needed (1-64)
+    w[last] &= np.uint64(0xFFFFFFFFFFFFFFFF) >> (64 - (bits - 64 * (words - 1))).astype(np.uint64)
+    out[rows] = np.bincount(owner, weights=np.bitwise_count(w), minlength=len(rows)).astype(np.int64)
+    return out
+
+
+class BlockPairs(NamedTuple):
+    """Bounds of every pair of a block: A is ``block[a0:a1]``; B is ``block[b0:b1]``, or ``pool.tokens[b0:b1]``
+    where ``is_random`` (a random next, from the pool)."""
+
+    a0: np.ndarray
+    a1: np.ndarray
+    b0: np.ndarray
+    b1: np.ndarray
+    is_random: np.ndarray
+
+
+def finish_pairs(walk: np.ndarray, doc_offsets: np.ndarray, targets: np.ndarray, own: np.ndarray,
+                 seeds: np.ndarray, pool: RandomDocPool, max_num_tokens: int) -> BlockPairs:
+    """Pairs from ``walk_chunks`` records, for a whole block at once.
+
+    ``walk``: (n, 4) records with sentence indices already made block-wide (into ``doc_offsets``, the block's token
+    offset of every sentence, each document followed by its end); per pair: the pass's ``targets``, the document's
+    pool ``own`` code and the pair's ``seeds`` (its counter-based stream: words 0-10 pick a random next, the trim
+    coins follow).
     """
-    n_sent = len(sent_offsets) - 1
-    max_num_tokens = max_seq_length - 3
-    rand = rng.random
-    target = max_num_tokens
-    if rand() < short_seq_prob:
-        target = randint(rng, 2, max_num_tokens)  # drawn once per document pass, as the reference
-    pool_ids, pool_docs, pool_offsets = pool.doc_ids, pool._doc_offsets_list, pool.sent_offsets
-    n_pool = len(pool_ids)
-    if n_pool == 0:
-        raise ValueError("the random-document pool is empty; it needs at least one non-empty document")
-    pairs: list[Pair] = []
-    offs = sent_offsets
-    chunk_start = 0
-    while chunk_start < n_sent:
-        # The chunk ends at the first sentence that brings it to the target, or at the document's end.
-        i = min(bisect_left(offs, offs[chunk_start] + target, chunk_start + 1) - 1, n_sent - 1)
-        n_chunk = i - chunk_start + 1
-        a_end = 1 + int(rand() * (n_chunk - 1)) if n_chunk >= 2 else 1  # randint(1, n_chunk - 1)
-        a0, a1 = offs[chunk_start], offs[chunk_start + a_end]
-        if n_chunk == 1 or rand() < 0.5:
-            for _ in range(MAX_RANDOM_DOC_TRIES):  # pool.draw
-                d = int(rand() * n_pool)
-                if pool_ids[d] != doc_id:
-                    break
-            s0, s1 = pool_docs[d], pool_docs[d + 1]  # pool.random_segment
-            start = s0 + int(rand() * (s1 - s0))
-            b0 = pool_offsets.item(start)
-            j = min(max(int(pool_offsets.searchsorted(b0 + target - (a1 - a0))), start + 1), s1)
-            b1 = pool_offsets.item(j)
-            from_pool = True
-            chunk_start += a_end  # unused sentences go back: the next chunk starts after A
-        else:
-            b0, b1 = a1, offs[i + 1]
-            from_pool = False
-            chunk_start = i + 1
-        trim_a, trim_b = truncation_trims(a1 - a0, b1 - b0, max_num_tokens)
-        if trim_a:
-            front = rng.getrandbits(trim_a).bit_count()  # Binomial(trims, 1/2): a fair coin per trimmed token
-            a0, a1 = a0 + front, a1 - (trim_a - front)
-        if trim_b:
-            front = rng.getrandbits(trim_b).bit_count()
-            b0, b1 = b0 + front, b1 - (trim_b - front)
-        pairs.append((a0, a1, from_pool, b0, b1, from_pool))  # type: ignore[arg-type]
-    return pairs
+    start, a_end, end, is_random = walk.T
+    is_random = is_random.astype(bool)
+    a0, a1 = doc_offsets[start], doc_offsets[start + a_end]
+    b0, b1 = a1.copy(), doc_offsets[end + 1]
+    rnd = np.flatnonzero(is_random)
+    if len(rnd):
+        u = to_uniform(pair_words(seeds[rnd, None], np.arange(_POOL_WORDS)[None, :]))
+        docs = pool.draw_documents(u, own[rnd])
+        b0[rnd], b1[rnd] = pool.segments(docs, u[:, MAX_RANDOM_DOC_TRIES], targets[rnd] - (a1[rnd] - a0[rnd]))
+    trim_a, trim_b = truncation_trims(a1 - a0, b1 - b0, max_num_tokens)
+    first = np.full(len(a0), _POOL_WORDS, dtype=np.int64)
+    front_a = fair_coin_counts(seeds, trim_a, first)
+    front_b = fair_coin_counts(seeds, trim_b, first + ((trim_a + 63) >> 6))
+    return BlockPairs(a0 + front_a, a1 - (trim_a - front_a), b0 + front_b, b1 - (trim_b - front_b), is_random)

@@ -9,8 +9,6 @@ from __future__ import annotations
 import hashlib
 import random
 import threading
-from collections.abc import Callable, Iterator
-from functools import partial
 
 import numpy as np
 
@@ -72,7 +70,6 @@ def np_rng(*parts: object) -> np.random.Generator:
 
 
 _local = threading.local()
-_TWO_53 = 9007199254740992.0
 
 
 def stream(*parts: object) -> np.random.Generator:
@@ -93,33 +90,3 @@ def stream(*parts: object) -> np.random.Generator:
         "uinteger": 0,
     }
     return gen
-
-
-class UniformStream:
-    """The ``random()`` / ``getrandbits()`` subset of ``random.Random``, served from blocks of a numpy Generator.
-
-    One generator then serves both the scalar control flow (pairs) and the vectorised masking, so a document pass
-    needs a single seeding. numpy's doubles are exact multiples of 2**-53, so each holds 53 fair random bits.
-    ``random`` is ``next`` on a generator of floats: a C-level call, ~3x cheaper than a Python method.
-    """
-
-    __slots__ = ("random",)
-
-    def __init__(self, gen: np.random.Generator, block: int = 64):
-        self.random: Callable[[], float] = partial(next, _floats(gen, block))
-
-    def getrandbits(self, k: int) -> int:
-        if k <= 53:  # the common case (a few trimmed tokens): the top k of one double's 53 bits
-            return int(self.random() * _TWO_53) >> (53 - k)
-        bits = got = 0
-        while got < k:
-            take = min(53, k - got)
-            bits |= (int(self.random() * _TWO_53) & ((1 << take) - 1)) << got
-            got += take
-        return bits
-
-
-def _floats(gen: np.random.Generator, block: int) -> Iterator[float]:
-    while True:
-        yield from gen.random(block).tolist()
-        block = min(4 * block, 4096)  # long documents: fewer, larger refills

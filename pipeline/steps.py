@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.instances import InstanceConfig, RandomDocPool, VocabInfo, create_instances_flat
+from pipeline.pairs import PackedDoc
 from pipeline.readers import ReadOptions, ReadReport, Unit, read_unit
 from pipeline.rng import derive_seed
 from pipeline.schema import instance_schema, token_dtype, work_docs_schema
@@ -141,16 +142,21 @@ def select_pool(markers: list[dict], budget: int) -> dict[str, list[str]]:
     return chosen
 
 
-def iter_docs(table: pa.Table) -> Iterator[tuple[str, list[np.ndarray]]]:
-    """(doc_id, sentence id arrays) from a _work docs table, as zero-copy numpy views."""
+def _doc_arrays(table: pa.Table) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """(doc ids, sentences per document as offsets, token offsets per sentence, tokens) of a _work docs table."""
     col = table.column("sentences").combine_chunks()
-    outer = col.offsets.to_numpy()
-    inner_arr = col.values
-    inner = inner_arr.offsets.to_numpy()
-    flat = inner_arr.values.to_numpy()
-    for i, doc_id in enumerate(table.column("doc_id").to_pylist()):
-        o0, o1 = outer[i], outer[i + 1]
-        yield doc_id, [flat[inner[j]:inner[j + 1]] for j in range(o0, o1)]
+    inner = col.values
+    return (table.column("doc_id").to_pylist(), col.offsets.to_numpy(), inner.offsets.to_numpy(),
+            inner.values.to_numpy())
+
+
+def iter_docs(table: pa.Table) -> Iterator[tuple[str, PackedDoc]]:
+    """(doc_id, packed document) from a _work docs table, the tokens as zero-copy numpy views."""
+    doc_ids, outer, inner, flat = _doc_arrays(table)
+    for i, doc_id in enumerate(doc_ids):
+        s0, s1 = outer[i], outer[i + 1]
+        t0 = inner[s0]
+        yield doc_id, PackedDoc(flat[t0 : inner[s1]], (inner[s0 : s1 + 1] - t0).astype(np.int64))
 
 
 def read_docs(ctx: StepContext, uid: str) -> pa.Table:
@@ -161,20 +167,34 @@ def read_docs(ctx: StepContext, uid: str) -> pa.Table:
 
 def load_pool(ctx: StepContext, selection: dict[str, list[str]]) -> RandomDocPool:
     """Build the pool from the chosen documents, in a fixed order (unit, then position)."""
-    def docs():
-        for uid in sorted(selection):
-            wanted = set(selection[uid])
-            for doc_id, sents in iter_docs(read_docs(ctx, uid)):
-                if doc_id in wanted:
-                    yield doc_id, [s.copy() for s in sents]
-    return RandomDocPool(docs())
+    ids: list[str] = []
+    tokens: list[np.ndarray] = []
+    sent_lengths: list[np.ndarray] = []
+    doc_sentences: list[int] = []
+    for uid in sorted(selection):
+        wanted = set(selection[uid])
+        doc_ids, outer, inner, flat = _doc_arrays(read_docs(ctx, uid))
+        for i, doc_id in enumerate(doc_ids):
+            if doc_id in wanted:
+                s0, s1 = outer[i], outer[i + 1]
+                ids.append(doc_id)
+                tokens.append(flat[inner[s0] : inner[s1]])
+                sent_lengths.append(np.diff(inner[s0 : s1 + 1]))
+                doc_sentences.append(int(s1 - s0))
+    lengths = np.concatenate(sent_lengths) if sent_lengths else np.zeros(0, np.int64)
+    sent_offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=sent_offsets[1:])
+    doc_offsets = np.zeros(len(ids) + 1, np.int64)
+    np.cumsum(doc_sentences, out=doc_offsets[1:])
+    flat = np.concatenate(tokens) if tokens else np.zeros(0, token_dtype(ctx.vocab_size))
+    return RandomDocPool.from_arrays(ids, flat, sent_offsets, doc_offsets)
 
 
 def instances_step(uid: str, ctx: StepContext, pool: RandomDocPool, vocab: VocabInfo, bits: int) -> dict:
     """NSP pairs + MLM masks for every (document, pass) of a unit, written bucketed by key, with a marker."""
     parts: list[dict] = []
     passes = range(ctx.dupe_factor)
-    block: list[tuple[str, list[np.ndarray]]] = []
+    block: list[tuple[str, PackedDoc]] = []
     block_tokens = 0
 
     def flush() -> None:
@@ -184,9 +204,9 @@ def instances_step(uid: str, ctx: StepContext, pool: RandomDocPool, vocab: Vocab
         block.clear()
 
     # Blocks of documents: one masking pass per block (numpy's per-call cost paid per block), memory bounded.
-    for doc_id, sents in iter_docs(read_docs(ctx, uid)):
-        block.append((doc_id, sents))
-        block_tokens += sum(len(s) for s in sents)
+    for doc_id, doc in iter_docs(read_docs(ctx, uid)):
+        block.append((doc_id, doc))
+        block_tokens += len(doc.tokens)
         if block_tokens * ctx.dupe_factor >= _INSTANCE_BLOCK_TOKENS:
             flush()
             block_tokens = 0

@@ -61,7 +61,7 @@ def test_columns_layout_and_segments() -> None:
     doc_id, sents = docs[0]
     out = create_instances(doc_id, sents, 0, cfg, pool, vocab())
     assert set(out) == set(COLUMNS) and len({len(v) for v in out.values()}) == 1
-    assert len(out["key"]) > 5
+    assert len(out["key"]) >= 4  # ~600 tokens in ~125-token sequences
     for i, (ids, a_len, pos, orig, nsp) in enumerate(
         zip(out["input_ids"], out["a_length"], out["masked_lm_positions"], out["masked_lm_ids"], out["next_sentence_label"])
     ):
