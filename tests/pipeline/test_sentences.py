@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.sentences import split_sentences
+from pipeline.sentences import _CANDIDATE, split_sentences
 
 # (text, expected sentences). Written by hand for the cases that break naive splitters on real running text.
 CASES: list[tuple[str, list[str]]] = [
@@ -44,6 +44,34 @@ CASES: list[tuple[str, list[str]]] = [
 @pytest.mark.parametrize("text,expected", CASES, ids=[c[0][:30] for c in CASES])
 def test_tricky_cases(text: str, expected: list[str]) -> None:
     assert split_sentences(text) == expected
+
+
+# Cases for each way a candidate stop is decided: by the pattern itself ("yes" / "no" groups of _CANDIDATE) or by
+# _is_boundary (no group). Kept out of CASES, which benchmarks/sentence_splitters.py scores every splitter on.
+BRANCH_CASES: list[tuple[str, list[str]]] = [
+    # yes: single "." after a digit, after a closer, after a word ending like an abbreviation ("ma-st")
+    ("Read chapter 1. The whale comes later.", ["Read chapter 1.", "The whale comes later."]),
+    ("It rained (see below). Then it snowed.", ["It rained (see below).", "Then it snowed."]),
+    ("He climbed the mast. Then he fell.", ["He climbed the mast.", "Then he fell."]),
+    # no: upper-case abbreviation after a space; "!" before a lowercase word or a dash
+    ("We met MR. JONES there. He left.", ["We met MR. JONES there.", "He left."]),
+    ("Oh! he cried. Stop!\u2014she said. Why?", ["Oh! he cried.", "Stop!\u2014she said.", "Why?"]),
+    # _is_boundary: abbreviation at the very start or behind openers, non-ASCII letter before ".", "!" after CJK
+    ("Mr. Smith left. He wept.", ["Mr. Smith left.", "He wept."]),
+    ('("Mr. Smith") left. He wept.', ['("Mr. Smith") left.', "He wept."]),
+    ("Il est all\u00e9. Puis parti.", ["Il est all\u00e9.", "Puis parti."]),
+    ("\u597d! ok", ["\u597d!", "ok"]),
+]
+
+
+@pytest.mark.parametrize("text,expected", BRANCH_CASES, ids=[c[0][:30] for c in BRANCH_CASES])
+def test_branch_cases(text: str, expected: list[str]) -> None:
+    assert split_sentences(text) == expected
+
+
+def test_branch_cases_reach_every_branch() -> None:
+    kinds = {m.lastgroup for text, _ in BRANCH_CASES for m in _CANDIDATE.finditer(text)}
+    assert kinds == {"yes", "no", None}
 
 
 def test_no_text_lost() -> None:
