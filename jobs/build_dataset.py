@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from pipeline.ray_data import RayDataExecutor
 
-        _common.init_ray(args.num_cpus)
-        executor = RayDataExecutor(args.num_cpus)
+        # Ray starts when the first stage begins (not at all for a finished build), in the background.
+        executor = RayDataExecutor(args.num_cpus, init=lambda: _common.init_ray(args.num_cpus))
     manifest = build(cfg, executor)
     run_id = log_mlflow(tracking_uri, args, cfg, manifest) if tracking_uri else None
     t = manifest["totals"]

@@ -46,3 +46,37 @@ def test_ray_equals_plain_loop_and_cpu_count_does_not_matter(ray_local, tmp_path
         m, t = _shards(tmp_path / name)
         assert m["totals"] == mp["totals"] and m["shards"] == mp["shards"] and m["config_hash"] == mp["config_hash"]
         assert all(a.equals(b) for a, b in zip(t, tp)), name
+
+
+@pytest.mark.timeout(300)
+def test_units_the_driver_runs_while_ray_starts_change_nothing(ray_local, tmp_path, sample_dir, caplog):
+    """The driver works through docs units until the cluster is up; here the start is held until it has committed
+    two, and the dataset must still equal the plain loop's."""
+    import logging
+    import re
+    import time
+
+    from pipeline.ray_data import RayDataExecutor
+
+    corpus = _corpus(tmp_path / "c.jsonl", n_docs=48)
+
+    def cfg(name):
+        return BuildConfig(inputs=(corpus,), output=str(tmp_path / name), dupe_factor=2, num_shards=3,
+                           vocab=str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"), unit_bytes=2048,
+                           instances=InstanceConfig(max_seq_length=64, max_predictions_per_seq=10))
+
+    markers = tmp_path / "slow" / "_work" / "docs"
+
+    def slow_start():  # Ray is already up (the fixture): a start that lasts until the driver has done two units
+        deadline = time.time() + 120
+        while len(list(markers.glob("*.done.json"))) < 2 and time.time() < deadline:
+            time.sleep(0.01)
+
+    build(cfg("plain"), LocalExecutor())
+    with caplog.at_level(logging.INFO, logger="pipeline.ray_data"):
+        build(cfg("slow"), RayDataExecutor(num_cpus=2, init=slow_start))
+    ran = re.search(r"docs stage: (\d+) units ran in the driver", caplog.text)
+    assert ran and int(ran.group(1)) >= 2, caplog.text
+    (mp, tp), (m, t) = _shards(tmp_path / "plain"), _shards(tmp_path / "slow")
+    assert m["totals"] == mp["totals"] and m["shards"] == mp["shards"]
+    assert all(a.equals(b) for a, b in zip(t, tp))
