@@ -13,8 +13,8 @@ Streaming execution with Ray Data's backpressure: one unit per block, so memory 
 Results are completion markers (small JSON); the data itself goes to storage, atomically.
 
 Start-up: given ``init`` (how to start or join Ray), the executor brings the cluster up in a background thread when
-the first stage begins: ``init``, then one tiny Ray Data execution whose tasks import the step modules (Ray Data's
-first execution costs seconds: worker processes, its stats actor, imports). Until that is done the driver, otherwise
+the first stage begins: ``init``, then one tiny Ray Data execution whose task imports the step modules (Ray Data's
+first execution costs seconds: a worker process, its stats and autoscaling actors, imports). Until that is done the driver, otherwise
 idle, runs docs units itself with the very same step functions; the rest go to Ray Data. Which process ran a unit
 never shows in the output.
 """
@@ -133,7 +133,6 @@ class RayDataExecutor:
             if self._init is not None:
                 self._init()
             cluster_cpus = int(ray.cluster_resources().get("CPU", 1))
-            width = self.width or cluster_cpus
             # Ray Data notices a finished task up to 0.1 s late (its executor's ray.wait timeout) and only then
             # submits the next, and on a small machine whose CPUs all run tasks its loop also waits for a CPU. When
             # the cluster's own CPUs enforce the cap (a local Ray started with --num-cpus), a second task per CPU
@@ -141,7 +140,8 @@ class RayDataExecutor:
             # 1.27x -> 1.73x parallelism). On a bigger cluster the cap stays the number of tasks in flight.
             if self.width and cluster_cpus <= self.width:
                 self._queue = 2 * self.width
-            self._run([{"item": str(i)} for i in range(max(1, min(width, 64)))], _warm, {}, None)
+            # One warm-up task: more workers starting at once only slow the driver's work on a small machine.
+            self._run([{"item": "0"}], _warm, {}, None)
         except BaseException as e:  # noqa: BLE001 - handed to the stages, which re-raise it
             self._ready.set_exception(e)
             return
