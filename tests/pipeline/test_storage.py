@@ -55,3 +55,10 @@ def test_open_atomic_commits_nothing_on_error(tmp_path):
     (tmp_path / "x.parquet.tmp-abc").write_bytes(b"stale")
     remove_stale_temps(str(tmp_path))
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("gcsfs") is not None,
+                    reason="gcsfs is installed here; the message is for installs without it (it is not a dependency)")
+def test_gs_input_without_gcsfs_says_what_to_install():
+    with pytest.raises(ValueError, match=r"gs://bucket/corpus.txt.*install gcsfs"):
+        expand_inputs(["gs://bucket/corpus.txt"])
