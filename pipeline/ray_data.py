@@ -111,7 +111,7 @@ class RayDataExecutor:
 
     def __init__(self, num_cpus: int | None = None, init: Callable[[], None] | None = None):
         self.width = int(num_cpus) if num_cpus else None
-        self._init = init  # None: Ray is already initialised by the caller
+        self._init = init  # None: the caller's Ray (or, as Ray Data does, a default ray.init())
         self._ready: concurrent.futures.Future | None = None
         self._queue = self.width  # tasks in flight per stage (see _bring_up)
 
@@ -132,6 +132,8 @@ class RayDataExecutor:
         try:
             if self._init is not None:
                 self._init()
+            elif not ray.is_initialized():
+                ray.init()  # what Ray Data itself does when used without ray.init()
             cluster_cpus = int(ray.cluster_resources().get("CPU", 1))
             # Ray Data notices a finished task up to 0.1 s late (its executor's ray.wait timeout) and only then
             # submits the next, and on a small machine whose CPUs all run tasks its loop also waits for a CPU. When
