@@ -46,30 +46,25 @@ def ray_tmpdir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-_RAY_LOCAL: dict[str, str | None] = {"session": None}
-
-
-@pytest.fixture
+@pytest.fixture(scope="session")
 def ray_local(ray_tmpdir):
-    """The session's local Ray (2 logical CPUs), started on first use and kept for the next tests; started again when
-    a test that needed its own cluster (``ray_shutdown``) or another Ray came in between."""
+    """One local Ray (2 logical CPUs) for the session's Ray tests."""
     import ray
 
-    if ray.is_initialized() and ray.get_runtime_context().gcs_address != _RAY_LOCAL["session"]:
-        ray.shutdown()  # someone else's Ray (a job run in-process, a Cluster): not the one these tests expect
-    if not ray.is_initialized():
-        ray.init(
-            address="local",
-            num_cpus=2,
-            include_dashboard=False,
-            _temp_dir=ray_tmpdir,
-            log_to_driver=False,
-            configure_logging=False,
-        )
-        _RAY_LOCAL["session"] = ray.get_runtime_context().gcs_address
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        _temp_dir=ray_tmpdir,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     yield ray
+    ray.shutdown()
 
 
 @pytest.fixture
