@@ -10,7 +10,8 @@ have distinct ids (4x the work, not a cache hit). Peak memory is the largest sum
 Reported: end-to-end MB/s/CPU (process start to exit: Python and Ray start-up included), build MB/s/CPU (the
 build's own clock, from the manifest: Ray already up), and MB per CPU-second actually consumed by the whole process
 tree (robust when other work shares the machine), against the reference script's ~0.1 MB/s per process. The load
-average during each run is printed: wall-clock figures mean little when it exceeds the CPU count.
+average during each run is printed: wall-clock figures mean little when it exceeds the CPU count. CPU seconds are
+also split by process: the driver, the Ray workers running the build's tasks, Ray Data's actors and Ray's daemons.
 Ratios printed: 2 CPUs vs 1 (target >= 1.7x) and peak memory 4x vs 1x (target <= 1.25x).
 """
 from __future__ import annotations
@@ -56,9 +57,10 @@ def make_corpus(src: Path, scale: int, work: Path) -> Path:
     return dst
 
 
-def tree_sample(root: int, cpu_ticks: dict[int, int]) -> int:
+def tree_sample(root: int, cpu_ticks: dict[int, int], names: dict[int, str] | None = None) -> int:
     """RSS (bytes) summed over ``root`` and its descendants, from /proc (Linux; no psutil). Also records each
-    process's CPU ticks (utime + stime) in ``cpu_ticks`` (kept per pid: a process that exits keeps its last value)."""
+    process's CPU ticks (utime + stime) in ``cpu_ticks`` (kept per pid: a process that exits keeps its last value)
+    and, given ``names``, its command line (Ray renames its processes: ``ray::IDLE``, ``ray::_StatsActor``, ...)."""
     children: dict[int, list[int]] = {}
     rss: dict[int, int] = {}
     ticks: dict[int, int] = {}
@@ -82,8 +84,31 @@ def tree_sample(root: int, cpu_ticks: dict[int, int]) -> int:
         pid = todo.pop()
         total += rss.get(pid, 0)
         cpu_ticks[pid] = max(cpu_ticks.get(pid, 0), ticks.get(pid, 0))
+        if names is not None and pid != root:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    name = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                name = ""
+            if name.startswith("ray::") or (name and not names.get(pid, "").startswith("ray::")):
+                names[pid] = name  # Ray's latest title; a plain command line never replaces one
         todo.extend(children.get(pid, []))
     return total
+
+
+def cpu_by_kind(root: int, cpu_ticks: dict[int, int], names: dict[int, str]) -> dict[str, float]:
+    """CPU seconds of the driver (the job's own process: planning, and the docs units it runs while Ray starts),
+    the Ray workers that run the build's tasks, Ray Data's own actors, and Ray's daemons (GCS, raylet, agents,
+    monitors)."""
+    out = {"driver": 0.0, "ray_workers": 0.0, "ray_data_actors": 0.0, "ray_daemons": 0.0}
+    for pid, ticks in cpu_ticks.items():
+        name = names.get(pid, "")
+        kind = ("driver" if pid == root else
+                "ray_data_actors" if "_StatsActor" in name or "Coordinator" in name else
+                "ray_workers" if (name.startswith("ray::") and "Agent" not in name) or "default_worker.py" in name
+                else "ray_daemons")
+        out[kind] += ticks / TICKS
+    return out
 
 
 def run(corpus: Path, cpus: int, dupe: int, out: Path, no_ray: bool) -> dict:
@@ -96,9 +121,9 @@ def run(corpus: Path, cpus: int, dupe: int, out: Path, no_ray: bool) -> dict:
     t0 = time.time()
     err = open(out.parent / f"{out.name}.stderr", "w+")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
-    peak, cpu_ticks, load = 0, {}, []
+    peak, cpu_ticks, names, load = 0, {}, {}, []
     while proc.poll() is None:
-        peak = max(peak, tree_sample(proc.pid, cpu_ticks))
+        peak = max(peak, tree_sample(proc.pid, cpu_ticks, names))
         load.append(os.getloadavg()[0])
         time.sleep(0.2)
     wall = time.time() - t0
@@ -108,7 +133,8 @@ def run(corpus: Path, cpus: int, dupe: int, out: Path, no_ray: bool) -> dict:
         raise RuntimeError(f"{' '.join(cmd)} failed with {proc.returncode}:\n{tail}")
     manifest = json.loads((out / "manifest.json").read_text())
     return {"wall_s": wall, "build_s": manifest["build_seconds"], "peak_rss_mb": peak / 1e6,
-            "cpu_s": sum(cpu_ticks.values()) / TICKS, "load_avg": sum(load) / max(1, len(load)),
+            "cpu_s": sum(cpu_ticks.values()) / TICKS, "cpu_s_by_kind": cpu_by_kind(proc.pid, cpu_ticks, names),
+            "load_avg": sum(load) / max(1, len(load)),
             "instances": manifest["totals"]["instances"], "cmd": " ".join(cmd[1:])}
 
 
@@ -179,6 +205,8 @@ def main() -> None:
                       f"e2e {r['e2e_mb_s_cpu']:.2f} MB/s/CPU  build {r['build_mb_s_cpu']:.2f} MB/s/CPU  "
                       f"{r['mb_per_cpu_s']:.2f} MB per CPU-second  peak {r['peak_rss_mb']:.0f} MB  "
                       f"instances {r['instances']}  load {r['load_avg']:.1f}", flush=True)
+                print(f"{'':14s} CPU seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in r["cpu_s_by_kind"].items()),
+                      flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     s0, c0, c1 = scales[0], cpus[0], cpus[-1]
