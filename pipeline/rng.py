@@ -7,7 +7,6 @@ process (PYTHONHASHSEED) and must never be used for this.
 from __future__ import annotations
 
 import hashlib
-import random
 import threading
 
 import numpy as np
@@ -57,16 +56,6 @@ def instance_keys(seed: int, doc_id: str, pass_idx: int, n: int) -> np.ndarray:
     base = np.uint64(derive_seed(seed, doc_id, pass_idx, "key"))
     with np.errstate(over="ignore"):
         return mix64(base + np.arange(n, dtype=np.uint64))
-
-
-def py_rng(*parts: object) -> random.Random:
-    """A ``random.Random`` seeded from ``derive_seed(*parts)`` (fast scalar draws for control flow)."""
-    return random.Random(derive_seed(*parts))
-
-
-def np_rng(*parts: object) -> np.random.Generator:
-    """A numpy ``Generator`` (PCG64) seeded from ``derive_seed(*parts)`` (bulk draws for the vectorised parts)."""
-    return np.random.Generator(np.random.PCG64(derive_seed(*parts)))
 
 
 _local = threading.local()
