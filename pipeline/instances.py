@@ -180,7 +180,8 @@ def create_instances_flat(
     records[:, 0] += base
     records[:, 2] += base
     index = np.arange(len(records)) - np.repeat(np.cumsum(n_pass) - n_pass, n_pass)  # pair index in its pass
-    seeds = pair_words(np.repeat(np.asarray(pair_seeds, dtype=np.uint64), n_pass), index)  # pair k: word k of its pass's
+    # Pair k of a pass is seeded with word k of the SplitMix64 stream of the pass's seed.
+    seeds = pair_words(np.repeat(np.asarray(pair_seeds, dtype=np.uint64), n_pass), index)
     pairs = finish_pairs(records, np.concatenate(doc_offsets), np.repeat(np.asarray(targets, np.int64), n_pass),
                          np.repeat(np.asarray(own, np.int64), n_pass), seeds, pool, max_num_tokens)
     flat, seq_len, a_len = _assemble(pairs, np.concatenate(doc_tokens), pool.tokens, vocab, dtype)

@@ -14,9 +14,9 @@ Results are completion markers (small JSON); the data itself goes to storage, at
 
 Start-up: given ``init`` (how to start or join Ray), the executor brings the cluster up in a background thread when
 the first stage begins: ``init``, then one tiny Ray Data execution whose task imports the step modules (Ray Data's
-first execution costs seconds: a worker process, its stats and autoscaling actors, imports). Until that is done the driver, otherwise
-idle, runs docs units itself with the very same step functions; the rest go to Ray Data. Which process ran a unit
-never shows in the output.
+first execution costs seconds: a worker process, its stats and autoscaling actors, imports). Until that is done
+the driver, otherwise idle, runs docs units itself with the very same step functions; the rest go to Ray Data.
+Which process ran a unit never shows in the output.
 """
 from __future__ import annotations
 
@@ -152,6 +152,7 @@ class RayDataExecutor:
 
     def _wait(self) -> None:
         self._start().result()  # re-raises a failed start
+
     def _map_args(self, ctx: StepContext) -> dict[str, Any]:
         import ray
 
