@@ -11,7 +11,9 @@ for Parquet), so they, and every seed derived from them, do not depend on the un
 
 Compressed streams cannot seek: a unit past the start decompresses and discards up to its range. The number of
 units of a compressed file is capped (``MAX_COMPRESSED_UNITS``) so that the discarded work stays a few passes of
-cheap decompression, while a big .gz still spreads over several CPUs.
+cheap decompression, and they share its decompressed size equally (gzip's trailer gives the size; other codecs
+are estimated at ``COMPRESSED_RATIO``), so a big .gz spreads over several CPUs. Each unit still holds 1/8 of such
+a file: lay big corpora out as many files (docs/scaling.md).
 
 Bad records are dropped and counted by reason, or raise ``InputError`` naming the file and position when
 ``on_error="fail"``. Memory per unit is bounded by ``max_record_bytes`` per record (a 100 MB line never lands in RAM).
@@ -117,14 +119,33 @@ def plan_units(files: list[FileInfo], opts: ReadOptions, unit_bytes: int, endpoi
                 continue
             units += [Unit(f"{i:05d}-{g:05d}", f.path, f.key, fmt, g, g + 1) for g in range(n)]
             continue
+        size = unit_bytes
         if compression_of(f.path):
-            n = min(MAX_COMPRESSED_UNITS, max(1, math.ceil(f.size * COMPRESSED_RATIO / unit_bytes)))
+            est = _decompressed_size(f, endpoint_url) or f.size * COMPRESSED_RATIO
+            n = min(MAX_COMPRESSED_UNITS, max(1, math.ceil(est / unit_bytes)))
+            size = max(unit_bytes, math.ceil(est / n))  # equal shares (the last unit reads to the end)
         else:
             n = max(1, math.ceil(f.size / unit_bytes))
         for g in range(n):
-            end = None if g == n - 1 else (g + 1) * unit_bytes
-            units.append(Unit(f"{i:05d}-{g:05d}", f.path, f.key, fmt, g * unit_bytes, end))
+            end = None if g == n - 1 else (g + 1) * size
+            units.append(Unit(f"{i:05d}-{g:05d}", f.path, f.key, fmt, g * size, end))
     return units
+
+
+def _decompressed_size(f: FileInfo, endpoint_url: str | None) -> int | None:
+    """A gzip file's decompressed size from its trailer (ISIZE: the size mod 2**32 of its last member), when that
+    is plausible (at least the compressed size); None for other codecs, multi-GB or multi-member files we cannot
+    tell, and unreadable files (the read reports those)."""
+    if compression_of(f.path) != "gzip" or f.size < 18:
+        return None
+    try:
+        fs, path = filesystem_for(f.path, endpoint_url)
+        with fs.open(path, "rb") as fh:
+            fh.seek(f.size - 4)
+            isize = int.from_bytes(fh.read(4), "little")
+    except (OSError, ValueError):
+        return None
+    return isize if isize >= f.size else None
 
 
 def _bad_file(opts: ReadOptions, report: ReadReport | None, path: str, reason: str, what: str) -> None:

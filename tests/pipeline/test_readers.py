@@ -53,6 +53,23 @@ def test_text_documents_do_not_depend_on_unit_size_or_compression(tmp_path, ext)
     assert len({d.doc_id for d in whole}) == len(whole)
 
 
+def test_compressed_file_units_share_its_size_equally(tmp_path):
+    raw, _ = _text_corpus(n_docs=400)
+    gz, bz = tmp_path / "c.txt.gz", tmp_path / "c.txt.bz2"
+    gz.write_bytes(COMPRESSORS[".gz"](raw))
+    bz.write_bytes(COMPRESSORS[".bz2"](raw))
+    opts, unit = ReadOptions(), 1024
+    units = plan_units(expand_inputs([str(gz)]), opts, unit)
+    # gzip's trailer gives the real size: at most 8 units, equal shares of it, none empty, every document once.
+    share = -(-len(raw) // len(units))
+    assert len(units) == 8 and [u.start for u in units] == [g * share for g in range(8)]
+    assert units[-1].end is None and all(u.end == u.start + share for u in units[:-1])
+    per_unit = [list(read_unit(u, opts)) for u in units]
+    assert all(per_unit) and len({d.doc_id for docs in per_unit for d in docs}) == 400
+    # Other codecs: the size is estimated (3x the compressed size); still at most 8 units.
+    assert 1 <= len(plan_units(expand_inputs([str(bz)]), opts, unit)) <= 8
+
+
 def test_presplit_and_jsonl_and_parquet(tmp_path):
     (tmp_path / "a.txt").write_text("One.\nTwo.\n\nThree.\n")
     docs = _read_all([tmp_path / "a.txt"], ReadOptions(presplit=True))
