@@ -116,11 +116,6 @@ class RandomDocPool:
         """The integer standing for ``doc_id`` in ``draw_documents`` (-1 when the pool does not hold it)."""
         return self._first.get(doc_id, -1)
 
-    def document(self, idx: int) -> list[np.ndarray]:
-        """Sentence arrays of document ``idx`` (views into the pool)."""
-        s0, s1 = int(self.doc_offsets[idx]), int(self.doc_offsets[idx + 1])
-        return [self.tokens[self.sent_offsets[j] : self.sent_offsets[j + 1]] for j in range(s0, s1)]
-
     def draw_documents(self, u: np.ndarray, own: np.ndarray) -> np.ndarray:
         """Document index per row of ``u`` (rows of 10 uniforms): the first of ``floor(u * len)`` whose id is not
         the row's own (``own``, a ``code``), else the tenth draw anyway, as the reference."""
