@@ -116,10 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_ray:
         executor = LocalExecutor()
     else:
-        from pipeline.ray_data import RayDataExecutor
+        from pipeline.ray_data import RayExecutor
 
         # Ray starts when the first stage begins (not at all for a finished build), in the background.
-        executor = RayDataExecutor(args.num_cpus, init=lambda: _common.init_ray(args.num_cpus))
+        executor = RayExecutor(args.num_cpus, init=lambda: _common.init_ray(args.num_cpus))
     manifest = build(cfg, executor)
     run_id = log_mlflow(tracking_uri, args, cfg, manifest) if tracking_uri else None
     t = manifest["totals"]

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import resource
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -62,6 +64,11 @@ class LocalExecutor:
         return [step(item) for item in items]
 
 
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 @dataclasses.dataclass(frozen=True)
 class Stage:
     """``items``: key -> item, the key naming the item's marker (``<work>/<name>/<key>.done.json``)."""
@@ -78,9 +85,13 @@ def run_stage(stage: Stage, executor: Executor, work: str, endpoint_url: str | N
     done = {k: m for k, m in read_markers(work, stage.marker, endpoint_url).items() if k in stage.items}
     pending = [item for k, item in stage.items.items() if k not in done]
     log.info("%s stage: %d items (%d already done)", stage.name, len(stage.items), len(done))
+    t0, cpu0 = time.perf_counter(), _cpu()
     if pending:
         for m in executor.map(stage.step, pending):
             done[m.key] = m
+    # The driver's own CPU per stage: it must stay flat in corpus size (it plans and collects markers only).
+    log.info("%s stage: done in %.1f s, driver CPU %.2f s (%.2f s since start)", stage.name,
+             time.perf_counter() - t0, _cpu() - cpu0, _cpu())
     missing = [k for k in stage.items if k not in done]
     assert not missing, f"{stage.name}: no marker for {missing[:5]}"
     return [done[k] for k in stage.items]

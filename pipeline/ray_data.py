@@ -1,24 +1,30 @@
-"""The one Ray adapter: ``RayDataExecutor.map(step, items)`` runs any build step as Ray Data tasks.
+"""The one Ray adapter: ``RayExecutor.map(step, items)`` runs any build step as Ray tasks, one item per task.
 
-    from_items(pickled items, one per block) -> map_batches(step) [tasks, one CPU each] -> markers
+Every stage is the same: a map of one-CPU tasks over in-memory items, each running the step on one item and
+committing its output to storage; only its small marker comes back. Ray as a distributed engine:
 
-Every stage is the same kind of pipeline: one map of tasks over in-memory items, each task running the step on one
-item and committing its output to storage, its small marker coming back. No actor pools: nothing holds a CPU while
-waiting on another stage (the 2-CPU hang of NOTES-stack.md cannot happen), and ``num_cpus`` caps the parallelism.
+- ``init`` (``jobs/_common.init_ray``) attaches to a running cluster (RAY_ADDRESS, as ``ray job submit`` sets, or
+  a Ray already initialised) or starts a local one capped at ``--num-cpus``; ``begin`` does that in a background
+  thread while the driver plans (listing, probing, markers).
+- Before the first stage, one warm-up task per CPU imports the step modules and runs the step's ``setup`` (the
+  WordPiece encoder), so every worker process is warm when the heavy stage starts.
+- Large shared objects (the vocabulary) go to the object store once (``share``); steps cache what they build
+  from them per worker process. The driver never runs a step: it reads no corpus bytes.
 
-Ray as a distributed engine: ``init`` (``jobs/_common.init_ray``) attaches to a running cluster (RAY_ADDRESS, as
-``ray job submit`` sets, or a Ray already initialised) or starts a local one capped at ``--num-cpus``; ``begin``
-starts that in a background thread while the driver plans. Before the first stage, one warm-up task per CPU
-imports the step modules and runs the step's ``setup`` (the WordPiece encoder), so every worker is warm when the
-heavy stage starts. Large shared objects (the vocabulary) go to the object store once (``share``); steps cache
-what they build from them per worker process. The driver never runs a step: it reads no corpus bytes.
+Why Ray tasks and not a Ray Data pipeline (what this module held until issue 11): our stages are one map over a
+list of items whose outputs go to storage, so Ray Data's streaming executor adds only cost. Its driver-side loop
+polls (``ray.wait`` every 0.1 s, the consumer every 0.01 s): ~0.03 CPU-seconds of driver per second of wall time
+(4 tasks of 5 s on 2 CPUs: 0.31 s of driver CPU with Ray Data, 0.03 s with tasks), which grows with the corpus
+through the wall time, plus ~0.5 s for its first execution. It also needed workarounds (its per-operator resource
+reservation left CPUs idle; it noticed finished tasks up to 0.1 s late). Here the driver blocks in ``ray.wait``
+until a task ends, keeps two tasks per CPU in flight (the raylet starts the next the moment a CPU frees), and
+Ray's task retries cover a lost worker or node as they did under Ray Data.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
 import logging
-import pickle
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,8 +49,8 @@ class RayShared:
         return ray.get(self.ref)
 
 
-def _apply(batch: dict[str, Any], step: Callable[[Any], Marker]) -> dict[str, list]:
-    return {"marker": [pickle.dumps(step(pickle.loads(item))) for item in batch["item"]]}
+def _run_one(step: Callable[[Any], Marker], item: Any) -> Marker:
+    return step(item)
 
 
 def _setup(step: Callable[[Any], Marker]) -> int:
@@ -69,16 +75,14 @@ def _unwrap(e: BaseException) -> BaseException | None:
     return None
 
 
-class RayDataExecutor:
-    """Runs steps on Ray Data; ``num_cpus`` caps the concurrent tasks of every stage (None: as many as the
-    cluster's CPUs allow, which is what an autoscaling cluster wants)."""
+class RayExecutor:
+    """Runs steps as Ray tasks; ``num_cpus`` caps the concurrent tasks of every stage (None: as many as the
+    cluster's CPUs, which is what an autoscaling cluster wants)."""
 
     def __init__(self, num_cpus: int | None = None, init: Callable[[], None] | None = None):
         self.width = int(num_cpus) if num_cpus else None
-        self._init = init  # None: the caller's Ray (or, as Ray Data does, a default ray.init())
+        self._init = init  # None: the caller's Ray (or a default ray.init())
         self._ready: concurrent.futures.Future | None = None
-        self._queue = self.width  # tasks in flight per stage (see _bring_up)
-        self._cpus = 1
         self._warm = False
 
     def begin(self) -> concurrent.futures.Future:
@@ -99,16 +103,7 @@ class RayDataExecutor:
             if self._init is not None:
                 self._init()
             elif not ray.is_initialized():
-                ray.init()  # what Ray Data itself does when used without ray.init()
-            cluster_cpus = int(ray.cluster_resources().get("CPU", 1))
-            self._cpus = min(cluster_cpus, self.width or cluster_cpus)
-            # Ray Data notices a finished task up to 0.1 s late (its executor's ray.wait timeout) and only then
-            # submits the next, and on a small machine whose CPUs all run tasks its loop also waits for a CPU. When
-            # the cluster's own CPUs enforce the cap (a local Ray started with --num-cpus), a second task per CPU
-            # waits at the raylet instead, which starts it the moment a CPU frees (40 tasks of ~0.4 s on 2 CPUs:
-            # 1.27x -> 1.73x parallelism). On a bigger cluster the cap stays the number of tasks in flight.
-            if self.width and cluster_cpus <= self.width:
-                self._queue = 2 * self.width
+                ray.init()
         except BaseException as e:  # noqa: BLE001 - handed to the stages, which re-raise it
             self._ready.set_exception(e)
             return
@@ -118,10 +113,19 @@ class RayDataExecutor:
     def _wait(self) -> None:
         self.begin().result()  # re-raises a failed start
 
-    def _runtime_env(self) -> dict[str, Any]:
+    def _cluster_cpus(self) -> int:
+        """The cluster's CPUs now (an autoscaling cluster's count changes between stages)."""
+        import ray
+
+        return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+    def _options(self) -> dict[str, Any]:
+        opts: dict[str, Any] = {"num_cpus": 1}
         # Workers do not inherit the driver's environment: hand them the AWS settings (never logged).
         env = aws_env()
-        return {"runtime_env": {"env_vars": env}} if env else {}
+        if env:
+            opts["runtime_env"] = {"env_vars": env}
+        return opts
 
     def share(self, key: str, obj: Any) -> RayShared:
         import ray
@@ -134,12 +138,13 @@ class RayDataExecutor:
         load the tokenizer before the first heavy task, instead of the first task on each paying for it."""
         import ray
 
-        task = ray.remote(_setup).options(num_cpus=1, **self._runtime_env())
-        pids = ray.get([task.remote(step) for _ in range(self._cpus)])
+        task = ray.remote(_setup).options(**self._options())
+        cluster = self._cluster_cpus()
+        pids = ray.get([task.remote(step) for _ in range(min(cluster, self.width or cluster))])
         log.info("warmed %d Ray worker processes", len(set(pids)))
 
     def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> list[Marker]:
-        """Run ``step`` on every item (one item per block and task); the markers, in any order."""
+        """Run ``step`` on every item, one task each; the markers, in completion order."""
         import ray
 
         if not items:
@@ -148,26 +153,29 @@ class RayDataExecutor:
         if not self._warm:
             self._warm_up(step)
             self._warm = True
-        # Ray Data reserves half of the cluster's resources per operator by default, so that a chain of operators
-        # cannot starve its later stages. Our pipelines are one map over in-memory items: the reservation only
-        # leaves CPUs idle (on 2 CPUs, 16 one-CPU tasks of 0.2 s took 4.1 s with it, 1.8 s without:
-        # benchmarks/build_overheads.py).
-        data_ctx = ray.data.DataContext.get_current()
-        saved, data_ctx.op_resource_reservation_enabled = data_ctx.op_resource_reservation_enabled, False
+        # Two tasks per CPU in flight: the second waits at the raylet, which starts it the moment a CPU frees.
+        # The window also caps the stage at --num-cpus on a bigger cluster (the tasks in flight beyond it wait).
+        cluster = self._cluster_cpus()
+        window = 2 * cluster if self.width is None or cluster <= self.width else self.width
+        task = ray.remote(_run_one).options(**self._options())
+        step_ref = ray.put(step)  # once per stage, not once per task
+        todo = list(reversed(items))
+        running: list = []
+        markers: list[Marker] = []
         try:
-            size = min(self._queue, len(items)) if self._queue else None  # a cap above the task count warns
-            ds = ray.data.from_items([{"item": pickle.dumps(it)} for it in items],
-                                     override_num_blocks=len(items)).map_batches(
-                _apply, batch_size=1, fn_kwargs={"step": step}, num_cpus=1,
-                compute=ray.data.TaskPoolStrategy(size=size), **self._runtime_env())
-            markers = [pickle.loads(r["marker"]) for r in ds.iter_rows()]
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("Ray Data stats:\n%s", ds.stats())
-            return markers
+            while todo or running:
+                while todo and len(running) < window:
+                    running.append(task.remote(step_ref, todo.pop()))
+                done, running = ray.wait(running, num_returns=1)  # blocks: no polling in the driver
+                markers += ray.get(done)
         except Exception as e:  # noqa: BLE001 - re-raised below, unwrapped when it is the user's error
+            for ref in running:
+                ray.cancel(ref)
             inner = _unwrap(e)
             if inner is not None and inner is not e:
                 raise type(inner)(str(inner)) from e
             raise
-        finally:
-            data_ctx.op_resource_reservation_enabled = saved
+        return markers
+
+
+RayDataExecutor = RayExecutor  # the name it had while it ran Ray Data pipelines

@@ -45,15 +45,15 @@ def _same(out, ref):
 
 @pytest.mark.timeout(300)
 def test_ray_equals_plain_loop_and_cpu_count_does_not_matter(ray_local, tmp_path, sample_dir):
-    from pipeline.ray_data import RayDataExecutor
+    from pipeline.ray_data import RayExecutor
 
     corpus = _corpus(tmp_path / "c.jsonl")
     build(_cfg(tmp_path, corpus, sample_dir, "plain"), LocalExecutor())
     mp, _ = _shards(tmp_path / "plain")
     assert mp["totals"]["instances"] > 0 and len(mp["inputs"]) == 1
     assert 0 < mp["random_pool"]["documents"] < mp["totals"]["documents"]  # a sample, not every document
-    build(_cfg(tmp_path, corpus, sample_dir, "ray1"), RayDataExecutor(num_cpus=1))
-    build(_cfg(tmp_path, corpus, sample_dir, "ray2"), RayDataExecutor(num_cpus=2))
+    build(_cfg(tmp_path, corpus, sample_dir, "ray1"), RayExecutor(num_cpus=1))
+    build(_cfg(tmp_path, corpus, sample_dir, "ray2"), RayExecutor(num_cpus=2))
     _same(tmp_path / "ray1", tmp_path / "plain")
     _same(tmp_path / "ray2", tmp_path / "plain")
 
@@ -65,7 +65,7 @@ def test_the_driver_reads_no_corpus_bytes(ray_local, tmp_path, sample_dir, monke
     import pipeline.readers
     import pipeline.shards
     import pipeline.steps
-    from pipeline.ray_data import RayDataExecutor
+    from pipeline.ray_data import RayExecutor
 
     corpus = _corpus(tmp_path / "c.jsonl", n_docs=36)
     build(_cfg(tmp_path, corpus, sample_dir, "plain"), LocalExecutor())
@@ -75,7 +75,7 @@ def test_the_driver_reads_no_corpus_bytes(ray_local, tmp_path, sample_dir, monke
     for mod, name in [(pipeline.readers, "read_unit"), (pipeline.steps, "read_unit"), (pipeline.steps, "read_table"),
                       (pipeline.steps, "read_split"), (pipeline.shards, "_read_slice")]:
         monkeypatch.setattr(mod, name, forbidden)
-    build(_cfg(tmp_path, corpus, sample_dir, "ray"), RayDataExecutor(num_cpus=2))
+    build(_cfg(tmp_path, corpus, sample_dir, "ray"), RayExecutor(num_cpus=2))
     _same(tmp_path / "ray", tmp_path / "plain")
 
 
@@ -84,7 +84,7 @@ def test_two_raylet_cluster_equals_plain_loop(ray_shutdown, tmp_path, sample_dir
     import ray
     from ray.cluster_utils import Cluster
 
-    from pipeline.ray_data import RayDataExecutor
+    from pipeline.ray_data import RayExecutor
 
     corpus = _corpus(tmp_path / "c.jsonl")
     build(_cfg(tmp_path, corpus, sample_dir, "plain"), LocalExecutor())
@@ -94,7 +94,7 @@ def test_two_raylet_cluster_equals_plain_loop(ray_shutdown, tmp_path, sample_dir
         # Attach, as a job submitted to a running cluster does: the executor must use the cluster, not start one.
         ray.init(address=cluster.address, log_to_driver=False)
         assert len([n for n in ray.nodes() if n["Alive"]]) == 2
-        build(_cfg(tmp_path, corpus, sample_dir, "cluster"), RayDataExecutor())
+        build(_cfg(tmp_path, corpus, sample_dir, "cluster"), RayExecutor())
         assert int(ray.cluster_resources()["CPU"]) == 2
     finally:
         ray.shutdown()
