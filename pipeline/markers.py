@@ -82,7 +82,7 @@ class PoolMarker(Marker):
 
 @dataclasses.dataclass(frozen=True)
 class InstancesMarker(Marker):
-    """A unit's instances: one record batch per pass, rows sorted by key; ``rows[p]`` rows in pass ``p``."""
+    """A unit's instances: one record batch per pass, ``rows[p]`` rows in pass ``p``."""
 
     stage: ClassVar[str] = "instances"
     uid: str

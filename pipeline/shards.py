@@ -1,15 +1,15 @@
 """Exactly balanced, well-mixed shards without an all-to-all gather: each shard task reads only its own slices.
 
 Every instance carries a uint64 ``key`` (a hash of seed, document, pass, index). Each instances task writes its
-unit's rows as one record batch per pass, sorted by key. The dataset's global order is fixed by the seed alone:
+unit's rows as one record batch per pass. The dataset's global order is fixed by the seed and the units alone:
 
-    for pass p in 0..D-1:  for each unit in a permutation seeded by (seed, p):  that unit's pass-p rows, by key
+    for pass p in 0..D-1:  for each unit in a permutation seeded by (seed, p):  that unit's pass-p rows
 
 Shard ``i`` of ``S`` takes global rows ``[i*N//S, (i+1)*N//S)`` (row counts differ by at most one). The driver turns
 the per-unit row counts into each task's slice list (prefix sums: O(units x passes) integers, no data), so a shard
-task opens only the few unit files its range covers. It then orders its rows by key within groups of at most
-``ROWS_PER_GROUP`` rows (one group for any shard of ordinary size): a document's pairs, contiguous in no file,
-end up spread among the rows of every other document of the group, and memory stays bounded by the group.
+task opens only the few unit files its range covers and is handed only its own slices. It orders its rows by key
+within groups of at most ``ROWS_PER_GROUP`` rows (one group for a shard of ordinary size): a document's pairs end
+up spread among the rows of every other document of the group, and memory stays bounded by the group.
 
 Because each pass's units are permuted independently, one document's passes land in different places (different
 shards as soon as a pass spans more than one shard). See docs/data.md for what a shard holds and how the loader's

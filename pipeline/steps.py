@@ -5,7 +5,7 @@ marker is done and skipped on resume; an item without one is redone from scratch
 
     DocsStep       unit -> _work/docs/<uid>.arrow, its pool members -> _work/pool/parts/<uid>.arrow, DocsMarker
     PoolStep       "pool" -> the parts merged, in unit order, into _work/pool/pool.arrow, PoolMarker  [one task]
-    InstancesStep  uid -> _work/instances/<uid>.arrow: one record batch per pass, rows by key, InstancesMarker
+    InstancesStep  uid -> _work/instances/<uid>.arrow: one record batch per pass, InstancesMarker
     ShardStep      ShardTask (its own slices only) -> shards/part-i-of-S.parquet, ShardMarker
 
 Random-next pool: a document is a member when ``derive_seed(seed, doc_id, "pool") < ctx.pool_threshold``, a
@@ -273,7 +273,7 @@ def _table(parts: list[dict], vocab_size: int) -> pa.Table:
 
 
 def instances_step(uid: str, ctx: StepContext, pool: RandomDocPool, vocab: VocabInfo) -> InstancesMarker:
-    """NSP pairs + MLM masks for every (document, pass) of a unit; one record batch per pass, rows in key order."""
+    """NSP pairs + MLM masks for every (document, pass) of a unit; one record batch per pass."""
     passes = range(ctx.dupe_factor)
     parts: list[list[dict]] = [[] for _ in passes]
     block: list[tuple[str, PackedDoc]] = []
@@ -301,10 +301,9 @@ def instances_step(uid: str, ctx: StepContext, pool: RandomDocPool, vocab: Vocab
     with open_atomic(ctx.url("instances", uid + WORK_SUFFIX), ctx.endpoint_url) as f:
         with pa.ipc.new_file(f, schema) as w:
             for p in passes:
-                table = _table(parts[p], ctx.vocab_size)
-                # Stable: equal keys (a 64-bit collision) keep the document order, which is fixed.
-                table = table.take(pa.array(np.argsort(table.column("key").to_numpy(), kind="stable")))
-                table = table.combine_chunks()
+                # Rows stay in document order: the shard writer orders its rows by key (sorting here too would
+                # copy every row once more for nothing).
+                table = _table(parts[p], ctx.vocab_size).combine_chunks()
                 batches = table.to_batches()
                 w.write_batch(batches[0] if batches else pa.RecordBatch.from_pylist([], schema=schema))
                 rows.append(table.num_rows)
