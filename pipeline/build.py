@@ -142,7 +142,8 @@ def plan_pool(s: BuildState) -> Stage:
 
 
 def plan_instances(s: BuildState) -> Stage:
-    return Stage("instances", InstancesStep(s.ctx, s.vocab), {u.uid: u.uid for u in s.units}, InstancesMarker)
+    uids = [m.uid for m in s.markers["docs"]]  # type: ignore[attr-defined]
+    return Stage("instances", InstancesStep(s.ctx, s.vocab), {u: u for u in uids}, InstancesMarker)
 
 
 def plan_shards_stage(s: BuildState) -> Stage:

@@ -100,3 +100,16 @@ def test_two_raylet_cluster_equals_plain_loop(ray_shutdown, tmp_path, sample_dir
         ray.shutdown()
         cluster.shutdown()
     _same(tmp_path / "cluster", tmp_path / "plain")
+
+
+@pytest.mark.timeout(120)
+def test_a_bad_input_fails_through_ray_naming_the_file(ray_local, tmp_path, sample_dir):
+    from pipeline.ray_data import RayExecutor
+    from pipeline.readers import InputError
+
+    corpus = _corpus(tmp_path / "c.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"text": "The whale."}\n{"text": oops\n')
+    cfg = _cfg(tmp_path, corpus, sample_dir, "bad")
+    with pytest.raises(InputError, match=r"bad\.jsonl.*bad_json"):
+        build(BuildConfig(**{**cfg.__dict__, "inputs": (corpus, str(bad))}), RayExecutor(num_cpus=2))
