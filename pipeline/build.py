@@ -13,8 +13,10 @@ Resume: ``_work/config.json`` holds the config hash and the input stamps, taken 
 commits atomically with a completion marker, so a killed build rerun with the same command redoes only what has no
 marker. A finished build (manifest present, same hash) is left alone; a different config is refused.
 
-To add a stage, write ``plan_<name>(state) -> Stage`` (its step in ``pipeline/steps.py``, its marker type in
-``pipeline/markers.py``) and put it in ``STAGES``; later stages read its markers from ``state.markers[name]``.
+To add a stage, write ``<name>_stage(state) -> Stage`` (its step in ``pipeline/steps.py``, its marker type in
+``pipeline/markers.py``) and put it in ``STAGES``; later stages read its markers from ``state.markers[name]``. The
+instances stage takes its units from the docs markers, so a stage before docs (cutting big files into pieces) only
+has to change the items ``docs_stage`` maps over.
 """
 from __future__ import annotations
 
@@ -124,11 +126,11 @@ class BuildState:
     markers: dict[str, list[Marker]] = dataclasses.field(default_factory=dict)
 
 
-def plan_docs(s: BuildState) -> Stage:
+def docs_stage(s: BuildState) -> Stage:
     return Stage("docs", DocsStep(s.ctx, s.vocab), {u.uid: u for u in s.units}, DocsMarker)
 
 
-def plan_pool(s: BuildState) -> Stage:
+def pool_stage(s: BuildState) -> Stage:
     docs: list[DocsMarker] = s.markers["docs"]  # type: ignore[assignment]
     totals, dropped, _ = _doc_totals(docs, s.report, s.cfg.read.on_error)  # fails early on empty files
     if totals["documents"] == 0:
@@ -141,18 +143,18 @@ def plan_pool(s: BuildState) -> Stage:
                  PoolMarker)
 
 
-def plan_instances(s: BuildState) -> Stage:
+def instances_stage(s: BuildState) -> Stage:
     uids = [m.uid for m in s.markers["docs"]]  # type: ignore[attr-defined]
     return Stage("instances", InstancesStep(s.ctx, s.vocab), {u: u for u in uids}, InstancesMarker)
 
 
-def plan_shards_stage(s: BuildState) -> Stage:
+def shards_stage(s: BuildState) -> Stage:
     inst: list[InstancesMarker] = s.markers["instances"]  # type: ignore[assignment]
     tasks = plan_shards([(m.uid, m.rows) for m in inst], s.cfg.num_shards, s.cfg.instances.seed)
     return Stage("shards", ShardStep(s.ctx), {f"{t.index:05d}": t for t in tasks}, ShardMarker)
 
 
-STAGES: tuple[Callable[[BuildState], Stage], ...] = (plan_docs, plan_pool, plan_instances, plan_shards_stage)
+STAGES: tuple[Callable[[BuildState], Stage], ...] = (docs_stage, pool_stage, instances_stage, shards_stage)
 
 
 def _tokens_of(data: bytes) -> list[str]:
