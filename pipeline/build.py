@@ -35,7 +35,7 @@ from pipeline.markers import DocsMarker, InstancesMarker, Marker, PoolMarker, Sh
 from pipeline.readers import COMPRESSED_RATIO, ReadOptions, ReadReport, Unit, detect_format, plan_units, read_unit
 from pipeline.schema import (FORMAT, FORMAT_VERSION, MANIFEST, SHARDS_DIR, VOCAB_FILE, WORK_DIR, config_hash,
                              token_dtype, validate_manifest)
-from pipeline.shards import plan_shards
+from pipeline.shards import chunks_per_pass, plan_shards
 from pipeline.steps import DocsStep, InstancesStep, PoolStep, ShardStep, StepContext
 from pipeline.storage import (FileInfo, check_writable, compression_of, exists, expand_inputs, join, list_names,
                               read_bytes, read_json, remove_stale_temps, remove_tree, write_bytes_atomic,
@@ -145,12 +145,14 @@ def pool_stage(s: BuildState) -> Stage:
 
 def instances_stage(s: BuildState) -> Stage:
     uids = [m.uid for m in s.markers["docs"]]  # type: ignore[attr-defined]
-    return Stage("instances", InstancesStep(s.ctx, s.vocab), {u: u for u in uids}, InstancesMarker)
+    chunks = chunks_per_pass(len(uids), s.cfg.dupe_factor, s.cfg.num_shards)
+    return Stage("instances", InstancesStep(s.ctx, s.vocab, chunks), {u: u for u in uids}, InstancesMarker)
 
 
 def shards_stage(s: BuildState) -> Stage:
     inst: list[InstancesMarker] = s.markers["instances"]  # type: ignore[assignment]
-    tasks = plan_shards([(m.uid, m.rows) for m in inst], s.cfg.num_shards, s.cfg.instances.seed)
+    (chunks,) = {m.chunks for m in inst}  # the same plan for every unit, resumed or not
+    tasks = plan_shards([(m.uid, m.rows) for m in inst], s.cfg.num_shards, s.cfg.instances.seed, chunks)
     return Stage("shards", ShardStep(s.ctx), {f"{t.index:05d}": t for t in tasks}, ShardMarker)
 
 

@@ -82,11 +82,12 @@ class PoolMarker(Marker):
 
 @dataclasses.dataclass(frozen=True)
 class InstancesMarker(Marker):
-    """A unit's instances: one record batch per pass, ``rows[p]`` rows in pass ``p``."""
+    """A unit's instances: ``rows[p]`` rows in pass ``p``, cut into ``chunks`` record batches per pass."""
 
     stage: ClassVar[str] = "instances"
     uid: str
     rows: tuple[int, ...]
+    chunks: int
     random_next: int
     masked: int
     seq_len_histogram: dict[str, int]

@@ -1,22 +1,26 @@
 """Exactly balanced, well-mixed shards without an all-to-all gather: each shard task reads only its own slices.
 
 Every instance carries a uint64 ``key`` (a hash of seed, document, pass, index). Each instances task writes its
-unit's rows as one record batch per pass. The dataset's global order is fixed by the seed and the units alone:
+unit's rows pass by pass, each pass cut into ``chunks`` contiguous record batches. The dataset's global order is
+fixed by the seed and the plan alone:
 
-    for pass p in 0..D-1:  for each unit in a permutation seeded by (seed, p):  that unit's pass-p rows
+    for pass p in 0..D-1:  for each (unit, chunk) in a permutation seeded by (seed, p):  that chunk's rows
 
 Shard ``i`` of ``S`` takes global rows ``[i*N//S, (i+1)*N//S)`` (row counts differ by at most one). The driver turns
-the per-unit row counts into each task's slice list (prefix sums: O(units x passes) integers, no data), so a shard
-task opens only the few unit files its range covers and is handed only its own slices. It orders its rows by key
-within groups of at most ``ROWS_PER_GROUP`` rows (one group for a shard of ordinary size): a document's pairs end
-up spread among the rows of every other document of the group, and memory stays bounded by the group.
+the per-unit row counts into each task's slice list (prefix sums: O(units x passes x chunks) integers, no data),
+so a shard task opens only the chunks its range covers and is handed only its own slices. It orders its rows by
+key within groups of at most ``ROWS_PER_GROUP`` rows (one group for a shard of ordinary size): a document's pairs
+end up spread among the rows of every other document of the group, and memory stays bounded by the group.
 
-Because each pass's units are permuted independently, one document's passes land in different places (different
-shards as soon as a pass spans more than one shard). See docs/data.md for what a shard holds and how the loader's
-seeded shard order covers the rest.
+``chunks_per_pass`` cuts each unit's pass into enough chunks that a shard draws on ~``CHUNKS_PER_SHARD`` of them:
+a small corpus (few units per shard) gets its shards mixed from many units, a large one keeps one chunk per pass
+(its shards already span hundreds of units) and the fewest reads. Because each pass is permuted independently,
+one document's passes land in different places (different shards as soon as a pass spans more than one shard).
+See docs/data.md for what a shard holds and how the loader's seeded shard order covers the rest.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from collections.abc import Callable, Sequence
 
@@ -28,6 +32,9 @@ from pipeline.rng import derive_seed
 from pipeline.storage import filesystem_for, open_atomic
 
 ROWS_PER_GROUP = 1 << 18  # ~100 MB of seq-128 rows: what one shard writer sorts at a time
+CHUNKS_PER_SHARD = 32  # pieces of units a shard should mix, when the corpus has fewer units than that per shard
+MAX_CHUNKS = 64  # chunks per unit and pass at most: each is one small read for a shard task
+_READ_THREADS = 8
 
 # Intermediate (_work) files are written once and read once, then deleted: Arrow IPC files (no encoding, no
 # compression; a record batch is read back by index, like a Parquet row group). Final shards are zstd Parquet.
@@ -46,8 +53,8 @@ def read_work_table(f) -> pa.Table:
 
 @dataclasses.dataclass(frozen=True)
 class ShardTask:
-    """Shard ``index`` of ``count``: its slices ``(uid, pass, lo, hi)``, rows [lo, hi) of batch ``pass`` of the
-    unit's instances file, in global order."""
+    """Shard ``index`` of ``count``: its slices ``(uid, batch, lo, hi)``, rows [lo, hi) of record batch ``batch``
+    of the unit's instances file, in global order."""
 
     index: int
     count: int
@@ -58,19 +65,36 @@ class ShardTask:
         return sum(hi - lo for _, _, lo, hi in self.slices)
 
 
-def unit_order(num_units: int, seed: int, pass_idx: int) -> np.ndarray:
-    """The order of the units in pass ``pass_idx``: a permutation seeded by (seed, pass)."""
-    return np.random.default_rng(derive_seed(seed, "unit-order", pass_idx)).permutation(num_units)
+def chunks_per_pass(num_units: int, dupe_factor: int, num_shards: int) -> int:
+    """Record batches per unit and pass, so that a shard spans ~CHUNKS_PER_SHARD pieces (1 for a large corpus)."""
+    need = -(-CHUNKS_PER_SHARD * num_shards // max(1, num_units * dupe_factor))  # ceil
+    return max(1, min(MAX_CHUNKS, need))
 
 
-def plan_shards(unit_rows: Sequence[tuple[str, Sequence[int]]], num_shards: int, seed: int) -> list[ShardTask]:
-    """Shard i gets global rows [i*N//S, (i+1)*N//S); ``unit_rows``: (uid, rows per pass) in unit order."""
+def chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
+    """Rows [a, b) of each of ``chunks`` contiguous pieces of ``n`` rows (sizes differ by at most one)."""
+    return [(c * n // chunks, (c + 1) * n // chunks) for c in range(chunks)]
+
+
+def unit_order(num_pieces: int, seed: int, pass_idx: int) -> np.ndarray:
+    """The order of the (unit, chunk) pieces in pass ``pass_idx``: a permutation seeded by (seed, pass)."""
+    return np.random.default_rng(derive_seed(seed, "unit-order", pass_idx)).permutation(num_pieces)
+
+
+def plan_shards(unit_rows: Sequence[tuple[str, Sequence[int]]], num_shards: int, seed: int,
+                chunks: int = 1) -> list[ShardTask]:
+    """Shard i gets global rows [i*N//S, (i+1)*N//S); ``unit_rows``: (uid, rows per pass) in unit order, each
+    pass of each unit written as ``chunks`` record batches (``chunk_bounds``)."""
     uids = [u for u, _ in unit_rows]
     counts = np.array([list(r) for _, r in unit_rows], dtype=np.int64).reshape(len(uids), -1)
-    segs = [(int(u), p) for p in range(counts.shape[1]) for u in unit_order(len(uids), seed, p)]
-    sizes = np.array([counts[u, p] for u, p in segs], dtype=np.int64)
-    starts = np.zeros(len(sizes) + 1, np.int64)
-    np.cumsum(sizes, out=starts[1:])
+    segs: list[tuple[int, int, int]] = []  # (unit, batch, rows)
+    for p in range(counts.shape[1]):
+        for k in unit_order(len(uids) * chunks, seed, p).tolist():
+            u, c = divmod(k, chunks)
+            a, b = chunk_bounds(int(counts[u, p]), chunks)[c]
+            segs.append((u, p * chunks + c, b - a))
+    starts = np.zeros(len(segs) + 1, np.int64)
+    np.cumsum([n for _, _, n in segs], out=starts[1:])
     total = int(starts[-1])
     tasks = []
     for i in range(num_shards):
@@ -82,8 +106,8 @@ def plan_shards(unit_rows: Sequence[tuple[str, Sequence[int]]], num_shards: int,
             if s >= hi:
                 break
             if e > lo and e > s:
-                u, p = segs[k]
-                slices.append((uids[u], p, max(lo, s) - s, min(hi, e) - s))
+                u, batch, _ = segs[k]
+                slices.append((uids[u], batch, max(lo, s) - s, min(hi, e) - s))
         tasks.append(ShardTask(i, num_shards, tuple(slices)))
     return tasks
 
@@ -115,8 +139,10 @@ def write_shard(task: ShardTask, url: str, source: Callable[[str], str], schema:
     with open_atomic(url, endpoint_url) as f:
         with pq.ParquetWriter(f, schema, compression="zstd") as w:
             for group in _groups(task.slices, rows_per_group):
-                table = pa.Table.from_batches([_read_slice(source(u), p, lo, hi, endpoint_url)
-                                               for u, p, lo, hi in group])
+                # Slices are small reads from different files: concurrent on object storage, in a fixed order.
+                with concurrent.futures.ThreadPoolExecutor(min(_READ_THREADS, len(group))) as threads:
+                    table = pa.Table.from_batches(list(threads.map(
+                        lambda s: _read_slice(source(s[0]), s[1], s[2], s[3], endpoint_url), group)))
                 # Stable: equal keys (a 64-bit collision) keep the global order, which is fixed.
                 order = np.argsort(table.column("key").to_numpy(), kind="stable")
                 part = table.take(pa.array(order)).select(schema.names).cast(schema)

@@ -5,7 +5,7 @@ marker is done and skipped on resume; an item without one is redone from scratch
 
     DocsStep       unit -> _work/docs/<uid>.arrow, its pool members -> _work/pool/parts/<uid>.arrow, DocsMarker
     PoolStep       "pool" -> the parts merged, in unit order, into _work/pool/pool.arrow, PoolMarker  [one task]
-    InstancesStep  uid -> _work/instances/<uid>.arrow: one record batch per pass, InstancesMarker
+    InstancesStep  uid -> _work/instances/<uid>.arrow: each pass's rows as a few record batches, InstancesMarker
     ShardStep      ShardTask (its own slices only) -> shards/part-i-of-S.parquet, ShardMarker
 
 Random-next pool: a document is a member when ``derive_seed(seed, doc_id, "pool") < ctx.pool_threshold``, a
@@ -33,7 +33,7 @@ from pipeline.pairs import PackedDoc
 from pipeline.readers import ReadOptions, ReadReport, Unit, read_unit
 from pipeline.rng import derive_seed
 from pipeline.schema import instance_schema, shard_name, token_dtype, work_docs_schema, work_instance_schema
-from pipeline.shards import WORK_SUFFIX, ShardTask, read_work_table, write_shard, write_work_table
+from pipeline.shards import WORK_SUFFIX, ShardTask, chunk_bounds, read_work_table, write_shard, write_work_table
 from pipeline.storage import filesystem_for, join, open_atomic
 
 log = logging.getLogger(__name__)
@@ -272,8 +272,10 @@ def _table(parts: list[dict], vocab_size: int) -> pa.Table:
     ], schema=schema)
 
 
-def instances_step(uid: str, ctx: StepContext, pool: RandomDocPool, vocab: VocabInfo) -> InstancesMarker:
-    """NSP pairs + MLM masks for every (document, pass) of a unit; one record batch per pass."""
+def instances_step(uid: str, ctx: StepContext, pool: RandomDocPool, vocab: VocabInfo, chunks: int = 1
+                   ) -> InstancesMarker:
+    """NSP pairs + MLM masks for every (document, pass) of a unit; each pass's rows cut into ``chunks`` record
+    batches (contiguous, sizes differing by at most one row; batch ``p * chunks + c``), what the shards read."""
     passes = range(ctx.dupe_factor)
     parts: list[list[dict]] = [[] for _ in passes]
     block: list[tuple[str, PackedDoc]] = []
@@ -304,8 +306,9 @@ def instances_step(uid: str, ctx: StepContext, pool: RandomDocPool, vocab: Vocab
                 # Rows stay in document order: the shard writer orders its rows by key (sorting here too would
                 # copy every row once more for nothing).
                 table = _table(parts[p], ctx.vocab_size).combine_chunks()
-                batches = table.to_batches()
-                w.write_batch(batches[0] if batches else pa.RecordBatch.from_pylist([], schema=schema))
+                for a, b in chunk_bounds(table.num_rows, chunks):
+                    batches = table.slice(a, b - a).to_batches()
+                    w.write_batch(batches[0] if batches else pa.RecordBatch.from_pylist([], schema=schema))
                 rows.append(table.num_rows)
                 if parts[p]:
                     lengths = np.concatenate([np.diff(x["input_ids"][1]) for x in parts[p]])
@@ -313,7 +316,7 @@ def instances_step(uid: str, ctx: StepContext, pool: RandomDocPool, vocab: Vocab
                 random_next += int(sum(int(x["next_sentence_label"].sum()) for x in parts[p]))
                 masked += int(sum(len(x["masked_lm_positions"][0]) for x in parts[p]))
                 parts[p] = []
-    marker = InstancesMarker(uid=uid, rows=tuple(rows), random_next=random_next, masked=masked,
+    marker = InstancesMarker(uid=uid, rows=tuple(rows), chunks=chunks, random_next=random_next, masked=masked,
                              seq_len_histogram={str(k): int(v) for k, v in sorted(hist.items()) if v})
     write_marker(ctx.work, marker, ctx.endpoint_url)
     return marker
@@ -323,13 +326,14 @@ def instances_step(uid: str, ctx: StepContext, pool: RandomDocPool, vocab: Vocab
 class InstancesStep:
     ctx: StepContext
     vocab: Shared
+    chunks: int = 1  # record batches per pass (shards.chunks_per_pass)
 
     def setup(self) -> None:
         vocab_info_for(self.vocab)
         pool_for(self.ctx)
 
     def __call__(self, uid: str) -> InstancesMarker:
-        return instances_step(uid, self.ctx, pool_for(self.ctx), vocab_info_for(self.vocab))
+        return instances_step(uid, self.ctx, pool_for(self.ctx), vocab_info_for(self.vocab), self.chunks)
 
 
 # --- shards

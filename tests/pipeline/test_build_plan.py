@@ -15,13 +15,13 @@ from pipeline.instances import InstanceConfig
 from pipeline.markers import DocsMarker, InstancesMarker, read_markers, write_marker
 from pipeline.readers import ReadOptions, ReadReport, plan_units, read_unit
 from pipeline.rng import derive_seed
-from pipeline.shards import ShardTask, plan_shards, unit_order, write_shard
+from pipeline.shards import ShardTask, chunk_bounds, chunks_per_pass, plan_shards, unit_order, write_shard
 from pipeline.storage import expand_inputs
 
 
 def test_markers_round_trip_and_are_read_back_concurrently(tmp_path):
     work = str(tmp_path / "_work")
-    written = [InstancesMarker(uid=f"{i:05d}-00000", rows=(i, i + 1), random_next=i, masked=3 * i,
+    written = [InstancesMarker(uid=f"{i:05d}-00000", rows=(i, i + 1), chunks=2, random_next=i, masked=3 * i,
                                seq_len_histogram={"64": i}) for i in range(40)]
     for m in written:
         write_marker(work, m)
@@ -38,17 +38,21 @@ def _rows(n_units=7, passes=3, seed=0):
     return [(f"{u:05d}-00000", tuple(int(x) for x in rng.integers(0, 60, passes))) for u in range(n_units)]
 
 
-@pytest.mark.parametrize("num_shards", [1, 4, 5, 40])
-def test_shards_are_balanced_and_cover_every_row_once_in_the_seeded_order(num_shards):
+@pytest.mark.parametrize("num_shards,chunks", [(1, 1), (4, 1), (5, 3), (40, 1), (40, 7)])
+def test_shards_are_balanced_and_cover_every_row_once_in_the_seeded_order(num_shards, chunks):
     unit_rows = _rows()
-    tasks = plan_shards(unit_rows, num_shards, seed=12345)
+    tasks = plan_shards(unit_rows, num_shards, seed=12345, chunks=chunks)
     total = sum(sum(r) for _, r in unit_rows)
     sizes = [t.rows for t in tasks]
     assert sum(sizes) == total and max(sizes) - min(sizes) <= 1 and [t.index for t in tasks] == list(range(num_shards))
-    # Concatenated, the slices are the global order: pass by pass, units permuted by (seed, pass), all rows.
-    expected = [(unit_rows[u][0], p, i) for p in range(3) for u in unit_order(len(unit_rows), 12345, p)
-                for i in range(unit_rows[u][1][p])]
-    got = [(uid, p, i) for t in tasks for uid, p, lo, hi in t.slices for i in range(lo, hi)]
+    # Concatenated, the slices are the global order: pass by pass, (unit, chunk) pieces permuted by (seed, pass).
+    expected = []
+    for p in range(3):
+        for k in unit_order(len(unit_rows) * chunks, 12345, p):
+            u, c = divmod(int(k), chunks)
+            a, b = chunk_bounds(unit_rows[u][1][p], chunks)[c]
+            expected += [(unit_rows[u][0], p * chunks + c, i) for i in range(b - a)]
+    got = [(uid, batch, i) for t in tasks for uid, batch, lo, hi in t.slices for i in range(lo, hi)]
     assert got == expected
     assert all(hi > lo for t in tasks for _, _, lo, hi in t.slices)  # a task holds only slices it reads
 
@@ -61,6 +65,17 @@ def test_passes_are_ordered_independently_so_a_units_passes_land_in_different_sh
     for uid, _ in unit_rows:
         shards = {t.index for t in tasks for u, _, _, _ in t.slices if u == uid}
         assert len(shards) >= 3  # each pass spans two shards of its own
+
+
+def test_chunks_mix_more_units_into_each_shard_of_a_small_corpus():
+    assert chunks_per_pass(10_000, 5, 1024) == 1  # a large corpus: shards span hundreds of units already
+    assert chunks_per_pass(4, 2, 8) == 32 and chunks_per_pass(1, 1, 1000) == 64
+    unit_rows = [(f"{u:05d}-00000", (400, 400)) for u in range(6)]
+    chunks = chunks_per_pass(6, 2, 4)
+
+    def units_per_shard(c):
+        return [len({u for u, _, _, _ in t.slices}) for t in plan_shards(unit_rows, 4, seed=3, chunks=c)]
+    assert max(units_per_shard(1)) <= 4 and min(units_per_shard(chunks)) == 6  # every unit in every shard
 
 
 def test_shard_rows_are_in_key_order_within_each_group(tmp_path):
