@@ -239,7 +239,10 @@ def build(cfg: BuildConfig, executor: Executor | None = None) -> dict[str, Any]:
     tokens = _tokens_of(vocab_bytes)
     vocab = VocabInfo.from_tokens(tokens)
     planned = planned_tokens(files, cfg.read)
-    ctx = cfg.step_context(vocab.vocab_size, pool_threshold(cfg.pool_tokens, planned), chash)
+    # The id that keys per-process caches (the pool): the config and the input stamps, so a rebuild of changed
+    # inputs into the same output, in the same process, never sees the old pool.
+    build_id = config_hash({"config_hash": chash, "inputs": inputs})
+    ctx = cfg.step_context(vocab.vocab_size, pool_threshold(cfg.pool_tokens, planned), build_id)
     # The vocabulary goes to the workers once (the object store on Ray); each builds its encoder once.
     state = BuildState(cfg, ctx, units, executor.share(vocab_sha, tokens), report, planned)
     for plan in STAGES:
