@@ -48,7 +48,7 @@ _POOL_READ_THREADS = 16  # pool parts read concurrently by the one pool task (ma
 @dataclasses.dataclass(frozen=True)
 class StepContext:
     """What the steps need (never the whole job config): where _work is, the component configs, and ``build_id``
-    (the config hash) that keys the per-process caches."""
+    (a hash of the config and the input stamps) that keys the per-process caches."""
 
     work: str
     output: str
