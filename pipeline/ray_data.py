@@ -153,8 +153,8 @@ class RayExecutor:
         if not self._warm:
             self._warm_up(step)
             self._warm = True
-        # Two tasks per CPU in flight: the second waits at the raylet, which starts it the moment a CPU frees.
-        # The window also caps the stage at --num-cpus on a bigger cluster (the tasks in flight beyond it wait).
+        # Two tasks per CPU in flight when the cluster's CPUs are the cap: the second waits at the raylet, which
+        # starts it the moment a CPU frees. On a cluster bigger than --num-cpus the window is the cap itself.
         cluster = self._cluster_cpus()
         window = 2 * cluster if self.width is None or cluster <= self.width else self.width
         task = ray.remote(_run_one).options(**self._options())
