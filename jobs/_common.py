@@ -82,10 +82,14 @@ def init_ray(num_cpus: int | None = None, dashboard: bool = False) -> None:
     import ray
 
     if ray.is_initialized():
+        log.info("using the Ray already initialised in this process (%d CPUs)",
+                 int(ray.cluster_resources().get("CPU", 0)))
         return
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+        log.info("attached to the Ray cluster at %s (%d CPUs)", os.environ["RAY_ADDRESS"],
+                 int(ray.cluster_resources().get("CPU", 0)))
     else:
         # address="local": without it, ray.init() joins any cluster already running on this machine (someone's
         # `ray start`, another job's session) and then refuses num_cpus; we promised a fresh local Ray.

@@ -3,8 +3,8 @@
     python jobs/build_dataset.py --input URL [--input URL ...] --output URL [--vocab PATH_OR_URL] [options]
     ray job submit --working-dir . -- python jobs/build_dataset.py ...        # same flags, on a cluster
 
-Runs on Ray Data (a local Ray on loopback unless RAY_ADDRESS names a cluster); ``--no-ray`` runs the same steps as a
-plain loop. Prints a one-line JSON summary at the end. An MLflow run is logged only when a tracking URI is set
+Runs its stages as Ray tasks: on the cluster it is attached to (``ray job submit`` sets RAY_ADDRESS), else on a local
+Ray on loopback capped at ``--num-cpus``; ``--no-ray`` runs the same steps as a plain loop. Prints a one-line JSON summary at the end. An MLflow run is logged only when a tracking URI is set
 (--mlflow-tracking-uri or MLFLOW_TRACKING_URI).
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-shards", type=int, default=16)
     p.add_argument("--pool-tokens", type=int, default=4_000_000,
                    help="token budget of the random-next pool (a seeded sample of the whole corpus)")
-    p.add_argument("--num-cpus", type=int, default=None, help="caps local parallelism (a local Ray's CPUs)")
+    p.add_argument("--num-cpus", type=int, default=None, help="caps parallelism: a local Ray's CPUs, or the tasks in flight on a cluster")
     p.add_argument("--on-error", choices=ON_ERROR, default="fail")
     p.add_argument("--endpoint-url", help="S3-compatible endpoint (MinIO, Ceph, a test server)")
     p.add_argument("--no-ray", action="store_true", help="run the steps as a plain loop (debugging)")
@@ -116,10 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_ray:
         executor = LocalExecutor()
     else:
-        from pipeline.ray_data import RayDataExecutor
+        from pipeline.ray_data import RayExecutor
 
-        # Ray starts when the first stage begins (not at all for a finished build), in the background.
-        executor = RayDataExecutor(args.num_cpus, init=lambda: _common.init_ray(args.num_cpus))
+        # Ray starts in the background once the build has work to do (not at all for a finished build).
+        executor = RayExecutor(args.num_cpus, init=lambda: _common.init_ray(args.num_cpus))
     manifest = build(cfg, executor)
     run_id = log_mlflow(tracking_uri, args, cfg, manifest) if tracking_uri else None
     t = manifest["totals"]

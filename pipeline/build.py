@@ -1,14 +1,22 @@
-"""The dataset build: config, resumable orchestration of the steps, and the manifest (written last).
+"""The dataset build: config, the stages the driver walks, resume, and the manifest (written last).
 
-    plan (inputs -> fixed units) -> [vocab] -> docs stage -> pool -> instances stage -> shards stage -> manifest
+    plan (inputs -> fixed units) -> [vocab] -> docs -> pool -> instances -> shards -> manifest
 
-An ``Executor`` runs a stage's pending units: ``LocalExecutor`` is a plain loop over the step functions (tests,
-debugging), ``pipeline.ray_data.RayDataExecutor`` runs the same functions as Ray Data stages. Output never depends
-on which one ran, nor on CPUs, nodes or blocks: ids and seeds come from the files, the order from instance keys.
+Each stage is a ``pipeline.executor.Stage`` (a step mapped over items, one marker per item) planned from the markers
+of the stages before it; ``build`` walks ``STAGES`` and runs each with ``run_stage`` on the executor it was given
+(``LocalExecutor``: a plain loop; ``pipeline.ray_data.RayDataExecutor``: the same steps on Ray Data). The driver only
+plans and sums markers: it reads no corpus bytes and no per-document data, so its work is O(units) of metadata.
+Barriers are the ones the algorithm needs: the pool needs every unit's members, the shards need every unit's row
+counts. Output never depends on the executor, CPUs, nodes or blocks: ids and seeds come from the files.
 
-Resume: ``_work/config.json`` holds the config hash and the input stamps, taken at start. Every unit of every stage
+Resume: ``_work/config.json`` holds the config hash and the input stamps, taken at start. Every item of every stage
 commits atomically with a completion marker, so a killed build rerun with the same command redoes only what has no
 marker. A finished build (manifest present, same hash) is left alone; a different config is refused.
+
+To add a stage, write ``<name>_stage(state) -> Stage`` (its step in ``pipeline/steps.py``, its marker type in
+``pipeline/markers.py``) and put it in ``STAGES``; later stages read its markers from ``state.markers[name]``. The
+instances stage takes its units from the docs markers, so a stage before docs (cutting big files into pieces) only
+has to change the items ``docs_stage`` maps over.
 """
 from __future__ import annotations
 
@@ -18,19 +26,29 @@ import json
 import logging
 import time
 from collections import Counter
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
-from pipeline.instances import InstanceConfig, RandomDocPool, VocabInfo
-from pipeline.readers import ReadOptions, ReadReport, Unit, plan_units, read_unit
+from pipeline.executor import Executor, LocalExecutor, Shared, Stage, run_stage
+from pipeline.instances import InstanceConfig, VocabInfo
+from pipeline.markers import DocsMarker, InstancesMarker, Marker, PoolMarker, ShardMarker
+from pipeline.readers import COMPRESSED_RATIO, ReadOptions, ReadReport, Unit, detect_format, plan_units, read_unit
 from pipeline.schema import (FORMAT, FORMAT_VERSION, MANIFEST, SHARDS_DIR, VOCAB_FILE, WORK_DIR, config_hash,
                              token_dtype, validate_manifest)
-from pipeline.shards import ShardTask, bucket_bits, plan_shards
-from pipeline.steps import StepContext, bucket_sources, instances_step, load_pool, read_split, select_pool, \
-    shard_step, tokenize_commit
-from pipeline.storage import (check_writable, exists, expand_inputs, join, list_names, read_bytes, read_json,
-                              remove_stale_temps, remove_tree, write_bytes_atomic, write_json_atomic)
+from pipeline.shards import chunks_per_pass, plan_shards
+from pipeline.steps import DocsStep, InstancesStep, PoolStep, ShardStep, StepContext
+from pipeline.storage import (FileInfo, check_writable, compression_of, exists, expand_inputs, join, list_names,
+                              read_bytes, read_json, remove_stale_temps, remove_tree, write_bytes_atomic,
+                              write_json_atomic)
+
+__all__ = ["BuildConfig", "LocalExecutor", "STAGES", "build"]
 
 log = logging.getLogger(__name__)
+
+# Planning the random-next pool before any text is read: tokens are estimated from the input's size. ~4.2 bytes of
+# English text per WordPiece token (bert-base-uncased on Moby Dick, news, docs); 4.0 errs towards a pool a little
+# under the budget. Compressed inputs count COMPRESSED_RATIO text bytes per stored byte.
+BYTES_PER_TOKEN = 4.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,42 +90,73 @@ class BuildConfig:
         d.pop("endpoint_url")
         return d
 
-    def step_context(self, vocab_size: int) -> StepContext:
+    def step_context(self, vocab_size: int, pool_threshold: int, build_id: str) -> StepContext:
         return StepContext(work=join(self.output, WORK_DIR), output=self.output, read=self.read,
                            instances=self.instances, do_lower_case=self.do_lower_case, dupe_factor=self.dupe_factor,
-                           vocab_size=vocab_size, pool_tokens=self.pool_tokens, endpoint_url=self.endpoint_url)
+                           vocab_size=vocab_size, pool_threshold=pool_threshold, build_id=build_id,
+                           endpoint_url=self.endpoint_url)
 
 
-class Executor(Protocol):
-    def docs(self, units: list[Unit], ctx: StepContext, vocab_tokens: list[str]) -> list[dict]: ...
-
-    def instances(self, uids: list[str], ctx: StepContext, pool: RandomDocPool, vocab_tokens: list[str],
-                  bits: int) -> list[dict]: ...
-
-    def shards(self, tasks: list[ShardTask], ctx: StepContext, sources: dict) -> list[dict]: ...
-
-
-class LocalExecutor:
-    """A plain loop over the step functions, no Ray: what tests and debugging use."""
-
-    def docs(self, units: list[Unit], ctx: StepContext, vocab_tokens: list[str]) -> list[dict]:
-        from pipeline.tokenize import WordPieceEncoder
-
-        encoder = WordPieceEncoder(tokens=vocab_tokens, do_lower_case=ctx.do_lower_case)
-        return [tokenize_commit(read_split(u, ctx), ctx, encoder) for u in units]
-
-    def instances(self, uids: list[str], ctx: StepContext, pool: RandomDocPool, vocab_tokens: list[str],
-                  bits: int) -> list[dict]:
-        vocab = VocabInfo.from_tokens(vocab_tokens)
-        return [instances_step(uid, ctx, pool, vocab, bits) for uid in uids]
-
-    def shards(self, tasks: list[ShardTask], ctx: StepContext, sources: dict) -> list[dict]:
-        return [shard_step(t, ctx, sources) for t in tasks]
+def planned_tokens(files: list[FileInfo], read: ReadOptions) -> int:
+    """Tokens the inputs should hold, from their listed sizes alone (no reads)."""
+    text_bytes = 0
+    for f in files:
+        packed = compression_of(f.path) or detect_format(f.path, read.fmt) == "parquet"
+        text_bytes += f.size * (COMPRESSED_RATIO if packed else 1)
+    return max(1, int(text_bytes / BYTES_PER_TOKEN))
 
 
-def _read_markers(folder: str, endpoint_url: str | None) -> dict[str, dict]:
-    names = [n for n in list_names(folder, endpoint_url) if n.endswith(".done.json")]
-    return {n[: -len(".done.json")]: read_json(join(folder, n), endpoint_url) for n in names}
+def pool_threshold(pool_tokens: int, planned: int) -> int:
+    """The 64-bit hash threshold that makes the pool a p = min(1, budget / planned tokens) sample of documents."""
+    p = min(1.0, pool_tokens / planned)
+    return 1 << 64 if p >= 1.0 else int(p * (1 << 64))
+
+
+@dataclasses.dataclass
+class BuildState:
+    """What the stage planners see: the config, the step context, the units, the shared vocabulary and the
+    markers of the stages run so far (by stage name, in item order)."""
+
+    cfg: BuildConfig
+    ctx: StepContext
+    units: list[Unit]
+    vocab: Shared
+    report: ReadReport
+    planned_tokens: int
+    markers: dict[str, list[Marker]] = dataclasses.field(default_factory=dict)
+
+
+def docs_stage(s: BuildState) -> Stage:
+    return Stage("docs", DocsStep(s.ctx, s.vocab), {u.uid: u for u in s.units}, DocsMarker)
+
+
+def pool_stage(s: BuildState) -> Stage:
+    docs: list[DocsMarker] = s.markers["docs"]  # type: ignore[assignment]
+    totals, dropped, _ = _doc_totals(docs, s.report, s.cfg.read.on_error)  # fails early on empty files
+    if totals["documents"] == 0:
+        raise ValueError(f"no documents with tokens in {list(s.cfg.inputs)} (dropped: {dict(dropped)}); check the"
+                         " --format/--text-field and the inputs")
+    if not any(m.pool_documents for m in docs):
+        raise ValueError(f"the random-next pool sampled no document (budget {s.cfg.pool_tokens} tokens of an"
+                         f" estimated {s.planned_tokens}): raise --pool-tokens")
+    return Stage("pool", PoolStep(s.ctx, tuple(m.uid for m in docs if m.pool_documents)), {"pool": "pool"},
+                 PoolMarker)
+
+
+def instances_stage(s: BuildState) -> Stage:
+    uids = [m.uid for m in s.markers["docs"]]  # type: ignore[attr-defined]
+    chunks = chunks_per_pass(len(uids), s.cfg.dupe_factor, s.cfg.num_shards)
+    return Stage("instances", InstancesStep(s.ctx, s.vocab, chunks), {u: u for u in uids}, InstancesMarker)
+
+
+def shards_stage(s: BuildState) -> Stage:
+    inst: list[InstancesMarker] = s.markers["instances"]  # type: ignore[assignment]
+    (chunks,) = {m.chunks for m in inst}  # the same plan for every unit, resumed or not
+    tasks = plan_shards([(m.uid, m.rows) for m in inst], s.cfg.num_shards, s.cfg.instances.seed, chunks)
+    return Stage("shards", ShardStep(s.ctx), {f"{t.index:05d}": t for t in tasks}, ShardMarker)
+
+
+STAGES: tuple[Callable[[BuildState], Stage], ...] = (docs_stage, pool_stage, instances_stage, shards_stage)
 
 
 def _tokens_of(data: bytes) -> list[str]:
@@ -178,6 +227,7 @@ def build(cfg: BuildConfig, executor: Executor | None = None) -> dict[str, Any]:
         return m
     _check_state(cfg, chash, inputs)
 
+    executor.begin()  # a cluster comes up while the driver plans
     report = ReadReport()
     units = plan_units(files, cfg.read, cfg.unit_bytes, ep, report)
     if vocab_bytes is None:
@@ -185,67 +235,48 @@ def build(cfg: BuildConfig, executor: Executor | None = None) -> dict[str, Any]:
         if not exists(vocab_url, ep):
             write_bytes_atomic(vocab_url, ("\n".join(_train_vocab(cfg, units)) + "\n").encode(), ep)
         vocab_bytes = read_bytes(vocab_url, ep)
+    vocab_sha = hashlib.sha256(vocab_bytes).hexdigest()
     tokens = _tokens_of(vocab_bytes)
     vocab = VocabInfo.from_tokens(tokens)
-    ctx = cfg.step_context(vocab.vocab_size)
+    planned = planned_tokens(files, cfg.read)
+    # The id that keys per-process caches (the pool): the config and the input stamps, so a rebuild of changed
+    # inputs into the same output, in the same process, never sees the old pool.
+    build_id = config_hash({"config_hash": chash, "inputs": inputs})
+    ctx = cfg.step_context(vocab.vocab_size, pool_threshold(cfg.pool_tokens, planned), build_id)
+    # The vocabulary goes to the workers once (the object store on Ray); each builds its encoder once.
+    state = BuildState(cfg, ctx, units, executor.share(vocab_sha, tokens), report, planned)
+    for plan in STAGES:
+        stage = plan(state)
+        state.markers[stage.name] = run_stage(stage, executor, ctx.work, ep)
 
-    done = _read_markers(ctx.url("docs"), ep)
-    pending = [u for u in units if u.uid not in done]
-    log.info("docs stage: %d units (%d already done)", len(units), len(units) - len(pending))
-    for m in executor.docs(pending, ctx, tokens):
-        done[m["uid"]] = m
-    doc_markers = [done[u.uid] for u in units]
+    doc_markers: list[DocsMarker] = state.markers["docs"]  # type: ignore[assignment]
+    inst_markers: list[InstancesMarker] = state.markers["instances"]  # type: ignore[assignment]
+    pool: PoolMarker = state.markers["pool"][0]  # type: ignore[assignment]
     totals, dropped, bad_files = _doc_totals(doc_markers, report, cfg.read.on_error)
-    if totals["documents"] == 0:
-        raise ValueError(f"no documents with tokens in {list(cfg.inputs)} (dropped: {dict(dropped)}); check the"
-                         " --format/--text-field and the inputs")
-
-    expected = cfg.dupe_factor * totals["tokens"] // max(1, cfg.instances.max_seq_length - 3) + 1
-    bits = bucket_bits(expected, cfg.num_shards)
-    selection = select_pool(doc_markers, cfg.pool_tokens)
-    pool = load_pool(ctx, selection)
-    log.info("random-next pool: %d documents (%d tokens)", len(pool), len(pool.tokens))
-
-    done_i = {k: m for k, m in _read_markers(ctx.url("instances"), ep).items() if m.get("bits") == bits}
-    pending_i = [u.uid for u in units if u.uid not in done_i]
-    log.info("instances stage: %d units (%d already done)", len(units), len(units) - len(pending_i))
-    for m in executor.instances(pending_i, ctx, pool, tokens, bits):
-        done_i[m["uid"]] = m
-    inst_markers = [done_i[u.uid] for u in units]
-    bucket_rows: Counter = Counter()
-    for m in inst_markers:
-        for b, _, n in m["buckets"]:
-            bucket_rows[b] += n
-    tasks = plan_shards(dict(bucket_rows), cfg.num_shards)
-
-    done_s = {int(k): m for k, m in _read_markers(ctx.url("shards"), ep).items()}
-    pending_s = [t for t in tasks if t.index not in done_s]
-    log.info("shards stage: %d shards (%d already done)", len(tasks), len(tasks) - len(pending_s))
-    for m in executor.shards(pending_s, ctx, bucket_sources(inst_markers, ctx)):
-        done_s[m["index"]] = m
-    shards = [{"file": done_s[t.index]["file"], "rows": done_s[t.index]["rows"]} for t in tasks]
+    shards = [{"file": m.file, "rows": m.rows} for m in state.markers["shards"]]  # type: ignore[attr-defined]
 
     write_bytes_atomic(join(out, VOCAB_FILE), vocab_bytes, ep)
     remove_stale_temps(join(out, SHARDS_DIR), ep)
     hist: Counter = Counter()
     for m in inst_markers:
-        hist.update({k: v for k, v in m["seq_len_histogram"].items()})
+        hist.update(m.seq_len_histogram)
     totals |= {
-        "instances": sum(m["instances"] for m in inst_markers),
-        "random_next": sum(m["random_next"] for m in inst_markers),
-        "masked_lm_positions": sum(m["masked"] for m in inst_markers),
+        "instances": sum(sum(m.rows) for m in inst_markers),
+        "random_next": sum(m.random_next for m in inst_markers),
+        "masked_lm_positions": sum(m.masked for m in inst_markers),
         "dropped": dict(sorted(dropped.items())),
     }
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "config": ident, "config_hash": chash,
-        "vocab": {"file": VOCAB_FILE, "sha256": hashlib.sha256(vocab_bytes).hexdigest(), "size": vocab.vocab_size,
+        "vocab": {"file": VOCAB_FILE, "sha256": vocab_sha, "size": vocab.vocab_size,
                   "do_lower_case": cfg.do_lower_case, "trained": cfg.vocab is None},
         "token_dtype": str(token_dtype(vocab.vocab_size)), "max_seq_length": cfg.instances.max_seq_length,
         "inputs": inputs, "skipped_files": bad_files,
         "shards": shards, "totals": totals,
         "seq_len_histogram": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
-        "random_pool": {"documents": len(pool), "tokens": int(len(pool.tokens))},
+        "random_pool": {"documents": pool.documents, "tokens": pool.tokens, "planned_tokens": planned,
+                        "sample_fraction": min(1.0, ctx.pool_threshold / (1 << 64))},
         "build_seconds": round(time.time() - t0, 2),
     }
     manifest = json.loads(json.dumps(manifest))  # what readers will see (tuples become lists)
@@ -256,7 +287,7 @@ def build(cfg: BuildConfig, executor: Executor | None = None) -> dict[str, Any]:
     return manifest
 
 
-def _doc_totals(markers: list[dict], report: ReadReport, on_error: str) -> tuple[dict, Counter, dict[str, str]]:
+def _doc_totals(markers: list[DocsMarker], report: ReadReport, on_error: str) -> tuple[dict, Counter, dict[str, str]]:
     """Sum the docs markers; find files that gave nothing at all (empty after decompression, whitespace only)."""
     from pipeline.readers import InputError
 
@@ -264,9 +295,9 @@ def _doc_totals(markers: list[dict], report: ReadReport, on_error: str) -> tuple
     bad_files = dict(report.bad_files)
     per_file: Counter = Counter()
     for m in markers:
-        dropped.update(m["dropped"])
-        bad_files.update(m["bad_files"])
-        per_file[m["path"]] += m["read_documents"] + sum(m["dropped"].values())
+        dropped.update(m.dropped)
+        bad_files.update(m.bad_files)
+        per_file[m.path] += m.read_documents + sum(m.dropped.values())
     for path, n in per_file.items():
         if n == 0 and path not in bad_files:
             if on_error == "fail":
@@ -275,5 +306,5 @@ def _doc_totals(markers: list[dict], report: ReadReport, on_error: str) -> tuple
             bad_files[path] = "empty_file"
     for reason in bad_files.values():
         dropped[reason] += 1  # file-level reasons count files
-    totals = {k: sum(m[k] for m in markers) for k in ("documents", "sentences", "tokens")}
+    totals = {k: sum(getattr(m, k) for m in markers) for k in ("documents", "sentences", "tokens")}
     return totals, dropped, bad_files

@@ -1,100 +1,70 @@
-"""The one Ray adapter: the build's stages as Ray Data pipelines over the same step functions as the plain loop.
+"""The one Ray adapter: ``RayExecutor.map(step, items)`` runs any build step as Ray tasks, one item per task.
 
-    docs:       from_items(units) -> map_batches(read, split, tokenize, commit) [tasks]
-    instances:  from_items(uids)  -> map_batches(instances) [tasks; the random-next pool from the object store]
-    shards:     from_items(tasks) -> map_batches(write one shard) [tasks]
+Every stage is the same: a map of one-CPU tasks over in-memory items, each running the step on one item and
+committing its output to storage; only its small marker comes back. Ray as a distributed engine:
 
-Every stage is one map of tasks taking one CPU each: one process reads, splits and tokenizes a unit, so its
-sentences never cross a process boundary, and tasks reuse Ray's warm worker processes (the WordPiece encoder is
-cached per process, its chunk table warm from unit to unit). No actor pools: nothing holds a CPU while waiting on
-another stage (the 2-CPU hang of NOTES-stack.md cannot happen), and ``--num-cpus`` caps the parallelism exactly.
+- ``init`` (``jobs/_common.init_ray``) attaches to a running cluster (RAY_ADDRESS, as ``ray job submit`` sets, or
+  a Ray already initialised) or starts a local one capped at ``--num-cpus``; ``begin`` does that in a background
+  thread while the driver plans (listing, probing, markers).
+- Before the first stage, one warm-up task per CPU imports the step modules and runs the step's ``setup`` (the
+  WordPiece encoder), so every worker process is warm when the heavy stage starts.
+- Large shared objects (the vocabulary) go to the object store once (``share``); steps cache what they build
+  from them per worker process. The driver never runs a step: it reads no corpus bytes.
 
-Streaming execution with Ray Data's backpressure: one unit per block, so memory is bounded by the unit size.
-Results are completion markers (small JSON); the data itself goes to storage, atomically.
-
-Start-up: given ``init`` (how to start or join Ray), the executor brings the cluster up in a background thread when
-the first stage begins: ``init``, then one tiny Ray Data execution whose task imports the step modules (Ray Data's
-first execution costs seconds: a worker process, its stats and autoscaling actors, imports). Until that is done
-the driver, otherwise idle, runs docs units itself with the very same step functions; the rest go to Ray Data.
-Which process ran a unit never shows in the output.
+Why Ray tasks and not a Ray Data pipeline (what this module held until issue 11): our stages are one map over a
+list of items whose outputs go to storage, so Ray Data's streaming executor adds only cost. Its driver-side loop
+polls (``ray.wait`` every 0.1 s, the consumer every 0.01 s): ~0.03 CPU-seconds of driver per second of wall time
+(4 tasks of 5 s on 2 CPUs: 0.31 s of driver CPU with Ray Data, 0.03 s with tasks), which grows with the corpus
+through the wall time, plus ~0.5 s for its first execution. It also needed workarounds (its per-operator resource
+reservation left CPUs idle; it noticed finished tasks up to 0.1 s late). Here the driver blocks in ``ray.wait``
+until a task ends, keeps two tasks per CPU in flight (the raylet starts the next the moment a CPU frees), and
+Ray's task retries cover a lost worker or node as they did under Ray Data.
 """
 from __future__ import annotations
 
 import concurrent.futures
-import json
+import dataclasses
 import logging
-import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from pipeline.instances import RandomDocPool, VocabInfo
-from pipeline.readers import InputError, Unit
-from pipeline.shards import ShardTask
-from pipeline.steps import StepContext, instances_step, read_split, shard_step, tokenize_commit
+from pipeline.markers import Marker
+from pipeline.readers import InputError
 from pipeline.storage import aws_env
 
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
+class RayShared:
+    """A handle to one object-store copy; ``get`` in a task reads it (zero-copy for numpy arrays)."""
 
-def _unit_from(d: dict) -> Unit:
-    return Unit(**d)
+    key: str
+    ref: Any
 
+    def get(self) -> Any:
+        import ray
 
-_ENCODERS: dict[tuple, Any] = {}
-
-
-def _encoder(vocab_tokens: list[str], do_lower_case: bool):
-    """One WordPiece encoder per worker process and vocabulary: Ray reuses its workers across tasks, so the
-    tokenizer loads once per process and its word cache stays warm from unit to unit."""
-    from pipeline.tokenize import WordPieceEncoder
-
-    key = (len(vocab_tokens), hash(tuple(vocab_tokens)), do_lower_case)
-    if key not in _ENCODERS:
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per task: Ray gives the parallelism
-        _ENCODERS.clear()
-        _ENCODERS[key] = WordPieceEncoder(tokens=vocab_tokens, do_lower_case=do_lower_case)
-    return _ENCODERS[key]
+        return ray.get(self.ref)
 
 
-def _docs_batch(batch: dict[str, Any], ctx: StepContext, vocab_tokens: list[str]) -> dict[str, list]:
-    """Read, split, tokenize and commit whole units in one task: the sentences never leave the process."""
-    encoder = _encoder(vocab_tokens, ctx.do_lower_case)
-    return {"marker": [json.dumps(tokenize_commit(read_split(_unit_from(json.loads(item)), ctx), ctx, encoder))
-                       for item in batch["item"]]}
+def _run_one(step: Callable[[Any], Marker], item: Any) -> Marker:
+    return step(item)
 
 
-def _instances_batch(batch: dict[str, Any], ctx: StepContext, pool_ref: list, vocab_tokens: list[str],
-                     bits: int) -> dict[str, list]:
-    import ray
-
-    # The pool's arrays are read zero-copy from the object store; only its doc id list is unpickled per task.
-    pool: RandomDocPool = ray.get(pool_ref[0])
-    vocab = VocabInfo.from_tokens(vocab_tokens)
-    return {"marker": [json.dumps(instances_step(uid, ctx, pool, vocab, bits)) for uid in batch["item"]]}
-
-
-def _shard_batch(batch: dict[str, Any], ctx: StepContext, sources: dict) -> dict[str, list]:
-    out = []
-    for item in batch["item"]:
-        d = json.loads(item)
-        task = ShardTask(d["index"], d["count"], tuple(tuple(s) for s in d["slices"]))
-        out.append(json.dumps(shard_step(task, ctx, sources)))
-    return {"marker": out}
-
-
-def _warm(batch: dict[str, Any]) -> dict[str, Any]:
-    """A worker's first task: import what the stages use, so that their first tasks do not."""
-    import pyarrow.compute  # noqa: F401
-    import tokenizers  # noqa: F401
+def _setup(step: Callable[[Any], Marker]) -> int:
+    """A warm-up task: import what the steps use and load the step's per-process state."""
+    import os
 
     import pipeline.steps  # noqa: F401
-    import pipeline.tokenize  # noqa: F401
-    return batch
+    setup = getattr(step, "setup", None)
+    if setup is not None:
+        setup()
+    return os.getpid()
 
 
-def _unwrap(e: BaseException) -> BaseException:
+def _unwrap(e: BaseException) -> BaseException | None:
     """The user's error inside Ray's wrappers (RayTaskError, UserCodeException), so the message stays clear."""
     seen = set()
     while e is not None and id(e) not in seen:
@@ -105,17 +75,17 @@ def _unwrap(e: BaseException) -> BaseException:
     return None
 
 
-class RayDataExecutor:
-    """Runs pending units of each stage on Ray Data; ``num_cpus`` caps the concurrent tasks of every stage (None:
-    as many as the cluster's CPUs allow, which is what an autoscaling cluster wants)."""
+class RayExecutor:
+    """Runs steps as Ray tasks; ``num_cpus`` caps the concurrent tasks of every stage (None: as many as the
+    cluster's CPUs, which is what an autoscaling cluster wants)."""
 
     def __init__(self, num_cpus: int | None = None, init: Callable[[], None] | None = None):
         self.width = int(num_cpus) if num_cpus else None
-        self._init = init  # None: the caller's Ray (or, as Ray Data does, a default ray.init())
+        self._init = init  # None: the caller's Ray (or a default ray.init())
         self._ready: concurrent.futures.Future | None = None
-        self._queue = self.width  # tasks in flight per stage (see _bring_up)
+        self._warm = False
 
-    def _start(self) -> concurrent.futures.Future:
+    def begin(self) -> concurrent.futures.Future:
         """Start (once) bringing Ray up in a background thread; the future is done when the stages can run.
 
         The thread then stays alive (a daemon, idle) for the life of the process: Ray ties the processes it
@@ -133,95 +103,79 @@ class RayDataExecutor:
             if self._init is not None:
                 self._init()
             elif not ray.is_initialized():
-                ray.init()  # what Ray Data itself does when used without ray.init()
-            cluster_cpus = int(ray.cluster_resources().get("CPU", 1))
-            # Ray Data notices a finished task up to 0.1 s late (its executor's ray.wait timeout) and only then
-            # submits the next, and on a small machine whose CPUs all run tasks its loop also waits for a CPU. When
-            # the cluster's own CPUs enforce the cap (a local Ray started with --num-cpus), a second task per CPU
-            # waits at the raylet instead, which starts it the moment a CPU frees (40 tasks of ~0.4 s on 2 CPUs:
-            # 1.27x -> 1.73x parallelism). On a bigger cluster the cap stays the number of tasks in flight.
-            if self.width and cluster_cpus <= self.width:
-                self._queue = 2 * self.width
-            # One warm-up task: more workers starting at once only slow the driver's work on a small machine.
-            self._run([{"item": "0"}], _warm, {}, None)
+                ray.init()
         except BaseException as e:  # noqa: BLE001 - handed to the stages, which re-raise it
             self._ready.set_exception(e)
             return
         self._ready.set_result(None)
-        threading.Event().wait()  # never returns: see _start
+        threading.Event().wait()  # never returns: see begin
 
     def _wait(self) -> None:
-        self._start().result()  # re-raises a failed start
+        self.begin().result()  # re-raises a failed start
 
-    def _map_args(self, ctx: StepContext) -> dict[str, Any]:
+    def _cluster_cpus(self) -> int:
+        """The cluster's CPUs now (an autoscaling cluster's count changes between stages)."""
         import ray
 
-        args: dict[str, Any] = {"num_cpus": 1, "compute": ray.data.TaskPoolStrategy(size=self._queue)}
+        return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+    def _options(self) -> dict[str, Any]:
+        opts: dict[str, Any] = {"num_cpus": 1}
         # Workers do not inherit the driver's environment: hand them the AWS settings (never logged).
         env = aws_env()
         if env:
-            args["runtime_env"] = {"env_vars": env}
-        return args
+            opts["runtime_env"] = {"env_vars": env}
+        return opts
 
-    def _run(self, items: list[dict], fn, fn_kwargs: dict, ctx: StepContext | None) -> list[dict]:
-        """One map of ``fn`` over ``items`` (one item per block and task); the markers it returns, in any order."""
+    def share(self, key: str, obj: Any) -> RayShared:
         import ray
 
-        # Ray Data reserves half of the cluster's resources per operator by default, so that a chain of operators
-        # cannot starve its later stages. Our pipelines are one map over in-memory items: the reservation only
-        # leaves CPUs idle (on 2 CPUs, 16 one-CPU tasks of 0.2 s took 4.1 s with it, 1.8 s without:
-        # benchmarks/build_overheads.py).
-        data_ctx = ray.data.DataContext.get_current()
-        saved, data_ctx.op_resource_reservation_enabled = data_ctx.op_resource_reservation_enabled, False
+        self._wait()
+        return RayShared(key, ray.put(obj))
+
+    def _warm_up(self, step: Callable[[Any], Marker]) -> None:
+        """One task per CPU at once, so each lands in its own worker process: all of them import the steps and
+        load the tokenizer before the first heavy task, instead of the first task on each paying for it."""
+        import ray
+
+        task = ray.remote(_setup).options(**self._options())
+        cluster = self._cluster_cpus()
+        pids = ray.get([task.remote(step) for _ in range(min(cluster, self.width or cluster))])
+        log.info("warmed %d Ray worker processes", len(set(pids)))
+
+    def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> list[Marker]:
+        """Run ``step`` on every item, one task each; the markers, in completion order."""
+        import ray
+
+        if not items:
+            return []
+        self._wait()
+        if not self._warm:
+            self._warm_up(step)
+            self._warm = True
+        # Two tasks per CPU in flight when the cluster's CPUs are the cap: the second waits at the raylet, which
+        # starts it the moment a CPU frees. On a cluster bigger than --num-cpus the window is the cap itself.
+        cluster = self._cluster_cpus()
+        window = 2 * cluster if self.width is None or cluster <= self.width else self.width
+        task = ray.remote(_run_one).options(**self._options())
+        step_ref = ray.put(step)  # once per stage, not once per task
+        todo = list(reversed(items))
+        running: list = []
+        markers: list[Marker] = []
         try:
-            args = self._map_args(ctx)
-            if self._queue and self._queue > len(items):  # Ray Data warns about a cap above the number of tasks
-                args["compute"] = ray.data.TaskPoolStrategy(size=len(items))
-            ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-                fn, batch_size=1, fn_kwargs=fn_kwargs, **args)
-            markers = [json.loads(r["marker"]) for r in ds.iter_rows() if "marker" in r]
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("Ray Data stats:\n%s", ds.stats())
-            return markers
+            while todo or running:
+                while todo and len(running) < window:
+                    running.append(task.remote(step_ref, todo.pop()))
+                done, running = ray.wait(running, num_returns=1)  # blocks: no polling in the driver
+                markers += ray.get(done)
         except Exception as e:  # noqa: BLE001 - re-raised below, unwrapped when it is the user's error
+            for ref in running:
+                ray.cancel(ref)
             inner = _unwrap(e)
             if inner is not None and inner is not e:
                 raise type(inner)(str(inner)) from e
             raise
-        finally:
-            data_ctx.op_resource_reservation_enabled = saved
+        return markers
 
-    def docs(self, units: list[Unit], ctx: StepContext, vocab_tokens: list[str]) -> list[dict]:
-        import dataclasses
 
-        if not units:
-            return []
-        ready, done, todo = self._start(), [], list(units)
-        while todo and not ready.done():  # the driver works while the cluster comes up
-            done.append(tokenize_commit(read_split(todo.pop(0), ctx), ctx, _encoder(vocab_tokens, ctx.do_lower_case)))
-        if done:
-            log.info("docs stage: %d units ran in the driver while Ray started", len(done))
-        self._wait()
-        if not todo:
-            return done
-        items = [{"item": json.dumps(dataclasses.asdict(u))} for u in todo]
-        return done + self._run(items, _docs_batch, {"ctx": ctx, "vocab_tokens": vocab_tokens}, ctx)
-
-    def instances(self, uids: list[str], ctx: StepContext, pool: RandomDocPool, vocab_tokens: list[str],
-                  bits: int) -> list[dict]:
-        import ray
-
-        if not uids:
-            return []
-        self._wait()
-        # The pool goes to the object store once; tasks read its arrays zero-copy.
-        pool_ref = ray.put(pool)
-        return self._run([{"item": u} for u in uids], _instances_batch,
-                         {"ctx": ctx, "pool_ref": [pool_ref], "vocab_tokens": vocab_tokens, "bits": bits}, ctx)
-
-    def shards(self, tasks: list[ShardTask], ctx: StepContext, sources: dict) -> list[dict]:
-        if not tasks:
-            return []
-        self._wait()
-        items = [{"item": json.dumps({"index": t.index, "count": t.count, "slices": t.slices})} for t in tasks]
-        return self._run(items, _shard_batch, {"ctx": ctx, "sources": sources}, ctx)
+RayDataExecutor = RayExecutor  # the name it had while it ran Ray Data pipelines

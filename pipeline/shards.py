@@ -1,40 +1,40 @@
-"""Exactly balanced, shuffled shards from hash-keyed instances, with memory bounded by one bucket.
+"""Exactly balanced, well-mixed shards without an all-to-all gather: each shard task reads only its own slices.
 
-Every instance carries a uint64 ``key`` (a hash of seed, document, pass, index). The global order of the dataset is
-the order of the keys, which is a seeded shuffle that no worker layout can change. To sort without holding the
-corpus, each work unit writes its instances grouped by *bucket* = the top ``bits`` of the key (one row group per
-bucket), so that ordering by (bucket, key) is ordering by key, whatever ``bits`` is. After counting rows per bucket,
-shard ``i`` of ``S`` takes global rows ``[i*N//S, (i+1)*N//S)``: row counts differ by at most one. A shard writer
-reads only the buckets it overlaps, one at a time, sorts each by key and writes its slice.
+Every instance carries a uint64 ``key`` (a hash of seed, document, pass, index). Each instances task writes its
+unit's rows pass by pass, each pass cut into ``chunks`` contiguous record batches. The dataset's global order is
+fixed by the seed and the plan alone:
+
+    for pass p in 0..D-1:  for each (unit, chunk) in a permutation seeded by (seed, p):  that chunk's rows
+
+Shard ``i`` of ``S`` takes global rows ``[i*N//S, (i+1)*N//S)`` (row counts differ by at most one). The driver turns
+the per-unit row counts into each task's slice list (prefix sums: O(units x passes x chunks) integers, no data),
+so a shard task opens only the chunks its range covers and is handed only its own slices. It orders its rows by
+key within groups of at most ``ROWS_PER_GROUP`` rows (one group for a shard of ordinary size): a document's pairs
+end up spread among the rows of every other document of the group, and memory stays bounded by the group.
+
+``chunks_per_pass`` cuts each unit's pass into enough chunks that a shard draws on ~``CHUNKS_PER_SHARD`` of them:
+a small corpus (few units per shard) gets its shards mixed from many units, a large one keeps one chunk per pass
+(its shards already span hundreds of units) and the fewest reads. Because each pass is permuted independently,
+one document's passes land in different places (different shards as soon as a pass spans more than one shard).
+See docs/data.md for what a shard holds and how the loader's seeded shard order covers the rest.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
-import math
-from collections.abc import Iterable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.rng import derive_seed
 from pipeline.storage import filesystem_for, open_atomic
 
-ROWS_PER_BUCKET = 1 << 18  # ~100 MB of seq-128 rows: what one shard writer holds at a time
-
-
-def bucket_bits(expected_rows: int, num_shards: int = 1) -> int:
-    """Key bits that name a bucket: buckets of at most ~ROWS_PER_BUCKET rows, and at least two buckets per shard so
-    that a shard writer reads ~2 buckets' worth, not the whole dataset (0 bits = one bucket)."""
-    by_rows = math.ceil(math.log2(max(1, expected_rows) / ROWS_PER_BUCKET)) if expected_rows else 0
-    by_shards = math.ceil(math.log2(2 * num_shards)) if num_shards > 1 else 0
-    return max(0, min(16, max(by_rows, by_shards)))
-
-
-def buckets_of(keys: np.ndarray, bits: int) -> np.ndarray:
-    if bits == 0:
-        return np.zeros(len(keys), dtype=np.int64)
-    return (keys >> np.uint64(64 - bits)).astype(np.int64)
-
+ROWS_PER_GROUP = 1 << 18  # ~100 MB of seq-128 rows: what one shard writer sorts at a time
+CHUNKS_PER_SHARD = 32  # pieces of units a shard should mix, when the corpus has fewer units than that per shard
+MAX_CHUNKS = 64  # chunks per unit and pass at most: each is one small read for a shard task
+_READ_THREADS = 8
 
 # Intermediate (_work) files are written once and read once, then deleted: Arrow IPC files (no encoding, no
 # compression; a record batch is read back by index, like a Parquet row group). Final shards are zstd Parquet.
@@ -51,86 +51,104 @@ def read_work_table(f) -> pa.Table:
     return pa.ipc.open_file(f).read_all()
 
 
-def write_bucketed(url: str, table: pa.Table, bits: int, endpoint_url: str | None = None) -> list[list[int]]:
-    """Write ``table`` (with a uint64 ``key`` column) as one record batch per non-empty bucket, atomically.
-
-    Returns ``[[bucket, batch, rows], ...]`` for the unit's marker.
-    """
-    keys = table.column("key").to_numpy()
-    buckets = buckets_of(keys, bits)
-    order = np.argsort(buckets, kind="stable")
-    table = table.take(pa.array(order)).combine_chunks()
-    sorted_b = buckets[order]
-    index: list[list[int]] = []
-    with open_atomic(url, endpoint_url) as f:
-        with pa.ipc.new_file(f, table.schema) as w:
-            starts = np.flatnonzero(np.r_[True, sorted_b[1:] != sorted_b[:-1]]) if len(sorted_b) else []
-            bounds = list(starts) + [len(sorted_b)]
-            for batch, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
-                w.write_batch(table.slice(a, b - a).to_batches()[0])
-                index.append([int(sorted_b[a]), batch, int(b - a)])
-    return index
-
-
 @dataclasses.dataclass(frozen=True)
 class ShardTask:
-    """Shard ``index`` of ``count``: for each bucket it overlaps, the slice [lo, hi) of that key-sorted bucket."""
+    """Shard ``index`` of ``count``: its slices ``(uid, batch, lo, hi)``, rows [lo, hi) of record batch ``batch``
+    of the unit's instances file, in global order."""
 
     index: int
     count: int
-    slices: tuple[tuple[int, int, int], ...]  # (bucket, lo, hi)
+    slices: tuple[tuple[str, int, int, int], ...]
 
     @property
     def rows(self) -> int:
-        return sum(hi - lo for _, lo, hi in self.slices)
+        return sum(hi - lo for _, _, lo, hi in self.slices)
 
 
-def plan_shards(bucket_rows: dict[int, int], num_shards: int) -> list[ShardTask]:
-    """Exact balance: shard i gets global rows [i*N//S, (i+1)*N//S) of the (bucket, key) order."""
-    buckets = sorted(b for b, n in bucket_rows.items() if n)
-    starts, pos = [], 0
-    for b in buckets:
-        starts.append(pos)
-        pos += bucket_rows[b]
-    total = pos
+def chunks_per_pass(num_units: int, dupe_factor: int, num_shards: int) -> int:
+    """Record batches per unit and pass, so that a shard spans ~CHUNKS_PER_SHARD pieces (1 for a large corpus)."""
+    need = -(-CHUNKS_PER_SHARD * num_shards // max(1, num_units * dupe_factor))  # ceil
+    return max(1, min(MAX_CHUNKS, need))
+
+
+def chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
+    """Rows [a, b) of each of ``chunks`` contiguous pieces of ``n`` rows (sizes differ by at most one)."""
+    return [(c * n // chunks, (c + 1) * n // chunks) for c in range(chunks)]
+
+
+def unit_order(num_pieces: int, seed: int, pass_idx: int) -> np.ndarray:
+    """The order of the (unit, chunk) pieces in pass ``pass_idx``: a permutation seeded by (seed, pass)."""
+    return np.random.default_rng(derive_seed(seed, "unit-order", pass_idx)).permutation(num_pieces)
+
+
+def plan_shards(unit_rows: Sequence[tuple[str, Sequence[int]]], num_shards: int, seed: int,
+                chunks: int = 1) -> list[ShardTask]:
+    """Shard i gets global rows [i*N//S, (i+1)*N//S); ``unit_rows``: (uid, rows per pass) in unit order, each
+    pass of each unit written as ``chunks`` record batches (``chunk_bounds``)."""
+    uids = [u for u, _ in unit_rows]
+    counts = np.array([list(r) for _, r in unit_rows], dtype=np.int64).reshape(len(uids), -1)
+    segs: list[tuple[int, int, int]] = []  # (unit, batch, rows)
+    for p in range(counts.shape[1]):
+        for k in unit_order(len(uids) * chunks, seed, p).tolist():
+            u, c = divmod(k, chunks)
+            a, b = chunk_bounds(int(counts[u, p]), chunks)[c]
+            segs.append((u, p * chunks + c, b - a))
+    starts = np.zeros(len(segs) + 1, np.int64)
+    np.cumsum([n for _, _, n in segs], out=starts[1:])
+    total = int(starts[-1])
     tasks = []
     for i in range(num_shards):
         lo, hi = i * total // num_shards, (i + 1) * total // num_shards
         slices = []
-        for b, s in zip(buckets, starts):
-            e = s + bucket_rows[b]
-            if e > lo and s < hi:
-                slices.append((b, max(lo, s) - s, min(hi, e) - s))
+        first = int(np.searchsorted(starts, lo, side="right")) - 1
+        for k in range(max(first, 0), len(segs)):
+            s, e = int(starts[k]), int(starts[k + 1])
+            if s >= hi:
+                break
+            if e > lo and e > s:
+                u, batch, _ = segs[k]
+                slices.append((uids[u], batch, max(lo, s) - s, min(hi, e) - s))
         tasks.append(ShardTask(i, num_shards, tuple(slices)))
     return tasks
 
 
-def read_bucket(sources: Iterable[tuple[str, list[int]]], endpoint_url: str | None = None) -> pa.Table | None:
-    """Concatenate record batches ``[(url, [batch, ...]), ...]`` (in the given, deterministic order)."""
-    batches = []
-    for url, groups in sources:
-        fs, path = filesystem_for(url, endpoint_url)
-        with fs.open(path, "rb") as fh:
-            reader = pa.ipc.open_file(fh)
-            batches += [reader.get_batch(g) for g in groups]
-    return pa.Table.from_batches(batches) if batches else None
+def _groups(slices: Sequence[tuple[str, int, int, int]], limit: int) -> list[list[tuple[str, int, int, int]]]:
+    """Consecutive slices in groups of at most ``limit`` rows (a bigger slice forms a group of its own)."""
+    groups: list[list] = [[]]
+    rows = 0
+    for s in slices:
+        n = s[3] - s[2]
+        if groups[-1] and rows + n > limit:
+            groups.append([])
+            rows = 0
+        groups[-1].append(s)
+        rows += n
+    return [g for g in groups if g]
 
 
-def write_shard(task: ShardTask, url: str, sources: dict[int, list[tuple[str, list[int]]]], schema: pa.Schema,
-                endpoint_url: str | None = None) -> int:
-    """Write one shard atomically from its bucket slices; returns its row count."""
+def _read_slice(url: str, batch: int, lo: int, hi: int, endpoint_url: str | None) -> pa.RecordBatch:
+    fs, path = filesystem_for(url, endpoint_url)
+    with fs.open(path, "rb") as fh:
+        return pa.ipc.open_file(fh).get_batch(batch).slice(lo, hi - lo)
+
+
+def write_shard(task: ShardTask, url: str, source: Callable[[str], str], schema: pa.Schema,
+                endpoint_url: str | None = None, rows_per_group: int = ROWS_PER_GROUP) -> int:
+    """Write one shard atomically from its slices (``source(uid)``: a unit's instances file); returns its rows."""
     rows = 0
     with open_atomic(url, endpoint_url) as f:
         with pq.ParquetWriter(f, schema, compression="zstd") as w:
-            for bucket, lo, hi in task.slices:
-                table = read_bucket(sources.get(bucket, []), endpoint_url)
-                assert table is not None and table.num_rows >= hi, (bucket, hi)
-                # Stable sort: equal keys (a 64-bit collision) keep the unit order, which is fixed.
-                order = np.argsort(table.column("key").to_numpy(), kind="stable")[lo:hi]
+            for group in _groups(task.slices, rows_per_group):
+                # Slices are small reads from different files: concurrent on object storage, in a fixed order.
+                with concurrent.futures.ThreadPoolExecutor(min(_READ_THREADS, len(group))) as threads:
+                    table = pa.Table.from_batches(list(threads.map(
+                        lambda s: _read_slice(source(s[0]), s[1], s[2], s[3], endpoint_url), group)))
+                # Stable: equal keys (a 64-bit collision) keep the global order, which is fixed.
+                order = np.argsort(table.column("key").to_numpy(), kind="stable")
                 part = table.take(pa.array(order)).select(schema.names).cast(schema)
                 w.write_table(part)
                 rows += part.num_rows
-                del table
+                del table, part
             if rows == 0:
                 w.write_table(schema.empty_table())
     return rows

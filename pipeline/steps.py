@@ -1,43 +1,54 @@
-"""The build's steps as plain functions over one work unit; the plain loop and the Ray adapter call exactly these.
+"""The build's steps: picklable callables over one work item, run by any executor (``pipeline/executor.py``).
 
-Each step commits its output file atomically and then a small JSON completion marker (datatrove style): a unit with a
-marker is done and is skipped on resume; a unit without one is redone from scratch, overwriting any leftover.
+Each step commits its output file(s) atomically and then its typed marker (``pipeline/markers.py``): an item with a
+marker is done and skipped on resume; an item without one is redone from scratch, overwriting any leftover.
 
-    read_split        unit -> documents as sentences (strings)           [Ray: one task with tokenize_commit]
-    tokenize_commit   -> _work/docs/<uid>.arrow + marker                  [the encoder is cached per worker process]
-    select_pool/load_pool: the random-next pool, a seeded sample of the whole corpus (driver, then object store)
-    instances_step    -> _work/instances/<uid>.arrow (bucketed) + marker   [Ray: tasks, the pool from the object store]
-    shard_step        -> shards/part-i-of-S.parquet + marker              [Ray: tasks]
+    DocsStep       unit -> _work/docs/<uid>.arrow, its pool members -> _work/pool/parts/<uid>.arrow, DocsMarker
+    PoolStep       "pool" -> the parts merged, in unit order, into _work/pool/pool.arrow, PoolMarker  [one task]
+    InstancesStep  uid -> _work/instances/<uid>.arrow: each pass's rows as a few record batches, InstancesMarker
+    ShardStep      ShardTask (its own slices only) -> shards/part-i-of-S.parquet, ShardMarker
+
+Random-next pool: a document is a member when ``derive_seed(seed, doc_id, "pool") < ctx.pool_threshold``, a
+threshold the driver sets from the planned input size before any work (``pool_threshold``), so membership is a
+seeded Bernoulli sample of the whole corpus that each docs task decides for its own documents. Expensive per-process
+state (the WordPiece encoder, the vocabulary's ids, the pool) is loaded once per process and cached by build.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
+import os
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from pipeline.executor import Shared
 from pipeline.instances import InstanceConfig, RandomDocPool, VocabInfo, create_instances_flat
+from pipeline.markers import DocsMarker, InstancesMarker, PoolMarker, ShardMarker, write_marker
 from pipeline.pairs import PackedDoc
 from pipeline.readers import ReadOptions, ReadReport, Unit, read_unit
 from pipeline.rng import derive_seed
-from pipeline.schema import instance_schema, token_dtype, work_docs_schema
-from pipeline.shards import WORK_SUFFIX, ShardTask, read_work_table, write_bucketed, write_shard, write_work_table
-from pipeline.storage import filesystem_for, join, open_atomic, write_json_atomic
+from pipeline.schema import instance_schema, shard_name, token_dtype, work_docs_schema, work_instance_schema
+from pipeline.shards import WORK_SUFFIX, ShardTask, chunk_bounds, read_work_table, write_shard, write_work_table
+from pipeline.storage import filesystem_for, join, open_atomic
 
 log = logging.getLogger(__name__)
 
 LIST_COLUMNS = ("input_ids", "masked_lm_positions", "masked_lm_ids")
 
 _ENCODE_BATCH = 20000  # sentences per encode call: bounds the tokenizer's temporary memory
-_INSTANCE_BLOCK_TOKENS = 1 << 20  # instance tokens per create_instances_flat call (~10 bytes each while masking)
+_INSTANCE_BLOCK_TOKENS = 1 << 20  # instance tokens per block of documents (~10 bytes each while masking)
+_POOL_READ_THREADS = 16  # pool parts read concurrently by the one pool task (many small objects on S3)
 
 
 @dataclasses.dataclass(frozen=True)
 class StepContext:
-    """What the steps need (never the whole job config): where _work is and the component configs."""
+    """What the steps need (never the whole job config): where _work is, the component configs, and ``build_id``
+    (a hash of the config and the input stamps) that keys the per-process caches."""
 
     work: str
     output: str
@@ -46,11 +57,63 @@ class StepContext:
     do_lower_case: bool
     dupe_factor: int
     vocab_size: int
-    pool_tokens: int
+    pool_threshold: int  # a document is in the pool when its seeded 64-bit hash is below this (2**64: all)
+    build_id: str
     endpoint_url: str | None = None
 
     def url(self, *parts: str) -> str:
         return join(self.work, *parts)
+
+    def pool_url(self) -> str:
+        return self.url("pool", "pool" + WORK_SUFFIX)
+
+    def pool_part_url(self, uid: str) -> str:
+        return self.url("pool", "parts", uid + WORK_SUFFIX)
+
+
+# --- per-process caches: Ray reuses its worker processes across tasks, so each loads these once per build.
+_CACHE: dict[str, tuple[Any, Any]] = {}
+
+
+def _cached(slot: str, key: Any, load) -> Any:
+    hit = _CACHE.get(slot)
+    if hit is None or hit[0] != key:
+        _CACHE[slot] = (key, None)  # drop the old value before loading the new one (one pool in memory)
+        _CACHE[slot] = (key, load())
+    return _CACHE[slot][1]
+
+
+def encoder_for(vocab: Shared, do_lower_case: bool):
+    """One WordPiece encoder per process and vocabulary; its word cache stays warm from unit to unit."""
+    def load():
+        from pipeline.tokenize import WordPieceEncoder
+
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per task: the executor gives the parallelism
+        return WordPieceEncoder(tokens=vocab.get(), do_lower_case=do_lower_case)
+    return _cached("encoder", (vocab.key, do_lower_case), load)
+
+
+def vocab_info_for(vocab: Shared) -> VocabInfo:
+    return _cached("vocab_info", vocab.key, lambda: VocabInfo.from_tokens(vocab.get()))
+
+
+def pool_for(ctx: StepContext) -> RandomDocPool:
+    """The merged pool, read once per process and build."""
+    return _cached("pool", (ctx.pool_url(), ctx.build_id), lambda: _pool_from(read_table(ctx.pool_url(), ctx)))
+
+
+def read_table(url: str, ctx: StepContext) -> pa.Table:
+    fs, path = filesystem_for(url, ctx.endpoint_url)
+    with fs.open(path, "rb") as f:
+        return read_work_table(f)
+
+
+def _write_table(url: str, table: pa.Table, ctx: StepContext) -> None:
+    with open_atomic(url, ctx.endpoint_url) as f:
+        write_work_table(f, table)
+
+
+# --- docs
 
 
 @dataclasses.dataclass
@@ -78,8 +141,8 @@ def read_split(unit: Unit, ctx: StepContext) -> SplitUnit:
     return SplitUnit(unit.uid, unit.path, doc_ids, sentences, report)
 
 
-def tokenize_commit(split: SplitUnit, ctx: StepContext, encoder) -> dict:
-    """WordPiece the unit's sentences and commit its documents (+ pool candidates) with a marker."""
+def tokenize_commit(split: SplitUnit, ctx: StepContext, encoder) -> DocsMarker:
+    """WordPiece the unit's sentences; commit its documents, then its pool members, then the marker."""
     flat = [s for sents in split.sentences for s in sents]
     parts = [encoder.encode_flat(flat[i:i + _ENCODE_BATCH]) for i in range(0, len(flat), _ENCODE_BATCH)]
     del flat
@@ -104,47 +167,75 @@ def tokenize_commit(split: SplitUnit, ctx: StepContext, encoder) -> dict:
     np.cumsum(kept_per_doc[doc_keep], out=outer[1:])
     sentences = pa.ListArray.from_arrays(pa.array(outer), pa.ListArray.from_arrays(pa.array(inner), pa.array(values)))
     table = pa.Table.from_arrays([pa.array(doc_ids, pa.string()), sentences], schema=work_docs_schema(ctx.vocab_size))
-    with open_atomic(ctx.url("docs", split.uid + WORK_SUFFIX), ctx.endpoint_url) as f:
-        write_work_table(f, table)
+    _write_table(ctx.url("docs", split.uid + WORK_SUFFIX), table, ctx)
     seed = ctx.instances.seed
-    ntoks = tok_per_doc[doc_keep].tolist()
-    candidates = [(derive_seed(seed, d, "pool"), d, n) for d, n in zip(doc_ids, ntoks)]
-    marker = {
-        "uid": split.uid, "path": split.path, "documents": len(doc_ids), "sentences": int(keep.sum()),
-        "tokens": int(lens.sum()), "read_documents": len(split.doc_ids), "dropped": dict(dropped),
-        "bad_files": split.report.bad_files, "pool_candidates": pool_prefix(candidates, ctx.pool_tokens),
-    }
-    write_json_atomic(ctx.url("docs", f"{split.uid}.done.json"), marker, ctx.endpoint_url)
+    member = np.array([derive_seed(seed, d, "pool") < ctx.pool_threshold for d in doc_ids], dtype=bool)
+    pool_tokens = int(tok_per_doc[doc_keep][member].sum()) if len(doc_ids) else 0
+    if member.any():
+        _write_table(ctx.pool_part_url(split.uid), table.filter(pa.array(member)), ctx)
+    marker = DocsMarker(uid=split.uid, path=split.path, documents=len(doc_ids), sentences=int(keep.sum()),
+                        tokens=int(lens.sum()), read_documents=len(split.doc_ids), dropped=dict(dropped),
+                        bad_files=dict(split.report.bad_files), pool_documents=int(member.sum()),
+                        pool_tokens=pool_tokens)
+    write_marker(ctx.work, marker, ctx.endpoint_url)
     return marker
 
 
-def pool_prefix(candidates: list[tuple[int, str, int]], budget: int) -> list[list]:
-    """The lowest-priority documents whose tokens fit ``budget`` (at least one): what the global pool can use."""
-    out, total = [], 0
-    for prio, doc_id, ntok in sorted(candidates):
-        if out and total + ntok > budget:
-            break
-        out.append([prio, doc_id, ntok])
-        total += ntok
-    return out
+@dataclasses.dataclass(frozen=True)
+class DocsStep:
+    """Read, split, tokenize and commit one unit in one process: its sentences never cross a process boundary."""
+
+    ctx: StepContext
+    vocab: Shared
+
+    def setup(self) -> None:
+        import pyarrow.compute  # noqa: F401 - imported here so a warm worker's first unit does not pay for it
+
+        import pipeline.sentences  # noqa: F401
+        encoder_for(self.vocab, self.ctx.do_lower_case)
+
+    def __call__(self, unit: Unit) -> DocsMarker:
+        return tokenize_commit(read_split(unit, self.ctx), self.ctx, encoder_for(self.vocab, self.ctx.do_lower_case))
 
 
-def select_pool(markers: list[dict], budget: int) -> dict[str, list[str]]:
-    """Doc ids of the pool by unit: the K documents of the whole corpus with the lowest seeded hash under a budget."""
-    cands = sorted((p, d, n, m["uid"]) for m in markers for p, d, n in m["pool_candidates"])
-    chosen: dict[str, list[str]] = {}
-    total = 0
-    for k, (_, doc_id, ntok, uid) in enumerate(cands):
-        if k and total + ntok > budget:
-            break
-        chosen.setdefault(uid, []).append(doc_id)
-        total += ntok
-    return chosen
+# --- pool
+
+
+def _pool_from(table: pa.Table) -> RandomDocPool:
+    doc_ids, outer, inner, flat = _doc_arrays(table)
+    return RandomDocPool.from_arrays(doc_ids, flat, inner.astype(np.int64), outer.astype(np.int64))
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolStep:
+    """Merge the units' pool parts, in unit order (the pool's document order), into one file: instances tasks then
+    read one object each instead of one per unit."""
+
+    ctx: StepContext
+    uids: tuple[str, ...]  # the units that have members, in unit order
+
+    def __call__(self, item: str) -> PoolMarker:
+        ctx = self.ctx
+        urls = [ctx.pool_part_url(u) for u in self.uids]
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(_POOL_READ_THREADS, len(urls)))) as threads:
+            tables = list(threads.map(lambda u: read_table(u, ctx), urls))
+        schema = work_docs_schema(ctx.vocab_size)
+        table = pa.concat_tables(tables).combine_chunks() if tables else schema.empty_table()
+        _write_table(ctx.pool_url(), table, ctx)
+        pool = _pool_from(table)
+        marker = PoolMarker(documents=len(pool), tokens=int(len(pool.tokens)))
+        write_marker(ctx.work, marker, ctx.endpoint_url)
+        return marker
+
+
+# --- instances
 
 
 def _doc_arrays(table: pa.Table) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
     """(doc ids, sentences per document as offsets, token offsets per sentence, tokens) of a _work docs table."""
     col = table.column("sentences").combine_chunks()
+    if not len(col):
+        return [], np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(0, np.uint16)
     inner = col.values
     return (table.column("doc_id").to_pylist(), col.offsets.to_numpy(), inner.offsets.to_numpy(),
             inner.values.to_numpy())
@@ -159,61 +250,12 @@ def iter_docs(table: pa.Table) -> Iterator[tuple[str, PackedDoc]]:
         yield doc_id, PackedDoc(flat[t0 : inner[s1]], (inner[s0 : s1 + 1] - t0).astype(np.int64))
 
 
-def read_docs(ctx: StepContext, uid: str) -> pa.Table:
-    fs, path = filesystem_for(ctx.url("docs", uid + WORK_SUFFIX), ctx.endpoint_url)
-    with fs.open(path, "rb") as f:
-        return read_work_table(f)
-
-
-def load_pool(ctx: StepContext, selection: dict[str, list[str]]) -> RandomDocPool:
-    """Build the pool from the chosen documents, in a fixed order (unit, then position)."""
-    ids: list[str] = []
-    tokens: list[np.ndarray] = []
-    sent_lengths: list[np.ndarray] = []
-    doc_sentences: list[int] = []
-    for uid in sorted(selection):
-        wanted = set(selection[uid])
-        doc_ids, outer, inner, flat = _doc_arrays(read_docs(ctx, uid))
-        for i, doc_id in enumerate(doc_ids):
-            if doc_id in wanted:
-                s0, s1 = outer[i], outer[i + 1]
-                ids.append(doc_id)
-                tokens.append(flat[inner[s0] : inner[s1]])
-                sent_lengths.append(np.diff(inner[s0 : s1 + 1]))
-                doc_sentences.append(int(s1 - s0))
-    lengths = np.concatenate(sent_lengths) if sent_lengths else np.zeros(0, np.int64)
-    sent_offsets = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=sent_offsets[1:])
-    doc_offsets = np.zeros(len(ids) + 1, np.int64)
-    np.cumsum(doc_sentences, out=doc_offsets[1:])
-    flat = np.concatenate(tokens) if tokens else np.zeros(0, token_dtype(ctx.vocab_size))
-    return RandomDocPool.from_arrays(ids, flat, sent_offsets, doc_offsets)
-
-
-def instances_step(uid: str, ctx: StepContext, pool: RandomDocPool, vocab: VocabInfo, bits: int) -> dict:
-    """NSP pairs + MLM masks for every (document, pass) of a unit, written bucketed by key, with a marker."""
-    parts: list[dict] = []
-    passes = range(ctx.dupe_factor)
-    block: list[tuple[str, PackedDoc]] = []
-    block_tokens = 0
-
-    def flush() -> None:
-        out = create_instances_flat(block, passes, ctx.instances, pool, vocab)
-        if out is not None:
-            parts.append(out)
-        block.clear()
-
-    # Blocks of documents: one masking pass per block (numpy's per-call cost paid per block), memory bounded.
-    for doc_id, doc in iter_docs(read_docs(ctx, uid)):
-        block.append((doc_id, doc))
-        block_tokens += len(doc.tokens)
-        if block_tokens * ctx.dupe_factor >= _INSTANCE_BLOCK_TOKENS:
-            flush()
-            block_tokens = 0
-    if block:
-        flush()
-    dtype = token_dtype(ctx.vocab_size)
-    schema = instance_schema(ctx.vocab_size).append(pa.field("key", pa.uint64()))
+def _table(parts: list[dict], vocab_size: int) -> pa.Table:
+    """The flat instance columns of several blocks as one table of the _work instance schema."""
+    schema = work_instance_schema(vocab_size)
+    if not parts:
+        return schema.empty_table()
+    dtype = token_dtype(vocab_size)
 
     def column(name: str, np_dtype) -> pa.Array:
         if name in LIST_COLUMNS:  # (values, offsets) per block -> one list array
@@ -224,43 +266,89 @@ def instances_step(uid: str, ctx: StepContext, pool: RandomDocPool, vocab: Vocab
             return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
         return pa.array(np.concatenate([p[name] for p in parts]).astype(np_dtype, copy=False))
 
-    table = schema.empty_table() if not parts else pa.Table.from_arrays([
+    return pa.Table.from_arrays([
         column("input_ids", dtype), column("a_length", np.int16), column("masked_lm_positions", np.uint16),
         column("masked_lm_ids", dtype), column("next_sentence_label", np.int8), column("key", np.uint64),
     ], schema=schema)
-    index = write_bucketed(ctx.url("instances", uid + WORK_SUFFIX), table, bits, ctx.endpoint_url)
-    lengths = np.concatenate([np.diff(p["input_ids"][1]) for p in parts]) if parts else np.zeros(0, np.int64)
-    hist = np.bincount(lengths) if len(lengths) else np.zeros(0, np.int64)
-    marker = {
-        "uid": uid, "instances": table.num_rows, "buckets": index, "bits": bits,
-        "random_next": int(sum(int(p["next_sentence_label"].sum()) for p in parts)),
-        "masked": int(sum(len(p["masked_lm_positions"][0]) for p in parts)),
-        "seq_len_histogram": {str(k): int(v) for k, v in enumerate(hist) if v},
-    }
-    write_json_atomic(ctx.url("instances", f"{uid}.done.json"), marker, ctx.endpoint_url)
+
+
+def instances_step(uid: str, ctx: StepContext, pool: RandomDocPool, vocab: VocabInfo, chunks: int = 1
+                   ) -> InstancesMarker:
+    """NSP pairs + MLM masks for every (document, pass) of a unit; each pass's rows cut into ``chunks`` record
+    batches (contiguous, sizes differing by at most one row; batch ``p * chunks + c``), what the shards read."""
+    passes = range(ctx.dupe_factor)
+    parts: list[list[dict]] = [[] for _ in passes]
+    block: list[tuple[str, PackedDoc]] = []
+    block_tokens = 0
+
+    def flush() -> None:
+        # A pass's rows do not depend on the other passes (each draws from its own stream): one call per pass
+        # keeps every pass's rows apart for the shards, at one numpy pass per block and pass.
+        for p in passes:
+            out = create_instances_flat(block, [p], ctx.instances, pool, vocab)
+            if out is not None:
+                parts[p].append(out)
+        block.clear()
+
+    for doc_id, doc in iter_docs(read_table(ctx.url("docs", uid + WORK_SUFFIX), ctx)):
+        block.append((doc_id, doc))
+        block_tokens += len(doc.tokens)
+        if block_tokens * ctx.dupe_factor >= _INSTANCE_BLOCK_TOKENS:
+            flush()
+            block_tokens = 0
+    if block:
+        flush()
+    schema = work_instance_schema(ctx.vocab_size)
+    rows, hist, random_next, masked = [], Counter(), 0, 0
+    with open_atomic(ctx.url("instances", uid + WORK_SUFFIX), ctx.endpoint_url) as f:
+        with pa.ipc.new_file(f, schema) as w:
+            for p in passes:
+                # Rows stay in document order: the shard writer orders its rows by key (sorting here too would
+                # copy every row once more for nothing).
+                table = _table(parts[p], ctx.vocab_size).combine_chunks()
+                for a, b in chunk_bounds(table.num_rows, chunks):
+                    batches = table.slice(a, b - a).to_batches()
+                    w.write_batch(batches[0] if batches else pa.RecordBatch.from_pylist([], schema=schema))
+                rows.append(table.num_rows)
+                if parts[p]:
+                    lengths = np.concatenate([np.diff(x["input_ids"][1]) for x in parts[p]])
+                    hist.update({k: v for k, v in enumerate(np.bincount(lengths).tolist()) if v})
+                random_next += int(sum(int(x["next_sentence_label"].sum()) for x in parts[p]))
+                masked += int(sum(len(x["masked_lm_positions"][0]) for x in parts[p]))
+                parts[p] = []
+    marker = InstancesMarker(uid=uid, rows=tuple(rows), chunks=chunks, random_next=random_next, masked=masked,
+                             seq_len_histogram={str(k): int(v) for k, v in sorted(hist.items()) if v})
+    write_marker(ctx.work, marker, ctx.endpoint_url)
     return marker
 
 
-def bucket_sources(markers: list[dict], ctx: StepContext) -> dict[int, list[tuple[str, list[int]]]]:
-    """For each bucket, the (instances file, row groups) that hold it, in unit order (the stable tie-break)."""
-    out: dict[int, list[tuple[str, list[int]]]] = {}
-    for m in sorted(markers, key=lambda m: m["uid"]):
-        url = ctx.url("instances", m["uid"] + WORK_SUFFIX)
-        for bucket, rg, _ in m["buckets"]:
-            srcs = out.setdefault(bucket, [])
-            if srcs and srcs[-1][0] == url:
-                srcs[-1][1].append(rg)
-            else:
-                srcs.append((url, [rg]))
-    return out
+@dataclasses.dataclass(frozen=True)
+class InstancesStep:
+    ctx: StepContext
+    vocab: Shared
+    chunks: int = 1  # record batches per pass (shards.chunks_per_pass)
+
+    def setup(self) -> None:
+        vocab_info_for(self.vocab)
+        pool_for(self.ctx)
+
+    def __call__(self, uid: str) -> InstancesMarker:
+        return instances_step(uid, self.ctx, pool_for(self.ctx), vocab_info_for(self.vocab), self.chunks)
 
 
-def shard_step(task: ShardTask, ctx: StepContext, sources: dict[int, list[tuple[str, list[int]]]]) -> dict:
-    from pipeline.schema import shard_name
+# --- shards
 
-    name = shard_name(task.index, task.count)
-    rows = write_shard(task, join(ctx.output, name), sources, instance_schema(ctx.vocab_size), ctx.endpoint_url)
-    assert rows == task.rows, (rows, task.rows)
-    marker = {"index": task.index, "file": name, "rows": rows}
-    write_json_atomic(ctx.url("shards", f"{task.index:05d}.done.json"), marker, ctx.endpoint_url)
-    return marker
+
+@dataclasses.dataclass(frozen=True)
+class ShardStep:
+    ctx: StepContext
+
+    def __call__(self, task: ShardTask) -> ShardMarker:
+        ctx = self.ctx
+        name = shard_name(task.index, task.count)
+        rows = write_shard(task, join(ctx.output, name), lambda uid: ctx.url("instances", uid + WORK_SUFFIX),
+                           instance_schema(ctx.vocab_size), ctx.endpoint_url)
+        assert rows == task.rows, (rows, task.rows)
+        marker = ShardMarker(index=task.index, file=name, rows=rows)
+        write_marker(ctx.work, marker, ctx.endpoint_url)
+        return marker

@@ -204,3 +204,25 @@ def test_reference_port_reproduces_reference_run_exactly(documents, sample_dir) 
         assert stats[key] == pytest.approx(ref[key], abs=1e-9), key
     for kind in ("mask", "same", "random"):
         assert stats["mask_kind_fraction"][kind] == pytest.approx(ref["mask_kind_fraction"][kind], abs=1e-9)
+
+
+def test_build_with_a_sampled_pool_matches_reference_stats(sample_dir, tmp_path) -> None:
+    """The whole build (plain loop) on the reference input with the random-next pool a ~1/4 sample of the
+    documents (the seeded hash threshold of a distributed build), held to the same tolerances as above."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.build import BuildConfig
+    from pipeline.build import build as build_dataset
+    from pipeline.readers import ReadOptions
+
+    ref = sample_dir / "reference"
+    cfg = BuildConfig(inputs=(str(ref / "mobydick.sentences.txt.gz"),), output=str(tmp_path / "out"),
+                      read=ReadOptions(presplit=True), vocab=str(ref / "bert-base-uncased-vocab.txt"),
+                      dupe_factor=DUPE_FACTOR, num_shards=4, pool_tokens=90_000)
+    m = build_dataset(cfg)
+    docs = m["totals"]["documents"]
+    assert 0.1 * docs < m["random_pool"]["documents"] < 0.5 * docs  # a sample, not every document
+    table = pa.concat_tables([pq.read_table(tmp_path / "out" / s["file"]) for s in m["shards"]])
+    stats = instance_stats(table, mask_id=103, max_seq_length=128)
+    check(stats, json.loads((ref / "mobydick.reference_stats.json").read_text())["stats"])

@@ -1,4 +1,5 @@
-"""The Ray Data adapter runs the same steps as the plain loop: identical shards, whatever the CPUs."""
+"""The Ray Data adapter runs the same steps as the plain loop: identical shards whatever the CPUs or raylets, and
+the driver itself reads no corpus bytes (every step runs in a Ray worker)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +8,8 @@ import os
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.build import BuildConfig, LocalExecutor, build
+from pipeline.build import BuildConfig, build
+from pipeline.executor import LocalExecutor
 from pipeline.instances import InstanceConfig
 
 
@@ -25,58 +27,89 @@ def _shards(out):
     return m, [pq.read_table(os.path.join(out, s["file"])) for s in m["shards"]]
 
 
+def _cfg(tmp_path, corpus, sample_dir, name, **kw):
+    # ~2 KiB units: several units per stage, so tasks really run side by side; a pool budget below the corpus's
+    # tokens, so the pool is a sample and its members must agree between executors.
+    kw = {"pool_tokens": 1500, **kw}
+    return BuildConfig(inputs=(corpus,), output=str(tmp_path / name), dupe_factor=2, num_shards=3,
+                       vocab=str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"), unit_bytes=2048,
+                       instances=InstanceConfig(max_seq_length=64, max_predictions_per_seq=10), **kw)
+
+
+def _same(out, ref):
+    (m, t), (mp, tp) = _shards(out), _shards(ref)
+    assert m["totals"] == mp["totals"] and m["shards"] == mp["shards"] and m["config_hash"] == mp["config_hash"]
+    assert m["random_pool"] == mp["random_pool"]
+    assert all(a.equals(b) for a, b in zip(t, tp)), out
+
+
 @pytest.mark.timeout(300)
 def test_ray_equals_plain_loop_and_cpu_count_does_not_matter(ray_local, tmp_path, sample_dir):
-    from pipeline.ray_data import RayDataExecutor
+    from pipeline.ray_data import RayExecutor
 
     corpus = _corpus(tmp_path / "c.jsonl")
-
-    def cfg(name):
-        # ~1 KiB units: several units per stage, so the actor pools really run in parallel.
-        return BuildConfig(inputs=(corpus,), output=str(tmp_path / name), dupe_factor=2, num_shards=3,
-                           vocab=str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"), unit_bytes=2048,
-                           instances=InstanceConfig(max_seq_length=64, max_predictions_per_seq=10))
-
-    build(cfg("plain"), LocalExecutor())
-    build(cfg("ray1"), RayDataExecutor(num_cpus=1))
-    build(cfg("ray2"), RayDataExecutor(num_cpus=2))
-    mp, tp = _shards(tmp_path / "plain")
+    build(_cfg(tmp_path, corpus, sample_dir, "plain"), LocalExecutor())
+    mp, _ = _shards(tmp_path / "plain")
     assert mp["totals"]["instances"] > 0 and len(mp["inputs"]) == 1
-    for name in ("ray1", "ray2"):
-        m, t = _shards(tmp_path / name)
-        assert m["totals"] == mp["totals"] and m["shards"] == mp["shards"] and m["config_hash"] == mp["config_hash"]
-        assert all(a.equals(b) for a, b in zip(t, tp)), name
+    assert 0 < mp["random_pool"]["documents"] < mp["totals"]["documents"]  # a sample, not every document
+    build(_cfg(tmp_path, corpus, sample_dir, "ray1"), RayExecutor(num_cpus=1))
+    build(_cfg(tmp_path, corpus, sample_dir, "ray2"), RayExecutor(num_cpus=2))
+    _same(tmp_path / "ray1", tmp_path / "plain")
+    _same(tmp_path / "ray2", tmp_path / "plain")
 
 
 @pytest.mark.timeout(300)
-def test_units_the_driver_runs_while_ray_starts_change_nothing(ray_local, tmp_path, sample_dir, caplog):
-    """The driver works through docs units until the cluster is up; here the start is held until it has committed
-    two, and the dataset must still equal the plain loop's."""
-    import logging
-    import re
-    import time
+def test_the_driver_reads_no_corpus_bytes(ray_local, tmp_path, sample_dir, monkeypatch):
+    """Every read of text, documents, the pool or instances is made to fail in the driver process: the Ray build
+    must not notice (its workers are other processes) and must equal the plain loop."""
+    import pipeline.readers
+    import pipeline.shards
+    import pipeline.steps
+    from pipeline.ray_data import RayExecutor
 
-    from pipeline.ray_data import RayDataExecutor
+    corpus = _corpus(tmp_path / "c.jsonl", n_docs=36)
+    build(_cfg(tmp_path, corpus, sample_dir, "plain"), LocalExecutor())
 
-    corpus = _corpus(tmp_path / "c.jsonl", n_docs=48)
+    def forbidden(*a, **k):
+        raise AssertionError("the driver read corpus data")
+    for mod, name in [(pipeline.readers, "read_unit"), (pipeline.steps, "read_unit"), (pipeline.steps, "read_table"),
+                      (pipeline.steps, "read_split"), (pipeline.shards, "_read_slice")]:
+        monkeypatch.setattr(mod, name, forbidden)
+    build(_cfg(tmp_path, corpus, sample_dir, "ray"), RayExecutor(num_cpus=2))
+    _same(tmp_path / "ray", tmp_path / "plain")
 
-    def cfg(name):
-        return BuildConfig(inputs=(corpus,), output=str(tmp_path / name), dupe_factor=2, num_shards=3,
-                           vocab=str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"), unit_bytes=2048,
-                           instances=InstanceConfig(max_seq_length=64, max_predictions_per_seq=10))
 
-    markers = tmp_path / "slow" / "_work" / "docs"
+@pytest.mark.timeout(300)
+def test_two_raylet_cluster_equals_plain_loop(ray_shutdown, tmp_path, sample_dir):
+    import ray
+    from ray.cluster_utils import Cluster
 
-    def slow_start():  # Ray is already up (the fixture): a start that lasts until the driver has done two units
-        deadline = time.time() + 120
-        while len(list(markers.glob("*.done.json"))) < 2 and time.time() < deadline:
-            time.sleep(0.01)
+    from pipeline.ray_data import RayExecutor
 
-    build(cfg("plain"), LocalExecutor())
-    with caplog.at_level(logging.INFO, logger="pipeline.ray_data"):
-        build(cfg("slow"), RayDataExecutor(num_cpus=2, init=slow_start))
-    ran = re.search(r"docs stage: (\d+) units ran in the driver", caplog.text)
-    assert ran and int(ran.group(1)) >= 2, caplog.text
-    (mp, tp), (m, t) = _shards(tmp_path / "plain"), _shards(tmp_path / "slow")
-    assert m["totals"] == mp["totals"] and m["shards"] == mp["shards"]
-    assert all(a.equals(b) for a, b in zip(t, tp))
+    corpus = _corpus(tmp_path / "c.jsonl")
+    build(_cfg(tmp_path, corpus, sample_dir, "plain"), LocalExecutor())
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    try:
+        # Attach, as a job submitted to a running cluster does: the executor must use the cluster, not start one.
+        ray.init(address=cluster.address, log_to_driver=False)
+        assert len([n for n in ray.nodes() if n["Alive"]]) == 2
+        build(_cfg(tmp_path, corpus, sample_dir, "cluster"), RayExecutor())
+        assert int(ray.cluster_resources()["CPU"]) == 2
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    _same(tmp_path / "cluster", tmp_path / "plain")
+
+
+@pytest.mark.timeout(120)
+def test_a_bad_input_fails_through_ray_naming_the_file(ray_local, tmp_path, sample_dir):
+    from pipeline.ray_data import RayExecutor
+    from pipeline.readers import InputError
+
+    corpus = _corpus(tmp_path / "c.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"text": "The whale."}\n{"text": oops\n')
+    cfg = _cfg(tmp_path, corpus, sample_dir, "bad")
+    with pytest.raises(InputError, match=r"bad\.jsonl.*bad_json"):
+        build(BuildConfig(**{**cfg.__dict__, "inputs": (corpus, str(bad))}), RayExecutor(num_cpus=2))

@@ -1,0 +1,131 @@
+"""The build's plan without Ray: typed markers, shard slices (balance, coverage, order, mixing), and the
+random-next pool as a seeded hash sample of the whole corpus."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.build import BYTES_PER_TOKEN, BuildConfig, build, pool_threshold
+from pipeline.instances import InstanceConfig
+from pipeline.markers import DocsMarker, InstancesMarker, read_markers, write_marker
+from pipeline.readers import ReadOptions, ReadReport, plan_units, read_unit
+from pipeline.rng import derive_seed
+from pipeline.shards import ShardTask, chunk_bounds, chunks_per_pass, plan_shards, unit_order, write_shard
+from pipeline.storage import expand_inputs
+
+
+def test_markers_round_trip_and_are_read_back_concurrently(tmp_path):
+    work = str(tmp_path / "_work")
+    written = [InstancesMarker(uid=f"{i:05d}-00000", rows=(i, i + 1), chunks=2, random_next=i, masked=3 * i,
+                               seq_len_histogram={"64": i}) for i in range(40)]
+    for m in written:
+        write_marker(work, m)
+    got = read_markers(work, InstancesMarker)
+    assert got == {m.uid: m for m in written}
+    d = DocsMarker(uid="u", path="p", documents=1, sentences=2, tokens=3, read_documents=1, dropped={"bad_json": 1},
+                   bad_files={}, pool_documents=1, pool_tokens=3)
+    assert DocsMarker.from_json(d.to_json()) == d
+    assert read_markers(str(tmp_path / "nothing"), DocsMarker) == {}
+
+
+def _rows(n_units=7, passes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(f"{u:05d}-00000", tuple(int(x) for x in rng.integers(0, 60, passes))) for u in range(n_units)]
+
+
+@pytest.mark.parametrize("num_shards,chunks", [(1, 1), (4, 1), (5, 3), (40, 1), (40, 7)])
+def test_shards_are_balanced_and_cover_every_row_once_in_the_seeded_order(num_shards, chunks):
+    unit_rows = _rows()
+    tasks = plan_shards(unit_rows, num_shards, seed=12345, chunks=chunks)
+    total = sum(sum(r) for _, r in unit_rows)
+    sizes = [t.rows for t in tasks]
+    assert sum(sizes) == total and max(sizes) - min(sizes) <= 1 and [t.index for t in tasks] == list(range(num_shards))
+    # Concatenated, the slices are the global order: pass by pass, (unit, chunk) pieces permuted by (seed, pass).
+    expected = []
+    for p in range(3):
+        for k in unit_order(len(unit_rows) * chunks, 12345, p):
+            u, c = divmod(int(k), chunks)
+            a, b = chunk_bounds(unit_rows[u][1][p], chunks)[c]
+            expected += [(unit_rows[u][0], p * chunks + c, i) for i in range(b - a)]
+    got = [(uid, batch, i) for t in tasks for uid, batch, lo, hi in t.slices for i in range(lo, hi)]
+    assert got == expected
+    assert all(hi > lo for t in tasks for _, _, lo, hi in t.slices)  # a task holds only slices it reads
+
+
+def test_passes_are_ordered_independently_so_a_units_passes_land_in_different_shards():
+    unit_rows = [(f"{u:05d}-00000", (100, 100, 100)) for u in range(12)]
+    orders = [unit_order(12, 7, p).tolist() for p in range(3)]
+    assert len({tuple(o) for o in orders}) == 3 and all(sorted(o) == list(range(12)) for o in orders)
+    tasks = plan_shards(unit_rows, 6, seed=7)
+    for uid, _ in unit_rows:
+        shards = {t.index for t in tasks for u, _, _, _ in t.slices if u == uid}
+        assert len(shards) >= 3  # each pass spans two shards of its own
+
+
+def test_chunks_mix_more_units_into_each_shard_of_a_small_corpus():
+    assert chunks_per_pass(10_000, 5, 1024) == 1  # a large corpus: shards span hundreds of units already
+    assert chunks_per_pass(4, 2, 8) == 32 and chunks_per_pass(1, 1, 1000) == 64
+    unit_rows = [(f"{u:05d}-00000", (400, 400)) for u in range(6)]
+    chunks = chunks_per_pass(6, 2, 4)
+
+    def units_per_shard(c):
+        return [len({u for u, _, _, _ in t.slices}) for t in plan_shards(unit_rows, 4, seed=3, chunks=c)]
+    assert max(units_per_shard(1)) <= 4 and min(units_per_shard(chunks)) == 6  # every unit in every shard
+
+
+def test_shard_rows_are_in_key_order_within_each_group(tmp_path):
+    schema = pa.schema([("doc", pa.int64()), ("key", pa.uint64())])
+    rng = np.random.default_rng(1)
+    for u in range(3):
+        with pa.OSFile(str(tmp_path / f"{u}.arrow"), "wb") as f, pa.ipc.new_file(f, schema) as w:
+            for p in range(2):
+                keys = np.sort(rng.integers(0, 2**63, 50).astype(np.uint64))
+                w.write_batch(pa.record_batch([pa.array(np.full(50, 10 * u + p)), pa.array(keys)], schema=schema))
+    task = ShardTask(0, 1, (("0", 0, 10, 50), ("1", 1, 0, 50), ("2", 0, 0, 30), ("2", 1, 0, 50)))
+    url = str(tmp_path / "out.parquet")
+    rows = write_shard(task, url, lambda uid: str(tmp_path / f"{uid}.arrow"), schema, rows_per_group=100)
+    t = pq.read_table(url)
+    assert rows == t.num_rows == 170
+    keys, docs = t.column("key").to_numpy(), t.column("doc").to_numpy()
+    # Groups of at most 100 rows, whole slices: [40 + 50], [30 + 50]; each in key order, documents interleaved.
+    assert np.all(np.diff(keys[:90].astype(np.float64)) >= 0) and np.all(np.diff(keys[90:].astype(np.float64)) >= 0)
+    assert sorted(set(docs[:90])) == [0, 11] and sorted(set(docs[90:])) == [20, 21]
+    assert np.count_nonzero(np.diff(docs[:90])) > 20  # mixed, not two runs
+
+
+def test_pool_threshold():
+    assert pool_threshold(10, 5) == 1 << 64  # the whole corpus fits the budget: every document
+    assert pool_threshold(1, 4) == 1 << 62
+
+
+def _corpus(path, n_docs=400):
+    words = "apple river house music water garden silver winter doctor castle forest engine".split()
+    with open(path, "w") as f:
+        for i in range(n_docs):
+            w = words[i % len(words)]
+            f.write(json.dumps({"text": " ".join(f"A {w} saw {i} ships on day {j}." for j in range(4))}) + "\n")
+    return str(path)
+
+
+def test_pool_is_the_seeded_hash_sample_of_the_whole_corpus(tmp_path, sample_dir):
+    corpus = _corpus(tmp_path / "c.jsonl")
+    planned = int(os.path.getsize(corpus) / BYTES_PER_TOKEN)
+    cfg = BuildConfig(inputs=(corpus,), output=str(tmp_path / "out"), dupe_factor=1, num_shards=2,
+                      vocab=str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"), unit_bytes=4096,
+                      pool_tokens=planned // 4, instances=InstanceConfig(max_seq_length=64))
+    m = build(cfg)
+    files = expand_inputs([corpus])
+    ids = [d.doc_id for u in plan_units(files, ReadOptions(), 4096) for d in read_unit(u, ReadOptions(), None,
+                                                                                      ReadReport())]
+    threshold = pool_threshold(cfg.pool_tokens, planned)
+    members = [d for d in ids if derive_seed(cfg.instances.seed, d, "pool") < threshold]
+    pool = m["random_pool"]
+    assert pool["documents"] == len(members) and pool["planned_tokens"] == planned
+    assert abs(len(members) / len(ids) - 0.25) < 0.07  # a Bernoulli(1/4) sample of 400 documents
+    assert pool["sample_fraction"] == pytest.approx(0.25, rel=1e-3)
+    assert members != [d for d in ids if derive_seed(1, d, "pool") < threshold]  # another seed, another sample
