@@ -1,6 +1,7 @@
 """The dataset build: config, resumable orchestration of the steps, and the manifest (written last).
 
-    plan (inputs -> fixed units) -> [vocab] -> docs stage -> pool -> instances stage -> shards stage -> manifest
+    plan (inputs -> fixed units) -> pieces (big compressed inputs) -> [vocab] -> docs stage -> pool -> instances
+    stage -> shards stage -> manifest
 
 An ``Executor`` runs a stage's pending units: ``LocalExecutor`` is a plain loop over the step functions (tests,
 debugging), ``pipeline.ray_data.RayDataExecutor`` runs the same functions as Ray Data stages. Output never depends
@@ -12,16 +13,19 @@ marker. A finished build (manifest present, same hash) is left alone; a differen
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
 import logging
+import pickle
 import time
 from collections import Counter
 from typing import Any, Protocol
 
 from pipeline.instances import InstanceConfig, RandomDocPool, VocabInfo
-from pipeline.readers import ReadOptions, ReadReport, Unit, plan_units, read_unit
+from pipeline.pieces import PieceContext, done_pieces, piece_units, pieces_step, plan_pieces
+from pipeline.readers import ReadOptions, ReadReport, Unit, plan_units
 from pipeline.schema import (FORMAT, FORMAT_VERSION, MANIFEST, SHARDS_DIR, VOCAB_FILE, WORK_DIR, config_hash,
                              token_dtype, validate_manifest)
 from pipeline.shards import ShardTask, bucket_bits, plan_shards
@@ -29,6 +33,7 @@ from pipeline.steps import StepContext, bucket_sources, instances_step, load_poo
     shard_step, tokenize_commit
 from pipeline.storage import (check_writable, exists, expand_inputs, join, list_names, read_bytes, read_json,
                               remove_stale_temps, remove_tree, write_bytes_atomic, write_json_atomic)
+from pipeline.vocab import DEFAULT_SAMPLE_BYTES, VocabContext, VocabTask, sample_blocks, vocab_step
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +49,7 @@ class BuildConfig:
     vocab: str | None = None
     vocab_size: int = 30522  # only used to train a vocabulary when none is given
     min_frequency: int = 2
+    vocab_sample_bytes: int = DEFAULT_SAMPLE_BYTES  # the trained vocabulary's sample (0: the whole corpus)
     do_lower_case: bool = True
     dupe_factor: int = 10
     num_shards: int = 16
@@ -62,6 +68,8 @@ class BuildConfig:
             raise ValueError(f"--num-shards {self.num_shards}: use at least 1")
         if self.pool_tokens < 1:
             raise ValueError(f"--pool-tokens {self.pool_tokens}: use a positive token budget")
+        if self.vocab_sample_bytes < 0:
+            raise ValueError(f"vocab_sample_bytes {self.vocab_sample_bytes}: use 0 (whole corpus) or a byte budget")
         if self.unit_bytes < 1024:
             raise ValueError(f"unit_bytes {self.unit_bytes}: use at least 1024")
 
@@ -117,15 +125,56 @@ def _tokens_of(data: bytes) -> list[str]:
     return tokens
 
 
-def _train_vocab(cfg: BuildConfig, units: list[Unit]) -> list[str]:
-    from pipeline.tokenize import train_wordpiece
+def _step_batch(batch: dict[str, Any], step, ctx) -> dict[str, list]:
+    """Ray Data batch function running ``step(item, ctx)`` on pickled items (for today's RayDataExecutor)."""
+    out = [step(pickle.loads(base64.b64decode(item)), ctx) for item in batch["item"]]
+    return {"marker": [json.dumps(base64.b64encode(pickle.dumps(m)).decode()) for m in out]}
 
-    def texts():
-        for u in units:
-            for doc in read_unit(u, cfg.read, cfg.endpoint_url, ReadReport()):
-                yield "\n".join(doc.lines)
-    log.info("training a %d-entry WordPiece vocabulary on the input", cfg.vocab_size)
-    return train_wordpiece(texts(), cfg.vocab_size, cfg.do_lower_case, cfg.min_frequency)
+
+def _map(executor: Executor, step, items: list, ctx) -> list:
+    """``[step(item, ctx) for item in items]`` as tasks: the executor's generic ``map`` when it has one, Ray Data
+    tasks on today's RayDataExecutor, else a plain loop. Results come in any order."""
+    if not items:
+        return []
+    if hasattr(executor, "map"):
+        return list(executor.map(step, items, ctx))
+    if hasattr(executor, "_run"):
+        executor._wait()
+        encoded = [{"item": base64.b64encode(pickle.dumps(item)).decode()} for item in items]
+        return [pickle.loads(base64.b64decode(m)) for m in executor._run(encoded, _step_batch,
+                                                                        {"step": step, "ctx": ctx}, None)]
+    return [step(item, ctx) for item in items]
+
+
+def _inputs_stage(cfg: BuildConfig, files: list, executor: Executor, report: ReadReport,
+                  vocab_bytes: bytes | None) -> tuple[list[Unit], bytes]:
+    """The docs stage's units and the vocabulary: big compressed inputs are cut into pieces first (one task per
+    file, resumable by marker), then without --vocab one task trains it on a seeded sample (pipeline/vocab.py).
+    The driver only plans from metadata here: it reads no corpus bytes."""
+    work, ep = join(cfg.output, WORK_DIR), cfg.endpoint_url
+    pctx = PieceContext(work, cfg.unit_bytes, cfg.read, ep)
+    tasks = plan_pieces(files, cfg.read, cfg.unit_bytes, ep)
+    done = done_pieces(pctx) if tasks else {}
+    pending = [t for t in tasks if t.index not in done]
+    if tasks:
+        log.info("pieces: %d big compressed inputs (%d already cut)", len(tasks), len(tasks) - len(pending))
+    for m in _map(executor, pieces_step, pending, pctx):
+        done[m.index] = m
+    markers = [done[t.index] for t in tasks]
+    for m in markers:
+        report.bad_files.update(m.bad_files)
+    units = plan_units(files, cfg.read, cfg.unit_bytes, ep, report, exclude={t.path for t in tasks})
+    units = sorted(units + piece_units(markers, pctx), key=lambda u: u.uid)
+    if vocab_bytes is None:
+        vocab_url = join(work, VOCAB_FILE)
+        if not exists(vocab_url, ep):
+            blocks, nbytes = sample_blocks(units, {f.path: f.size for f in files}, cfg.unit_bytes,
+                                           cfg.vocab_sample_bytes, cfg.instances.seed)
+            log.info("training a %d-entry WordPiece vocabulary on a %.1f MB sample", cfg.vocab_size, nbytes / 1e6)
+            vctx = VocabContext(cfg.read, cfg.vocab_size, cfg.min_frequency, cfg.do_lower_case, ep)
+            _map(executor, vocab_step, [VocabTask(blocks, vocab_url, nbytes)], vctx)
+        vocab_bytes = read_bytes(vocab_url, ep)
+    return units, vocab_bytes
 
 
 def _check_state(cfg: BuildConfig, chash: str, inputs: list[dict]) -> None:
@@ -179,12 +228,7 @@ def build(cfg: BuildConfig, executor: Executor | None = None) -> dict[str, Any]:
     _check_state(cfg, chash, inputs)
 
     report = ReadReport()
-    units = plan_units(files, cfg.read, cfg.unit_bytes, ep, report)
-    if vocab_bytes is None:
-        vocab_url = join(out, WORK_DIR, VOCAB_FILE)
-        if not exists(vocab_url, ep):
-            write_bytes_atomic(vocab_url, ("\n".join(_train_vocab(cfg, units)) + "\n").encode(), ep)
-        vocab_bytes = read_bytes(vocab_url, ep)
+    units, vocab_bytes = _inputs_stage(cfg, files, executor, report, vocab_bytes)
     tokens = _tokens_of(vocab_bytes)
     vocab = VocabInfo.from_tokens(tokens)
     ctx = cfg.step_context(vocab.vocab_size)

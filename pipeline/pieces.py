@@ -29,12 +29,13 @@ import os
 
 from pipeline.readers import InputError, ReadOptions, Unit, detect_format
 from pipeline.storage import (FileInfo, compression_of, filesystem_for, join, list_names, map_threads, open_atomic,
-                              read_jsons, write_json_atomic)
+                              read_jsons, write_bytes_atomic, write_json_atomic)
 
 log = logging.getLogger(__name__)
 
 PIECES_DIR = "pieces"
-CHUNK = 1 << 20  # decompressed bytes held at once: the task's buffer, whatever the file's size
+CHUNK = 256 << 10  # decompressed bytes held at once, whatever the file's size (a read that hits a corrupt
+# stream loses what it decompressed: small reads keep more of a broken file, as the readers do)
 # Without a size from the file, its decompressed size is guessed generously (text compresses 3-10x): a file that
 # needs no pieces but gets them only costs one small task, one that needs them but does not gets one huge unit.
 MAX_RATIO = 10
@@ -189,6 +190,43 @@ class _PieceWriter:
         self._stack.__exit__(type(e), e, e.__traceback__)
 
 
+class _Corrupt(Exception):
+    """The input could not be decompressed to the end (its cause says why)."""
+
+
+def _read(f) -> bytes:
+    try:
+        return f.read(CHUNK)
+    except (EOFError, OSError, ValueError, RuntimeError) as e:
+        # Truncated gzip (EOFError), not-gzip/xz/zstd junk (OSError, LZMAError, ZstdError). Write errors are not
+        # caught here: a failing _work is not a corrupt input.
+        raise _Corrupt() from e
+
+
+def _discard(writer: _PieceWriter | None, e: BaseException) -> None:
+    if writer is not None:
+        with contextlib.suppress(Exception):
+            writer.discard(e)
+    return None
+
+
+def _keep_complete_documents(url: str, fmt: str, endpoint_url: str | None) -> int:
+    """Cut a committed piece back to its last document boundary (the input broke off inside a document); the
+    bytes kept, 0 if none (the piece is then removed). Rare path: the piece (about one unit) is read whole."""
+    import zstandard
+
+    fs, path = filesystem_for(url, endpoint_url)
+    data = zstandard.ZstdDecompressor().stream_reader(fs.cat_file(path)).read()
+    view, cutter, last = memoryview(data), _Cutter(fmt), 0
+    while (c := cutter.cut(view, last)) is not None:
+        last = c
+    if last:
+        write_bytes_atomic(url, zstandard.ZstdCompressor(level=1).compress(data[:last]), endpoint_url)
+    else:
+        fs.rm_file(path)
+    return last
+
+
 def pieces_step(task: PieceTask, ctx: PieceContext) -> PieceMarker:
     """Stream one compressed input once and commit it as pieces of about ``unit_bytes`` cut at document
     boundaries, then the marker. Memory: one ``CHUNK`` of decompressed data and the compressor's state."""
@@ -212,7 +250,7 @@ def pieces_step(task: PieceTask, ctx: PieceContext) -> PieceMarker:
 
     try:
         with fs.open(path, "rb", compression=compression_of(path)) as f:
-            while chunk := f.read(CHUNK):
+            while chunk := _read(f):
                 buffer = max(buffer, len(chunk))
                 view = memoryview(chunk)
                 while len(view):
@@ -234,18 +272,24 @@ def pieces_step(task: PieceTask, ctx: PieceContext) -> PieceMarker:
                 if rss is not None and rss_peak is not None:
                     rss_peak = max(rss_peak, rss)
         close_piece()
-    except InputError:
-        raise
-    except (EOFError, OSError, ValueError, RuntimeError) as e:
-        # Truncated gzip (EOFError), not-gzip/xz/zstd junk (OSError, LZMAError, ZstdError).
-        if writer is not None:
-            writer.discard(e)
-        what = f"cannot be read to the end ({type(e).__name__}: {e})"
+    except _Corrupt as e:
+        what = f"cannot be read to the end ({type(e.__cause__).__name__}: {e.__cause__})"
         if ctx.read.on_error == "fail":
+            _discard(writer, e)
             raise InputError(f"input {task.path}: {what} [corrupt_file]. Fix or remove the file, or pass "
                              "--on-error skip.") from e
-        log.warning("input %s %s: keeping its %d complete pieces", task.path, what, len(pieces))
+        if writer is not None:  # keep the documents read to the end, as reading the file directly would
+            start, name = pos - writer.size, f"{task.index:05d}-{len(pieces):05d}.zst"
+            writer.commit()
+            writer = None
+            kept = _keep_complete_documents(ctx.url(name), task.fmt, ctx.endpoint_url)
+            if kept:
+                pieces.append((name, start, start + kept))
+        log.warning("input %s %s: keeping the %d pieces read before", task.path, what, len(pieces))
         bad[task.path] = "corrupt_file"
+    except BaseException as e:  # a failed write, a kill: no piece is left half-written
+        _discard(writer, e)
+        raise
     if pos == 0 and not bad:
         if ctx.read.on_error == "fail":
             raise InputError(f"input {task.path}: no data after decompression [empty_file]. Fix or remove the "
