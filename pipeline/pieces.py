@@ -12,6 +12,7 @@ dataset is byte-identical whether the input was compressed or not, and does not 
     plan_pieces(files, opts, unit_bytes, endpoint_url) -> [PieceTask]   which files need the step (metadata only)
     pieces_step(task, ctx) -> PieceMarker                                one task per file: stream, cut, commit
     piece_units(markers, ctx) -> [Unit]                                  the pieces as units of the docs stage
+    cut_and_plan(files, opts, unit_bytes, work) -> [Unit]                all of it as a plain loop (jobs)
 
 Pieces are written with zstd level 1 (``<file index>-<piece>.zst`` under ``_work/pieces``): measured on 11.8 MB of
 text here, 181 MB/s to compress and 430 MB/s to read back (under 2% of the ~3 MB/s per CPU that tokenizing costs)
@@ -27,7 +28,7 @@ import dataclasses
 import logging
 import os
 
-from pipeline.readers import InputError, ReadOptions, Unit, detect_format
+from pipeline.readers import InputError, ReadOptions, Unit, detect_format, plan_units
 from pipeline.storage import (FileInfo, compression_of, filesystem_for, join, list_names, map_threads, open_atomic,
                               read_jsons, write_bytes_atomic, write_json_atomic)
 
@@ -314,3 +315,17 @@ def piece_units(markers: list[PieceMarker], ctx: PieceContext) -> list[Unit]:
     """Docs-stage units of the pieces: uid ``<file index>-<piece>``, offsets in the decompressed input."""
     return [Unit(f"{m.index:05d}-{k:05d}", m.path, m.key, m.fmt, start, end, data=ctx.url(name), base=start)
             for m in sorted(markers, key=lambda m: m.index) for k, (name, start, end) in enumerate(m.pieces)]
+
+
+def cut_and_plan(files: list[FileInfo], opts: ReadOptions, unit_bytes: int, work: str,
+                 endpoint_url: str | None = None, report=None) -> list[Unit]:
+    """Every unit of the inputs, big compressed files cut into pieces under ``work`` by a plain loop in this
+    process: for jobs that read a sample of the corpus without a build (jobs/train_tokenizer.py)."""
+    ctx = PieceContext(work, unit_bytes, opts, endpoint_url)
+    tasks = plan_pieces(files, opts, unit_bytes, endpoint_url)
+    markers = [pieces_step(t, ctx) for t in tasks]
+    if report is not None:
+        for m in markers:
+            report.bad_files.update(m.bad_files)
+    units = plan_units(files, opts, unit_bytes, endpoint_url, report, exclude={t.path for t in tasks})
+    return sorted(units + piece_units(markers, ctx), key=lambda u: u.uid)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from pipeline.readers import ReadOptions, ReadReport, Unit, read_unit
 from pipeline.rng import derive_seed
@@ -56,6 +56,7 @@ class VocabMarker:
     blocks: int
     sampled_bytes: int  # decompressed bytes the blocks span (planned), what the budget bounds
     documents: int
+    dropped: dict[str, int]  # records and files the reader dropped in the sample, by reason
 
 
 def _blocks(units: list[Unit], sizes: dict[str, int], unit_bytes: int) -> list[tuple[str, int, int, list[Unit]]]:
@@ -106,19 +107,22 @@ def vocab_step(task: VocabTask, ctx: VocabContext) -> VocabMarker:
     from pipeline.tokenize import train_wordpiece
 
     report = ReadReport()
-    count = 0
+    count, passes = 0, 0
 
     def texts():
-        nonlocal count
+        nonlocal count, passes
+        passes += 1
         for block in task.blocks:
             for u in block:
-                for doc in read_unit(u, ctx.read, ctx.endpoint_url, report):
-                    count += 1
+                for doc in read_unit(u, ctx.read, ctx.endpoint_url, report if passes == 1 else ReadReport()):
+                    count += passes == 1
                     yield "\n".join(doc.lines)
 
     log.info("training a %d-entry WordPiece vocabulary on %d sampled blocks", ctx.vocab_size, len(task.blocks))
-    tokens = train_wordpiece(texts(), ctx.vocab_size, ctx.do_lower_case, ctx.min_frequency)
+    # Two passes over the sample (see train_wordpiece): read twice rather than held, so memory stays bounded.
+    tokens = train_wordpiece(texts, ctx.vocab_size, ctx.do_lower_case, ctx.min_frequency)
     data = ("\n".join(tokens) + "\n").encode()
     write_bytes_atomic(task.output, data, ctx.endpoint_url)
+    dropped = dict(report.dropped + Counter(report.bad_files.values()))
     return VocabMarker(task.output, hashlib.sha256(data).hexdigest(), len(tokens), len(task.blocks),
-                       task.sampled_bytes, count)
+                       task.sampled_bytes, count, dropped)
