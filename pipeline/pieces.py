@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import socket
 
 from pipeline.readers import InputError, ReadOptions, Unit, detect_format, plan_units
 from pipeline.storage import (FileInfo, compression_of, filesystem_for, join, list_names, map_threads, open_atomic,
@@ -82,6 +83,7 @@ class PieceMarker:
     buffer_bytes: int
     rss_growth_bytes: int | None
     bad_files: dict[str, str]
+    worker: str = ""  # host:pid of the process that cut it (debugging; the driver should never appear here)
 
     @classmethod
     def from_dict(cls, d: dict) -> PieceMarker:
@@ -120,6 +122,10 @@ def plan_pieces(files: list[FileInfo], opts: ReadOptions, unit_bytes: int,
     sizes = dict(zip(probe, map_threads(lambda i: _decompressed_size(files[i], endpoint_url), probe)))
     return [PieceTask(i, f.path, f.key, fmts[i]) for i, f in enumerate(files)
             if needs_pieces(f, fmts[i], unit_bytes, sizes.get(i))]
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _rss() -> int | None:
@@ -299,7 +305,7 @@ def pieces_step(task: PieceTask, ctx: PieceContext) -> PieceMarker:
     marker = PieceMarker(
         index=task.index, path=task.path, key=task.key, fmt=task.fmt, pieces=pieces, decompressed_bytes=pos,
         largest_piece_bytes=max((e - s for _, s, e in pieces), default=0), buffer_bytes=buffer,
-        rss_growth_bytes=None if rss0 is None else rss_peak - rss0, bad_files=bad)
+        rss_growth_bytes=None if rss0 is None else rss_peak - rss0, bad_files=bad, worker=worker_id())
     write_json_atomic(ctx.url(f"{task.index:05d}.done.json"), dataclasses.asdict(marker), ctx.endpoint_url)
     return marker
 

@@ -21,6 +21,7 @@ import hashlib
 import logging
 from collections import Counter, defaultdict
 
+from pipeline.pieces import worker_id
 from pipeline.readers import ReadOptions, ReadReport, Unit, read_unit
 from pipeline.rng import derive_seed
 from pipeline.storage import write_bytes_atomic
@@ -57,6 +58,7 @@ class VocabMarker:
     sampled_bytes: int  # decompressed bytes the blocks span (planned), what the budget bounds
     documents: int
     dropped: dict[str, int]  # records and files the reader dropped in the sample, by reason
+    worker: str = ""  # host:pid of the process that trained it
 
 
 def _blocks(units: list[Unit], sizes: dict[str, int], unit_bytes: int) -> list[tuple[str, int, int, list[Unit]]]:
@@ -125,4 +127,4 @@ def vocab_step(task: VocabTask, ctx: VocabContext) -> VocabMarker:
     write_bytes_atomic(task.output, data, ctx.endpoint_url)
     dropped = dict(report.dropped + Counter(report.bad_files.values()))
     return VocabMarker(task.output, hashlib.sha256(data).hexdigest(), len(tokens), len(task.blocks),
-                       task.sampled_bytes, count, dropped)
+                       task.sampled_bytes, count, dropped, worker_id())

@@ -35,9 +35,9 @@ def moby(tmp_path_factory, sample_dir):
 
 
 def _cfg(out, inputs, sample_dir, **kw):
+    kw.setdefault("vocab", str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"))
     return BuildConfig(inputs=tuple(inputs), output=str(out), dupe_factor=1, num_shards=3, unit_bytes=UNIT,
                        read=ReadOptions(presplit=True),
-                       vocab=str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"),
                        instances=InstanceConfig(max_seq_length=64, max_predictions_per_seq=10), **kw)
 
 
@@ -175,3 +175,29 @@ def test_bad_compressed_inputs_fail_naming_the_file_or_are_counted(tmp_path, sam
     assert cut.bad_files == {cut.path: "corrupt_file"} and len(cut.pieces) > 2  # its complete pieces are kept
     assert not [n for n in os.listdir(tmp_path / "w2" / "pieces") if ".tmp-" in n]
     assert pieces_step(tasks["empty.txt.gz"], skip).bad_files == {str(tmp_path / "in" / "empty.txt.gz"): "empty_file"}
+
+
+@pytest.mark.timeout(300)
+def test_pieces_and_vocab_run_as_ray_tasks_with_the_plain_loops_output(ray_local, moby, tmp_path, sample_dir,
+                                                                        monkeypatch):
+    from pipeline.ray_data import RayDataExecutor
+
+    root, raw = moby
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "moby.txt.gz").write_bytes(gzip.compress(raw[: 400_000], compresslevel=1))
+    markers = []
+    real_map = build_mod._map
+    monkeypatch.setattr(build_mod, "_map", lambda *a: markers.extend(real_map(*a)) or markers[-len(a[2]):])
+
+    def cfg(name):
+        return _cfg(tmp_path / name, [str(tmp_path / "in")], sample_dir, vocab=None, vocab_size=300,
+                    vocab_sample_bytes=200_000)
+
+    build(cfg("ray"), RayDataExecutor(num_cpus=2))
+    workers = {m.worker for m in markers}
+    assert len(markers) == 2 and f":{os.getpid()}" not in "".join(workers)  # a pieces task and a vocab task
+    markers.clear()
+    build(cfg("plain"))
+    assert {m.worker for m in markers} == {f"{os.uname().nodename}:{os.getpid()}"}  # the plain loop: here
+    assert _shard_bytes(tmp_path / "ray")[1] == _shard_bytes(tmp_path / "plain")[1]
+    assert (tmp_path / "ray" / "vocab.txt").read_bytes() == (tmp_path / "plain" / "vocab.txt").read_bytes()
