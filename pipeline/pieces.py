@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import socket
 
 from pipeline.readers import InputError, ReadOptions, Unit, detect_format, plan_units
@@ -45,6 +46,7 @@ MAX_RATIO = 10
 # blank whatever its chunking and --max-record-bytes (>= 1 KiB), so both readings agree on where documents start.
 _MAX_BLANK = 1024
 _WS = b" \t\n\r\x0b\x0c"  # what bytes.strip() removes: the reader's notion of a blank line
+_BLANK = re.compile(rb"\n[ \t\r\x0b\x0c]*\n")  # the end of a line, then a whitespace-only line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,18 +153,22 @@ class _Cutter:
         if not self.text:
             j = raw.find(b"\n", frm)
             return None if j < 0 else j + 1
-        # The state of the line that holds position frm.
+        # The line that holds position frm: is it blank (from its start, maybe in an earlier chunk)?
+        j = raw.find(b"\n", frm)
+        if j < 0:
+            return None
         k = raw.rfind(b"\n", 0, frm)
         if k >= 0:
-            length, ws = frm - k - 1, not raw[k + 1:frm].strip(_WS)
+            length, ws = j - k, not raw[k + 1:j].strip(_WS)
         else:
-            length, ws = self.line_len + frm, self.line_ws and not raw[:frm].strip(_WS)
-        i = frm
-        while (j := raw.find(b"\n", i)) >= 0:
-            length += j + 1 - i
-            if ws and not raw[i:j].strip(_WS) and length <= _MAX_BLANK:
-                return j + 1
-            i, length, ws = j + 1, 0, True
+            length, ws = self.line_len + j + 1, self.line_ws and not raw[:j].strip(_WS)
+        if ws and length <= _MAX_BLANK:
+            return j + 1
+        # Then the next short blank line, found by a regex (a long run of lines without one costs no Python loop).
+        while m := _BLANK.search(raw, j):
+            if m.end() - m.start() - 1 <= _MAX_BLANK:
+                return m.end()
+            j = m.end() - 1
         return None
 
     def advance(self, data: memoryview) -> None:

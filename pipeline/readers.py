@@ -195,7 +195,8 @@ def _position(f: IO[bytes], pos: int, seekable: bool) -> None:
 
 def _lines(f: IO[bytes], pos: int, max_line: int, start: int = 0, end: int | None = None
            ) -> Iterator[tuple[int, bytes | None]]:
-    """(offset, line with its newline) from ``pos``; an over-long line comes as None and is never held whole.
+    """(offset, line with its newline) from ``pos``; a line longer than ``max_line`` (without its newline) comes as
+    None and is never held whole.
 
     A line that begins before ``start`` and runs to ``end`` means no line starts in [start, end): stop, or every
     unit inside a 100 MB line would read to its end (quadratic work).
@@ -210,7 +211,9 @@ def _lines(f: IO[bytes], pos: int, max_line: int, start: int = 0, end: int | Non
             return
         i = 0
         while (j := data.find(b"\n", i)) >= 0:
-            if skipping:
+            # Over-long by its length alone, not by where the read chunks fall: otherwise a long whitespace line
+            # would be blank or not depending on the unit's start (and the pieces' cuts).
+            if skipping or plen + j - i > max_line:
                 yield pos, None
             elif pending:
                 yield pos, b"".join(pending) + data[i:j + 1]

@@ -201,3 +201,47 @@ def test_pieces_and_vocab_run_as_ray_tasks_with_the_plain_loops_output(ray_local
     assert {m.worker for m in markers} == {f"{os.uname().nodename}:{os.getpid()}"}  # the plain loop: here
     assert _shard_bytes(tmp_path / "ray")[1] == _shard_bytes(tmp_path / "plain")[1]
     assert (tmp_path / "ray" / "vocab.txt").read_bytes() == (tmp_path / "plain" / "vocab.txt").read_bytes()
+
+
+@pytest.mark.parametrize("fmt", ["text", "jsonl"])
+def test_cuts_agree_with_the_reader_whatever_the_chunking(tmp_path, monkeypatch, fmt):
+    """Random documents separated by blank lines of every shape (spaces, tabs, CR, runs of several, whitespace
+    lines longer than the 1 KiB a cut accepts), cut with tiny buffers so that lines straddle them: the pieces give
+    exactly the documents and ids of the plain file."""
+    import random
+
+    rnd = random.Random(0)
+    parts = []
+    for i in range(300):
+        if fmt == "jsonl":
+            parts.append(json.dumps({"text": f"doc {i} " + "w" * rnd.randint(0, 300)}) + rnd.choice(["\n", "\r\n"]))
+            if rnd.random() < 0.1:
+                parts.append(" " * rnd.randint(0, 50) + "\n")
+            continue
+        parts.append("".join(f"Doc {i} line {j} " + "x" * rnd.randint(0, 120) + "\n" for j in range(rnd.randint(1, 4))))
+        for _ in range(rnd.randint(0, 3)):  # zero: the next "document" continues this one
+            parts.append(rnd.choice(["", " ", "\t \r", " " * rnd.randint(900, 1100), "\t" * 2000]) + "\n")
+    raw = "".join(parts).encode()
+    ext = "jsonl" if fmt == "jsonl" else "txt"
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / f"c.{ext}").write_bytes(raw)
+    (tmp_path / f"c.{ext}.gz").write_bytes(gzip.compress(raw))
+    opts = ReadOptions(max_record_bytes=1024, on_error="skip")
+    from pipeline.readers import ReadReport, plan_units, read_unit
+
+    want_report = ReadReport()
+    want = [(d.doc_id, d.lines) for u in plan_units(expand_inputs([str(tmp_path / "plain")]), opts, 1 << 20)
+            for d in read_unit(u, opts, report=want_report)]
+    assert len(want) > 100
+    for chunk in (13, 1000):
+        monkeypatch.setattr(pieces_mod, "CHUNK", chunk)
+        for unit in (50, 2000):
+            ctx = PieceContext(str(tmp_path / f"w{chunk}-{unit}"), unit, opts)
+            [task] = plan_pieces(expand_inputs([str(tmp_path / f"c.{ext}.gz")]), opts, unit)
+            m = pieces_step(task, ctx)
+            report = ReadReport()
+            got = [(d.doc_id, d.lines) for u in pieces_mod.piece_units([m], ctx)
+                   for d in read_unit(u, opts, report=report)]
+            assert got == want, (chunk, unit)
+            assert report.dropped == want_report.dropped
+            assert len(m.pieces) > len(raw) // (unit + 3000)

@@ -64,6 +64,25 @@ def test_text_documents_do_not_depend_on_unit_size_or_compression(tmp_path, ext)
     assert len({d.doc_id for d in whole}) == len(whole)
 
 
+def test_long_whitespace_lines_are_never_blank_whatever_the_units(tmp_path):
+    """A whitespace-only line longer than max_record_bytes is an over-long line, not a document break, wherever the
+    reads' chunks fall (units starting elsewhere move them): the documents do not depend on the unit size."""
+    rnd = random.Random(1)
+    parts = []
+    for i in range(400):
+        parts.append("".join(f"Doc {i} line {j} " + "x" * rnd.randint(0, 120) + "\n" for j in range(rnd.randint(1, 3))))
+        parts.append(rnd.choice(["", " ", "\t" * 2000, " " * 3000]) + "\n")
+    (tmp_path / "c.txt").write_bytes("".join(parts).encode())
+    opts = ReadOptions(max_record_bytes=1024, on_error="skip")
+    runs = []
+    for unit_bytes in (1 << 30, 4096, 77777):
+        report = ReadReport()
+        runs.append(([(d.doc_id, d.lines) for d in _read_all([tmp_path / "c.txt"], opts, unit_bytes, report)],
+                     report.dropped))
+    assert runs[0][1]["record_too_long"] > 0 and len(runs[0][0]) > 50
+    assert all(r == runs[0] for r in runs)
+
+
 def test_presplit_and_jsonl_and_parquet(tmp_path):
     (tmp_path / "a.txt").write_text("One.\nTwo.\n\nThree.\n")
     docs = _read_all([tmp_path / "a.txt"], ReadOptions(presplit=True))
