@@ -155,11 +155,11 @@ def _list_url(url: str, endpoint_url: str | None) -> tuple[str, dict[str, dict]]
         if any(c in path for c in "*?["):
             infos = fs.glob(path, detail=True)  # one listing, not one stat per match
             root = path[: min(path.find(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
-        elif fs.isdir(path):
+        elif (info := fs.info(path)).get("type") == "directory":  # one round trip tells a file from a folder
             infos = fs.find(path, detail=True)
             root = path
         else:
-            infos = {path: fs.info(path)}
+            infos = {path: info}
             root = posixpath.dirname(path.rstrip("/"))
     except FileNotFoundError as e:
         raise ValueError(f"input {_describe(url)} does not exist ({e}); fix --input") from e
