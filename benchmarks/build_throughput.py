@@ -158,12 +158,15 @@ def _busy_loop(n: int) -> float:
 
 def machine_scaling(cpus: int, n: int = 15_000_000) -> float:
     """Throughput of ``cpus`` processes running a pure-Python loop at once, relative to one alone: the ceiling this
-    machine puts on any CPU-count ratio (shared cores, hyper-threads, turbo and noisy neighbours all show up here)."""
+    machine puts on any CPU-count ratio (shared cores, hyper-threads, turbo and noisy neighbours all show up here).
+    Both sides are wall-clock times taken the same way, so load from other work weighs on both."""
     import multiprocessing
 
-    one = _busy_loop(n)
     with multiprocessing.get_context("spawn").Pool(cpus) as pool:
         pool.map(_busy_loop, [1] * cpus)  # workers up and the module imported before timing
+        t0 = time.perf_counter()
+        pool.map(_busy_loop, [n])
+        one = time.perf_counter() - t0
         t0 = time.perf_counter()
         pool.map(_busy_loop, [n] * cpus)
         wall = time.perf_counter() - t0
