@@ -233,6 +233,7 @@ def test_cuts_agree_with_the_reader_whatever_the_chunking(tmp_path, monkeypatch,
     want = [(d.doc_id, d.lines) for u in plan_units(expand_inputs([str(tmp_path / "plain")]), opts, 1 << 20)
             for d in read_unit(u, opts, report=want_report)]
     assert len(want) > 100
+    cuts: dict[int, list] = {}
     for chunk in (13, 1000):
         monkeypatch.setattr(pieces_mod, "CHUNK", chunk)
         for unit in (50, 2000):
@@ -245,3 +246,4 @@ def test_cuts_agree_with_the_reader_whatever_the_chunking(tmp_path, monkeypatch,
             assert got == want, (chunk, unit)
             assert report.dropped == want_report.dropped
             assert len(m.pieces) > len(raw) // (unit + 3000)
+            assert cuts.setdefault(unit, [p[1:] for p in m.pieces]) == [p[1:] for p in m.pieces]  # not the buffer's
