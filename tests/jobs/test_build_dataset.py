@@ -29,13 +29,30 @@ def test_faithful_to_the_reference_on_moby_dick_and_logged_to_mlflow(tmp_path, s
     table = pads.dataset([str(out / s["file"]) for s in m["shards"]], format="parquet").to_table()
     got = instance_stats(table, mask_id=103, max_seq_length=128)
     ref = json.loads((ref_dir / "mobydick.reference_stats.json").read_text())["stats"]
-    # The count moves with the seeds (short-seq targets are drawn once per document pass, 135 chapters x 5): ours
-    # gave 14234-14754 over five seed/id draws (12345, 7, 99; ids with and without the .gz in the key), the
-    # reference 14524-14607 over its three seeds. 3% is about two of our standard deviations.
-    assert abs(got["instances"] / ref["instances"] - 1) < 0.03, got
-    assert abs(got["random_next_fraction"] - ref["random_next_fraction"]) < 0.015, got
-    assert abs(got["seq_len_mean"] - ref["seq_len_mean"]) < 1.5, got
-    assert abs(got["masked_per_seq_mean"] - ref["masked_per_seq_mean"]) < 0.3, got
+    # One draw's counts move with the seed (short-seq targets are drawn once per document pass: 135 chapters x 5),
+    # and ours are not the reference's draws whatever the seed number. So compare the mean of three of our seeds
+    # with the mean of the reference's three (12345 from the stats file, 7 and 99 from ../shared/data/README.md).
+    draws = [got]
+    for seed in (7, 99):
+        assert build_dataset.main([
+            "--input", str(ref_dir / "mobydick.sentences.txt.gz"), "--presplit",
+            "--vocab", str(ref_dir / "bert-base-uncased-vocab.txt"), "--output", str(tmp_path / f"moby-{seed}"),
+            "--dupe-factor", "5", "--seed", str(seed), "--num-shards", "4", "--no-ray"]) == 0
+        shards = read_manifest(str(tmp_path / f"moby-{seed}"))["shards"]
+        draws.append(instance_stats(pads.dataset([str(tmp_path / f"moby-{seed}" / s["file"]) for s in shards],
+                                                 format="parquet").to_table(), mask_id=103, max_seq_length=128))
+    capsys.readouterr()
+
+    def mean(key, ref_other):
+        return sum(d[key] for d in draws) / 3, (ref[key] + sum(ref_other)) / 3
+    ours, theirs = mean("instances", [14524, 14607])
+    assert abs(ours / theirs - 1) < 0.02, (ours, theirs, draws)
+    ours, theirs = mean("random_next_fraction", [0.557, 0.552])
+    assert abs(ours - theirs) < 0.015, (ours, theirs, draws)
+    ours, theirs = mean("seq_len_mean", [121.1, 120.1])
+    assert abs(ours - theirs) < 1.5, (ours, theirs, draws)
+    ours, theirs = mean("masked_per_seq_mean", [18.00, 17.85])
+    assert abs(ours - theirs) < 0.3, (ours, theirs, draws)
     for kind in ("mask", "same", "random"):
         assert abs(got["mask_kind_fraction"][kind] - ref["mask_kind_fraction"][kind]) < 0.01, (kind, got)
     assert m["totals"]["instances"] == got["instances"] == summary["instances"]
