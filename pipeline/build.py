@@ -24,7 +24,7 @@ from collections import Counter
 from typing import Any, Protocol
 
 from pipeline.instances import InstanceConfig, RandomDocPool, VocabInfo
-from pipeline.pieces import PieceContext, done_pieces, piece_units, pieces_step, plan_pieces
+from pipeline.pieces import PieceContext, PiecesStep, done_pieces, piece_units, plan_pieces
 from pipeline.readers import ReadOptions, ReadReport, Unit, plan_units
 from pipeline.schema import (FORMAT, FORMAT_VERSION, MANIFEST, SHARDS_DIR, VOCAB_FILE, WORK_DIR, config_hash,
                              token_dtype, validate_manifest)
@@ -33,7 +33,7 @@ from pipeline.steps import StepContext, bucket_sources, instances_step, load_poo
     shard_step, tokenize_commit
 from pipeline.storage import (check_writable, exists, expand_inputs, join, list_names, read_bytes, read_json,
                               remove_stale_temps, remove_tree, write_bytes_atomic, write_json_atomic)
-from pipeline.vocab import DEFAULT_SAMPLE_BYTES, VocabContext, VocabTask, sample_blocks, vocab_step
+from pipeline.vocab import DEFAULT_SAMPLE_BYTES, VocabContext, VocabStep, VocabTask, sample_blocks
 
 log = logging.getLogger(__name__)
 
@@ -125,25 +125,24 @@ def _tokens_of(data: bytes) -> list[str]:
     return tokens
 
 
-def _step_batch(batch: dict[str, Any], step, ctx) -> dict[str, list]:
-    """Ray Data batch function running ``step(item, ctx)`` on pickled items (for today's RayDataExecutor)."""
-    out = [step(pickle.loads(base64.b64decode(item)), ctx) for item in batch["item"]]
+def _step_batch(batch: dict[str, Any], step) -> dict[str, list]:
+    """Ray Data batch function running ``step(item)`` on pickled items (for today's RayDataExecutor)."""
+    out = [step(pickle.loads(base64.b64decode(item))) for item in batch["item"]]
     return {"marker": [json.dumps(base64.b64encode(pickle.dumps(m)).decode()) for m in out]}
 
 
-def _map(executor: Executor, step, items: list, ctx) -> list:
-    """``[step(item, ctx) for item in items]`` as tasks: the executor's generic ``map`` when it has one, Ray Data
-    tasks on today's RayDataExecutor, else a plain loop. Results come in any order."""
+def _map(executor: Executor, step, items: list) -> list:
+    """``[step(item) for item in items]`` as tasks: the executor's generic ``map(step, items)`` when it has one,
+    Ray Data tasks on today's RayDataExecutor, else a plain loop. Markers come in any order."""
     if not items:
         return []
     if hasattr(executor, "map"):
-        return list(executor.map(step, items, ctx))
+        return list(executor.map(step, items))
     if hasattr(executor, "_run"):
         executor._wait()
         encoded = [{"item": base64.b64encode(pickle.dumps(item)).decode()} for item in items]
-        return [pickle.loads(base64.b64decode(m)) for m in executor._run(encoded, _step_batch,
-                                                                        {"step": step, "ctx": ctx}, None)]
-    return [step(item, ctx) for item in items]
+        return [pickle.loads(base64.b64decode(m)) for m in executor._run(encoded, _step_batch, {"step": step}, None)]
+    return [step(item) for item in items]
 
 
 def _inputs_stage(cfg: BuildConfig, files: list, executor: Executor, report: ReadReport,
@@ -158,7 +157,7 @@ def _inputs_stage(cfg: BuildConfig, files: list, executor: Executor, report: Rea
     pending = [t for t in tasks if t.index not in done]
     if tasks:
         log.info("pieces: %d big compressed inputs (%d already cut)", len(tasks), len(tasks) - len(pending))
-    for m in _map(executor, pieces_step, pending, pctx):
+    for m in _map(executor, PiecesStep(pctx), pending):
         done[m.index] = m
     markers = [done[t.index] for t in tasks]
     for m in markers:
@@ -171,8 +170,8 @@ def _inputs_stage(cfg: BuildConfig, files: list, executor: Executor, report: Rea
             blocks, nbytes = sample_blocks(units, {f.path: f.size for f in files}, cfg.unit_bytes,
                                            cfg.vocab_sample_bytes, cfg.instances.seed)
             log.info("training a %d-entry WordPiece vocabulary on a %.1f MB sample", cfg.vocab_size, nbytes / 1e6)
-            vctx = VocabContext(cfg.read, cfg.vocab_size, cfg.min_frequency, cfg.do_lower_case, ep)
-            _map(executor, vocab_step, [VocabTask(blocks, vocab_url, nbytes)], vctx)
+            vctx = VocabContext(cfg.read, cfg.vocab_size, cfg.min_frequency, cfg.do_lower_case, ep, work)
+            _map(executor, VocabStep(vctx), [VocabTask(blocks, vocab_url, nbytes)])
         vocab_bytes = read_bytes(vocab_url, ep)
     return units, vocab_bytes
 

@@ -11,6 +11,7 @@ dataset is byte-identical whether the input was compressed or not, and does not 
 
     plan_pieces(files, opts, unit_bytes, endpoint_url) -> [PieceTask]   which files need the step (metadata only)
     pieces_step(task, ctx) -> PieceMarker                                one task per file: stream, cut, commit
+    PiecesStep(ctx)(task) -> PieceMarker                                 the same as a picklable step object
     piece_units(markers, ctx) -> [Unit]                                  the pieces as units of the docs stage
     cut_and_plan(files, opts, unit_bytes, work) -> [Unit]                all of it as a plain loop (jobs)
 
@@ -25,14 +26,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import re
 import socket
 
+from typing import ClassVar
+
 from pipeline.readers import InputError, ReadOptions, Unit, detect_format, plan_units
 from pipeline.storage import (FileInfo, compression_of, filesystem_for, join, list_names, map_threads, open_atomic,
-                              read_jsons, write_bytes_atomic, write_json_atomic)
+                              read_jsons, write_bytes_atomic)
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +77,14 @@ class PieceContext:
 @dataclasses.dataclass(frozen=True)
 class PieceMarker:
     """What a finished pieces task committed: ``pieces`` as (name, start, end) in the decompressed input, and what
-    bounded its memory (the largest buffer held, the largest piece, the task's RSS growth; None off Linux)."""
+    bounded its memory (the largest buffer held, the largest piece, the task's RSS growth; None off Linux).
+    Committed as ``<work>/pieces/<key>.done.json``."""
+
+    stage: ClassVar[str] = PIECES_DIR
 
     index: int
     path: str
-    key: str
+    file_key: str  # the input's key in document ids
     fmt: str
     pieces: list[tuple[str, int, int]]
     decompressed_bytes: int
@@ -87,9 +94,21 @@ class PieceMarker:
     bad_files: dict[str, str]
     worker: str = ""  # host:pid of the process that cut it (debugging; the driver should never appear here)
 
+    @property
+    def key(self) -> str:
+        return f"{self.index:05d}"
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> PieceMarker:
+        return cls.from_dict(json.loads(text))
+
     @classmethod
     def from_dict(cls, d: dict) -> PieceMarker:
-        return cls(**(d | {"pieces": [tuple(p) for p in d["pieces"]]}))
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**({k: v for k, v in d.items() if k in names} | {"pieces": [tuple(p) for p in d["pieces"]]}))
 
 
 def _decompressed_size(f: FileInfo, endpoint_url: str | None) -> int | None:
@@ -309,11 +328,21 @@ def pieces_step(task: PieceTask, ctx: PieceContext) -> PieceMarker:
                              "file, or pass --on-error skip.")
         bad[task.path] = "empty_file"
     marker = PieceMarker(
-        index=task.index, path=task.path, key=task.key, fmt=task.fmt, pieces=pieces, decompressed_bytes=pos,
+        index=task.index, path=task.path, file_key=task.key, fmt=task.fmt, pieces=pieces, decompressed_bytes=pos,
         largest_piece_bytes=max((e - s for _, s, e in pieces), default=0), buffer_bytes=buffer,
         rss_growth_bytes=None if rss0 is None else rss_peak - rss0, bad_files=bad, worker=worker_id())
-    write_json_atomic(ctx.url(f"{task.index:05d}.done.json"), dataclasses.asdict(marker), ctx.endpoint_url)
+    write_bytes_atomic(ctx.url(f"{marker.key}.done.json"), marker.to_json().encode(), ctx.endpoint_url)
     return marker
+
+
+@dataclasses.dataclass(frozen=True)
+class PiecesStep:
+    """``pieces_step`` as a step object (picklable, one argument) for a generic ``map(step, items)`` executor."""
+
+    ctx: PieceContext
+
+    def __call__(self, task: PieceTask) -> PieceMarker:
+        return pieces_step(task, self.ctx)
 
 
 def done_pieces(ctx: PieceContext) -> dict[int, PieceMarker]:
@@ -325,7 +354,7 @@ def done_pieces(ctx: PieceContext) -> dict[int, PieceMarker]:
 
 def piece_units(markers: list[PieceMarker], ctx: PieceContext) -> list[Unit]:
     """Docs-stage units of the pieces: uid ``<file index>-<piece>``, offsets in the decompressed input."""
-    return [Unit(f"{m.index:05d}-{k:05d}", m.path, m.key, m.fmt, start, end, data=ctx.url(name), base=start)
+    return [Unit(f"{m.index:05d}-{k:05d}", m.path, m.file_key, m.fmt, start, end, data=ctx.url(name), base=start)
             for m in sorted(markers, key=lambda m: m.index) for k, (name, start, end) in enumerate(m.pieces)]
 
 

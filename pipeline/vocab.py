@@ -9,6 +9,7 @@ key, block start) until ``sample_bytes`` is reached (at least one block; 0 = eve
 
     sample_blocks(units, sizes, unit_bytes, sample_bytes, seed) -> [[Unit]]    the driver: metadata only
     vocab_step(task, ctx) -> VocabMarker                                        one task: read, train, commit
+    VocabStep(ctx)(task) -> VocabMarker                                         the same as a step object
 
 Why a sample: WordPiece training counts words in one process; on 256 MB of text it sees every word frequent enough
 to enter a 30k vocabulary of English (the long tail it misses would fall below min_frequency or become ##pieces
@@ -18,13 +19,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 from collections import Counter, defaultdict
+from typing import ClassVar
 
 from pipeline.pieces import worker_id
 from pipeline.readers import ReadOptions, ReadReport, Unit, read_unit
 from pipeline.rng import derive_seed
-from pipeline.storage import write_bytes_atomic
+from pipeline.storage import join, write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,7 @@ class VocabContext:
     min_frequency: int = 2
     do_lower_case: bool = True
     endpoint_url: str | None = None
+    work: str | None = None  # where the marker goes (<work>/vocab/vocab.done.json); None: no marker (a job)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +55,9 @@ class VocabTask:
 
 @dataclasses.dataclass(frozen=True)
 class VocabMarker:
+    """The trained vocab.txt (``file``) and what it was trained on; committed after the file."""
+
+    stage: ClassVar[str] = "vocab"
     file: str
     sha256: str
     vocab_size: int
@@ -59,6 +66,18 @@ class VocabMarker:
     documents: int
     dropped: dict[str, int]  # records and files the reader dropped in the sample, by reason
     worker: str = ""  # host:pid of the process that trained it
+
+    @property
+    def key(self) -> str:
+        return "vocab"
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> VocabMarker:
+        d = json.loads(text)
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
 def _blocks(units: list[Unit], sizes: dict[str, int], unit_bytes: int) -> list[tuple[str, int, int, list[Unit]]]:
@@ -126,5 +145,19 @@ def vocab_step(task: VocabTask, ctx: VocabContext) -> VocabMarker:
     data = ("\n".join(tokens) + "\n").encode()
     write_bytes_atomic(task.output, data, ctx.endpoint_url)
     dropped = dict(report.dropped + Counter(report.bad_files.values()))
-    return VocabMarker(task.output, hashlib.sha256(data).hexdigest(), len(tokens), len(task.blocks),
-                       task.sampled_bytes, count, dropped, worker_id())
+    marker = VocabMarker(task.output, hashlib.sha256(data).hexdigest(), len(tokens), len(task.blocks),
+                         task.sampled_bytes, count, dropped, worker_id())
+    if ctx.work is not None:
+        write_bytes_atomic(join(ctx.work, marker.stage, marker.key + ".done.json"), marker.to_json().encode(),
+                           ctx.endpoint_url)
+    return marker
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabStep:
+    """``vocab_step`` as a step object (picklable, one argument) for a generic ``map(step, items)`` executor."""
+
+    ctx: VocabContext
+
+    def __call__(self, task: VocabTask) -> VocabMarker:
+        return vocab_step(task, self.ctx)

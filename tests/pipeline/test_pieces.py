@@ -14,7 +14,7 @@ import pipeline.build as build_mod
 import pipeline.pieces as pieces_mod
 from pipeline.build import BuildConfig, build
 from pipeline.instances import InstanceConfig
-from pipeline.pieces import CHUNK, PieceContext, PieceTask, pieces_step, plan_pieces
+from pipeline.pieces import CHUNK, PieceContext, PieceMarker, PieceTask, pieces_step, plan_pieces
 from pipeline.readers import InputError, ReadOptions
 from pipeline.storage import expand_inputs
 
@@ -47,13 +47,14 @@ def _shard_bytes(out):
 
 
 def _record(monkeypatch):
-    seen = []
+    """The markers of the pieces tasks the build runs (PiecesStep calls pipeline.pieces.pieces_step)."""
+    seen, real = [], pieces_mod.pieces_step
 
     def spy(task, ctx):
-        m = pieces_mod.pieces_step(task, ctx)
+        m = real(task, ctx)
         seen.append(m)
         return m
-    monkeypatch.setattr(build_mod, "pieces_step", spy)
+    monkeypatch.setattr(pieces_mod, "pieces_step", spy)
     return seen
 
 
@@ -96,7 +97,9 @@ def test_pieces_step_memory_stays_flat_on_a_big_file(tmp_path, sample_dir):
     if m.rss_growth_bytes is not None:  # Linux: the task's RSS grew by a few buffers, not by the file
         assert m.rss_growth_bytes < 16 << 20 < m.decompressed_bytes
     assert sorted(os.listdir(tmp_path / "work" / "pieces")) == sorted(
-        [p[0] for p in m.pieces] + [f"{task.index:05d}.done.json"])
+        [p[0] for p in m.pieces] + [f"{m.key}.done.json"])
+    committed = (tmp_path / "work" / "pieces" / f"{m.key}.done.json").read_text()
+    assert PieceMarker.from_json(committed) == m and m.stage == "pieces"  # a typed marker, read back whole
 
 
 def test_small_compressed_files_need_no_pieces(tmp_path):
@@ -131,8 +134,7 @@ def test_killed_pieces_step_resumes_to_the_same_dataset(moby, tmp_path, sample_d
     assert not [n for n in names if n.endswith(".done.json") or ".tmp-" in n] and len(names) == 2
     monkeypatch.setattr(pieces_mod._PieceWriter, "commit", real_commit)
     # Kill after the first file's marker: only the second file is cut again.
-    seen = _record(monkeypatch)
-    real_step = pieces_mod.pieces_step
+    seen, real_step = [], pieces_mod.pieces_step
 
     def second_dies(task, ctx):
         if task.index == 1:
@@ -140,13 +142,12 @@ def test_killed_pieces_step_resumes_to_the_same_dataset(moby, tmp_path, sample_d
         m = real_step(task, ctx)
         seen.append(m)
         return m
-    monkeypatch.setattr(build_mod, "pieces_step", second_dies)
+    monkeypatch.setattr(pieces_mod, "pieces_step", second_dies)
     with pytest.raises(OSError, match="killed"):
         build(_cfg(tmp_path / "out", [str(gz2)], sample_dir))
     assert [m.index for m in seen] == [0] and "00000.done.json" in os.listdir(work)
     seen.clear()
-    _record(monkeypatch)
-    monkeypatch.setattr(build_mod, "pieces_step", lambda t, c: seen.append(t.index) or real_step(t, c))
+    monkeypatch.setattr(pieces_mod, "pieces_step", lambda t, c: seen.append(t.index) or real_step(t, c))
     build(_cfg(tmp_path / "out", [str(gz2)], sample_dir))
     assert seen == [1]
     assert _shard_bytes(tmp_path / "out")[1] == _shard_bytes(tmp_path / "ref")[1]
@@ -154,7 +155,7 @@ def test_killed_pieces_step_resumes_to_the_same_dataset(moby, tmp_path, sample_d
 
 def test_bad_compressed_inputs_fail_naming_the_file_or_are_counted(tmp_path, sample_dir):
     whole = gzip.compress("".join(f"Sentence {i * 7919 % 100003} of a document.\n\n" for i in range(200000))
-                          .encode(), compresslevel=1)  # ~7 MB of text: several 1 MiB chunks before the cut
+                          .encode(), compresslevel=1)  # ~7 MB of text: many read buffers before the cut
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "cut.txt.gz").write_bytes(whole[: len(whole) // 2])
     (tmp_path / "in" / "empty.txt.gz").write_bytes(gzip.compress(b""))
