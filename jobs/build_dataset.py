@@ -33,6 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", required=True, help="output folder (local path or s3://...)")
     p.add_argument("--vocab", help="BERT vocab.txt (path or URL); without it one is trained on the input")
     p.add_argument("--vocab-size", type=int, default=30522, help="size of the trained vocabulary (no --vocab)")
+    p.add_argument("--vocab-sample-bytes", type=int, default=256 << 20,
+                   help="train the vocabulary (no --vocab) on a seeded sample of about this many bytes; 0 = all")
     p.add_argument("--presplit", action="store_true", help="one sentence per line (the reference's format)")
     p.add_argument("--format", choices=FORMATS, default="auto")
     p.add_argument("--text-field", default="text", help="JSON Lines field / Parquet column holding the text")
@@ -69,7 +71,8 @@ def config_from(args: argparse.Namespace) -> BuildConfig:
             max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq,
             masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob,
             whole_word_mask=args.whole_word_mask, seed=args.seed),
-        vocab=args.vocab, vocab_size=args.vocab_size, do_lower_case=args.do_lower_case,
+        vocab=args.vocab, vocab_size=args.vocab_size, vocab_sample_bytes=args.vocab_sample_bytes,
+        do_lower_case=args.do_lower_case,
         dupe_factor=args.dupe_factor, num_shards=args.num_shards, pool_tokens=args.pool_tokens,
         endpoint_url=args.endpoint_url,
     )
@@ -116,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_ray:
         executor = LocalExecutor()
     else:
-        from pipeline.ray_data import RayExecutor
+        from pipeline.ray_tasks import RayExecutor
 
         # Ray starts in the background once the build has work to do (not at all for a finished build).
         executor = RayExecutor(args.num_cpus, init=lambda: _common.init_ray(args.num_cpus))

@@ -1,6 +1,11 @@
-"""Train a WordPiece vocabulary (BERT rules) on a corpus, with the same readers as the dataset build.
+"""Train a WordPiece vocabulary (BERT rules) on a corpus, with the same readers and sample as the dataset build.
 
     python jobs/train_tokenizer.py --input URL [--input URL ...] --output vocab.txt --vocab-size 30522 [--cased]
+        [--sample-bytes 268435456 | --sample-bytes 0]
+
+By default it trains on a seeded sample of about 256 MB of text (pipeline/vocab.py): blocks of --unit-bytes taken
+in a seeded hash order. With the same --unit-bytes and --seed as jobs/build_dataset.py it picks the same sample as
+a build without --vocab, so it gives the same vocabulary. --sample-bytes 0 trains on the whole corpus.
 """
 from __future__ import annotations
 
@@ -8,13 +13,13 @@ import argparse
 import json
 import logging
 import sys
-from collections import Counter
-from collections.abc import Iterator
+import tempfile
 
 from jobs import _common
-from pipeline.readers import FORMATS, ON_ERROR, ReadOptions, ReadReport, plan_units, read_unit
-from pipeline.storage import expand_inputs, write_bytes_atomic
-from pipeline.tokenize import train_wordpiece
+from pipeline.pieces import cut_and_plan
+from pipeline.readers import FORMATS, ON_ERROR, ReadOptions, ReadReport, plan_units
+from pipeline.storage import expand_inputs
+from pipeline.vocab import DEFAULT_SAMPLE_BYTES, VocabContext, VocabTask, sample_blocks, vocab_step
 
 log = logging.getLogger("train_tokenizer")
 
@@ -26,6 +31,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", required=True, help="where to write vocab.txt (path or URL)")
     p.add_argument("--vocab-size", type=int, default=30522)
     p.add_argument("--min-frequency", type=int, default=2)
+    p.add_argument("--sample-bytes", type=int, default=DEFAULT_SAMPLE_BYTES,
+                   help="train on a seeded sample of about this many bytes of text; 0 = the whole corpus")
+    p.add_argument("--unit-bytes", type=int, default=4 << 20, help="sample block size (the build's unit size)")
+    p.add_argument("--seed", type=int, default=12345, help="the sample's seed (the build's --seed)")
     case = p.add_mutually_exclusive_group()
     case.add_argument("--do-lower-case", dest="do_lower_case", action="store_true", default=True)
     case.add_argument("--cased", dest="do_lower_case", action="store_false")
@@ -35,7 +44,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--on-error", choices=ON_ERROR, default="fail")
     p.add_argument("--endpoint-url")
     p.add_argument("--log-level", default="INFO")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.sample_bytes < 0:
+        p.error("--sample-bytes must be 0 (whole corpus) or a positive byte budget")
+    if args.unit_bytes < 1024:
+        p.error("--unit-bytes must be at least 1024")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,17 +58,21 @@ def main(argv: list[str] | None = None) -> int:
     opts = ReadOptions(fmt=args.format, presplit=args.presplit, text_field=args.text_field, on_error=args.on_error)
     files = expand_inputs(args.input, args.endpoint_url)
     report = ReadReport()
-    units = plan_units(files, opts, 1 << 62, args.endpoint_url, report)  # one unit per file: no parallelism here
-
-    def texts() -> Iterator[str]:
-        for u in units:
-            for doc in read_unit(u, opts, args.endpoint_url, report):
-                yield "\n".join(doc.lines)
-
-    tokens = train_wordpiece(texts(), args.vocab_size, args.do_lower_case, args.min_frequency)
-    write_bytes_atomic(args.output, ("\n".join(tokens) + "\n").encode(), args.endpoint_url)
-    print(json.dumps({"output": args.output, "vocab_size": len(tokens), "files": len(files),
-                      "dropped": dict(report.dropped + Counter(report.bad_files.values()))}))
+    ctx = VocabContext(opts, args.vocab_size, args.min_frequency, args.do_lower_case, args.endpoint_url)
+    with tempfile.TemporaryDirectory(prefix="vocab-pieces-") as work:
+        if args.sample_bytes:  # blocks of big compressed files come from their pieces, as in the build
+            units = cut_and_plan(files, opts, args.unit_bytes, work, args.endpoint_url, report)
+        else:  # the whole corpus: one unit per file, read straight through
+            units = plan_units(files, opts, 1 << 62, args.endpoint_url, report)
+        blocks, nbytes = sample_blocks(units, {f.path: f.size for f in files}, args.unit_bytes, args.sample_bytes,
+                                       args.seed)
+        marker = vocab_step(VocabTask(blocks, args.output, nbytes), ctx)
+    dropped = dict(marker.dropped)
+    for reason in report.bad_files.values():
+        dropped[reason] = dropped.get(reason, 0) + 1
+    print(json.dumps({"output": args.output, "vocab_size": marker.vocab_size, "files": len(files),
+                      "sampled_blocks": marker.blocks, "sampled_bytes": nbytes, "documents": marker.documents,
+                      "dropped": dropped}))
     return 0
 
 

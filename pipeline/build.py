@@ -1,10 +1,11 @@
 """The dataset build: config, the stages the driver walks, resume, and the manifest (written last).
 
-    plan (inputs -> fixed units) -> [vocab] -> docs -> pool -> instances -> shards -> manifest
+    plan (inputs -> fixed units) -> [pieces of big compressed inputs] -> [vocab] -> docs -> pool -> instances
+    -> shards -> manifest
 
 Each stage is a ``pipeline.executor.Stage`` (a step mapped over items, one marker per item) planned from the markers
 of the stages before it; ``build`` walks ``STAGES`` and runs each with ``run_stage`` on the executor it was given
-(``LocalExecutor``: a plain loop; ``pipeline.ray_data.RayDataExecutor``: the same steps on Ray Data). The driver only
+(``LocalExecutor``: a plain loop; ``pipeline.ray_tasks.RayExecutor``: the same steps as Ray tasks). The driver only
 plans and sums markers: it reads no corpus bytes and no per-document data, so its work is O(units) of metadata.
 Barriers are the ones the algorithm needs: the pool needs every unit's members, the shards need every unit's row
 counts. Output never depends on the executor, CPUs, nodes or blocks: ids and seeds come from the files.
@@ -32,7 +33,8 @@ from typing import Any
 from pipeline.executor import Executor, LocalExecutor, Shared, Stage, run_stage
 from pipeline.instances import InstanceConfig, VocabInfo
 from pipeline.markers import DocsMarker, InstancesMarker, Marker, PoolMarker, ShardMarker
-from pipeline.readers import COMPRESSED_RATIO, ReadOptions, ReadReport, Unit, detect_format, plan_units, read_unit
+from pipeline.pieces import PieceContext, PieceMarker, PiecesStep, piece_units, plan_pieces
+from pipeline.readers import ReadOptions, ReadReport, Unit, detect_format, plan_units
 from pipeline.schema import (FORMAT, FORMAT_VERSION, MANIFEST, SHARDS_DIR, VOCAB_FILE, WORK_DIR, config_hash,
                              token_dtype, validate_manifest)
 from pipeline.shards import chunks_per_pass, plan_shards
@@ -40,6 +42,7 @@ from pipeline.steps import DocsStep, InstancesStep, PoolStep, ShardStep, StepCon
 from pipeline.storage import (FileInfo, check_writable, compression_of, exists, expand_inputs, join, list_names,
                               read_bytes, read_json, remove_stale_temps, remove_tree, write_bytes_atomic,
                               write_json_atomic)
+from pipeline.vocab import DEFAULT_SAMPLE_BYTES, VocabContext, VocabMarker, VocabStep, VocabTask, sample_blocks
 
 __all__ = ["BuildConfig", "LocalExecutor", "STAGES", "build"]
 
@@ -49,6 +52,7 @@ log = logging.getLogger(__name__)
 # English text per WordPiece token (bert-base-uncased on Moby Dick, news, docs); 4.0 errs towards a pool a little
 # under the budget. Compressed inputs count COMPRESSED_RATIO text bytes per stored byte.
 BYTES_PER_TOKEN = 4.0
+COMPRESSED_RATIO = 3  # text compresses ~3x (gzip/zstd/Parquet+zstd); only the pool's threshold uses it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +66,7 @@ class BuildConfig:
     vocab: str | None = None
     vocab_size: int = 30522  # only used to train a vocabulary when none is given
     min_frequency: int = 2
+    vocab_sample_bytes: int = DEFAULT_SAMPLE_BYTES  # the trained vocabulary's sample (0: the whole corpus)
     do_lower_case: bool = True
     dupe_factor: int = 10
     num_shards: int = 16
@@ -80,6 +85,8 @@ class BuildConfig:
             raise ValueError(f"--num-shards {self.num_shards}: use at least 1")
         if self.pool_tokens < 1:
             raise ValueError(f"--pool-tokens {self.pool_tokens}: use a positive token budget")
+        if self.vocab_sample_bytes < 0:
+            raise ValueError(f"vocab_sample_bytes {self.vocab_sample_bytes}: use 0 (whole corpus) or a byte budget")
         if self.unit_bytes < 1024:
             raise ValueError(f"unit_bytes {self.unit_bytes}: use at least 1024")
 
@@ -97,12 +104,16 @@ class BuildConfig:
                            endpoint_url=self.endpoint_url)
 
 
-def planned_tokens(files: list[FileInfo], read: ReadOptions) -> int:
-    """Tokens the inputs should hold, from their listed sizes alone (no reads)."""
-    text_bytes = 0
+def planned_tokens(files: list[FileInfo], units: list[Unit], read: ReadOptions) -> int:
+    """Tokens the inputs should hold, from metadata alone (no reads): listed sizes, and for big compressed inputs
+    the decompressed sizes of their pieces, so that a ``.gz`` and the same text uncompressed plan the same pool."""
+    pieces = [u for u in units if u.data is not None]
+    text_bytes = sum(u.end - u.start for u in pieces)
+    cut = {u.path for u in pieces}
     for f in files:
-        packed = compression_of(f.path) or detect_format(f.path, read.fmt) == "parquet"
-        text_bytes += f.size * (COMPRESSED_RATIO if packed else 1)
+        if f.path not in cut:
+            packed = compression_of(f.path) or detect_format(f.path, read.fmt) == "parquet"
+            text_bytes += f.size * (COMPRESSED_RATIO if packed else 1)
     return max(1, int(text_bytes / BYTES_PER_TOKEN))
 
 
@@ -166,15 +177,31 @@ def _tokens_of(data: bytes) -> list[str]:
     return tokens
 
 
-def _train_vocab(cfg: BuildConfig, units: list[Unit]) -> list[str]:
-    from pipeline.tokenize import train_wordpiece
+def _input_units(cfg: BuildConfig, files: list[FileInfo], executor: Executor, report: ReadReport) -> list[Unit]:
+    """The docs stage's units: big compressed inputs are first cut into unit-sized pieces (one task per file,
+    streaming it once, so memory per task stays bounded and the docs stage is parallel over the pieces)."""
+    work, ep = join(cfg.output, WORK_DIR), cfg.endpoint_url
+    pctx = PieceContext(work, cfg.unit_bytes, cfg.read, ep)
+    tasks = plan_pieces(files, cfg.read, cfg.unit_bytes, ep)
+    markers: list[PieceMarker] = run_stage(  # type: ignore[assignment]
+        Stage("pieces", PiecesStep(pctx), {f"{t.index:05d}": t for t in tasks}, PieceMarker), executor, work, ep)
+    for m in markers:
+        report.bad_files.update(m.bad_files)
+    units = plan_units(files, cfg.read, cfg.unit_bytes, ep, report, exclude={t.path for t in tasks})
+    return sorted(units + piece_units(markers, pctx), key=lambda u: u.uid)
 
-    def texts():
-        for u in units:
-            for doc in read_unit(u, cfg.read, cfg.endpoint_url, ReadReport()):
-                yield "\n".join(doc.lines)
-    log.info("training a %d-entry WordPiece vocabulary on the input", cfg.vocab_size)
-    return train_wordpiece(texts(), cfg.vocab_size, cfg.do_lower_case, cfg.min_frequency)
+
+def _trained_vocab(cfg: BuildConfig, files: list[FileInfo], units: list[Unit], executor: Executor) -> bytes:
+    """Without --vocab: one task trains WordPiece on a seeded sample of bounded size (pipeline/vocab.py)."""
+    work, ep = join(cfg.output, WORK_DIR), cfg.endpoint_url
+    vocab_url = join(work, VOCAB_FILE)
+    blocks, nbytes = sample_blocks(units, {f.path: f.size for f in files}, cfg.unit_bytes, cfg.vocab_sample_bytes,
+                                   cfg.instances.seed)
+    log.info("vocabulary: %d entries from a %.1f MB sample", cfg.vocab_size, nbytes / 1e6)
+    vctx = VocabContext(cfg.read, cfg.vocab_size, cfg.min_frequency, cfg.do_lower_case, ep, work)
+    run_stage(Stage("vocab", VocabStep(vctx), {"vocab": VocabTask(blocks, vocab_url, nbytes)}, VocabMarker),
+              executor, work, ep)
+    return read_bytes(vocab_url, ep)
 
 
 def _check_state(cfg: BuildConfig, chash: str, inputs: list[dict]) -> None:
@@ -229,16 +256,13 @@ def build(cfg: BuildConfig, executor: Executor | None = None) -> dict[str, Any]:
 
     executor.begin()  # a cluster comes up while the driver plans
     report = ReadReport()
-    units = plan_units(files, cfg.read, cfg.unit_bytes, ep, report)
+    units = _input_units(cfg, files, executor, report)
     if vocab_bytes is None:
-        vocab_url = join(out, WORK_DIR, VOCAB_FILE)
-        if not exists(vocab_url, ep):
-            write_bytes_atomic(vocab_url, ("\n".join(_train_vocab(cfg, units)) + "\n").encode(), ep)
-        vocab_bytes = read_bytes(vocab_url, ep)
+        vocab_bytes = _trained_vocab(cfg, files, units, executor)
     vocab_sha = hashlib.sha256(vocab_bytes).hexdigest()
     tokens = _tokens_of(vocab_bytes)
     vocab = VocabInfo.from_tokens(tokens)
-    planned = planned_tokens(files, cfg.read)
+    planned = planned_tokens(files, units, cfg.read)
     # The id that keys per-process caches (the pool): the config and the input stamps, so a rebuild of changed
     # inputs into the same output, in the same process, never sees the old pool.
     build_id = config_hash({"config_hash": chash, "inputs": inputs})

@@ -3,7 +3,7 @@
 A *step* is a picklable callable (a frozen dataclass) taking one item and returning the ``Marker`` it committed; it
 may have a ``setup()`` that loads per-process resources (the tokenizer, the pool) into a process-level cache. An
 *executor* runs a step over items: ``LocalExecutor`` is a plain loop in this process (tests, debugging),
-``pipeline.ray_data.RayDataExecutor`` runs the very same steps as Ray Data tasks. ``share(obj)`` gives a handle that
+``pipeline.ray_tasks.RayExecutor`` runs the very same steps as Ray tasks. ``share(obj)`` gives a handle that
 steps resolve with ``.get()``: the object itself here, one object-store copy on Ray.
 
 A ``Stage`` is a name, a step and its items by key; ``run_stage`` reads the stage's committed markers (resume), maps

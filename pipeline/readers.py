@@ -4,16 +4,17 @@ Formats: plain text (blank line between documents, free-running text inside; wit
 line, the reference contract), JSON Lines with a text field, Parquet with a text column. ``.gz .bz2 .xz .zst`` are
 decompressed on the fly.
 
-Work units are fixed by the files alone: byte ranges of ``unit_bytes`` (in the decompressed stream) for text and
-JSON Lines, one row group for Parquet. A unit owns the documents that *start* inside its range (as Hadoop's line
-splits do) and reads past its end to finish the last one. Document ids are ``<file key>:<byte offset>`` (row index
-for Parquet), so they, and every seed derived from them, do not depend on the unit size or the number of workers.
+Work units are fixed by the files alone: byte ranges of ``unit_bytes`` for uncompressed text and JSON Lines, one
+row group for Parquet. A unit owns the documents that *start* inside its range (as Hadoop's line splits do) and
+reads past its end to finish the last one. Document ids are ``<file key>:<byte offset>`` (row index for Parquet),
+so they, and every seed derived from them, do not depend on the unit size or the number of workers. The key has no
+compression suffix and offsets count decompressed bytes, so ``corpus.txt.gz`` gives the ids of ``corpus.txt``.
 
-Compressed streams cannot seek: a unit past the start decompresses and discards up to its range. The number of
-units of a compressed file is capped (``MAX_COMPRESSED_UNITS``) so that the discarded work stays a few passes of
-cheap decompression, and they share its decompressed size equally (gzip's trailer gives the size; other codecs
-are estimated at ``COMPRESSED_RATIO``), so a big .gz spreads over several CPUs. Each unit still holds 1/8 of such
-a file: lay big corpora out as many files (docs/scaling.md).
+Compressed streams cannot seek. A compressed file of about one unit or less is one unit; a bigger one goes through
+the pieces step first (``pipeline.pieces``): one task streams it once and commits pieces of about ``unit_bytes``
+cut at document boundaries, and each piece becomes a unit whose ``data`` is the piece and whose ``base`` is the
+piece's offset in the decompressed input, so its documents keep the ids they have in the uncompressed file.
+``plan_units(..., exclude=...)`` leaves those files to that step.
 
 Bad records are dropped and counted by reason, or raise ``InputError`` naming the file and position when
 ``on_error="fail"``. Memory per unit is bounded by ``max_record_bytes`` per record (a 100 MB line never lands in RAM).
@@ -23,21 +24,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import IO
 
 import pyarrow.parquet as pq
 
-from pipeline.storage import FileInfo, compression_of, filesystem_for, strip_compression
+from pipeline.storage import FileInfo, compression_of, filesystem_for, map_threads, strip_compression
 
 log = logging.getLogger(__name__)
 
 FORMATS = ("auto", "text", "jsonl", "parquet")
 ON_ERROR = ("fail", "skip")
-COMPRESSED_RATIO = 3  # text compresses ~3x: an estimate of the decompressed size, used to plan units only
-MAX_COMPRESSED_UNITS = 8
 _CONTEXT = 64 << 10  # bytes read before a unit's start to learn whether its first line starts a document
 _CHUNK = 256 << 10
 
@@ -65,7 +63,11 @@ class ReadOptions:
 
 @dataclasses.dataclass(frozen=True)
 class Unit:
-    """A fixed piece of one input file: a byte range [start, end) (end None = to EOF) or a Parquet row group."""
+    """A fixed piece of one input file: a byte range [start, end) (end None = to EOF) or a Parquet row group.
+
+    Offsets are in the decompressed input. ``data``, when set, is where the bytes are read from instead of ``path``
+    (a piece of a big compressed input, holding the input's bytes from offset ``base``); errors still name ``path``.
+    """
 
     uid: str
     path: str
@@ -73,6 +75,8 @@ class Unit:
     fmt: str
     start: int
     end: int | None
+    data: str | None = None
+    base: int = 0
 
 
 @dataclasses.dataclass
@@ -101,51 +105,41 @@ def detect_format(path: str, fmt: str = "auto") -> str:
 
 
 def plan_units(files: list[FileInfo], opts: ReadOptions, unit_bytes: int, endpoint_url: str | None = None,
-               report: ReadReport | None = None) -> list[Unit]:
-    """The fixed work units of the inputs. Empty files fail here (or are counted with on_error='skip')."""
+               report: ReadReport | None = None, exclude: Collection[str] = ()) -> list[Unit]:
+    """The fixed work units of the inputs, but those in ``exclude`` (paths left to the pieces step). Uids are
+    ``<file index>-<unit index>`` over all of ``files``. Empty files fail here (or are counted with
+    on_error='skip'). Parquet footers are read in parallel (one round trip each)."""
+    fmts = [detect_format(f.path, opts.fmt) for f in files]
+    todo = [(i, f) for i, (f, fmt) in enumerate(zip(files, fmts)) if f.path not in exclude]
+    groups = dict(zip([i for i, _ in todo], map_threads(
+        lambda item: _row_groups(item[1], endpoint_url) if fmts[item[0]] == "parquet" and item[1].size else None,
+        todo)))
     units: list[Unit] = []
-    for i, f in enumerate(files):
-        fmt = detect_format(f.path, opts.fmt)
+    for i, f in todo:
+        fmt = fmts[i]
         if f.size == 0:
             _bad_file(opts, report, f.path, "empty_file", "the file is empty")
             continue
         if fmt == "parquet":
-            fs, p = filesystem_for(f.path, endpoint_url)
-            try:
-                with fs.open(p, "rb") as fh:
-                    n = pq.ParquetFile(fh).metadata.num_row_groups
-            except Exception as e:
-                _bad_file(opts, report, f.path, "corrupt_file", f"not a readable Parquet file ({e})")
+            if isinstance(groups[i], Exception):
+                _bad_file(opts, report, f.path, "corrupt_file", f"not a readable Parquet file ({groups[i]})")
                 continue
-            units += [Unit(f"{i:05d}-{g:05d}", f.path, f.key, fmt, g, g + 1) for g in range(n)]
+            units += [Unit(f"{i:05d}-{g:05d}", f.path, f.key, fmt, g, g + 1) for g in range(groups[i])]
             continue
-        size = unit_bytes
-        if compression_of(f.path):
-            est = _decompressed_size(f, endpoint_url) or f.size * COMPRESSED_RATIO
-            n = min(MAX_COMPRESSED_UNITS, max(1, math.ceil(est / unit_bytes)))
-            size = max(unit_bytes, math.ceil(est / n))  # equal shares (the last unit reads to the end)
-        else:
-            n = max(1, math.ceil(f.size / unit_bytes))
+        n = 1 if compression_of(f.path) else max(1, -(-f.size // unit_bytes))
         for g in range(n):
-            end = None if g == n - 1 else (g + 1) * size
-            units.append(Unit(f"{i:05d}-{g:05d}", f.path, f.key, fmt, g * size, end))
+            end = None if g == n - 1 else (g + 1) * unit_bytes
+            units.append(Unit(f"{i:05d}-{g:05d}", f.path, f.key, fmt, g * unit_bytes, end))
     return units
 
 
-def _decompressed_size(f: FileInfo, endpoint_url: str | None) -> int | None:
-    """A gzip file's decompressed size from its trailer (ISIZE: the size mod 2**32 of its last member), when that
-    is plausible (at least the compressed size); None for other codecs, multi-GB or multi-member files we cannot
-    tell, and unreadable files (the read reports those)."""
-    if compression_of(f.path) != "gzip" or f.size < 18:
-        return None
+def _row_groups(f: FileInfo, endpoint_url: str | None) -> int | Exception:
+    fs, p = filesystem_for(f.path, endpoint_url)
     try:
-        fs, path = filesystem_for(f.path, endpoint_url)
-        with fs.open(path, "rb") as fh:
-            fh.seek(f.size - 4)
-            isize = int.from_bytes(fh.read(4), "little")
-    except (OSError, ValueError):
-        return None
-    return isize if isize >= f.size else None
+        with fs.open(p, "rb") as fh:
+            return pq.ParquetFile(fh).metadata.num_row_groups
+    except Exception as e:  # noqa: BLE001 - reported by the caller, naming the file
+        return e
 
 
 def _bad_file(opts: ReadOptions, report: ReadReport | None, path: str, reason: str, what: str) -> None:
@@ -168,7 +162,7 @@ def read_unit(unit: Unit, opts: ReadOptions, endpoint_url: str | None = None,
               report: ReadReport | None = None) -> Iterator[Doc]:
     """The documents of one unit, in file order. Dropped records go to ``report``."""
     report = report if report is not None else ReadReport()
-    fs, path = filesystem_for(unit.path, endpoint_url)
+    fs, path = filesystem_for(unit.data or unit.path, endpoint_url)
     try:
         if unit.fmt == "parquet":
             yield from _parquet_docs(fs, path, unit, opts, report)
@@ -187,6 +181,7 @@ def read_unit(unit: Unit, opts: ReadOptions, endpoint_url: str | None = None,
 
 
 def _position(f: IO[bytes], pos: int, seekable: bool) -> None:
+    """Move to ``pos`` bytes into the stream (decompressing and discarding when it cannot seek)."""
     if seekable:
         f.seek(pos)
         return
@@ -200,7 +195,8 @@ def _position(f: IO[bytes], pos: int, seekable: bool) -> None:
 
 def _lines(f: IO[bytes], pos: int, max_line: int, start: int = 0, end: int | None = None
            ) -> Iterator[tuple[int, bytes | None]]:
-    """(offset, line with its newline) from ``pos``; an over-long line comes as None and is never held whole.
+    """(offset, line with its newline) from ``pos``; a line longer than ``max_line`` (without its newline) comes as
+    None and is never held whole.
 
     A line that begins before ``start`` and runs to ``end`` means no line starts in [start, end): stop, or every
     unit inside a 100 MB line would read to its end (quadratic work).
@@ -215,7 +211,9 @@ def _lines(f: IO[bytes], pos: int, max_line: int, start: int = 0, end: int | Non
             return
         i = 0
         while (j := data.find(b"\n", i)) >= 0:
-            if skipping:
+            # Over-long by its length alone, not by where the read chunks fall: otherwise a long whitespace line
+            # would be blank or not depending on the unit's start (and the pieces' cuts).
+            if skipping or plen + j - i > max_line:
                 yield pos, None
             elif pending:
                 yield pos, b"".join(pending) + data[i:j + 1]
@@ -255,9 +253,9 @@ _WHAT = {
 
 def _text_docs(f: IO[bytes], unit: Unit, opts: ReadOptions, report: ReadReport, seekable: bool) -> Iterator[Doc]:
     s, e = unit.start, unit.end
-    base = max(0, s - _CONTEXT)
-    _position(f, base, seekable)
-    prev_blank = True  # the file start counts as a separator
+    base = max(unit.base, s - _CONTEXT)
+    _position(f, base - unit.base, seekable)
+    prev_blank = True  # the file start counts as a separator (a piece starts at one)
     lineno = 0 if s == 0 else None
     doc: Doc | None = None
     size, bad, bad_off, bad_line = 0, None, 0, None
@@ -304,8 +302,8 @@ def _text_docs(f: IO[bytes], unit: Unit, opts: ReadOptions, report: ReadReport, 
 
 def _jsonl_docs(f: IO[bytes], unit: Unit, opts: ReadOptions, report: ReadReport, seekable: bool) -> Iterator[Doc]:
     s, e = unit.start, unit.end
-    base = max(0, s - 1)  # a line starting exactly at s has its newline at s-1
-    _position(f, base, seekable)
+    base = max(unit.base, s - 1)  # a line starting exactly at s has its newline at s-1 (a piece starts at a line)
+    _position(f, base - unit.base, seekable)
     lineno = 0 if s == 0 else None
     for off, line in _lines(f, base, opts.max_record_bytes, s, e):
         if lineno is not None:

@@ -10,6 +10,7 @@ against power loss: we do not fsync (it cost ~10% of a small build here); a cras
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -17,14 +18,16 @@ import logging
 import os
 import posixpath
 import uuid
-from collections.abc import Iterator
-from typing import IO, Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any, TypeVar
 
 import fsspec
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+R = TypeVar("R")
 
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}
 # Environment variables boto reads; forwarded to Ray workers (never logged), whose env the driver's does not reach.
@@ -128,50 +131,86 @@ def _stamp(info: dict) -> tuple[str | None, str | None]:
     return etag, mtime
 
 
+METADATA_THREADS = 32  # metadata calls in flight at once: object stores answer each in ~10-100 ms
+
+
+def map_threads(fn: Callable[[T], R], items: Iterable[T], threads: int = METADATA_THREADS) -> list[R]:
+    """``[fn(x) for x in items]`` with up to ``threads`` calls in flight, in order; the first error is raised.
+
+    For metadata round trips (listings, stats, trailers, markers): with thousands of S3 objects one call after
+    another costs minutes of latency and no CPU. fsspec's async filesystems (s3fs, gcsfs) are safe to call from
+    threads: each call runs on fsspec's own event loop.
+    """
+    items = list(items)
+    if len(items) <= 1 or threads <= 1:
+        return [fn(x) for x in items]
+    with concurrent.futures.ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="metadata") as pool:
+        return list(pool.map(fn, items))
+
+
+def _list_url(url: str, endpoint_url: str | None) -> tuple[str, dict[str, dict]]:
+    """(root the keys are relative to, {path: info}) of the files one input URL names."""
+    fs, path = filesystem_for(url, endpoint_url)
+    try:
+        if any(c in path for c in "*?["):
+            infos = fs.glob(path, detail=True)  # one listing, not one stat per match
+            root = path[: min(path.find(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
+        elif (info := fs.info(path)).get("type") == "directory":  # one round trip tells a file from a folder
+            infos = fs.find(path, detail=True)
+            root = path
+        else:
+            infos = {path: info}
+            root = posixpath.dirname(path.rstrip("/"))
+    except FileNotFoundError as e:
+        raise ValueError(f"input {_describe(url)} does not exist ({e}); fix --input") from e
+    except Exception as e:  # botocore/aiohttp errors have no common base worth importing here
+        raise storage_error(url, e, "list input") from e
+    files = {p: info for p, info in infos.items() if info.get("type", "file") != "directory"}
+    files = {p: info for p, info in files.items()
+             if not any(part.startswith((".", "_")) for part in p[len(root):].split("/") if part)}
+    if not files:
+        raise ValueError(f"input {_describe(url)} matches no files; fix --input")
+    return root, files
+
+
 def expand_inputs(urls: list[str], endpoint_url: str | None = None) -> list[FileInfo]:
     """Files named by ``urls`` (files, directories walked recursively, globs), sorted, with size and version.
 
     Raises ValueError naming the URL when nothing is there or the store refuses us (missing bucket, credentials),
     so the build fails before any work is scheduled. Hidden files (``.``/``_`` prefixes) inside directories are
-    skipped, as Spark and Ray do.
+    skipped, as Spark and Ray do. The URLs are listed in parallel (``map_threads``); globs take one listing.
+
+    A file's key (what names it in document ids) is its path relative to the input, *without* a compression
+    suffix, so that ``corpus.txt.gz`` and ``corpus.txt`` give the same document ids and the same dataset. Two
+    files whose keys would clash (``a.txt`` beside ``a.txt.gz``) keep their full names.
     """
     if not urls:
         raise ValueError("no --input given: pass at least one file, directory or glob")
-    found: dict[str, FileInfo] = {}
-    keys: set[str] = set()
-    for i, url in enumerate(urls):
-        fs, path = filesystem_for(url, endpoint_url)
-        try:
-            if any(c in path for c in "*?["):
-                infos = {p: fs.info(p) for p in fs.glob(path)}
-                root = path[: min(path.find(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
-            elif fs.isdir(path):
-                infos = fs.find(path, detail=True)
-                root = path
-            else:
-                infos = {path: fs.info(path)}
-                root = posixpath.dirname(path.rstrip("/"))
-        except FileNotFoundError as e:
-            raise ValueError(f"input {_describe(url)} does not exist ({e}); fix --input") from e
-        except Exception as e:  # botocore/aiohttp errors have no common base worth importing here
-            raise storage_error(url, e, "list input") from e
-        files = {p: info for p, info in infos.items() if info.get("type", "file") != "directory"}
-        files = {p: info for p, info in files.items()
-                 if not any(part.startswith((".", "_")) for part in p[len(root):].split("/") if part)}
-        if not files:
-            raise ValueError(f"input {_describe(url)} matches no files; fix --input")
+    listed = map_threads(lambda url: _list_url(url, endpoint_url), urls)
+    entries: list[tuple[str, str, int, dict]] = []  # (URL, relative name, input index, info)
+    seen: set[str] = set()
+    for i, (url, (root, files)) in enumerate(zip(urls, listed)):
+        fs, _ = filesystem_for(url, endpoint_url)
         for p in sorted(files):
             full = unstrip(fs, p, url)
-            if full in found:
+            if full in seen:
                 continue
+            seen.add(full)
             rel = p[len(root):].lstrip("/") if p.startswith(root) else posixpath.basename(p)
-            key = rel or posixpath.basename(p)
-            if key in keys:  # two inputs with the same relative name: keep ids distinct and stable
-                key = f"{i}:{key}"
-            keys.add(key)
-            etag, mtime = _stamp(files[p])
-            found[full] = FileInfo(path=full, key=key, size=int(files[p].get("size") or 0), etag=etag, mtime=mtime)
-    return sorted(found.values(), key=lambda f: f.path)
+            entries.append((full, rel or posixpath.basename(p), i, files[p]))
+    names: dict[str, set[str]] = {}  # key without compression suffix -> the relative names that give it
+    for _, rel, _, _ in entries:
+        names.setdefault(strip_compression(rel), set()).add(rel)
+    found: list[FileInfo] = []
+    keys: set[str] = set()
+    for full, rel, i, info in entries:
+        key = strip_compression(rel) if len(names[strip_compression(rel)]) == 1 else rel
+        if key in keys:  # two inputs with the same relative name: keep ids distinct and stable
+            key = f"{i}:{key}"
+        keys.add(key)
+        etag, mtime = _stamp(info)
+        found.append(FileInfo(path=full, key=key, size=int(info.get("size") or 0), etag=etag, mtime=mtime))
+    return sorted(found, key=lambda f: f.path)
 
 
 def check_writable(url: str, endpoint_url: str | None = None) -> None:

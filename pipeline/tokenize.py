@@ -24,7 +24,8 @@ from __future__ import annotations
 import itertools
 import logging
 import re
-from collections.abc import Iterable, Iterator
+import unicodedata
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -223,30 +224,64 @@ class WordPieceEncoder:
 
 
 def train_wordpiece(
-    texts: Iterable[str],
+    texts: Iterable[str] | Callable[[], Iterable[str]],
     vocab_size: int = 30522,
     do_lower_case: bool = True,
     min_frequency: int = 2,
 ) -> list[str]:
-    """Train a WordPiece vocabulary with the reference normalisation; special tokens first, as in BERT vocabs."""
+    """Train a WordPiece vocabulary with the reference normalisation; special tokens first, as in BERT vocabs.
+
+    ``texts``: an iterable (held in memory for two passes) or a function returning a fresh iterable (read twice,
+    for big inputs). Deterministic: ``tokenizers``' trainer numbers the ``##c`` continuation symbols in the order of
+    a hash map (seeded per process), which breaks ties between equally frequent merges differently from run to
+    run (different vocabularies from the same text). A first pass collects them, and they are handed to the
+    trainer up front in sorted order, so the merges and the result are the same in every process.
+    """
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
+    if not callable(texts):
+        held = list(texts)
+        texts = lambda: held  # noqa: E731
+    normalizer = _normalizer(do_lower_case)
+    continuation = _continuation_symbols(texts(), normalizer)
     tok = Tokenizer(WordPiece(unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
-    tok.normalizer = _normalizer(do_lower_case)
+    tok.normalizer = normalizer
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     trainer = WordPieceTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=SPECIAL_TOKENS + continuation,
         continuing_subword_prefix="##",
         show_progress=False,
     )
-    tok.train_from_iterator(_nonempty(texts), trainer=trainer)
+    tok.train_from_iterator(_nonempty(texts()), trainer=trainer)
     vocab = tok.get_vocab(with_added_tokens=True)
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
     assert tokens[: len(SPECIAL_TOKENS)] == SPECIAL_TOKENS, tokens[:10]
     log.info("trained WordPiece vocabulary: %d tokens", len(tokens))
     return tokens
+
+
+def _splits_alone(c: str) -> bool:
+    """Characters BertPreTokenizer always makes a word of their own (whitespace, punctuation as BERT defines it):
+    they never continue a word, so they have no ``##`` form. CJK characters are spaced out by the normalizer."""
+    cp = ord(c)
+    return (c.isspace() or 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126
+            or unicodedata.category(c).startswith("P") or _is_cjk(cp))
+
+
+def _is_cjk(cp: int) -> bool:
+    return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF or 0x2A700 <= cp <= 0x2B73F
+            or 0x2B740 <= cp <= 0x2B81F or 0x2B820 <= cp <= 0x2CEAF or 0xF900 <= cp <= 0xFAFF
+            or 0x2F800 <= cp <= 0x2FA1F)
+
+
+def _continuation_symbols(texts: Iterable[str], normalizer: normalizers.Normalizer) -> list[str]:
+    """``##c`` for every character of the normalized texts that can continue a word, sorted."""
+    chars: set[str] = set()
+    for t in _nonempty(texts):
+        chars.update(normalizer.normalize_str(t))
+    return sorted("##" + c for c in chars if not _splits_alone(c))
 
 
 def _nonempty(texts: Iterable[str]) -> Iterator[str]:

@@ -29,10 +29,9 @@ def test_faithful_to_the_reference_on_moby_dick_and_logged_to_mlflow(tmp_path, s
     table = pads.dataset([str(out / s["file"]) for s in m["shards"]], format="parquet").to_table()
     got = instance_stats(table, mask_id=103, max_seq_length=128)
     ref = json.loads((ref_dir / "mobydick.reference_stats.json").read_text())["stats"]
-    assert abs(got["instances"] / ref["instances"] - 1) < 0.02, got
-    assert abs(got["random_next_fraction"] - ref["random_next_fraction"]) < 0.015, got
-    assert abs(got["seq_len_mean"] - ref["seq_len_mean"]) < 1.5, got
-    assert abs(got["masked_per_seq_mean"] - ref["masked_per_seq_mean"]) < 0.3, got
+    # The statistics against the reference's (mean of three seeds, a sampled pool) are checked in
+    # tests/pipeline/test_faithfulness.py; here the job's output, summary and MLflow run.
+    assert abs(got["instances"] / ref["instances"] - 1) < 0.05, got
     for kind in ("mask", "same", "random"):
         assert abs(got["mask_kind_fraction"][kind] - ref["mask_kind_fraction"][kind]) < 0.01, (kind, got)
     assert m["totals"]["instances"] == got["instances"] == summary["instances"]

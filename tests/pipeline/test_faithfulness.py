@@ -206,9 +206,18 @@ def test_reference_port_reproduces_reference_run_exactly(documents, sample_dir) 
         assert stats["mask_kind_fraction"][kind] == pytest.approx(ref["mask_kind_fraction"][kind], abs=1e-9)
 
 
+# The reference script on the same input with its two other seeds (7, 99): ../shared/data/README.md.
+REFERENCE_OTHER_SEEDS = {"instances": (14524, 14607), "random_next_fraction": (0.557, 0.552),
+                         "seq_len_mean": (121.1, 120.1), "masked_per_seq_mean": (18.00, 17.85)}
+
+
 def test_build_with_a_sampled_pool_matches_reference_stats(sample_dir, tmp_path) -> None:
     """The whole build (plain loop) on the reference input with the random-next pool a ~1/4 sample of the
-    documents (the seeded hash threshold of a distributed build), held to the same tolerances as above."""
+    documents (the seeded hash threshold of a distributed build), held to the same tolerances as above.
+
+    One draw's instance count moves with the seed (the short-seq target is drawn once per document pass, 135
+    chapters x 5: eight of our seeds gave 14234-14706), and our draws are not the reference's whatever the seed
+    number, so the mean of three of our seeds is compared with the mean of the reference's three."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -217,12 +226,20 @@ def test_build_with_a_sampled_pool_matches_reference_stats(sample_dir, tmp_path)
     from pipeline.readers import ReadOptions
 
     ref = sample_dir / "reference"
-    cfg = BuildConfig(inputs=(str(ref / "mobydick.sentences.txt.gz"),), output=str(tmp_path / "out"),
-                      read=ReadOptions(presplit=True), vocab=str(ref / "bert-base-uncased-vocab.txt"),
-                      dupe_factor=DUPE_FACTOR, num_shards=4, pool_tokens=90_000)
-    m = build_dataset(cfg)
-    docs = m["totals"]["documents"]
-    assert 0.1 * docs < m["random_pool"]["documents"] < 0.5 * docs  # a sample, not every document
-    table = pa.concat_tables([pq.read_table(tmp_path / "out" / s["file"]) for s in m["shards"]])
-    stats = instance_stats(table, mask_id=103, max_seq_length=128)
-    check(stats, json.loads((ref / "mobydick.reference_stats.json").read_text())["stats"])
+    draws = []
+    for seed in (12345, 7, 99):
+        out = tmp_path / f"out-{seed}"
+        cfg = BuildConfig(inputs=(str(ref / "mobydick.sentences.txt.gz"),), output=str(out),
+                          read=ReadOptions(presplit=True), vocab=str(ref / "bert-base-uncased-vocab.txt"),
+                          instances=InstanceConfig(seed=seed), dupe_factor=DUPE_FACTOR, num_shards=4,
+                          pool_tokens=90_000)
+        m = build_dataset(cfg)
+        docs = m["totals"]["documents"]
+        assert 0.1 * docs < m["random_pool"]["documents"] < 0.5 * docs  # a sample, not every document
+        table = pa.concat_tables([pq.read_table(out / s["file"]) for s in m["shards"]])
+        draws.append(instance_stats(table, mask_id=103, max_seq_length=128))
+    want = json.loads((ref / "mobydick.reference_stats.json").read_text())["stats"]
+    check({k: sum(d[k] for d in draws) / 3 for k in REFERENCE_OTHER_SEEDS},
+          {k: (want[k] + sum(v)) / 3 for k, v in REFERENCE_OTHER_SEEDS.items()})
+    for kind in ("mask", "same", "random"):
+        assert abs(draws[0]["mask_kind_fraction"][kind] - want["mask_kind_fraction"][kind]) < 0.01

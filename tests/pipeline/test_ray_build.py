@@ -45,7 +45,7 @@ def _same(out, ref):
 
 @pytest.mark.timeout(300)
 def test_ray_equals_plain_loop_and_cpu_count_does_not_matter(ray_local, tmp_path, sample_dir):
-    from pipeline.ray_data import RayExecutor
+    from pipeline.ray_tasks import RayExecutor
 
     corpus = _corpus(tmp_path / "c.jsonl")
     build(_cfg(tmp_path, corpus, sample_dir, "plain"), LocalExecutor())
@@ -65,7 +65,7 @@ def test_the_driver_reads_no_corpus_bytes(ray_local, tmp_path, sample_dir, monke
     import pipeline.readers
     import pipeline.shards
     import pipeline.steps
-    from pipeline.ray_data import RayExecutor
+    from pipeline.ray_tasks import RayExecutor
 
     corpus = _corpus(tmp_path / "c.jsonl", n_docs=36)
     build(_cfg(tmp_path, corpus, sample_dir, "plain"), LocalExecutor())
@@ -84,7 +84,7 @@ def test_two_raylet_cluster_equals_plain_loop(ray_shutdown, tmp_path, sample_dir
     import ray
     from ray.cluster_utils import Cluster
 
-    from pipeline.ray_data import RayExecutor
+    from pipeline.ray_tasks import RayExecutor
 
     corpus = _corpus(tmp_path / "c.jsonl")
     build(_cfg(tmp_path, corpus, sample_dir, "plain"), LocalExecutor())
@@ -104,7 +104,7 @@ def test_two_raylet_cluster_equals_plain_loop(ray_shutdown, tmp_path, sample_dir
 
 @pytest.mark.timeout(120)
 def test_a_bad_input_fails_through_ray_naming_the_file(ray_local, tmp_path, sample_dir):
-    from pipeline.ray_data import RayExecutor
+    from pipeline.ray_tasks import RayExecutor
     from pipeline.readers import InputError
 
     corpus = _corpus(tmp_path / "c.jsonl")

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
+from pipeline.pieces import PieceContext, piece_units, pieces_step, plan_pieces
 from pipeline.readers import InputError, ReadOptions, ReadReport, plan_units, read_unit
 from pipeline.storage import expand_inputs
 
@@ -32,10 +33,17 @@ def _text_corpus(n_docs: int = 60, seed: int = 0) -> tuple[bytes, list[list[str]
     return "".join(out).encode(), docs
 
 
-def _read_all(paths, opts=ReadOptions(), unit_bytes=1 << 30, report=None):
+def _read_all(paths, opts=ReadOptions(), unit_bytes=1 << 30, report=None, work=None):
+    """Every document of the inputs, unit by unit; with ``work``, big compressed files go through the pieces step
+    (as the build does) with their pieces under that folder."""
     files = expand_inputs([str(p) for p in paths])
+    tasks = plan_pieces(files, opts, unit_bytes) if work is not None else []
+    units = plan_units(files, opts, unit_bytes, report=report, exclude={t.path for t in tasks})
+    if tasks:
+        ctx = PieceContext(str(work), unit_bytes, opts)
+        units = sorted(units + piece_units([pieces_step(t, ctx) for t in tasks], ctx), key=lambda u: u.uid)
     docs = []
-    for u in plan_units(files, opts, unit_bytes, report=report):
+    for u in units:
         docs.extend(read_unit(u, opts, report=report))
     return docs
 
@@ -43,31 +51,36 @@ def _read_all(paths, opts=ReadOptions(), unit_bytes=1 << 30, report=None):
 @pytest.mark.parametrize("ext", list(COMPRESSORS))
 def test_text_documents_do_not_depend_on_unit_size_or_compression(tmp_path, ext):
     raw, expected = _text_corpus()
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "c.txt").write_bytes(raw)
     p = tmp_path / f"c.txt{ext}"
     p.write_bytes(COMPRESSORS[ext](raw))
-    whole = _read_all([p])
+    whole = _read_all([tmp_path / "plain" / "c.txt"])
     assert [d.lines for d in whole] == expected
+    assert whole[1].doc_id.startswith("c.txt:")  # ids: the key without compression suffix, decompressed offsets
     for unit_bytes in (1024, 1500, 7777):
-        assert [(d.doc_id, d.lines) for d in _read_all([p], unit_bytes=unit_bytes)] == \
-            [(d.doc_id, d.lines) for d in whole]
+        got = _read_all([p], unit_bytes=unit_bytes, work=tmp_path / f"w{unit_bytes}")
+        assert [(d.doc_id, d.lines) for d in got] == [(d.doc_id, d.lines) for d in whole]
     assert len({d.doc_id for d in whole}) == len(whole)
 
 
-def test_compressed_file_units_share_its_size_equally(tmp_path):
-    raw, _ = _text_corpus(n_docs=400)
-    gz, bz = tmp_path / "c.txt.gz", tmp_path / "c.txt.bz2"
-    gz.write_bytes(COMPRESSORS[".gz"](raw))
-    bz.write_bytes(COMPRESSORS[".bz2"](raw))
-    opts, unit = ReadOptions(), 1024
-    units = plan_units(expand_inputs([str(gz)]), opts, unit)
-    # gzip's trailer gives the real size: at most 8 units, equal shares of it, none empty, every document once.
-    share = -(-len(raw) // len(units))
-    assert len(units) == 8 and [u.start for u in units] == [g * share for g in range(8)]
-    assert units[-1].end is None and all(u.end == u.start + share for u in units[:-1])
-    per_unit = [list(read_unit(u, opts)) for u in units]
-    assert all(per_unit) and len({d.doc_id for docs in per_unit for d in docs}) == 400
-    # Other codecs: the size is estimated (3x the compressed size); still at most 8 units.
-    assert 1 <= len(plan_units(expand_inputs([str(bz)]), opts, unit)) <= 8
+def test_long_whitespace_lines_are_never_blank_whatever_the_units(tmp_path):
+    """A whitespace-only line longer than max_record_bytes is an over-long line, not a document break, wherever the
+    reads' chunks fall (units starting elsewhere move them): the documents do not depend on the unit size."""
+    rnd = random.Random(1)
+    parts = []
+    for i in range(400):
+        parts.append("".join(f"Doc {i} line {j} " + "x" * rnd.randint(0, 120) + "\n" for j in range(rnd.randint(1, 3))))
+        parts.append(rnd.choice(["", " ", "\t" * 2000, " " * 3000]) + "\n")
+    (tmp_path / "c.txt").write_bytes("".join(parts).encode())
+    opts = ReadOptions(max_record_bytes=1024, on_error="skip")
+    runs = []
+    for unit_bytes in (1 << 30, 4096, 77777):
+        report = ReadReport()
+        runs.append(([(d.doc_id, d.lines) for d in _read_all([tmp_path / "c.txt"], opts, unit_bytes, report)],
+                     report.dropped))
+    assert runs[0][1]["record_too_long"] > 0 and len(runs[0][0]) > 50
+    assert all(r == runs[0] for r in runs)
 
 
 def test_presplit_and_jsonl_and_parquet(tmp_path):
@@ -76,7 +89,7 @@ def test_presplit_and_jsonl_and_parquet(tmp_path):
     assert [d.lines for d in docs] == [["One.", "Two."], ["Three."]]
     rows = [{"id": i, "body": f"text {i}"} for i in range(50)]
     (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
-    docs = _read_all([tmp_path / "b.jsonl.gz"], ReadOptions(text_field="body"), unit_bytes=1024)
+    docs = _read_all([tmp_path / "b.jsonl.gz"], ReadOptions(text_field="body"), unit_bytes=1024, work=tmp_path / "w")
     assert [d.lines for d in docs] == [[f"text {i}"] for i in range(50)]
     pq.write_table(pa.table({"body": [f"row {i}" for i in range(25)]}), tmp_path / "c.parquet", row_group_size=10)
     docs = _read_all([tmp_path / "c.parquet"], ReadOptions(text_field="body"))

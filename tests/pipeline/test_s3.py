@@ -86,3 +86,60 @@ def test_missing_credentials_fail_before_work(s3_inputs, tmp_path, monkeypatch):
         assert not (tmp_path / "o").exists()
     finally:
         s3fs.S3FileSystem.clear_instance_cache()
+
+
+def _concurrent(monkeypatch, module, name):
+    """Wrap module.name so that its first two calls must overlap: run one after another they break the barrier."""
+    import threading
+
+    real, barrier, calls = getattr(module, name), threading.Barrier(2, timeout=20), []
+
+    def spy(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) <= 2:
+            barrier.wait()
+        return real(*args, **kwargs)
+    monkeypatch.setattr(module, name, spy)
+    return calls
+
+
+def test_listing_probes_and_pieces_on_s3_run_in_parallel(s3_bucket, tmp_path, monkeypatch, sample_dir):
+    import s3fs
+
+    import pipeline.pieces as pieces_mod
+    import pipeline.storage as storage_mod
+    from pipeline.pieces import PieceContext, piece_units, pieces_step, plan_pieces
+    from pipeline.readers import ReadOptions, read_unit
+    from pipeline.storage import expand_inputs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    endpoint, bucket = s3_bucket
+    fs, _ = filesystem_for(f"s3://{bucket}", endpoint)
+    small = {f"part-{k:03d}.txt.gz": gzip.compress(f"Document {k}.\n\n".encode() * (k + 1)) for k in range(40)}
+    for name, data in small.items():
+        fs.pipe_file(f"{bucket}/many/{name}", data)
+    big = gzip.decompress((sample_dir / "reference" / "mobydick.sentences.txt.gz").read_bytes())
+    fs.pipe_file(f"{bucket}/big/moby.txt.gz", gzip.compress(big, compresslevel=1))
+    listed = _concurrent(monkeypatch, storage_mod, "_list_url")
+    urls = [f"s3://{bucket}/many/{n}" for n in small] + [f"s3://{bucket}/big/*.gz"]
+    files = expand_inputs(urls, endpoint)
+    assert len(listed) == len(urls)  # one listing per URL, the first two at the same time
+    assert [f.key for f in files] == ["moby.txt"] + [n[:-3] for n in small]  # keys without .gz
+    assert {f.key: f.size for f in files[1:]} == {n[:-3]: len(d) for n, d in small.items()}
+    assert all(f.etag for f in files)
+    # Size probes (gzip trailers) also overlap; only the big file needs pieces.
+    probed = _concurrent(monkeypatch, pieces_mod, "_decompressed_size")
+    opts = ReadOptions(presplit=True)
+    tasks = plan_pieces(files, opts, 64 << 10, endpoint)
+    assert [t.key for t in tasks] == ["moby.txt"] and len(probed) == 40
+    # The pieces go to _work on S3 and read back as the documents of the plain text.
+    ctx = PieceContext(f"s3://{bucket}/out/_work", 64 << 10, opts, endpoint)
+    marker = pieces_step(tasks[0], ctx)
+    assert len(marker.pieces) > 10 and fs.exists(f"{bucket}/out/_work/pieces/00000.done.json")
+    (tmp_path / "moby.txt").write_bytes(big)
+    [plain] = expand_inputs([str(tmp_path / "moby.txt")])
+    from pipeline.readers import plan_units
+
+    want = [(d.doc_id, d.lines) for u in plan_units([plain], opts, 64 << 10) for d in read_unit(u, opts)]
+    got = [(d.doc_id, d.lines) for u in piece_units([marker], ctx) for d in read_unit(u, opts, endpoint)]
+    assert got == want and len(got) > 100

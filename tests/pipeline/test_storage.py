@@ -31,6 +31,19 @@ def test_same_relative_name_from_two_inputs_gets_distinct_keys(tmp_path):
     assert len(set(keys)) == 2
 
 
+def test_keys_drop_the_compression_suffix_unless_two_files_would_clash(tmp_path):
+    for name in ("a.txt", "a.txt.gz", "b.jsonl.zst", "c.txt.bz2"):
+        (tmp_path / "d" / name).parent.mkdir(exist_ok=True)
+        (tmp_path / "d" / name).write_bytes(b"x")
+    for sub in ("x", "y"):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "part.txt.gz").write_bytes(b"y")
+    keys = {os.path.relpath(f.path, tmp_path): f.key for f in
+            expand_inputs([str(tmp_path / "d"), str(tmp_path / "x"), str(tmp_path / "y")])}
+    assert keys == {"d/a.txt": "a.txt", "d/a.txt.gz": "a.txt.gz", "d/b.jsonl.zst": "b.jsonl", "d/c.txt.bz2": "c.txt",
+                    "x/part.txt.gz": "part.txt", "y/part.txt.gz": "2:part.txt"}
+
+
 @pytest.mark.parametrize("name", ["missing.txt", "nothing-*.txt"])
 def test_missing_input_fails_naming_it(tmp_path, name):
     with pytest.raises(ValueError, match=name.replace("*", r"\*")):

@@ -125,6 +125,22 @@ def test_train_wordpiece_specials_first(sample_dir) -> None:
         train_wordpiece(texts, vocab_size=3)
 
 
+def test_train_wordpiece_is_deterministic(sample_dir) -> None:
+    """tokenizers' trainer alone gives a different vocabulary from run to run (its ##c symbols are numbered in a
+    seeded hash map's order, which breaks merge ties); ours must not, or a build without --vocab is not
+    reproducible. Several runs in one process see differently seeded maps."""
+    import gzip
+    import json
+
+    texts = []
+    for name in ("mobydick", "austen"):
+        with gzip.open(sample_dir / "corpus" / f"{name}.jsonl.gz", "rt", encoding="utf-8") as f:
+            texts += [json.loads(line)["text"] for _, line in zip(range(30), f)]
+    runs = [train_wordpiece(lambda: iter(texts), vocab_size=3000) for _ in range(4)]
+    assert all(r == runs[0] for r in runs) and len(runs[0]) == 3000
+    assert "##e" in runs[0] and "##." not in runs[0]  # punctuation never continues a word
+
+
 @pytest.mark.parametrize("lower", [True, False])
 def test_ascii_fast_path_equals_full_normalizer(vocab_path, lower) -> None:
     # Random ASCII with every control character, punctuation and case: the plain path must give the full path's ids.

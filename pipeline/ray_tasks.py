@@ -178,4 +178,3 @@ class RayExecutor:
         return markers
 
 
-RayDataExecutor = RayExecutor  # the name it had while it ran Ray Data pipelines

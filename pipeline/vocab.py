@@ -1,0 +1,164 @@
+"""WordPiece vocabulary training on a seeded, bounded sample of the corpus, as one task (never the whole corpus in
+one process, never in the driver).
+
+The sample is made of blocks: the byte ranges [k*U, (k+1)*U) of each input's decompressed text (U = unit_bytes),
+a block reading the documents that start inside it. Blocks are taken in the order of a seeded hash of (seed, file
+key, block start) until ``sample_bytes`` is reached (at least one block; 0 = every block), then read in corpus order
+(key, offset). Because a block is defined on the decompressed text, ``corpus.txt.gz`` (read through its pieces) and
+``corpus.txt`` give the same sample and the same vocabulary. Parquet row groups are blocks of their own.
+
+    sample_blocks(units, sizes, unit_bytes, sample_bytes, seed) -> [[Unit]]    the driver: metadata only
+    vocab_step(task, ctx) -> VocabMarker                                        one task: read, train, commit
+    VocabStep(ctx)(task) -> VocabMarker                                         the same as a step object
+
+Why a sample: WordPiece training counts words in one process; on 256 MB of text it sees every word frequent enough
+to enter a 30k vocabulary of English (the long tail it misses would fall below min_frequency or become ##pieces
+anyway), and it takes minutes instead of hours on a 10 GB corpus. The default budget is ``DEFAULT_SAMPLE_BYTES``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from collections import Counter, defaultdict
+from typing import ClassVar
+
+from pipeline.markers import Marker
+from pipeline.pieces import worker_id
+from pipeline.readers import ReadOptions, ReadReport, Unit, read_unit
+from pipeline.rng import derive_seed
+from pipeline.storage import join, write_bytes_atomic
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SAMPLE_BYTES = 256 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabContext:
+    read: ReadOptions
+    vocab_size: int = 30522
+    min_frequency: int = 2
+    do_lower_case: bool = True
+    endpoint_url: str | None = None
+    work: str | None = None  # where the marker goes (<work>/vocab/vocab.done.json); None: no marker (a job)
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabTask:
+    """The sampled blocks (each a list of units read in order) and where the vocab.txt goes."""
+
+    blocks: list[list[Unit]]
+    output: str
+    sampled_bytes: int = 0  # what sample_blocks says the blocks span
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabMarker(Marker):
+    """The trained vocab.txt (``file``) and what it was trained on; committed after the file."""
+
+    stage: ClassVar[str] = "vocab"
+    file: str
+    sha256: str
+    vocab_size: int
+    blocks: int
+    sampled_bytes: int  # decompressed bytes the blocks span (planned), what the budget bounds
+    documents: int
+    dropped: dict[str, int]  # records and files the reader dropped in the sample, by reason
+    worker: str = ""  # host:pid of the process that trained it
+
+    @property
+    def key(self) -> str:
+        return "vocab"
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> VocabMarker:
+        d = json.loads(text)
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+
+
+def _blocks(units: list[Unit], sizes: dict[str, int], unit_bytes: int) -> list[tuple[str, int, int, list[Unit]]]:
+    """(key, start, bytes, units) of every block of the corpus."""
+    out = []
+    pieces: dict[str, list[Unit]] = defaultdict(list)
+    per_path = defaultdict(int)
+    for u in units:
+        per_path[u.path] += 1
+    for u in units:
+        if u.data is not None:  # a piece of a big compressed input: regroup the pieces into fixed blocks
+            pieces[u.path].append(u)
+        elif u.fmt == "parquet":
+            out.append((u.key, u.start, sizes.get(u.path, 0) // per_path[u.path], [u]))
+        else:
+            end = u.end if u.end is not None else max(u.start, sizes.get(u.path, 0))
+            out.append((u.key, u.start, end - u.start, [u]))
+    for ps in pieces.values():
+        ps.sort(key=lambda u: u.start)
+        total = ps[-1].end
+        for k in range(-(-total // unit_bytes)):
+            lo, hi = k * unit_bytes, min(total, (k + 1) * unit_bytes)
+            parts = [dataclasses.replace(p, start=max(lo, p.start), end=min(hi, p.end))
+                     for p in ps if p.start < hi and p.end > lo]
+            out.append((ps[0].key, lo, hi - lo, parts))
+    return out
+
+
+def sample_blocks(units: list[Unit], sizes: dict[str, int], unit_bytes: int, sample_bytes: int,
+                  seed: int) -> tuple[list[list[Unit]], int]:
+    """The sampled blocks in corpus order, and the bytes they span. ``sizes``: each input's size by path (the
+    decompressed size is not needed: compressed inputs are pieces, or one small unit)."""
+    blocks = _blocks(units, sizes, unit_bytes)
+    if sample_bytes > 0:
+        chosen, total = [], 0
+        for b in sorted(blocks, key=lambda b: derive_seed(seed, "vocab", b[0], b[1])):
+            if chosen and total >= sample_bytes:
+                break
+            chosen.append(b)
+            total += b[2]
+        blocks = chosen
+    blocks.sort(key=lambda b: (b[0], b[1]))
+    return [b[3] for b in blocks], sum(b[2] for b in blocks)
+
+
+def vocab_step(task: VocabTask, ctx: VocabContext) -> VocabMarker:
+    """Train WordPiece on the blocks' documents and commit vocab.txt (one token per line) atomically."""
+    from pipeline.tokenize import train_wordpiece
+
+    report = ReadReport()
+    count, passes = 0, 0
+
+    def texts():
+        nonlocal count, passes
+        passes += 1
+        for block in task.blocks:
+            for u in block:
+                for doc in read_unit(u, ctx.read, ctx.endpoint_url, report if passes == 1 else ReadReport()):
+                    count += passes == 1
+                    yield "\n".join(doc.lines)
+
+    log.info("training a %d-entry WordPiece vocabulary on %d sampled blocks", ctx.vocab_size, len(task.blocks))
+    # Two passes over the sample (see train_wordpiece): read twice rather than held, so memory stays bounded.
+    tokens = train_wordpiece(texts, ctx.vocab_size, ctx.do_lower_case, ctx.min_frequency)
+    data = ("\n".join(tokens) + "\n").encode()
+    write_bytes_atomic(task.output, data, ctx.endpoint_url)
+    dropped = dict(report.dropped + Counter(report.bad_files.values()))
+    marker = VocabMarker(task.output, hashlib.sha256(data).hexdigest(), len(tokens), len(task.blocks),
+                         task.sampled_bytes, count, dropped, worker_id())
+    if ctx.work is not None:
+        write_bytes_atomic(join(ctx.work, marker.stage, marker.key + ".done.json"), marker.to_json().encode(),
+                           ctx.endpoint_url)
+    return marker
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabStep:
+    """``vocab_step`` as a step object (picklable, one argument) for a generic ``map(step, items)`` executor."""
+
+    ctx: VocabContext
+
+    def __call__(self, task: VocabTask) -> VocabMarker:
+        return vocab_step(task, self.ctx)

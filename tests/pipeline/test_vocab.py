@@ -1,0 +1,64 @@
+"""pipeline.vocab: the vocabulary's sample is seeded, deterministic and bounded, and the same whether the text is
+compressed or not (so is the vocabulary)."""
+from __future__ import annotations
+
+import gzip
+
+from pipeline.pieces import cut_and_plan
+from pipeline.readers import ReadOptions, read_unit
+from pipeline.storage import expand_inputs
+from pipeline.vocab import VocabContext, VocabTask, sample_blocks, vocab_step
+
+UNIT = 64 << 10
+
+
+def _corpus(root, sample_dir, compress: bool):
+    """Moby Dick and Austen as JSON Lines (real text, ~5 MB), plain or gzipped."""
+    root.mkdir()
+    for name in ("mobydick", "austen"):
+        raw = gzip.decompress((sample_dir / "corpus" / f"{name}.jsonl.gz").read_bytes())
+        if compress:
+            (root / f"{name}.jsonl.gz").write_bytes(gzip.compress(raw, compresslevel=1))
+        else:
+            (root / f"{name}.jsonl").write_bytes(raw)
+    return root
+
+
+def _plan(root, tmp_path, name):
+    files = expand_inputs([str(root)])
+    units = cut_and_plan(files, ReadOptions(), UNIT, str(tmp_path / name))
+    return units, {f.path: f.size for f in files}
+
+
+def _docs(blocks):
+    return [(d.doc_id, d.lines) for b in blocks for u in b for d in read_unit(u, ReadOptions())]
+
+
+def test_sample_is_seeded_bounded_and_the_same_compressed_or_not(tmp_path, sample_dir):
+    plain = _corpus(tmp_path / "plain", sample_dir, compress=False)
+    gz = _corpus(tmp_path / "gz", sample_dir, compress=True)
+    units_p, sizes_p = _plan(plain, tmp_path, "wp")
+    units_g, sizes_g = _plan(gz, tmp_path, "wg")
+    assert all(u.data is None for u in units_p) and all(u.data is not None for u in units_g)
+    budget = 600_000
+    blocks, nbytes = sample_blocks(units_p, sizes_p, UNIT, budget, seed=12345)
+    assert budget <= nbytes < budget + UNIT and len(blocks) == -(-budget // UNIT)  # bounded: one block over at most
+    assert sample_blocks(units_p, sizes_p, UNIT, budget, seed=12345) == (blocks, nbytes)  # deterministic
+    other, _ = sample_blocks(units_p, sizes_p, UNIT, budget, seed=7)
+    assert [b[0].start for b in other] != [b[0].start for b in blocks]
+    # Both books are sampled (a seeded hash order, not the corpus order), and the documents come in corpus order.
+    docs = _docs(blocks)
+    assert {d[0].split(":")[0] for d in docs} == {"mobydick.jsonl", "austen.jsonl"}
+    assert docs == sorted(docs, key=lambda d: (d[0].split(":")[0], int(d[0].split(":")[1])))
+    # The .gz files (read through their pieces) give the same blocks' documents.
+    blocks_g, nbytes_g = sample_blocks(units_g, sizes_g, UNIT, budget, seed=12345)
+    assert nbytes_g == nbytes and _docs(blocks_g) == docs
+    # Budget 0: every block, every document once.
+    everything, total = sample_blocks(units_p, sizes_p, UNIT, 0, seed=12345)
+    assert total == sum(sizes_p.values()) and len(_docs(everything)) == 270 + 135
+    # And the same vocabulary.
+    ctx = VocabContext(ReadOptions(), vocab_size=400, min_frequency=2)
+    mp = vocab_step(VocabTask(blocks, str(tmp_path / "vp.txt"), nbytes), ctx)
+    mg = vocab_step(VocabTask(blocks_g, str(tmp_path / "vg.txt"), nbytes_g), ctx)
+    assert (tmp_path / "vp.txt").read_bytes() == (tmp_path / "vg.txt").read_bytes()
+    assert mp.sha256 == mg.sha256 and mp.vocab_size == 400 and mp.documents == len(docs)
