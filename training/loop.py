@@ -29,7 +29,7 @@ from training import data as data_mod
 from training.checkpoint import LocalCheckpoints, load_train_state, write_checkpoint
 from training.config import PretrainConfig
 from training.metrics import MetricSums
-from training.perf import Window, peak_flops, throughput
+from training.perf import RunTotals, Window, peak_flops, throughput
 from training.step import evaluate, to_device, train_step
 from training.tracking import NullTracker, Tracker, make_tracker
 
@@ -61,6 +61,9 @@ class FitResult:
     metrics: dict[str, float]  # the last logged ones
     checkpoint: str | None  # the last checkpoint written (None: none, or not by this rank)
     resumed_from: int = 0
+    # Over the whole run, compile warm-up excluded: sequences_per_second, tokens_per_second, data_wait_fraction,
+    # padding_fraction, mean_real_tokens, seconds, sequences and (with a known peak) mfu, all ranks together.
+    throughput: dict[str, float] = field(default_factory=dict)
     history: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # every logged step, on rank 0
 
 
@@ -175,7 +178,7 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
         })
 
     warmup = rt.compile_warmup_steps if compile_model else 0
-    sums, window = MetricSums(), Window(batches.wait_seconds)
+    sums, window, totals = MetricSums(), Window(batches.wait_seconds, counting=warmup == 0), RunTotals()
     t_start, budget = time.perf_counter(), rt.max_seconds
     result = FitResult(step, {}, None, resumed_from)
     log_every, eval_every = config.tracking.log_every, config.eval.every if config.eval else 0
@@ -208,9 +211,10 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
                 metrics = total.summary()
                 metrics.update(learning_rate=float(out["learning_rate"]), grad_norm=float(out["grad_norm"]))
                 if counted.sequences > 0:  # a window of warm-up steps only has no throughput to show
-                    metrics.update(throughput(counted, float(host[1]) / world, float(host[0]) / world, raw.config,
-                                              peak, world))
-                sums, window = MetricSums(), Window(batches.wait_seconds)
+                    seconds, wait = float(host[1]) / world, float(host[0]) / world
+                    metrics.update(throughput(counted, seconds, wait, raw.config, peak, world))
+                    totals.add(counted, seconds, wait)
+                sums, window = MetricSums(), Window(batches.wait_seconds, counting=step - resumed_from >= warmup)
             if eval_rows is not None and ((eval_every and step % eval_every == 0) or last):
                 t_eval = time.perf_counter()
                 ev = (to_device(b, device) for b in data_mod.eval_batches(
@@ -234,4 +238,7 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
         batches.close()
         tracker.close()
     result.step = step
+    result.throughput = totals.summary(raw.config, peak, world)
+    if rank == 0 and result.throughput:
+        log.info("throughput after warm-up: %s", " ".join(f"{k}={v:.4g}" for k, v in sorted(result.throughput.items())))
     return result

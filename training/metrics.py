@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 FIELDS = ("mlm_loss_sum", "mlm_correct", "mlm_count", "nsp_loss_sum", "nsp_correct", "nsp_count",
-          "sequences", "tokens")
+          "sequences", "tokens", "positions")  # positions: padded B x T, so padding = 1 - tokens / positions
 
 
 @dataclass
@@ -29,11 +29,12 @@ class MetricSums:
         device = mlm_count.device
         # torch.full is a fill kernel on the device; torch.tensor(python_float, device=cuda) would be a host copy.
         sequences = torch.full((), float(batch["input_ids"].shape[0]), dtype=torch.float64, device=device)
+        positions = torch.full((), float(batch["input_ids"].numel()), dtype=torch.float64, device=device)
         update = torch.stack([
             torch.nan_to_num(out.mlm_loss.detach().double()) * mlm_count,
             out.mlm_correct.detach().double(), mlm_count,
             out.nsp_loss.detach().double() * nsp_count, out.nsp_correct.detach().double(), nsp_count,
-            sequences, batch["attention_mask"].detach().sum().double(),
+            sequences, batch["attention_mask"].detach().sum().double(), positions,
         ])
         if self.values.device != device:
             self.values = self.values.to(device)
@@ -69,6 +70,11 @@ class MetricSums:
     def tokens(self) -> float:
         """Real (unpadded) tokens."""
         return float(self.values[FIELDS.index("tokens")])
+
+    @property
+    def positions(self) -> float:
+        """Padded positions (batch x width): what the model computed on."""
+        return float(self.values[FIELDS.index("positions")])
 
     @property
     def masked(self) -> float:

@@ -32,30 +32,55 @@ def throughput(sums: MetricSums, seconds: float, wait_seconds: float, config: Be
     seconds = max(seconds, 1e-9)
     seqs = max(sums.sequences, 1.0)
     out = {"sequences_per_second": sums.sequences / seconds, "tokens_per_second": sums.tokens / seconds,
-           "data_wait_fraction": min(1.0, wait_seconds / seconds)}
+           "data_wait_fraction": min(1.0, wait_seconds / seconds),
+           "padding_fraction": 1.0 - sums.tokens / max(sums.positions, 1.0)}
     if peak:
         per_seq = flops_per_sequence(config, round(sums.tokens / seqs), num_masked=sums.masked / seqs)
         out["mfu"] = per_seq * out["sequences_per_second"] / (peak * world)
     return out
 
 
+class RunTotals:
+    """The counted (post-warm-up) sums, seconds and data wait of every logging window of a run, on the host."""
+
+    def __init__(self) -> None:
+        self.sums, self.seconds, self.wait = MetricSums(), 0.0, 0.0
+
+    def add(self, counted: MetricSums, seconds: float, wait: float) -> None:
+        self.sums = MetricSums(self.sums.values + counted.values.cpu())
+        self.seconds += seconds
+        self.wait += wait
+
+    def summary(self, config: BertConfig, peak: float | None, world: int) -> dict[str, float]:
+        if self.sums.sequences <= 0:
+            return {}
+        out = throughput(self.sums, self.seconds, self.wait, config, peak, world)
+        out.update(seconds=self.seconds, sequences=self.sums.sequences,
+                   mean_real_tokens=self.sums.tokens / self.sums.sequences)
+        return out
+
+
 class Window:
     """A logging window's clock, data wait and the sums of the steps that count for throughput.
 
-    `exclude()` after a warm-up step (compilation) restarts the clock and remembers the sums so far (a device
-    tensor copy, no sync): the throughput of the window then covers only the steps after it.
+    A window opened during warm-up (compilation) does not count until `exclude()` is called after the last warm-up
+    step: that restarts the clock and remembers the sums so far (a device tensor copy, no sync), so the window's
+    throughput covers only the steps after it.
     """
 
-    def __init__(self, wait_seconds: float) -> None:
-        self.start, self.wait0, self.base = time.perf_counter(), wait_seconds, None
+    def __init__(self, wait_seconds: float, counting: bool = True) -> None:
+        self.start, self.wait0, self.base, self.counting = time.perf_counter(), wait_seconds, None, counting
 
     def exclude(self, sums: MetricSums, wait_seconds: float) -> None:
         self.base = sums.values.clone()
-        self.start, self.wait0 = time.perf_counter(), wait_seconds
+        self.start, self.wait0, self.counting = time.perf_counter(), wait_seconds, True
 
     def pause(self, seconds: float) -> None:
         """Time spent on something else (evaluation) does not count."""
         self.start += seconds
 
     def counted(self, sums: MetricSums) -> MetricSums:
+        """The sums of the counted steps (all zero while the window does not count)."""
+        if not self.counting:
+            return MetricSums(torch.zeros_like(sums.values))
         return sums if self.base is None else MetricSums(sums.values - self.base.to(sums.values.device))

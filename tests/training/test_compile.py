@@ -15,7 +15,8 @@ from training.data import read_shard_set, train_batches
 from training.tracking import NullTracker
 
 pytestmark = pytest.mark.timeout(600)
-STEPS = 24
+STEPS = 32  # one bucketing window of 32 micro-batches: its shortest batch is among them
+BUCKETS = (32, 48, 56, 64)
 
 
 class GraphCounter(NullTracker):
@@ -39,7 +40,7 @@ def config_for(data: str, compile_model: bool, steps: int = STEPS) -> PretrainCo
     return PretrainConfig(
         model=ModelConfig(bert=bert_tiny(vocab_size=len(vocab), max_position_embeddings=64,
                                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
-        data=DataConfig(train=read_shard_set(data), micro_batch_size=8, bucket_window=4,
+        data=DataConfig(train=read_shard_set(data), micro_batch_size=4, bucket_window=32, length_buckets=BUCKETS,
                         mask_id=vocab.index("[MASK]")),
         max_steps=steps, optimizer=OptimizerConfig(lr=1e-3),
         tracking=TrackingConfig(log_every=1),
@@ -47,32 +48,35 @@ def config_for(data: str, compile_model: bool, steps: int = STEPS) -> PretrainCo
     )
 
 
-def widths_seen(config: PretrainConfig) -> set[int]:
+def widths_per_step(config: PretrainConfig) -> list[int]:
+    """The padded width of each step's batch (accum = 1), read from the same deterministic stream fit reads."""
     batches = train_batches(config.data, config.model.bert.vocab_size, config.runtime.seed, 0, 1, 0)
     try:
-        return {int(next(batches)["input_ids"].shape[1]) for _ in range(config.max_steps * config.data.accum)}
+        return [int(next(batches)["input_ids"].shape[1]) for _ in range(config.max_steps)]
     finally:
         batches.close()
 
 
 @pytest.mark.xfail(strict=True, reason="needs the static MLM head (tmodel)")
-def test_compiled_fit_stops_compiling_after_warmup(tiny_pretrain_data):
+def test_compiled_fit_stops_compiling_after_warmup(varied_pretrain_data):
     torch._dynamo.reset()
-    config = config_for(tiny_pretrain_data["train"], compile_model=True)
-    widths = widths_seen(config)
+    config = config_for(varied_pretrain_data, compile_model=True)
+    per_step = widths_per_step(config)
+    widths = set(per_step)
     assert len(widths) >= 2, f"the run should exercise several length buckets, saw {widths}"
-    assert widths <= set(config.data.length_buckets)
+    assert widths <= set(BUCKETS)
+    all_seen = max(per_step.index(w) for w in widths) + 1  # the step by which every width has been compiled
     counter = GraphCounter()
     fit(config, Worker(tracker=counter))
-    graphs = [counter.graphs[s] for s in sorted(counter.graphs)]
-    assert graphs[-1] <= len(widths), f"more graphs than length buckets: {graphs} for widths {sorted(widths)}"
-    assert graphs[STEPS // 2 - 1] == graphs[-1], f"still compiling after warm-up: {graphs}"
+    graphs = [counter.graphs[s] for s in range(1, STEPS + 1)]
+    assert graphs[-1] <= len(widths), f"more graphs than length buckets: {graphs} for widths {per_step}"
+    assert graphs[all_seen - 1] == graphs[-1], f"still compiling after step {all_seen}: {graphs}"
 
 
-def test_compiled_and_eager_losses_agree(tiny_pretrain_data):
+def test_compiled_and_eager_losses_agree(varied_pretrain_data):
     torch._dynamo.reset()
-    eager = fit(config_for(tiny_pretrain_data["train"], compile_model=False, steps=4))
-    compiled = fit(config_for(tiny_pretrain_data["train"], compile_model=True, steps=4))
+    eager = fit(config_for(varied_pretrain_data, compile_model=False, steps=4))
+    compiled = fit(config_for(varied_pretrain_data, compile_model=True, steps=4))
     for (s1, a), (s2, b) in zip(eager.history, compiled.history):
         assert s1 == s2
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), s1
