@@ -72,7 +72,7 @@ def main() -> int:
             optimizer=OptimizerConfig(lr=1e-4, warmup_steps=0),
             tracking=TrackingConfig(log_every=a.log_every),
             runtime=RuntimeConfig(device=a.device, compile=a.compile, compile_backend=a.compile_backend,
-                                  compile_warmup_steps=a.warmup, threads=a.threads,
+                                  exclude_steps=a.warmup, threads=a.threads,
                                   peak_flops=a.peak_tflops * 1e12 if a.peak_tflops else None),
         )
         t0 = time.perf_counter()
@@ -80,7 +80,8 @@ def main() -> int:
         wall = time.perf_counter() - t0
     tp = result.throughput
     print(json.dumps({
-        "preset": a.preset, "device": a.device, "compile": config.runtime.compile, "batch_size": a.batch_size,
+        "preset": a.preset, "device": a.device, "batch_size": a.batch_size,
+        "compile": a.compile if a.compile is not None else a.device == "cuda",
         "accum": a.accum, "max_seq_length": shards.max_seq_length, "length_buckets": list(config.data.length_buckets),
         "measured_steps": a.steps, "warmup_steps": a.warmup, "wall_seconds": round(wall, 1),
         "sequences_per_second": round(tp.get("sequences_per_second", 0.0), 1),

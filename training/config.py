@@ -172,7 +172,10 @@ class RuntimeConfig:
     precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     compile: bool | None = None  # None: on for CUDA, off for CPU
     compile_backend: str = "inductor"
-    compile_warmup_steps: int = 3  # steps after which the first throughput window starts (compile excluded)
+    compile_warmup_steps: int = 3  # steps kept out of throughput when compiling (their time is compilation)
+    # Steps kept out of throughput whatever the compile setting (benchmarks: allocator and cache warm-up too);
+    # None: compile_warmup_steps when compiling, else none.
+    exclude_steps: int | None = None
     threads: int | None = None  # torch intra-op threads on CPU
     peak_flops: float | None = None  # the accelerator's peak for mfu (default: known GPUs' bf16 peak)
     max_seconds: float | None = None
@@ -185,8 +188,8 @@ class RuntimeConfig:
             raise ValueError(f"precision {self.precision!r}: use one of {', '.join(PRECISIONS)}")
         if self.threads is not None and self.threads < 1:
             raise ValueError("--threads must be >= 1")
-        if self.compile_warmup_steps < 0:
-            raise ValueError("compile_warmup_steps must be >= 0")
+        if self.compile_warmup_steps < 0 or (self.exclude_steps or 0) < 0:
+            raise ValueError("compile_warmup_steps and exclude_steps must be >= 0")
         if self.max_seconds is not None and self.max_seconds <= 0:
             raise ValueError("--max-minutes must be > 0")
 

@@ -177,7 +177,7 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
             "config": dataclasses.asdict(config),
         })
 
-    warmup = rt.compile_warmup_steps if compile_model else 0
+    warmup = rt.exclude_steps if rt.exclude_steps is not None else (rt.compile_warmup_steps if compile_model else 0)
     sums, window, totals = MetricSums(), Window(batches.wait_seconds, counting=warmup == 0), RunTotals()
     t_start, budget = time.perf_counter(), rt.max_seconds
     result = FitResult(step, {}, None, resumed_from)
@@ -191,7 +191,7 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
             step += 1
             if step - resumed_from == warmup and warmup:
                 if device.type == "cuda":
-                    torch.cuda.synchronize()  # the compiled warm-up's kernels must not leak into the window
+                    torch.cuda.synchronize()  # the warm-up's (compiled) kernels must not leak into the window
                 window.exclude(sums, batches.wait_seconds)
             last = step == config.max_steps
             metrics: dict[str, float] = {}
@@ -234,11 +234,17 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
                 result.checkpoint = path or result.checkpoint
             if last:
                 break
+        result.step = step
+        result.throughput = totals.summary(raw.config, peak, world)
+        if rank == 0 and result.throughput:
+            # The run's figures (compile warm-up excluded), once, at the last step: what a GPU run reports as its
+            # seq/s, MFU of real tokens and data wait.
+            log.info("run throughput after warm-up: %s",
+                     " ".join(f"{k}={v:.4g}" for k, v in sorted(result.throughput.items())))
+            tracker.log({f"run_{k}": v for k, v in result.throughput.items()
+                         if k in ("sequences_per_second", "tokens_per_second", "data_wait_fraction", "mfu",
+                                  "padding_fraction")}, step)
     finally:
         batches.close()
         tracker.close()
-    result.step = step
-    result.throughput = totals.summary(raw.config, peak, world)
-    if rank == 0 and result.throughput:
-        log.info("throughput after warm-up: %s", " ".join(f"{k}={v:.4g}" for k, v in sorted(result.throughput.items())))
     return result

@@ -17,7 +17,7 @@ from training import (CheckpointConfig, DataConfig, ModelConfig, OptimizerConfig
                       TrackingConfig, fit)
 from training.data import read_shard_set
 
-STEPS, EVERY, KEEP_AT = 30, 10, 10
+STEPS, EVERY, KEEP_AT = 30, 10, 20
 
 
 def main(dataset: str, work: str) -> None:
@@ -30,7 +30,7 @@ def main(dataset: str, work: str) -> None:
                         mask_id=vocab.index("[MASK]")),
         max_steps=STEPS,
         optimizer=OptimizerConfig(lr=3e-3, warmup_steps=2),
-        checkpoint=CheckpointConfig(every=EVERY, keep=3, directory=str(Path(work) / "ckpt"),
+        checkpoint=CheckpointConfig(every=EVERY, keep=2, directory=str(Path(work) / "ckpt"),
                                     vocab_url=str(Path(dataset, "vocab.txt"))),
         tracking=TrackingConfig(log_every=2),
         runtime=RuntimeConfig(device="cpu", threads=1, seed=7),
