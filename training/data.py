@@ -34,10 +34,19 @@ def stream_config(data: DataConfig, vocab_size: int, seed: int, rank: int, world
                         bucket_window=data.bucket_window, length_buckets=data.length_buckets, remasker=remasker)
 
 
+def _pinned(batches: Iterator[dict]) -> Iterator[dict]:
+    """Page-locked torch tensors, made in the prefetch thread: the loop's host-to-GPU copies are then asynchronous
+    and the pinning copy costs the training thread nothing."""
+    import torch
+
+    for batch in batches:
+        yield {k: torch.from_numpy(v).pin_memory() for k, v in batch.items()}
+
+
 def train_batches(data: DataConfig, vocab_size: int, seed: int, rank: int, world: int, start_batch: int,
-                  rows: RowSource | None = None) -> Prefetcher:
+                  rows: RowSource | None = None, pin_memory: bool = False) -> Prefetcher:
     """This rank's micro-batches from `start_batch` on, prefetched by a background thread (`.wait_seconds` is how
-    long the loop waited for them)."""
+    long the loop waited for them); pinned torch tensors with `pin_memory` (for a GPU), else numpy arrays."""
     cfg = stream_config(data, vocab_size, seed, rank, world)
     if rows is not None:
         window = cfg.bucket_window if cfg.length_bucketing else 1
@@ -45,7 +54,7 @@ def train_batches(data: DataConfig, vocab_size: int, seed: int, rank: int, world
         source = micro_batches(rows(first_window * window * cfg.micro_batch_size), cfg, first_window, skip)
     else:
         source = iter(RankStream(data.train.shard_rows, _load(data.train), cfg, start_batch=start_batch))
-    return Prefetcher(source, depth=max(4, 2 * data.accum))
+    return Prefetcher(_pinned(source) if pin_memory else source, depth=max(4, 2 * data.accum))
 
 
 def eval_rows(ev: EvalConfig) -> Rows:

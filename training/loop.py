@@ -156,7 +156,8 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
         # that would still recompile on specialised sizes; the warm-up steps are kept out of throughput.
         model = torch.compile(model, dynamic=False, backend=rt.compile_backend)
     vocab_size = raw.config.vocab_size
-    batches = data_mod.train_batches(data, vocab_size, rt.seed, rank, world, step * data.accum, worker.rows)
+    batches = data_mod.train_batches(data, vocab_size, rt.seed, rank, world, step * data.accum, worker.rows,
+                                     pin_memory=device.type == "cuda")
     eval_rows = data_mod.eval_rows(config.eval) if config.eval is not None else None
     vocab_text = _read_vocab(config) if rank == 0 else None
     peak = peak_flops(device, rt.peak_flops)
