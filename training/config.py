@@ -172,6 +172,9 @@ class RuntimeConfig:
     precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     compile: bool | None = None  # None: on for CUDA, off for CPU
     compile_backend: str = "inductor"
+    # Compile every length bucket's graph before the first step (forward + backward on a synthetic batch of each
+    # width, gradients dropped): no bucket's first appearance stalls a measured window later in the run.
+    precompile_buckets: bool = True
     compile_warmup_steps: int = 3  # steps kept out of throughput when compiling (their time is compilation)
     # Steps kept out of throughput whatever the compile setting (benchmarks: allocator and cache warm-up too);
     # None: compile_warmup_steps when compiling, else none.

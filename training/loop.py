@@ -30,7 +30,7 @@ from training.checkpoint import LocalCheckpoints, load_train_state, write_checkp
 from training.config import PretrainConfig
 from training.metrics import MetricSums
 from training.perf import RunTotals, Window, peak_flops, throughput
-from training.step import evaluate, to_device, train_step
+from training.step import evaluate, forward, to_device, train_step
 from training.tracking import NullTracker, Tracker, make_tracker
 
 log = logging.getLogger(__name__)
@@ -105,6 +105,29 @@ def _all_reduce_host(t: torch.Tensor) -> torch.Tensor:
     return t.cpu()
 
 
+def precompile(model: nn.Module, data, vocab_size: int, device: torch.device,
+               autocast_dtype: torch.dtype | None) -> None:
+    """Run forward + backward once per length bucket on a synthetic batch of the loader's exact shapes, so the
+    compiled model has all its graphs before the first real step; the gradients are dropped (no optimizer step,
+    so the weights and the optimizer state are untouched, and dropout is re-seeded before every real step)."""
+    g = torch.Generator().manual_seed(0)
+    b, p = data.micro_batch_size, data.train.max_predictions
+    model.train()
+    for width in data.length_buckets:
+        batch = {
+            "input_ids": torch.randint(5, vocab_size, (b, width), generator=g),
+            "attention_mask": torch.ones(b, width, dtype=torch.int64),
+            "token_type_ids": torch.zeros(b, width, dtype=torch.int64),
+            "masked_lm_positions": (torch.arange(p) % (width - 1) + 1).expand(b, p).contiguous(),
+            "masked_lm_labels": torch.randint(5, vocab_size, (b, p), generator=g),
+            "next_sentence_label": torch.zeros(b, dtype=torch.int64),
+        }
+        out = forward(model, to_device(batch, device), autocast_dtype)
+        (torch.nan_to_num(out.mlm_loss) + out.nsp_loss).backward()
+    for param in model.parameters():
+        param.grad = None
+
+
 def fit(config: PretrainConfig, worker: Worker | None = None) -> FitResult:
     """Train for `config.max_steps` steps (or until the --max-minutes budget), resuming from the latest checkpoint."""
     worker = worker or Worker()
@@ -155,6 +178,12 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
         # dynamic=False: one graph per padded width (the loader's length buckets) instead of a symbolic-shape graph
         # that would still recompile on specialised sizes; the warm-up steps are kept out of throughput.
         model = torch.compile(model, dynamic=False, backend=rt.compile_backend)
+        if rt.precompile_buckets:
+            t0 = time.perf_counter()
+            precompile(model, data, raw.config.vocab_size, device, autocast_dtype)
+            if rank == 0:
+                log.info("compiled %d length buckets %s in %.1f s", len(data.length_buckets),
+                         list(data.length_buckets), time.perf_counter() - t0)
     vocab_size = raw.config.vocab_size
     batches = data_mod.train_batches(data, vocab_size, rt.seed, rank, world, step * data.accum, worker.rows,
                                      pin_memory=device.type == "cuda")

@@ -1,5 +1,5 @@
 """torch.compile on real shards, CPU: the loader's fixed widths and padded masked slots keep Dynamo to one graph
-per length bucket, compiled in the first steps and never again; compiled and eager runs train alike.
+per length bucket, all compiled before the first step and never again; compiled and eager runs train alike.
 
 Dynamo decides what to (re)compile before any backend runs, so `aot_eager` (Dynamo + AOTAutograd, no code
 generation) sees exactly the graphs and recompiles that inductor would, in a fraction of the time on a small CPU.
@@ -65,12 +65,12 @@ def test_compiled_fit_stops_compiling_after_warmup(varied_pretrain_data):
     widths = set(per_step)
     assert len(widths) >= 2, f"the run should exercise several length buckets, saw {widths}"
     assert widths <= set(BUCKETS)
-    all_seen = max(per_step.index(w) for w in widths) + 1  # the step by which every width has been compiled
     counter = GraphCounter()
     fit(config, Worker(tracker=counter))
     graphs = [counter.graphs[s] for s in range(1, STEPS + 1)]
-    assert graphs[-1] <= len(widths), f"more graphs than length buckets: {graphs} for widths {per_step}"
-    assert graphs[all_seen - 1] == graphs[-1], f"still compiling after step {all_seen}: {graphs}"
+    # fit compiles every bucket before step 1 (RuntimeConfig.precompile_buckets): one graph per bucket, then none.
+    assert graphs[-1] <= len(BUCKETS), f"more graphs than length buckets: {graphs} for widths {per_step}"
+    assert graphs[0] == graphs[-1], f"still compiling after the first step: {graphs} for widths {per_step}"
 
 
 def test_compiled_and_eager_losses_agree(varied_pretrain_data):
