@@ -4,7 +4,7 @@
         --init /path/to/export_or_checkpoint_or_hf_dir [--epochs 3 --lr 5e-5 --batch-size 32] [--output DIR]
 
 Everything that can be wrong with the inputs (flags, files, columns, labels, vocabulary, MLflow) is checked here,
-before any worker starts. Training runs under Ray Train (``jobs/_finetune_loop.py``) on one or many workers; the
+before any worker starts. Training runs under Ray Train (``training.finetune`` in ``training.ray_worker``) on one or many workers; the
 best epoch's model is exported in the Hugging Face layout with its label map; one MLflow run records params,
 per-epoch metrics, final metrics and the model, linked to the pre-training run the weights came from. The last
 line on stdout is the final evaluation metrics as one JSON object. ``--no-ray`` runs the very same loop in this
@@ -266,26 +266,28 @@ def start_run(cfg: FinetuneConfig, tracking_uri: str, lineage: dict[str, str] | 
 
 # ---- training ----------------------------------------------------------------------------------------------------
 def loop_config(cfg: FinetuneConfig, model_dir: Path | None, tokenizer: TaskTokenizer, vocab_size: int,
-                run_id: str, tracking_uri: str, threads: int) -> dict[str, Any]:
-    """What every worker needs, as plain values (the prepared data travels separately)."""
-    return {
-        "init": str(model_dir) if model_dir else "random", "preset": cfg.preset, "vocab_size": vocab_size,
-        "vocab_file": tokenizer.vocab_file, "do_lower_case": tokenizer.do_lower_case, "pad_id": tokenizer.pad_id,
-        "seed": cfg.seed, "epochs": cfg.epochs, "lr": cfg.lr, "batch_size": cfg.batch_size,
-        "eval_batch_size": cfg.eval_batch_size, "warmup_ratio": cfg.warmup_ratio, "weight_decay": cfg.weight_decay,
-        "max_answer_length": cfg.max_answer_length, "threads_per_worker": threads, "mlflow_run_id": run_id,
-        "tracking_uri": tracking_uri,
-    }
+                run_id: str, tracking_uri: str, threads: int):
+    """What every worker needs (the prepared data travels separately)."""
+    from training.config import TrackingConfig
+    from training.finetune import FinetuneLoopConfig
+
+    return FinetuneLoopConfig(
+        init=str(model_dir) if model_dir else "random", preset=cfg.preset, vocab_size=vocab_size,
+        vocab_file=str(tokenizer.vocab_file), do_lower_case=tokenizer.do_lower_case, pad_id=tokenizer.pad_id,
+        seed=cfg.seed, epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, eval_batch_size=cfg.eval_batch_size,
+        warmup_ratio=cfg.warmup_ratio, weight_decay=cfg.weight_decay, max_answer_length=cfg.max_answer_length,
+        threads_per_worker=threads, tracking=TrackingConfig(tracking_uri=tracking_uri, run_id=run_id),
+    )
 
 
-def train_with_ray(cfg: FinetuneConfig, prepared: PreparedTask, loop_cfg: dict[str, Any], storage: str,
+def train_with_ray(cfg: FinetuneConfig, prepared: PreparedTask, loop_cfg, storage: str,
                    best_dir: Path) -> None:
     """Ray Train over ``--num-workers`` (DDP); the best epoch's checkpoint is copied to ``best_dir``."""
     import ray
     from ray.train import CheckpointConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from jobs._finetune_loop import train_loop_per_worker
+    from training.ray_worker import finetune_worker
 
     init_ray(dashboard=True)
     cpus = cfg.cpus_per_worker
@@ -293,14 +295,14 @@ def train_with_ray(cfg: FinetuneConfig, prepared: PreparedTask, loop_cfg: dict[s
         per = ray.cluster_resources().get("CPU", 1) / cfg.num_workers
         # Ray accepts fractions up to 1 or whole numbers.
         cpus = float(math.floor(per)) if per >= 1 else max(0.25, math.floor(per * 4) / 4)
-    loop_cfg = {**loop_cfg, "prepared_ref": ray.put(prepared), "threads_per_worker": max(1, int(cpus))}
+    loop_cfg = dataclasses.replace(loop_cfg, threads_per_worker=max(1, int(cpus)))
     trainer = TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config=loop_cfg,
+        finetune_worker,
+        train_loop_config={"config": loop_cfg, "prepared_ref": ray.put(prepared)},
         scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
                                      resources_per_worker={"CPU": cpus}),
         # Only the best epoch reports a checkpoint, so keeping one keeps the best.
-        run_config=RunConfig(name=f"finetune-{loop_cfg['mlflow_run_id']}", storage_path=storage,
+        run_config=RunConfig(name=f"finetune-{loop_cfg.tracking.run_id}", storage_path=storage,
                              checkpoint_config=CheckpointConfig(num_to_keep=1)),
     )
     log.info("training on %d worker(s) x %s CPU%s", cfg.num_workers, cpus, " + GPU" if cfg.use_gpu else "")
@@ -310,11 +312,11 @@ def train_with_ray(cfg: FinetuneConfig, prepared: PreparedTask, loop_cfg: dict[s
     result.checkpoint.to_directory(str(best_dir))
 
 
-def train_in_process(cfg: FinetuneConfig, prepared: PreparedTask, loop_cfg: dict[str, Any], best_dir: Path) -> None:
+def train_in_process(cfg: FinetuneConfig, prepared: PreparedTask, loop_cfg, best_dir: Path) -> None:
     """The same loop without Ray (``--no-ray``): one worker in this process, for debugging and quick tests."""
     import torch
 
-    from jobs._finetune_loop import fit
+    from training.finetune import fit
 
     def keep_best(metrics: dict[str, float], checkpoint_dir: str | None) -> None:
         if checkpoint_dir:
@@ -325,7 +327,7 @@ def train_in_process(cfg: FinetuneConfig, prepared: PreparedTask, loop_cfg: dict
     device = torch.device("cuda" if cfg.use_gpu else "cpu")
     before = torch.get_num_threads()
     try:
-        fit({**loop_cfg, "threads_per_worker": threads}, prepared, 0, 1, device, keep_best)
+        fit(dataclasses.replace(loop_cfg, threads_per_worker=threads), prepared, 0, 1, device, keep_best)
     finally:
         torch.set_num_threads(before)  # the caller's process (a test session, a notebook) keeps its setting
 
@@ -384,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
             train_in_process(cfg, prepared, loop_cfg, best_dir)
         else:
             train_with_ray(cfg, prepared, loop_cfg, storage, best_dir)
-        from jobs._finetune_loop import BEST_METRICS_FILE
+        from training.finetune import BEST_METRICS_FILE
         from mlflow.entities import Metric
 
         best = json.loads((best_dir / BEST_METRICS_FILE).read_text())

@@ -20,10 +20,18 @@ Data's demand-driven `streaming_split` cannot give; it also needs no Ray CPU slo
 cannot occur. `--data-loader ray-data` streams the same shards through Ray Data (`read_parquet` ->
 `get_dataset_shard`, equal rows per rank) into the same batching; its resume skips rows rather than replaying them.
 Leave CPUs for its read tasks (fractional `--cpus-per-worker`).
+
+This job is flags -> `training.PretrainConfig` -> call: the loop is `training.fit`, run by Ray Train workers
+(`training.ray_worker.pretrain_worker`, DDP) or, with `--no-ray`, in this process (one CPU or GPU, checkpoints in
+STORAGE/RUN_NAME on local disk). Batches are padded to a few fixed widths (`--length-buckets`, default multiples
+of max_seq_length / 4) and `--compile` is on by default on CUDA; the compile warm-up steps are kept out of the
+throughput metrics (sequences/s, tokens/s, data_wait_fraction, and mfu of real tokens on a GPU).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -38,6 +46,8 @@ from typing import Any
 from jobs._common import (check_tracking_reachable, get_or_create_experiment, init_ray, resolve_tracking_uri,
                           setup_logging)
 from pipeline.storage import is_url, upload_tree
+from training.config import (CheckpointConfig, DataConfig, EvalConfig, ModelConfig, OptimizerConfig, PretrainConfig,
+                             RuntimeConfig, ShardSet, TrackingConfig)
 
 log = logging.getLogger("jobs.pretrain")
 
@@ -56,7 +66,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     d.add_argument("--data-loader", choices=("stream", "ray-data"), default="stream",
                    help="stream: each rank reads its deterministic part of the shards (exact resume); ray-data: "
                         "Ray Data read_parquet + get_dataset_shard (equal rows per rank, order not reproducible)")
-    d.add_argument("--length-bucketing", action="store_true", help="batch rows of similar length together")
+    d.add_argument("--length-bucketing", action=argparse.BooleanOptionalAction, default=True,
+                   help="batch rows of similar length together (little padding at the bucket widths)")
+    d.add_argument("--length-buckets", type=_widths, help="comma-separated widths batches are padded to, e.g. "
+                   "32,64,96,128 (default: multiples of the dataset's max_seq_length / 4)")
     d.add_argument("--dynamic-masking", action="store_true", help="redraw MLM masks every time a row is read")
     m = p.add_argument_group("model and optimisation")
     m.add_argument("--preset", default="bert_base", help="bert_tiny|bert_mini|bert_small|bert_medium|bert_base|...")
@@ -71,7 +84,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     m.add_argument("--decay", choices=("linear", "poly"), default="linear")
     m.add_argument("--poly-power", type=float, default=0.5, help="power of --decay poly")
     m.add_argument("--max-grad-norm", type=float, default=1.0, help="0 disables clipping")
-    m.add_argument("--compile", action="store_true", help="torch.compile the model")
+    m.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the model (default: on with --use-gpu, off on CPU)")
+    m.add_argument("--compile-backend", default="inductor", help="torch.compile backend (aot_eager: no codegen)")
     m.add_argument("--seed", type=int, default=12345)
     r = p.add_argument_group("resources")
     r.add_argument("--num-workers", type=int, default=1)
@@ -80,6 +95,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="Ray CPUs per worker; fractions are fine (the data thread needs no Ray slot)")
     r.add_argument("--threads", type=int, help="torch threads per CPU worker (default: round(cpus-per-worker))")
     r.add_argument("--peak-tflops", type=float, help="accelerator peak for mfu (default: known GPUs' bf16 peak)")
+    r.add_argument("--no-ray", action="store_true", help="run training.fit in this process (one worker: CPU, or "
+                   "one GPU with --use-gpu); checkpoints go to STORAGE/RUN_NAME, which must be local")
     c = p.add_argument_group("checkpoints and tracking")
     c.add_argument("--storage", default="./runs", help="where checkpoints go (local path or s3://bucket/prefix)")
     c.add_argument("--run-name", help="names the checkpoint folder and MLflow run; rerun with it to resume")
@@ -102,7 +119,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if a.cpus_per_worker <= 0:
         p.error("--cpus-per-worker must be > 0")
+    if a.no_ray and (a.num_workers != 1 or a.data_loader != "stream"):
+        p.error("--no-ray runs one worker with the stream loader: drop --num-workers / --data-loader ray-data")
     return a
+
+
+def _widths(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated integers, e.g. 32,64,96,128") from None
 
 
 # ---- checks at start ---------------------------------------------------------------------------------------------
@@ -132,15 +158,14 @@ def load_dataset_info(url: str, endpoint_url: str | None) -> dict[str, Any]:
         "vocab_sha256": manifest["vocab"].get("sha256") or hashlib.sha256(vocab_text.encode()).hexdigest(),
         "do_lower_case": bool(manifest["vocab"].get("do_lower_case", True)),
         "max_seq_length": int(manifest["max_seq_length"]),
-        "worker": {  # what the loop reads
-            "shard_urls": schema.shard_urls(url, manifest),
-            "shard_rows": [int(s["rows"]) for s in shards],
-            "storage_options": storage.storage_options(url, endpoint_url),
-            "max_predictions": int(cfg.get("max_predictions_per_seq", 20)),
-            "masked_lm_prob": float(cfg.get("masked_lm_prob", 0.15)),
-            "mask_id": vocab.index("[MASK]"),
-            "config_hash": manifest.get("config_hash", ""),
-        },
+        "vocab_url": storage.join(url, manifest["vocab"]["file"]),
+        "shards": ShardSet(shard_urls=tuple(schema.shard_urls(url, manifest)),
+                           shard_rows=tuple(int(s["rows"]) for s in shards),
+                           max_seq_length=int(manifest["max_seq_length"]),
+                           max_predictions=int(cfg.get("max_predictions_per_seq", 20)),
+                           endpoint_url=endpoint_url, config_hash=manifest.get("config_hash", "")),
+        "masked_lm_prob": float(cfg.get("masked_lm_prob", 0.15)),
+        "mask_id": vocab.index("[MASK]"),
     }
 
 
@@ -241,24 +266,52 @@ def open_mlflow_run(args, tracking_uri: str, params: dict[str, Any], tags: dict[
     return run_id
 
 
-def run_params(args, config, micro: int, accum: int, data: dict, eval_data: dict | None) -> dict[str, Any]:
+def build_config(args, model_config, micro: int, accum: int, data: dict, eval_data: dict | None,
+                 tracking: TrackingConfig) -> PretrainConfig:
+    """The flags as the trainer's typed config (its components validate themselves)."""
+    use_gpu = args.use_gpu
+    storage_dir = str(Path(args.storage.removeprefix("file://")).resolve() / args.run_name) if args.no_ray else None
+    return PretrainConfig(
+        model=ModelConfig(bert=model_config, init=str(Path(args.init).resolve()) if args.init else None),
+        data=DataConfig(train=data["shards"], micro_batch_size=micro, accum=accum, loader=args.data_loader,
+                        length_bucketing=args.length_bucketing, length_buckets=args.length_buckets or (),
+                        dynamic_masking=args.dynamic_masking, mask_id=data["mask_id"],
+                        masked_lm_prob=data["masked_lm_prob"]),
+        max_steps=args.max_steps,
+        optimizer=OptimizerConfig(name=args.optimizer, lr=args.lr, weight_decay=args.weight_decay,
+                                  warmup_steps=args.warmup_steps, decay=args.decay, poly_power=args.poly_power,
+                                  max_grad_norm=args.max_grad_norm),
+        eval=EvalConfig(data=eval_data["shards"], sequences=args.eval_sequences, every=args.eval_every)
+        if eval_data else None,
+        checkpoint=CheckpointConfig(every=args.checkpoint_every, keep=args.keep_checkpoints, directory=storage_dir,
+                                    vocab_url=data["vocab_url"], do_lower_case=data["do_lower_case"]),
+        tracking=tracking,
+        runtime=RuntimeConfig(device="cuda" if use_gpu else "cpu", compile=args.compile,
+                              compile_backend=args.compile_backend,
+                              threads=args.threads or max(1, round(args.cpus_per_worker)),
+                              peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
+                              max_seconds=args.max_minutes * 60 if args.max_minutes else None, seed=args.seed),
+    )
+
+
+def run_params(args, config: PretrainConfig, micro: int, accum: int) -> dict[str, Any]:
+    """The flags as given, plus the trainer's config (`PretrainConfig.to_params`, as the checkpoints hold it)."""
     flags = {k: v for k, v in vars(args).items() if v is not None}
-    params = {**flags, **{f"model.{k}": v for k, v in config.to_dict().items()
-                          if k not in ("id2label", "label2id", "architectures")}}
+    params = {**flags, **config.to_params()}
     params.update({"micro_batch_size_resolved": micro, "grad_accumulation_steps": accum,
-                   "dataset.max_seq_length": data["max_seq_length"],
-                   "dataset.instances": sum(data["worker"]["shard_rows"]),
-                   "dataset.max_predictions_per_seq": data["worker"]["max_predictions"]})
-    if eval_data:
-        params["eval_dataset.instances"] = sum(eval_data["worker"]["shard_rows"])
+                   "dataset.instances": sum(config.data.train.shard_rows)})
+    if config.eval is not None:
+        params["eval_dataset.instances"] = sum(config.eval.data.shard_rows)
+    # Where this run is tracked is the run itself: not a setting (and unknown before the run exists).
+    for key in ("tracking.run_id", "tracking.tracking_uri"):
+        params.pop(key, None)
     return params
 
 
-def export_model(checkpoint, export_dir: Path, run_id: str, tracking_uri: str) -> Path:
-    with checkpoint.as_directory() as d:
-        if export_dir.exists():
-            shutil.rmtree(export_dir)
-        shutil.copytree(Path(d) / "model", export_dir)
+def export_model(checkpoint_dir: Path, export_dir: Path, run_id: str, tracking_uri: str) -> Path:
+    if export_dir.exists():
+        shutil.rmtree(export_dir)
+    shutil.copytree(Path(checkpoint_dir) / "model", export_dir)
     (export_dir / LINEAGE_FILE).write_text(json.dumps({"mlflow_run_id": run_id, "tracking_uri": tracking_uri}) + "\n")
     return export_dir
 
@@ -274,8 +327,9 @@ def main(argv: list[str] | None = None) -> int:
         eval_data = load_dataset_info(args.eval_data, args.endpoint_url) if args.eval_data else None
         if eval_data and eval_data["vocab_sha256"] != data["vocab_sha256"]:
             raise ValueError(f"--eval-data {args.eval_data} was built with another vocabulary than --data")
-        config = model_config_for(args, data)
         micro, accum = batch_geometry(args)
+        config = build_config(args, model_config_for(args, data), micro, accum, data, eval_data, TrackingConfig(
+            run_name=args.run_name, system_metrics=not args.no_system_metrics, log_every=args.log_every))
         tracking_uri = normalise_tracking_uri(resolve_tracking_uri(args.mlflow_tracking_uri))
         check_tracking_reachable(tracking_uri)
         fs, storage_path = storage_filesystem(args.storage, args.endpoint_url)
@@ -299,20 +353,22 @@ def main(argv: list[str] | None = None) -> int:
             tags["lineage.init_run_id"] = json.loads(lineage.read_text()).get("mlflow_run_id", "")
     if args.parent_run_id:
         tags["mlflow.parentRunId"] = args.parent_run_id
-    run_id = open_mlflow_run(args, tracking_uri, run_params(args, config, micro, accum, data, eval_data), tags)
+    run_id = open_mlflow_run(args, tracking_uri, run_params(args, config, micro, accum), tags)
+    config = dataclasses.replace(config, tracking=dataclasses.replace(
+        config.tracking, tracking_uri=tracking_uri, run_id=run_id))
 
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
     try:
-        result = fit(args, config, micro, accum, data, eval_data, tracking_uri, run_id, fs, storage_path)
-        with tempfile.TemporaryDirectory() as tmp:
-            local_export = args.export and not is_url(args.export)
-            export_dir = Path(args.export).resolve() if local_export else Path(tmp) / "export"
-            export_model(result.checkpoint, export_dir, run_id, tracking_uri)
-            client.log_artifacts(run_id, str(export_dir), artifact_path="model")
-            if args.export and not local_export:
-                upload_tree(export_dir, args.export, args.endpoint_url)
+        with train(args, config, data, fs, storage_path) as final_checkpoint:
+            with tempfile.TemporaryDirectory() as tmp:
+                local_export = args.export and not is_url(args.export)
+                export_dir = Path(args.export).resolve() if local_export else Path(tmp) / "export"
+                export_model(final_checkpoint, export_dir, run_id, tracking_uri)
+                client.log_artifacts(run_id, str(export_dir), artifact_path="model")
+                if args.export and not local_export:
+                    upload_tree(export_dir, args.export, args.endpoint_url)
         if args.export:
             log.info("exported the model (Hugging Face layout) to %s", args.export if not local_export else export_dir)
     except BaseException:
@@ -323,35 +379,34 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def fit(args, config, micro: int, accum: int, data: dict, eval_data: dict | None, tracking_uri: str, run_id: str,
-        fs, storage_path: str):
+@contextlib.contextmanager
+def train(args, config: PretrainConfig, data: dict, fs, storage_path: str):
+    """Run training (in this process with --no-ray, else on Ray Train); yields the final checkpoint's directory."""
+    if args.no_ray:
+        from training import fit
+
+        result = fit(config)
+        if result.checkpoint is None:
+            raise RuntimeError("training finished without a checkpoint; see the log above")
+        yield Path(result.checkpoint)
+        return
+    result = fit_on_ray(args, config, data, fs, storage_path)
+    with result.checkpoint.as_directory() as d:
+        yield Path(d)
+
+
+def fit_on_ray(args, config: PretrainConfig, data: dict, fs, storage_path: str):
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from pipeline.storage import aws_env
+    from training.ray_worker import pretrain_worker
 
-    loop_config = {
-        "model_config": config.to_dict(), "init": str(Path(args.init).resolve()) if args.init else None,
-        "vocab_text": data["vocab_text"], "do_lower_case": data["do_lower_case"],
-        "data": data["worker"], "eval_data": eval_data["worker"] if eval_data else None,
-        "eval_sequences": args.eval_sequences, "eval_every": args.eval_every if eval_data else 0,
-        "micro_batch_size": micro, "accum": accum, "seed": args.seed, "max_steps": args.max_steps,
-        "length_bucketing": args.length_bucketing, "data_loader": args.data_loader, "dynamic_masking": args.dynamic_masking,
-        "optimizer": args.optimizer, "lr": args.lr, "weight_decay": args.weight_decay,
-        "warmup_steps": args.warmup_steps, "decay": args.decay, "poly_power": args.poly_power,
-        "max_grad_norm": args.max_grad_norm, "compile": args.compile,
-        "threads": args.threads or max(1, round(args.cpus_per_worker)), "peak_flops": (
-            args.peak_tflops * 1e12 if args.peak_tflops else None),
-        "log_every": args.log_every, "max_seconds": args.max_minutes * 60 if args.max_minutes else None, "checkpoint_every": args.checkpoint_every, "run_name": args.run_name,
-        "mlflow": {"tracking_uri": tracking_uri, "run_id": run_id, "system_metrics": not args.no_system_metrics},
-    }
     init_ray(dashboard=True)
     resources = {"CPU": args.cpus_per_worker}
     if args.use_gpu:
         resources["GPU"] = 1
     env = aws_env()
-    from jobs._pretrain_loop import train_loop
-
     datasets = None
     if args.data_loader == "ray-data":
         import ray.data
@@ -359,15 +414,15 @@ def fit(args, config, micro: int, accum: int, data: dict, eval_data: dict | None
         from pipeline.batching import COLUMNS
 
         read_fs, _ = storage_filesystem(args.data, args.endpoint_url)
-        urls = data["worker"]["shard_urls"]
+        urls = list(config.data.train.shard_urls)
         if read_fs is not None:
             urls = [u.split("://", 1)[1] for u in urls]
         # Small read tasks: a whole CPU each would not fit beside the training workers on a small box (Ray Data
         # splits what Train leaves it between its operators, and a 1-CPU task may never be scheduled).
         datasets = {"train": ray.data.read_parquet(urls, filesystem=read_fs, columns=list(COLUMNS), num_cpus=0.25)}
     trainer = TorchTrainer(
-        train_loop,
-        train_loop_config=loop_config,
+        pretrain_worker,
+        train_loop_config={"config": config},
         torch_config=TorchConfig(backend="nccl" if args.use_gpu else "gloo"),
         datasets=datasets,
         scaling_config=ray.train.ScalingConfig(num_workers=args.num_workers, use_gpu=args.use_gpu,

@@ -9,8 +9,12 @@ The training loop needs three things the shards do not give by themselves:
   rank yields exactly as many batches as it is asked for: nothing can hang at the end of an epoch.
 * **Resume.** A rank's position is just the number of micro-batches it consumed; `RankStream(start_batch=b)`
   re-derives the epoch, shard and row from it, so a resumed run sees exactly the batches an uninterrupted one would.
-* **Little padding.** `collate` pads to the longest row rounded up to a multiple of 8; optional length bucketing
-  sorts a window of `bucket_window` micro-batches by length before cutting it, then shuffles the batches (seeded).
+* **Few shapes, little padding.** `collate` pads a batch to the smallest of a fixed set of widths
+  (`length_buckets`, e.g. multiples of max_seq_length / 4) that holds its longest row, and its masked-LM slots to
+  `max_predictions` (label -100 in padding): a compiled model then sees one shape per width, never a new one.
+  Without buckets it pads to the longest row rounded up to a multiple of 8. Length bucketing sorts a window of
+  `bucket_window` micro-batches by length before cutting it, then shuffles the batches (seeded), so rows of a
+  batch have similar lengths and the smallest width that fits wastes little.
 
 Optional dynamic re-masking (`Remasker`) restores the original ids and redraws the MLM positions with the rule the
 builder used (15% of non-special positions, at most `max_predictions`, 80% [MASK] / 10% random / 10% kept), from an
@@ -123,9 +127,21 @@ class Rows:
                     np.concatenate([p.nsp for p in parts]))
 
 
+def padded_width(longest: int, pad_multiple: int = 8, length_buckets: Sequence[int] | None = None) -> int:
+    """The smallest bucket width >= `longest` (with buckets), else `longest` rounded up to `pad_multiple`."""
+    if length_buckets:
+        i = int(np.searchsorted(np.asarray(length_buckets), longest))
+        if i == len(length_buckets):
+            raise ValueError(f"a row of {longest} tokens is longer than the largest length bucket "
+                             f"{length_buckets[-1]}; add a bucket of at least the dataset's max_seq_length")
+        return int(length_buckets[i])
+    return int(-(-longest // pad_multiple) * pad_multiple)
+
+
 def collate(rows: Rows, max_predictions: int | None = None, pad_id: int = 0, pad_multiple: int = 8,
-            ) -> dict[str, np.ndarray]:
-    """Pad a batch to its longest row rounded up to `pad_multiple`; MLM slots padded to `max_predictions`.
+            length_buckets: Sequence[int] | None = None) -> dict[str, np.ndarray]:
+    """Pad a batch to the smallest of `length_buckets` that fits its longest row (without buckets: the longest
+    row rounded up to `pad_multiple`); MLM slots padded to `max_predictions`.
 
     Returns int64 arrays: input_ids, attention_mask, token_type_ids (B, T); masked_lm_positions and
     masked_lm_labels (B, P) with padded slots at position 0 and label -100; next_sentence_label (B,).
@@ -133,7 +149,7 @@ def collate(rows: Rows, max_predictions: int | None = None, pad_id: int = 0, pad
     n, lengths = len(rows), rows.lengths
     if n == 0:
         raise ValueError("cannot collate an empty batch")
-    width = int(-(-lengths.max() // pad_multiple) * pad_multiple)
+    width = padded_width(int(lengths.max()), pad_multiple, length_buckets)
     cols = np.arange(width)
     attention_mask = cols[None, :] < lengths[:, None]
     input_ids = np.full((n, width), pad_id, dtype=np.int64)
@@ -235,6 +251,7 @@ class StreamConfig:
     pad_multiple: int = 8
     length_bucketing: bool = False
     bucket_window: int = 32  # micro-batches sorted together when bucketing
+    length_buckets: tuple[int, ...] | None = None  # the widths batches are padded to (None: longest, rounded)
     remasker: Remasker | None = None
 
     def __post_init__(self) -> None:
@@ -316,7 +333,7 @@ def micro_batches(pieces: Iterable[Rows], cfg: StreamConfig, first_window: int =
             if cfg.remasker is not None:
                 rng = np.random.default_rng(seed_for("remask", cfg.seed, cfg.rank, batch_index))
                 batch_rows = cfg.remasker(batch_rows, rng)
-            yield collate(batch_rows, cfg.max_predictions, cfg.pad_id, cfg.pad_multiple)
+            yield collate(batch_rows, cfg.max_predictions, cfg.pad_id, cfg.pad_multiple, cfg.length_buckets)
             batch_index += 1
 
 
@@ -344,7 +361,8 @@ def read_shard(url: str, storage_options: dict | None = None) -> Rows:
 
 
 def finite_batches(rows: Rows, batch_size: int, rank: int = 0, world_size: int = 1, max_rows: int | None = None,
-                   max_predictions: int | None = None, pad_id: int = 0) -> Iterator[dict[str, np.ndarray]]:
+                   max_predictions: int | None = None, pad_id: int = 0,
+                   length_buckets: Sequence[int] | None = None) -> Iterator[dict[str, np.ndarray]]:
     """Evaluation: this rank's contiguous share of (the first `max_rows` of) `rows`, once, last batch partial.
 
     Ranks may get different batch counts here, so callers must not run collectives per batch (sum, then reduce).
@@ -352,7 +370,7 @@ def finite_batches(rows: Rows, batch_size: int, rank: int = 0, world_size: int =
     total = len(rows) if max_rows is None else min(max_rows, len(rows))
     lo, hi = rank * total // world_size, (rank + 1) * total // world_size
     for i in range(lo, hi, batch_size):
-        yield collate(rows.slice(i, min(i + batch_size, hi)), max_predictions, pad_id)
+        yield collate(rows.slice(i, min(i + batch_size, hi)), max_predictions, pad_id, length_buckets=length_buckets)
 
 
 class Prefetcher:

@@ -1,10 +1,13 @@
-"""Shared test fixtures: one local Ray per session, a real S3-protocol server and a real MLflow store on loopback.
+"""Shared test fixtures: one local Ray per session, a real S3-protocol server and a real MLflow store on loopback,
+and tiny pre-training datasets made by the real builder (jobs.build_dataset).
 
 Everything binds to 127.0.0.1. Ray tests use `ray_local`; a test that needs its own cluster layout
 (`ray.cluster_utils.Cluster`) must not run while `ray_local` is up, so it shuts it down via `ray_shutdown`.
 """
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import shutil
 import socket
@@ -122,3 +125,51 @@ def mlflow_uri(tmp_path):
         os.environ.pop("MLFLOW_TRACKING_URI", None)
     else:
         os.environ["MLFLOW_TRACKING_URI"] = old
+
+
+MOBY = SAMPLE / "corpus" / "mobydick.jsonl.gz"
+
+
+def _chapters(dest: Path, first: int, last: int) -> Path:
+    """Moby Dick chapters [first, last) as a small JSON Lines input (chapter 0 is the Gutenberg header)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(MOBY, "rt", encoding="utf-8") as f:
+        docs = [json.loads(line) for line in f if line.strip()]
+    with gzip.open(dest, "wt", encoding="utf-8") as f:
+        for doc in docs[first:last]:
+            f.write(json.dumps(doc) + "\n")
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_pretrain_data(tmp_path_factory) -> dict[str, str]:
+    """{"train": URL, "eval": URL}: seq 64, a 600-entry trained vocab, 4 balanced shards; eval from other chapters
+    with the train vocabulary. Built with --no-ray (the builder's plain loop over the same steps): fast, no Ray."""
+    from jobs import build_dataset
+
+    root = tmp_path_factory.mktemp("pretrain-data")
+    common = ["--max-seq-length", "64", "--max-predictions-per-seq", "10", "--num-shards", "4", "--no-ray",
+              "--log-level", "WARNING"]
+    rc = build_dataset.main(["--input", str(_chapters(root / "raw" / "train.jsonl.gz", 1, 9)),
+                             "--output", str(root / "train"), "--vocab-size", "600", "--dupe-factor", "2", *common])
+    assert rc == 0
+    rc = build_dataset.main(["--input", str(_chapters(root / "raw" / "eval.jsonl.gz", 9, 11)),
+                             "--output", str(root / "eval"), "--vocab", str(root / "train" / "vocab.txt"),
+                             "--dupe-factor", "1", *common])
+    assert rc == 0
+    return {"train": str(root / "train"), "eval": str(root / "eval")}
+
+
+@pytest.fixture(scope="session")
+def varied_pretrain_data(tmp_path_factory) -> str:
+    """A real build whose rows vary in length (half the pairs with a short target length), so batches land in
+    several length buckets (tiny_pretrain_data's rows are all 64 tokens). Built with --no-ray."""
+    from jobs import build_dataset
+
+    root = tmp_path_factory.mktemp("varied-data")
+    rc = build_dataset.main(["--input", str(_chapters(root / "raw.jsonl.gz", 1, 5)), "--output", str(root / "train"),
+                             "--vocab-size", "600", "--max-seq-length", "64", "--max-predictions-per-seq", "10",
+                             "--short-seq-prob", "0.5", "--dupe-factor", "2", "--num-shards", "2", "--no-ray",
+                             "--log-level", "WARNING"])
+    assert rc == 0
+    return str(root / "train")

@@ -63,7 +63,8 @@ def test_two_workers_learn_and_mlflow_has_one_complete_run(baseline, tiny_pretra
     assert run.info.status == "FINISHED"
     p = run.data.params
     assert (p["preset"], p["batch_size"], p["num_workers"], p["grad_accumulation_steps"]) == ("bert_tiny", "16", "2", "2")
-    assert p["model.hidden_size"] == "128" and p["model.vocab_size"] == "600" and p["dataset.max_seq_length"] == "64"
+    assert p["model.bert.hidden_size"] == "128" and p["model.bert.vocab_size"] == "600"
+    assert p["data.train.max_seq_length"] == "64" and p["data.length_buckets"] == "(16, 32, 48, 64)"
     t = run.data.tags
     assert t["dataset.url"] == tiny_pretrain_data["train"] and len(t["dataset.manifest_sha256"]) == 64
     assert t["eval_dataset.url"] == tiny_pretrain_data["eval"] and t["bert.run_name"] == "base"

@@ -208,3 +208,27 @@ def test_prefetcher_measures_wait_and_forwards_errors():
     with pytest.raises(RuntimeError, match="broken shard"):
         next(it)
     assert list(Prefetcher(iter(range(5)))) == list(range(5))
+
+
+def test_collate_pads_to_the_smallest_length_bucket_that_fits():
+    rng = np.random.default_rng(4)
+    short = Rows.from_pylist([make_row(3, 4, rng), make_row(5, 6, rng)])  # 10 and 14 tokens
+    longer = Rows.from_pylist([make_row(3, 4, rng), make_row(20, 20, rng)])  # 10 and 43 tokens
+    buckets = (16, 32, 48, 64)
+    assert collate(short, max_predictions=8, length_buckets=buckets)["input_ids"].shape == (2, 16)
+    b = collate(longer, max_predictions=8, length_buckets=buckets)
+    assert b["input_ids"].shape == (2, 48) and b["masked_lm_positions"].shape == (2, 8)
+    assert b["attention_mask"].sum(1).tolist() == [10, 43]
+    with pytest.raises(ValueError, match="largest length bucket"):
+        collate(longer, length_buckets=(16, 32))
+
+
+def test_stream_with_buckets_yields_only_bucket_widths_and_fixed_mlm_slots():
+    shard_rows = [40, 40]
+    shards = _dataset(shard_rows, seed=6)
+    cfg = StreamConfig(micro_batch_size=4, seed=2, max_predictions=20, length_bucketing=True, bucket_window=8,
+                       length_buckets=(16, 32, 48, 64))
+    batches = list(itertools.islice(RankStream(shard_rows, shards.__getitem__, cfg), 20))
+    widths = {b["input_ids"].shape[1] for b in batches}
+    assert widths <= {16, 32, 48, 64} and len(widths) >= 2
+    assert {b["masked_lm_positions"].shape for b in batches} == {(4, 20)}

@@ -1,4 +1,4 @@
-"""The fine-tuning worker's parts without Ray: rank sharding, the train step, per-row predictions."""
+"""Fine-tuning's loop parts without Ray: rank sharding, the shared train step, per-row predictions."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +7,8 @@ import torch
 from bert_core.config import bert_tiny
 from bert_core.finetuning import BertForTokenClassification
 from bert_core.optim import build_optimizer, build_scheduler
-from jobs._finetune_loop import predict, rank_indices, to_tensors, train_step
+from training.finetune import predict, rank_indices, to_tensors
+from training.step import finetune_step
 from pipeline.tasks.features import IGNORE_INDEX, Features, collate
 
 
@@ -43,7 +44,7 @@ def _fit_fixed_batch() -> None:
     batch = to_tensors(collate(feats, [0, 1, 2, 3], pad_id=0), torch.device("cpu"))
     opt = build_optimizer(model, lr=3e-3, weight_decay=0.0)
     sched = build_scheduler(opt, 0, 40)
-    losses = [train_step(model, batch, opt, sched) for _ in range(40)]
+    losses = [float(finetune_step(model, batch, opt, sched)) for _ in range(40)]
     assert losses[-1] < 0.5 * losses[0]
     out = predict(model, "token_classification", feats, np.array([3, 0]), 2, 0, torch.device("cpu"))
     assert [o.shape for o in out] == [(12, 3), (5, 3)]  # one array per row, padding trimmed

@@ -8,7 +8,8 @@ import torch
 
 from bert_core.config import bert_tiny
 from bert_core.pretraining import BertForPreTraining
-from bert_core.training import MetricSums, evaluate, train_step
+from training.metrics import MetricSums
+from training.step import evaluate, train_step
 
 V, T, P = 64, 16, 3
 
@@ -120,7 +121,7 @@ def test_evaluate_counts_exactly_over_batches():
 @pytest.mark.parametrize("name", ["adamw", "lamb"])
 def test_train_state_roundtrip_continues_identically(tmp_path, name):
     from bert_core import build_optimizer, build_scheduler
-    from bert_core.training import load_train_state, save_train_state
+    from training.checkpoint import load_train_state, save_train_state
 
     batches = [make_batch(8, s) for s in range(4)]
 

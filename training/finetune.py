@@ -1,14 +1,15 @@
-"""The Ray Train worker of ``jobs/finetune.py``: build the head model, train with DDP, evaluate every epoch.
+"""Fine-tuning's loop: build the head model, train (DDP under Ray, or one process), evaluate every epoch.
 
-Data travels as plain featurised rows through Ray's object store (task files are small): every rank walks the
-same seeded permutation and takes its strided share, padded so all ranks run the same number of steps (an uneven
-count hangs DDP's all-reduce). Evaluation is sharded the same way; rank 0 gathers the per-row outputs, scores them
-with ``pipeline.tasks.evaluation``, logs the epoch to the job's single MLflow run, and, when the main metric
-improved, reports the model as the Ray checkpoint (only the best one is kept). Every rank calls
-``ray.train.report`` each epoch: it is a barrier.
+Data travels as plain featurised rows (task files are small): every rank walks the same seeded permutation and
+takes its strided share, padded so all ranks run the same number of steps (an uneven count hangs DDP's
+all-reduce). Evaluation is sharded the same way; rank 0 gathers the per-row outputs, scores them with
+``pipeline.tasks.evaluation``, logs the epoch to the job's single MLflow run (through the shared tracker) and,
+when the main metric improved, reports the model as the checkpoint (only the best one is kept). Every rank calls
+``report`` each epoch: under Ray it is a barrier.
 
-``fit`` is the whole loop and knows nothing of Ray: ``train_loop_per_worker`` hands it Ray's rank, device, DDP
-wrapper and report; ``--no-ray`` hands it rank 0 of 1 in the driver process, so both paths run the same code.
+``fit`` knows nothing of Ray: ``training.ray_worker.finetune_worker`` hands it Ray's rank, device, DDP wrapper and
+report; ``jobs/finetune.py --no-ray`` hands it rank 0 of 1 in the driver process. The optimizer step is the one
+pre-training uses (``training.step``).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,9 @@ from bert_core.optim import build_optimizer, build_scheduler
 from pipeline.tasks.evaluation import MAIN_METRIC, score
 from pipeline.tasks.features import Features, collate
 from pipeline.tasks.prepare import PreparedTask
+from training.config import TrackingConfig
+from training.step import finetune_step
+from training.tracking import NullTracker, make_tracker
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +49,32 @@ HEADS = {
 }
 BEST_METRICS_FILE = "eval_metrics.json"
 LOG_EVERY = 50  # optimizer steps between progress lines (and MLflow train_loss_step points)
+
+
+@dataclass(frozen=True)
+class FinetuneLoopConfig:
+    """What every worker needs, as plain values (the prepared data travels separately)."""
+
+    init: str  # a model directory, or "random"
+    vocab_size: int
+    pad_id: int
+    preset: str | None = None
+    vocab_file: str | None = None
+    do_lower_case: bool = True
+    seed: int = 42
+    epochs: int = 3
+    lr: float = 5e-5
+    batch_size: int = 32  # global
+    eval_batch_size: int = 64
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    max_answer_length: int = 30
+    threads_per_worker: int = 1
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.batch_size < 1 or self.eval_batch_size < 1 or self.threads_per_worker < 1:
+            raise ValueError("epochs, batch sizes and threads per worker must be >= 1")
 
 
 def head_overrides(prepared: PreparedTask) -> dict[str, Any]:
@@ -87,19 +118,6 @@ def to_tensors(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, 
     return out
 
 
-def train_step(model: nn.Module, batch: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer,
-               scheduler: Any, max_grad_norm: float = 1.0) -> float:
-    """One optimisation step (the reference clips the global gradient norm at 1.0). Returns the loss."""
-    model.train()
-    loss = model(**batch).loss
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    optimizer.step()
-    scheduler.step()
-    return float(loss.detach())
-
-
 @torch.no_grad()
 def predict(model: nn.Module, task: str, feats: Features, indices: np.ndarray, batch_size: int, pad_id: int,
             device: torch.device) -> list[np.ndarray]:
@@ -137,91 +155,66 @@ def gather_outputs(indices: np.ndarray, outputs: list[np.ndarray], n: int) -> li
     return [by_row[i] for i in range(n)]
 
 
-def _log_mlflow(cfg: dict[str, Any], metrics: dict[str, float], step: int) -> None:
-    if not cfg.get("mlflow_run_id"):
-        return
-    from mlflow.entities import Metric
-    from mlflow.tracking import MlflowClient
-
-    ts = int(time.time() * 1000)
-    MlflowClient(cfg["tracking_uri"]).log_batch(
-        cfg["mlflow_run_id"], metrics=[Metric(k, float(v), ts, step) for k, v in metrics.items() if math.isfinite(v)]
-    )
-
-
-def train_loop_per_worker(cfg: dict[str, Any]) -> None:
-    """Ray Train entry point. ``cfg`` holds plain values and the object ref of the ``PreparedTask``."""
-    import ray
-    import ray.train
-    import ray.train.torch
-
-    ctx = ray.train.get_context()
-
-    def report(metrics: dict[str, float], checkpoint_dir: str | None) -> None:
-        checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
-        ray.train.report(metrics, checkpoint=checkpoint)
-
-    fit(cfg, ray.get(cfg["prepared_ref"]), ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.get_device(),
-        report, ray.train.torch.prepare_model)
-
-
-def fit(cfg: dict[str, Any], prepared: PreparedTask, rank: int, world: int, device: torch.device,
+def fit(cfg: FinetuneLoopConfig, prepared: PreparedTask, rank: int, world: int, device: torch.device,
         report: Callable[[dict[str, float], str | None], None],
         wrap: Callable[[nn.Module], nn.Module] = lambda m: m) -> None:
     """Train and evaluate every epoch; ``report(metrics, best_model_dir_or_None)`` once per epoch on every rank.
 
     The same function runs under Ray Train (``wrap`` = DDP via ``prepare_model``) and in-process (``--no-ray``)."""
-    torch.set_num_threads(cfg["threads_per_worker"])
+    torch.set_num_threads(cfg.threads_per_worker)
     task = prepared.task
     # Same seed on every rank for the weights (DDP also broadcasts rank 0's); a per-rank one for dropout.
-    torch.manual_seed(cfg["seed"])
-    model = build_model(task, cfg["init"], cfg["preset"], cfg["vocab_size"], head_overrides(prepared))
-    torch.manual_seed(cfg["seed"] + 1000 * rank)
+    torch.manual_seed(cfg.seed)
+    model = build_model(task, cfg.init, cfg.preset, cfg.vocab_size, head_overrides(prepared))
+    torch.manual_seed(cfg.seed + 1000 * rank)
     core = model.to(device)
     model = wrap(model)
+    tracker = make_tracker(cfg.tracking.tracking_uri, cfg.tracking.run_id) if rank == 0 else NullTracker()
 
-    per_worker = max(1, cfg["batch_size"] // world)
+    per_worker = max(1, cfg.batch_size // world)
     n_train = len(prepared.train.features)
     steps_per_epoch = math.ceil(math.ceil(n_train / world) / per_worker)
-    total = max(1, steps_per_epoch * cfg["epochs"])
-    optimizer = build_optimizer(model, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
-    scheduler = build_scheduler(optimizer, int(cfg["warmup_ratio"] * total), total)
+    total = max(1, steps_per_epoch * cfg.epochs)
+    optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = build_scheduler(optimizer, int(cfg.warmup_ratio * total), total)
     main_key = "eval_" + MAIN_METRIC[task]
     best = -math.inf
     eval_idx = rank_indices(len(prepared.eval.features), world, rank, None)
-    pad_id = cfg["pad_id"]
-    for epoch in range(1, cfg["epochs"] + 1):
-        t0 = time.perf_counter()
-        idx = rank_indices(n_train, world, rank, np.random.default_rng([cfg["seed"], epoch]))
-        losses = []
-        for b in range(0, len(idx), per_worker):
-            batch = to_tensors(collate(prepared.train.features, idx[b : b + per_worker], pad_id), device)
-            losses.append(train_step(model, batch, optimizer, scheduler))
-            step = (epoch - 1) * steps_per_epoch + len(losses)
-            if rank == 0 and step % LOG_EVERY == 0:
-                recent = float(np.mean(losses[-LOG_EVERY:]))
-                log.info("epoch %d step %d/%d loss %.4f (%.1f examples/s)", epoch, step, total, recent,
-                         min(b + per_worker, len(idx)) * world / (time.perf_counter() - t0))
-                _log_mlflow(cfg, {"train_loss_step": recent}, step)
-        train_s = time.perf_counter() - t0
-        outputs = predict(core, task, prepared.eval.features, eval_idx, cfg["eval_batch_size"], pad_id, device)
-        gathered = gather_outputs(eval_idx, outputs, len(prepared.eval.features))
-        metrics: dict[str, float] = {"epoch": epoch}
-        checkpoint_dir = None
-        if rank == 0:
-            scores = score(task, prepared.eval, prepared.label_map, gathered, cfg["max_answer_length"])
-            metrics.update({f"eval_{k}": v for k, v in scores.items()})
-            metrics.update(train_loss=float(np.mean(losses)) if losses else math.nan, train_seconds=train_s,
-                           train_examples_per_s=len(idx) * world / max(train_s, 1e-9),
-                           epoch_seconds=time.perf_counter() - t0, lr=float(scheduler.get_last_lr()[0]))
-            _log_mlflow(cfg, {k: v for k, v in metrics.items() if k != "epoch"}, epoch)
-            log.info("epoch %d: %s", epoch, {k: float(f"{v:.4g}") for k, v in metrics.items()})
-            value = metrics[main_key]
-            if not math.isnan(value) and (value > best or best == -math.inf):
-                best = value
-                checkpoint_dir = tempfile.mkdtemp(prefix="finetune-best-")
-                core.save_pretrained(checkpoint_dir, vocab_file=cfg["vocab_file"], do_lower_case=cfg["do_lower_case"])
-                Path(checkpoint_dir, BEST_METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
-        report(metrics, checkpoint_dir)
-        if checkpoint_dir:
-            shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    try:
+        for epoch in range(1, cfg.epochs + 1):
+            t0 = time.perf_counter()
+            idx = rank_indices(n_train, world, rank, np.random.default_rng([cfg.seed, epoch]))
+            losses: list[torch.Tensor] = []  # on the device; read only when logged
+            for b in range(0, len(idx), per_worker):
+                batch = to_tensors(collate(prepared.train.features, idx[b : b + per_worker], cfg.pad_id), device)
+                losses.append(finetune_step(model, batch, optimizer, scheduler))
+                step = (epoch - 1) * steps_per_epoch + len(losses)
+                if rank == 0 and step % LOG_EVERY == 0:
+                    recent = float(torch.stack(losses[-LOG_EVERY:]).float().mean())
+                    log.info("epoch %d step %d/%d loss %.4f (%.1f examples/s)", epoch, step, total, recent,
+                             min(b + per_worker, len(idx)) * world / (time.perf_counter() - t0))
+                    tracker.log({"train_loss_step": recent}, step)
+            train_s = time.perf_counter() - t0
+            outputs = predict(core, task, prepared.eval.features, eval_idx, cfg.eval_batch_size, cfg.pad_id, device)
+            gathered = gather_outputs(eval_idx, outputs, len(prepared.eval.features))
+            metrics: dict[str, float] = {"epoch": epoch}
+            checkpoint_dir = None
+            if rank == 0:
+                scores = score(task, prepared.eval, prepared.label_map, gathered, cfg.max_answer_length)
+                metrics.update({f"eval_{k}": v for k, v in scores.items()})
+                metrics.update(train_loss=float(torch.stack(losses).float().mean()) if losses else math.nan,
+                               train_seconds=train_s, train_examples_per_s=len(idx) * world / max(train_s, 1e-9),
+                               epoch_seconds=time.perf_counter() - t0, lr=float(scheduler.get_last_lr()[0]))
+                tracker.log({k: v for k, v in metrics.items() if k != "epoch"}, epoch)
+                log.info("epoch %d: %s", epoch, {k: float(f"{v:.4g}") for k, v in metrics.items()})
+                value = metrics[main_key]
+                if not math.isnan(value) and (value > best or best == -math.inf):
+                    best = value
+                    checkpoint_dir = tempfile.mkdtemp(prefix="finetune-best-")
+                    core.save_pretrained(checkpoint_dir, vocab_file=cfg.vocab_file, do_lower_case=cfg.do_lower_case)
+                    Path(checkpoint_dir, BEST_METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
+            report(metrics, checkpoint_dir)
+            if checkpoint_dir:
+                shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    finally:
+        tracker.close()

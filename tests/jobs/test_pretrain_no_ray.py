@@ -1,0 +1,46 @@
+"""jobs/pretrain.py --no-ray: the same flags -> PretrainConfig -> training.fit, in the job's process (no Ray
+started). One MLflow run per job with the config as params; checkpoints under STORAGE/RUN_NAME; a rerun with more
+steps resumes from the last checkpoint into the same run, each (metric, step) logged once; the export loads."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_no_ray_run_resumes_into_the_same_mlflow_run(tiny_pretrain_data, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from jobs import pretrain
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    args = ["--data", tiny_pretrain_data["train"], "--eval-data", tiny_pretrain_data["eval"], "--eval-sequences",
+            "32", "--preset", "bert_tiny", "--max-steps", "6", "--batch-size", "8", "--micro-batch-size", "4",
+            "--threads", "1", "--lr", "1e-3", "--storage", str(tmp_path / "runs"), "--run-name", "local",
+            "--checkpoint-every", "3", "--keep-checkpoints", "2", "--log-every", "2", "--no-ray",
+            "--mlflow-tracking-uri", uri, "--experiment", "nr", "--no-system-metrics", "--seed", "3"]
+    assert pretrain.main(args) == 0
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("nr").experiment_id])
+    assert run.info.status == "FINISHED"
+    p = run.data.params
+    assert p["no_ray"] == "True" and p["data.accum"] == "2" and p["model.bert.num_hidden_layers"] == "2"
+    assert p["checkpoint.directory"] == str((tmp_path / "runs" / "local").resolve())
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [2, 4, 6]
+    assert {"eval_loss", "run_sequences_per_second", "run_data_wait_fraction"} <= set(run.data.metrics)
+    ckpts = sorted(p.name for p in (tmp_path / "runs" / "local").iterdir())
+    assert ckpts == ["checkpoint-00000003", "checkpoint-00000006"]
+    state = json.loads((tmp_path / "runs" / "local" / ckpts[-1] / "train_state.json").read_text())
+    assert state["mlflow_run_id"] == run.info.run_id and state["config"]["max_steps"] == 6
+
+    export = tmp_path / "export"
+    assert pretrain.main([a if a != "6" else "8" for a in args] + ["--export", str(export)]) == 0
+    (again,) = client.search_runs([client.get_experiment_by_name("nr").experiment_id])
+    assert again.info.run_id == run.info.run_id and again.data.tags["resumed_from_step"] == "6"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [2, 4, 6, 8]
+    import transformers
+
+    model, info = transformers.BertForPreTraining.from_pretrained(export, output_loading_info=True)
+    assert not info["missing_keys"] and model.config.vocab_size == 600

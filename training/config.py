@@ -1,0 +1,236 @@
+"""The typed, frozen configuration of a pre-training run: one small dataclass per component, composed by
+`PretrainConfig`.
+
+Each component validates itself in `__post_init__` and says how to fix a bad value. Nothing below `fit` receives
+the whole config: the loop hands each part to the piece that owns it. `PretrainConfig.to_params()` flattens
+`dataclasses.asdict(config)` to dotted keys: that one dictionary goes to MLflow's params and into every
+checkpoint's train_state.json, so a run is reproducible from what it logged.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from bert_core.config import BertConfig
+
+LOADERS = ("stream", "ray-data")
+OPTIMIZERS = ("adamw", "lamb")
+DECAYS = ("linear", "poly")
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture, and where the first weights come from (None: fresh, seeded by `RuntimeConfig.seed`)."""
+
+    bert: BertConfig
+    init: str | None = None  # an export, a checkpoint directory or any HF BERT directory (local)
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    name: str = "adamw"
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    warmup_steps: int = 0
+    decay: str = "linear"
+    poly_power: float = 0.5
+    max_grad_norm: float = 1.0  # <= 0 disables clipping
+
+    def __post_init__(self) -> None:
+        if self.name not in OPTIMIZERS:
+            raise ValueError(f"optimizer {self.name!r}: use one of {', '.join(OPTIMIZERS)}")
+        if self.decay not in DECAYS:
+            raise ValueError(f"decay {self.decay!r}: use one of {', '.join(DECAYS)}")
+        if not self.lr > 0 or self.weight_decay < 0 or self.warmup_steps < 0 or self.poly_power <= 0:
+            raise ValueError("need --lr > 0, --weight-decay >= 0, --warmup-steps >= 0 and --poly-power > 0")
+
+
+@dataclass(frozen=True)
+class ShardSet:
+    """A built dataset's shards, as the loader reads them (from `pipeline.schema`'s manifest)."""
+
+    shard_urls: tuple[str, ...]
+    shard_rows: tuple[int, ...]
+    max_seq_length: int
+    max_predictions: int
+    endpoint_url: str | None = None  # S3-compatible endpoint for s3:// shards; credentials come from the env
+    config_hash: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.shard_urls) != len(self.shard_rows) or not self.shard_urls:
+            raise ValueError("a ShardSet needs one row count per shard URL, and at least one shard")
+        if sum(self.shard_rows) < 1:
+            raise ValueError("the dataset has no rows: rebuild it with jobs/build_dataset.py")
+        if self.max_seq_length < 8 or self.max_predictions < 1:
+            raise ValueError(f"max_seq_length {self.max_seq_length} / max_predictions {self.max_predictions} "
+                             "are too small: read them from the dataset's manifest")
+
+
+def default_length_buckets(max_seq_length: int, count: int = 4) -> tuple[int, ...]:
+    """`count` widths, multiples of max_seq_length / count rounded up to 8: few shapes for torch.compile."""
+    step = -(-max_seq_length // count)
+    step = -(-step // 8) * 8
+    widths = sorted({min(max_seq_length, step * i) for i in range(1, count + 1)} | {max_seq_length})
+    return tuple(widths)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """This job's training stream: shards, batch geometry per rank, bucketing and masking."""
+
+    train: ShardSet
+    micro_batch_size: int
+    accum: int = 1  # micro-batches per optimizer step on each rank
+    loader: str = "stream"
+    length_bucketing: bool = True
+    bucket_window: int = 32
+    # Sequence widths a batch is padded to (the smallest that fits its longest row). Empty: the defaults from
+    # max_seq_length. A fixed set keeps torch.compile to one graph per width.
+    length_buckets: tuple[int, ...] = ()
+    dynamic_masking: bool = False
+    mask_id: int = 103
+    masked_lm_prob: float = 0.15
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_size < 1 or self.accum < 1:
+            raise ValueError(f"micro_batch_size ({self.micro_batch_size}) and accum ({self.accum}) must be >= 1")
+        if self.loader not in LOADERS:
+            raise ValueError(f"--data-loader {self.loader!r}: use one of {', '.join(LOADERS)}")
+        if self.bucket_window < 1:
+            raise ValueError("bucket_window must be >= 1")
+        if not self.length_buckets:
+            object.__setattr__(self, "length_buckets", default_length_buckets(self.train.max_seq_length))
+        b = tuple(int(x) for x in self.length_buckets)
+        if list(b) != sorted(set(b)) or b[0] < 1:
+            raise ValueError(f"--length-buckets {b}: give increasing positive widths, e.g. 32,64,96,128")
+        if b[-1] < self.train.max_seq_length:
+            raise ValueError(f"--length-buckets {b}: the largest must be >= the dataset's max_seq_length "
+                             f"{self.train.max_seq_length}, or the longest rows would not fit")
+        object.__setattr__(self, "length_buckets", b)
+        if not 0 < self.masked_lm_prob < 1:
+            raise ValueError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Held-out data for eval_* metrics; `every` = 0: only at the end."""
+
+    data: ShardSet
+    sequences: int = 2048  # the first N sequences (0: all)
+    every: int = 0
+    batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        if self.sequences < 0 or self.every < 0 or self.batch_size < 1:
+            raise ValueError("--eval-sequences and --eval-every must be >= 0 and the eval batch size >= 1")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """How often, how many, and what goes beside the weights. `directory` is where `fit` without Ray keeps them
+    (Ray Train keeps them in its own storage: local or S3)."""
+
+    every: int = 1000
+    keep: int = 3
+    directory: str | None = None
+    vocab_url: str | None = None  # vocab.txt written beside the weights (the dataset's)
+    do_lower_case: bool = True
+
+    def __post_init__(self) -> None:
+        if self.every < 1 or self.keep < 1:
+            raise ValueError("--checkpoint-every and --keep-checkpoints must be >= 1")
+        if self.directory is not None and "://" in self.directory and not self.directory.startswith("file://"):
+            raise ValueError(f"checkpoint directory {self.directory}: fit without Ray keeps checkpoints in a local "
+                             "folder; use Ray Train (jobs/pretrain.py --storage s3://...) for object storage")
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """Where metrics go: an MLflow run (created by the job) or nowhere (`tracking_uri` None: the no-op tracker)."""
+
+    tracking_uri: str | None = None
+    run_id: str | None = None
+    run_name: str = ""
+    system_metrics: bool = False
+    log_every: int = 50
+
+    def __post_init__(self) -> None:
+        if self.log_every < 1:
+            raise ValueError("--log-every must be >= 1")
+        if (self.tracking_uri is None) != (self.run_id is None):
+            raise ValueError("give both an MLflow tracking URI and a run id, or neither (no tracking)")
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Device, precision, compilation, threads, budget and the seed every random draw derives from."""
+
+    device: str = "auto"
+    precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    compile: bool | None = None  # None: on for CUDA, off for CPU
+    compile_backend: str = "inductor"
+    # Compile every length bucket's graph before the first step (forward + backward on a synthetic batch of each
+    # width, gradients dropped): no bucket's first appearance stalls a measured window later in the run.
+    precompile_buckets: bool = True
+    compile_warmup_steps: int = 3  # steps kept out of throughput when compiling (their time is compilation)
+    # Steps kept out of throughput whatever the compile setting (benchmarks: allocator and cache warm-up too);
+    # None: compile_warmup_steps when compiling, else none.
+    exclude_steps: int | None = None
+    threads: int | None = None  # torch intra-op threads on CPU
+    peak_flops: float | None = None  # the accelerator's peak for mfu (default: known GPUs' bf16 peak)
+    max_seconds: float | None = None
+    seed: int = 12345
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device {self.device!r}: use one of {', '.join(DEVICES)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision {self.precision!r}: use one of {', '.join(PRECISIONS)}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError("--threads must be >= 1")
+        if self.compile_warmup_steps < 0 or (self.exclude_steps or 0) < 0:
+            raise ValueError("compile_warmup_steps and exclude_steps must be >= 0")
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            raise ValueError("--max-minutes must be > 0")
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """Everything a pre-training run needs, composed from the components above."""
+
+    model: ModelConfig
+    data: DataConfig
+    max_steps: int
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    eval: EvalConfig | None = None
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise ValueError("--max-steps must be >= 1")
+        if self.optimizer.warmup_steps > self.max_steps:
+            raise ValueError(f"--warmup-steps {self.optimizer.warmup_steps} exceeds --max-steps {self.max_steps}")
+        if self.data.train.max_seq_length > self.model.bert.max_position_embeddings:
+            raise ValueError(f"the dataset has sequences of {self.data.train.max_seq_length} tokens but the model "
+                             f"has only {self.model.bert.max_position_embeddings} positions")
+
+    def to_params(self) -> dict[str, Any]:
+        """`asdict` flattened to dotted keys; long lists shortened to their length (MLflow caps param values)."""
+        out: dict[str, Any] = {}
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    walk(f"{prefix}.{k}" if prefix else str(k), v)
+            elif isinstance(value, (list, tuple)) and len(value) > 8:
+                out[f"{prefix}.count"] = len(value)
+            else:
+                out[prefix] = value
+
+        walk("", dataclasses.asdict(self))
+        return out

@@ -1,0 +1,82 @@
+"""Additive training metrics kept on the device: sums, not means, so they reduce across micro-batches, steps and ranks.
+
+Every statistic is a sum (loss x count, correct, count, sequences, real tokens) in one float64 vector on the step's
+device. Adding a batch launches a few small kernels and never reads a value on the host (no GPU sync inside a
+step); the vector is all-reduced across ranks and copied to the host only when the loop logs (every `log_every`
+steps), which is also one collective per log instead of one per step.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+FIELDS = ("mlm_loss_sum", "mlm_correct", "mlm_count", "nsp_loss_sum", "nsp_correct", "nsp_count",
+          "sequences", "tokens", "positions")  # positions: padded B x T, so padding = 1 - tokens / positions
+
+
+@dataclass
+class MetricSums:
+    """Additive statistics over any number of batches (and, after `all_reduce`, ranks)."""
+
+    values: torch.Tensor = field(default_factory=lambda: torch.zeros(len(FIELDS), dtype=torch.float64))
+
+    def add(self, out, batch: dict[str, torch.Tensor]) -> None:
+        """Accumulate one pre-training forward's output (`BertForPreTrainingOutput`) on its batch."""
+        mlm_count = out.mlm_count.detach().double()
+        nsp_count = out.nsp_count.detach().double()
+        device = mlm_count.device
+        # torch.full is a fill kernel on the device; torch.tensor(python_float, device=cuda) would be a host copy.
+        sequences = torch.full((), float(batch["input_ids"].shape[0]), dtype=torch.float64, device=device)
+        positions = torch.full((), float(batch["input_ids"].numel()), dtype=torch.float64, device=device)
+        update = torch.stack([
+            torch.nan_to_num(out.mlm_loss.detach().double()) * mlm_count,
+            out.mlm_correct.detach().double(), mlm_count,
+            out.nsp_loss.detach().double() * nsp_count, out.nsp_correct.detach().double(), nsp_count,
+            sequences, batch["attention_mask"].detach().sum().double(), positions,
+        ])
+        if self.values.device != device:
+            self.values = self.values.to(device)
+        self.values = self.values + update
+
+    def all_reduce(self) -> "MetricSums":
+        """Sum over the ranks of the default process group (a no-op without one), on the host. Every rank must
+        call it."""
+        values = self.values.clone()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            if torch.distributed.get_backend() == "nccl" and values.device.type != "cuda":
+                values = values.cuda()
+            torch.distributed.all_reduce(values)
+        return MetricSums(values.cpu())
+
+    def summary(self, prefix: str = "") -> dict[str, float]:
+        v = dict(zip(FIELDS, self.values.cpu().tolist()))
+        mlm_loss = v["mlm_loss_sum"] / v["mlm_count"] if v["mlm_count"] else math.nan
+        nsp_loss = v["nsp_loss_sum"] / v["nsp_count"] if v["nsp_count"] else math.nan
+        return {
+            f"{prefix}loss": mlm_loss + nsp_loss,
+            f"{prefix}mlm_loss": mlm_loss,
+            f"{prefix}nsp_loss": nsp_loss,
+            f"{prefix}mlm_accuracy": v["mlm_correct"] / v["mlm_count"] if v["mlm_count"] else math.nan,
+            f"{prefix}nsp_accuracy": v["nsp_correct"] / v["nsp_count"] if v["nsp_count"] else math.nan,
+        }
+
+    @property
+    def sequences(self) -> float:
+        return float(self.values[FIELDS.index("sequences")])
+
+    @property
+    def tokens(self) -> float:
+        """Real (unpadded) tokens."""
+        return float(self.values[FIELDS.index("tokens")])
+
+    @property
+    def positions(self) -> float:
+        """Padded positions (batch x width): what the model computed on."""
+        return float(self.values[FIELDS.index("positions")])
+
+    @property
+    def masked(self) -> float:
+        """Real masked-LM predictions (padded slots excluded)."""
+        return float(self.values[FIELDS.index("mlm_count")])

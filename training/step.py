@@ -1,0 +1,141 @@
+"""The optimisation steps, free of any launcher: pre-training (MLM + NSP, gradient accumulation) and fine-tuning.
+
+The Ray Train worker and `training.fit` call these once per optimizer step; tests call them on CPU with a tiny
+config and no process group. Nothing here knows about Ray, MLflow or storage.
+
+Loss weighting under accumulation: the MLM loss of the step is the mean over *all* masked tokens of the rank's
+micro-batches (each micro-batch's mean is weighted by its share of masked tokens), the NSP loss the mean over all
+its sequences. So accumulating k micro-batches gives the same gradient as one batch k times larger (up to float
+rounding), whatever the number of masks per row. Across ranks DDP averages, as usual.
+
+No host reads of device tensors inside a step: the MLM weights are computed as tensors on the device (the masked
+counts are data, reading them with int() would wait for the GPU every micro-batch), metrics accumulate into
+`MetricSums` on the device, and the gradient norm is returned as a tensor for the caller to read when it logs.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import nn
+
+from training.metrics import MetricSums
+
+MLM_IGNORE = -100
+
+
+def autocast(device_type: str, dtype: torch.dtype | None):
+    """bf16 autocast when `dtype` is given, else nothing (fp32)."""
+    return torch.autocast(device_type=device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def forward(model: nn.Module, batch: dict[str, torch.Tensor], autocast_dtype: torch.dtype | None = None):
+    """The pre-training forward on one collated batch, under autocast when `autocast_dtype` is given."""
+    with autocast(batch["input_ids"].device.type, autocast_dtype):
+        return model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            token_type_ids=batch["token_type_ids"],
+            masked_lm_positions=batch["masked_lm_positions"],
+            masked_lm_labels=batch["masked_lm_labels"],
+            next_sentence_label=batch["next_sentence_label"],
+        )
+
+
+def micro_weights(micro_batches: Sequence[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, list[float]]:
+    """(MLM weights as a device tensor, NSP weights as floats): each micro-batch's share of the step's masked
+    tokens and of its sequences. Sequence counts are shapes (known on the host); masked counts are data."""
+    mlm = torch.stack([(b["masked_lm_labels"] != MLM_IGNORE).sum() for b in micro_batches]).float()
+    nsp = [int(b["next_sentence_label"].shape[0]) for b in micro_batches]
+    total_nsp = sum(nsp)
+    return mlm / mlm.sum().clamp(min=1), [n / total_nsp for n in nsp]
+
+
+def apply_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler=None,
+                    max_grad_norm: float = 1.0) -> dict[str, float | torch.Tensor]:
+    """Clip (max_grad_norm <= 0: measure only), step, schedule. Returns the lr used and the pre-clip norm (a tensor).
+    Shared by pre-training and fine-tuning."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else math.inf)
+    lr = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    return {"learning_rate": lr, "grad_norm": grad_norm}
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: Sequence[dict[str, torch.Tensor]],
+    *,
+    scheduler=None,
+    max_grad_norm: float = 1.0,
+    autocast_dtype: torch.dtype | None = None,
+    sums: MetricSums | None = None,
+) -> dict[str, float | torch.Tensor]:
+    """One pre-training step: forward/backward over the micro-batches (DDP gradient sync only on the last), clip,
+    step, schedule. `sums`, when given, accumulates the micro-batches' metrics (on the device)."""
+    if not micro_batches:
+        raise ValueError("train_step needs at least one micro-batch")
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    no_sync = getattr(model, "no_sync", None)  # DDP: all-reduce gradients once, on the last micro-batch
+    w_mlm, w_nsp = micro_weights(micro_batches)
+    for i, batch in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        with (no_sync() if no_sync is not None and not last else contextlib.nullcontext()):
+            out = forward(model, batch, autocast_dtype)
+            # A micro-batch without masked tokens has mlm_loss NaN (0/0); it carries no MLM weight either.
+            loss = torch.nan_to_num(out.mlm_loss) * w_mlm[i] + out.nsp_loss * w_nsp[i]
+            loss.backward()
+        if sums is not None:
+            sums.add(out, batch)
+    return apply_gradients(model, optimizer, scheduler, max_grad_norm)
+
+
+def finetune_step(model: nn.Module, batch: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer,
+                  scheduler=None, max_grad_norm: float = 1.0,
+                  autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """One fine-tuning step on a head model whose output has `.loss` (the reference clips the norm at 1.0).
+    Returns the loss, detached, as a tensor (read it when logging)."""
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    with autocast(batch["input_ids"].device.type, autocast_dtype):
+        loss = model(**batch).loss
+    loss.backward()
+    apply_gradients(model, optimizer, scheduler, max_grad_norm)
+    return loss.detach()
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]],
+             autocast_dtype: torch.dtype | None = None) -> MetricSums:
+    """Metric sums over `batches` in eval mode (no dropout); the model's previous mode is restored.
+
+    Pass the unwrapped module, not DDP: ranks may hold different numbers of eval batches, and DDP's forward
+    can communicate. Reduce the returned sums across ranks once, after the loop.
+    """
+    was_training = model.training
+    model.eval()
+    sums = MetricSums()
+    try:
+        for batch in batches:
+            sums.add(forward(model, batch, autocast_dtype), batch)
+    finally:
+        model.train(was_training)
+    return sums
+
+
+def to_device(batch: dict, device: torch.device | str) -> dict[str, torch.Tensor]:
+    """numpy or torch arrays -> torch tensors on `device` (pinned and non-blocking on GPU, so the copy overlaps)."""
+    device = torch.device(device)
+    out = {}
+    for k, v in batch.items():
+        t = v if isinstance(v, torch.Tensor) else torch.from_numpy(v)
+        if device.type == "cuda" and not t.is_pinned():
+            t = t.pin_memory()
+        out[k] = t.to(device, non_blocking=True)
+    return out
