@@ -26,16 +26,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import re
 import socket
 from typing import ClassVar
 
-from pipeline.markers import Marker
+from pipeline.markers import Marker, write_marker
 from pipeline.readers import InputError, ReadOptions, Unit, detect_format, plan_units
-from pipeline.storage import (FileInfo, compression_of, filesystem_for, join, list_names, map_threads, open_atomic,
+from pipeline.storage import (FileInfo, compression_of, filesystem_for, join, map_threads, open_atomic,
                               write_bytes_atomic)
 
 log = logging.getLogger(__name__)
@@ -86,7 +85,7 @@ class PieceMarker(Marker):
     path: str
     file_key: str  # the input's key in document ids
     fmt: str
-    pieces: list[tuple[str, int, int]]
+    pieces: tuple[tuple[str, int, int], ...]
     decompressed_bytes: int
     largest_piece_bytes: int
     buffer_bytes: int
@@ -97,18 +96,6 @@ class PieceMarker(Marker):
     @property
     def key(self) -> str:
         return f"{self.index:05d}"
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> PieceMarker:
-        return cls.from_dict(json.loads(text))
-
-    @classmethod
-    def from_dict(cls, d: dict) -> PieceMarker:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**({k: v for k, v in d.items() if k in names} | {"pieces": [tuple(p) for p in d["pieces"]]}))
 
 
 def _decompressed_size(f: FileInfo, endpoint_url: str | None) -> int | None:
@@ -341,10 +328,10 @@ def pieces_step(task: PieceTask, ctx: PieceContext) -> PieceMarker:
                              "file, or pass --on-error skip.")
         bad[task.path] = "empty_file"
     marker = PieceMarker(
-        index=task.index, path=task.path, file_key=task.key, fmt=task.fmt, pieces=pieces, decompressed_bytes=pos,
+        index=task.index, path=task.path, file_key=task.key, fmt=task.fmt, pieces=tuple(pieces), decompressed_bytes=pos,
         largest_piece_bytes=max((e - s for _, s, e in pieces), default=0), buffer_bytes=buffer,
         rss_growth_bytes=None if rss0 is None else rss_peak - rss0, bad_files=bad, worker=worker_id())
-    write_bytes_atomic(ctx.url(f"{marker.key}.done.json"), marker.to_json().encode(), ctx.endpoint_url)
+    write_marker(ctx.work, marker, ctx.endpoint_url)
     return marker
 
 

@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
 from collections import Counter, defaultdict
 from typing import ClassVar
 
-from pipeline.markers import Marker
+from pipeline.markers import Marker, write_marker
 from pipeline.pieces import worker_id
 from pipeline.readers import ReadOptions, ReadReport, Unit, read_unit
 from pipeline.rng import derive_seed
-from pipeline.storage import join, write_bytes_atomic
+from pipeline.storage import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +70,6 @@ class VocabMarker(Marker):
     @property
     def key(self) -> str:
         return "vocab"
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> VocabMarker:
-        d = json.loads(text)
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
 def _blocks(units: list[Unit], sizes: dict[str, int], unit_bytes: int) -> list[tuple[str, int, int, list[Unit]]]:
@@ -149,8 +140,7 @@ def vocab_step(task: VocabTask, ctx: VocabContext) -> VocabMarker:
     marker = VocabMarker(task.output, hashlib.sha256(data).hexdigest(), len(tokens), len(task.blocks),
                          task.sampled_bytes, count, dropped, worker_id())
     if ctx.work is not None:
-        write_bytes_atomic(join(ctx.work, marker.stage, marker.key + ".done.json"), marker.to_json().encode(),
-                           ctx.endpoint_url)
+        write_marker(ctx.work, marker, ctx.endpoint_url)
     return marker
 
 
