@@ -2,10 +2,12 @@
 
 `linear_cross_entropy(h, weight, bias, labels)` equals
 `F.cross_entropy(F.linear(h, weight, bias), labels, ignore_index=-100, reduction="sum")` and also returns how many
-rows the model gets right and how many rows count (label != -100), for accuracy. Rows are processed in chunks whose logits stay small (cache- and allocator-friendly:
-a large fresh buffer costs page faults on every step on CPU); the gradients w.r.t. h, weight and bias are computed
-in the same pass (softmax - one_hot is available right there) and only scaled in backward. This is the approach of
-Liger-Kernel's fused linear cross-entropy, in plain torch ops. It runs only when gradients are needed.
+rows the model gets right and how many rows count (label != -100), for accuracy. Rows are processed in chunks whose
+logits stay small (cache- and allocator-friendly: a large fresh buffer costs page faults on every step on CPU); the
+gradients w.r.t. h, weight and bias are computed in the same pass (softmax - one_hot is available right there) and
+only scaled in backward. This is the approach of Liger-Kernel's fused linear cross-entropy, in plain torch ops. It
+runs only when gradients are needed, and only on a CPU running eagerly (`BertForPreTraining.mlm_head`): it reads
+one flag on the host and loops in Python, which GPUs and `torch.compile` pay for (one GEMM + cross-entropy there).
 """
 from __future__ import annotations
 
