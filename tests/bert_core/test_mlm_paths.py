@@ -284,3 +284,22 @@ def test_compiled_once_on_cuda_with_inductor():
         assert out.mlm_count.item() == sum(n_valid)
         assert abs(out.loss.item() - ref.loss.item()) < 2e-2 * max(1.0, ref.loss.item())
     assert counter.frame_count == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_forward_never_waits_for_the_host():
+    """No .item(), no boolean indexing, no host-side checks of device values in the forward: CUDA's sync debug
+    mode turns any device-to-host synchronisation into an error. (Backward kernels are torch's own.)"""
+    torch.manual_seed(0)
+    m = BertForPreTraining(cfg(dropout=0.1)).train().cuda()
+    data = batch([6, 2, 0, 4], device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = m(**data)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    out.loss.backward()
+    assert out.mlm_count.item() == 12 and torch.isfinite(out.loss).item()
