@@ -10,7 +10,11 @@ BertForPreTraining does, projects every position onto the vocabulary.
     python benchmarks/gpu_step.py                               # BERT-base: seq 128 x 256 (20 masked), 512 x 32 (76-80)
     python benchmarks/gpu_step.py --mode max-autotune           # or reduce-overhead (CUDA graphs)
     python benchmarks/gpu_step.py --profile /tmp/gpu_prof       # + a torch.profiler trace and top-kernel table each
+    python benchmarks/gpu_step.py --shapes 512x32x76-80 --variants bert_core,bert_core_compiled   # a subset
     python benchmarks/gpu_step.py --device cpu --preset bert_tiny --steps 3    # the same logic on a CPU
+
+Each compiled variant compiles once per shape (BERT-base: ~1.5 min each on an H100 with torch 2.11); under a
+time limit per command, run one shape per command.
 
 Prints a table per shape, `seq=T speedup_vs_transformers_compiled=X.XX` per shape, and last the smallest of those
 as `speedup_vs_transformers_compiled=X.XX`.
