@@ -227,7 +227,6 @@ def run_variant(variant: str, cfg, hf_weights, batches: list[dict], args, tag: s
         final_loss=float(loss))
     if args.profile is not None:
         profile(step, batches, args, f"{variant}_{tag}")
-    del model, opt, params, loss_of
     return result
 
 
