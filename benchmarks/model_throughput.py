@@ -8,6 +8,7 @@ warm-up, so drifting machine load hits both; the median round decides.
 
     python benchmarks/model_throughput.py                      # bert_mini, batch 32, seq 128, 15% masked, fp32
     python benchmarks/model_throughput.py --compile            # also torch.compile our model
+    python benchmarks/model_throughput.py --max-predictions 20 --mlm-slots static   # padded slots, static path
 
 The last line printed is `speedup_vs_transformers=X.XX`.
 """
@@ -34,11 +35,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--mask-prob", type=float, default=0.15)
+    p.add_argument("--max-predictions", type=int, default=None,
+                   help="P, the padded number of masked slots per row (default: exactly the masked count, no padding)")
+    p.add_argument("--mlm-slots", choices=("auto", "static", "valid"), default="auto",
+                   help="bert_core's MLM slots: all P slots (static shapes) or only the valid ones (auto: by device)")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--steps-per-round", type=int, default=2)
     p.add_argument("--warmup-steps", type=int, default=1)
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0 = torch's default)")
-    p.add_argument("--compile", action="store_true", help="torch.compile bert_core's encoder (not the HF model)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile bert_core's whole model as one graph (not the HF model); compiled, it takes "
+                        "the static MLM slots and the one-GEMM head")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -54,6 +61,10 @@ def make_batch(args: argparse.Namespace, gen: torch.Generator) -> dict[str, torc
     labels = torch.randint(1000, args.vocab_size, (b, n_pred), generator=gen)
     dense_labels = torch.full((b, t), -100, dtype=torch.long)
     dense_labels.scatter_(1, positions, labels)
+    pad = (args.max_predictions or n_pred) - n_pred
+    if pad > 0:  # as pipeline/batching.py collates: position 0, label -100
+        positions = torch.cat([positions, torch.zeros(b, pad, dtype=torch.long)], dim=1)
+        labels = torch.cat([labels, torch.full((b, pad), -100, dtype=torch.long)], dim=1)
     return dict(input_ids=ids, attention_mask=torch.ones(b, t, dtype=torch.long), token_type_ids=types,
                 masked_lm_positions=positions, masked_lm_labels=labels, labels=dense_labels,
                 next_sentence_label=torch.randint(0, 2, (b,), generator=gen))
@@ -97,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     cfg = bert_core.PRESETS[args.preset](vocab_size=args.vocab_size, max_position_embeddings=max(512, args.seq_len))
     ours = bert_core.BertForPreTraining(cfg).train()
+    ours.static_mlm = {"auto": None, "static": True, "valid": False}[args.mlm_slots]
     hf_cfg = transformers.BertConfig(**{k: v for k, v in cfg.to_dict().items()
                                         if k not in ("architectures", "id2label", "label2id")})
     theirs = transformers.BertForPreTraining(hf_cfg).train()
@@ -104,13 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     theirs.load_state_dict(bert_core.hf.to_hf_state_dict(ours.state_dict()), strict=False)
     runner = ours
     if args.compile:
-        ours.bert = torch.compile(ours.bert)
-    opt_ours = bert_core.build_optimizer(runner, "adamw", lr=1e-4)
+        runner = torch.compile(ours, fullgraph=True)
+    opt_ours = bert_core.build_optimizer(ours, "adamw", lr=1e-4)
     opt_hf = bert_core.build_optimizer(theirs, "adamw", lr=1e-4)
     batch = make_batch(args, torch.Generator().manual_seed(args.seed))
 
+    n_masked = int((batch["masked_lm_labels"] != -100).sum(1).float().mean())
     print(f"# {args.preset} (L={cfg.num_hidden_layers} H={cfg.hidden_size} V={cfg.vocab_size}), batch "
-          f"{args.batch_size} x seq {args.seq_len}, {batch['masked_lm_positions'].shape[1]} masked/seq, fp32, "
+          f"{args.batch_size} x seq {args.seq_len}, {batch['masked_lm_positions'].shape[1]} slots/seq "
+          f"({n_masked} masked), MLM slots {args.mlm_slots}, fp32, "
           f"torch {torch.__version__} ({torch.get_num_threads()} threads), transformers {transformers.__version__}, "
           f"{platform.machine()} {os.cpu_count()} CPUs{' , compiled' if args.compile else ''}")
     for _ in range(args.warmup_steps):

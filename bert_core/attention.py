@@ -32,14 +32,14 @@ class BertSelfAttention(nn.Module):
         b, t, h = hidden_states.shape
         dropout_p = self.dropout_p if self.training else 0.0
         if queries is None:
-            # (B, T, 3, heads, d) -> three (B, heads, T, d) views; SDPA takes the strided views without a copy.
-            q, k, v = self.qkv(hidden_states).view(b, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4) \
-                .unbind(0)
+            q, k, v = self.qkv(hidden_states).split(h, dim=-1)
         else:
             w, bias = self.qkv.weight, self.qkv.bias
-            q = F.linear(queries, w[:h], bias[:h]).view(b, -1, self.num_heads, self.head_dim).transpose(1, 2)
-            k, v = F.linear(hidden_states, w[h:], bias[h:]).view(b, t, 2, self.num_heads, self.head_dim) \
-                .permute(2, 0, 3, 1, 4).unbind(0)
+            q = F.linear(queries, w[:h], bias[:h])
+            k, v = F.linear(hidden_states, w[h:], bias[h:]).split(h, dim=-1)
+        # Views, not copies: (B, T, H) slices of the fused output -> (B, heads, T, d) with strides SDPA accepts.
+        # Their gradients meet again in split's backward (one cat), where unbind/permute cost a stack and a copy.
+        q, k, v = [x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2) for x in (q, k, v)]
         out = attention(q, k, v, attn_mask, dropout_p)
         return out.transpose(1, 2).reshape(b, -1, h)
 

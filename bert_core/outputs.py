@@ -27,10 +27,11 @@ class BertModelOutput(_Output):
 
 @dataclass
 class BertForPreTrainingOutput(_Output):
-    """`mlm_logits` is (N_valid, V) when masked positions were given (rows in the order of the valid slots, batch
-    major), else (B, T, V); it is None when the fused training loss ran (gradients on, labels given), which never
-    keeps the logits. The *_correct / *_count tensors let a trainer aggregate accuracy exactly over batches
-    and ranks (sum both, divide once); the *_accuracy floats are this batch's ratio."""
+    """`mlm_logits`, when masked positions were given: (B, P, V) on the static path (every slot; padding slots'
+    rows are meaningless) or (N_valid, V) on the valid-only path (rows in the order of the valid slots, batch
+    major); without positions (B, T, V). It is None when the chunked training loss ran (CPU, gradients on, labels
+    given), which never keeps the logits. The *_correct / *_count tensors let a trainer aggregate accuracy exactly
+    over batches and ranks (sum both, divide once); the *_accuracy floats are this batch's ratio."""
 
     loss: torch.Tensor | None = None
     mlm_loss: torch.Tensor | None = None

@@ -2,10 +2,20 @@
 
 Called with `masked_lm_positions` (B, P) / `masked_lm_labels` (B, P, -100 in padding slots), as our dataset stores
 them, only what pre-training reads is computed:
-- the last encoder layer runs its queries and feed-forward only at [CLS] and the masked slots (keys and values
-  still span the whole sequence), so those rows are exact and ~85% of that layer's work is skipped;
-- the MLM transform and the vocabulary projection run only at the valid masked positions (never B x T x V);
-- while training, the MLM loss uses the chunked fused linear + cross-entropy of `fused_ce.py`.
+- the last encoder layer runs its queries and feed-forward only at [CLS] and the P slots (keys and values still
+  span the whole sequence), so those rows are exact and ~85% of that layer's work is skipped;
+- the MLM transform and the vocabulary projection run only at the masked slots (never B x T x V).
+
+Two choices, each made per call from the device (and overridable, so CPU tests can run either path):
+- which slots (`static_mlm`): *static* keeps all B*P slots and lets cross-entropy skip label -100: every shape is
+  fixed by (B, T, P), there is no host read, and `torch.compile` compiles once whatever the number of masked tokens
+  (CUDA, or anything being compiled). *Valid-only* drops padding slots with boolean indexing (a data-dependent
+  shape): on a CPU running eagerly it skips the head's work on padding (chosen by measuring, see
+  benchmarks/model_throughput.py --mlm-slots).
+- how the head computes the loss (`mlm_head`): *chunked* is the fused linear + cross-entropy of `fused_ce.py`, tuned
+  for CPU (small logits buffers, gradients in the same pass); *gemm* is one GEMM over the slots in the activations'
+  dtype (bf16 under autocast) plus `F.cross_entropy`, which GPUs and Inductor handle best. "auto" = chunked on a CPU
+  running eagerly while gradients are needed, gemm otherwise.
 Without positions it returns logits for every position (what HF returns; used for parity checks), and
 `masked_lm_labels` may then be HF-style (B, T) labels.
 """
@@ -15,18 +25,26 @@ import torch
 import torch.nn.functional as F
 
 from .config import BertConfig
-from .heads import BertPreTrainingHeads
 from .fused_ce import linear_cross_entropy
-from .losses import accuracy_counts, mean_cross_entropy, valid_slots
+from .heads import BertPreTrainingHeads
+from .losses import IGNORE_INDEX, accuracy_counts, mean_cross_entropy, valid_slots
 from .model import BertModel
 from .outputs import BertForPreTrainingOutput
 from .pretrained import BertPreTrainedModel, _no_init
 
+MLM_HEADS = ("auto", "chunked", "gemm")
+
+
+def cpu_eager(device: torch.device) -> bool:
+    """True where the CPU-tuned pieces win: a CPU tensor outside `torch.compile` tracing."""
+    return device.type == "cpu" and not torch.compiler.is_compiling()
+
 
 class BertForPreTraining(BertPreTrainedModel):
-    # With masked positions and gradients on, compute the MLM loss with the chunked fused linear+CE (mlm_logits is
-    # then None: the (N, V) logits are never kept). Set False to get mlm_logits while training.
-    fused_mlm_loss: bool = True
+    # None = by device (static unless a CPU runs eagerly); True/False force it. See the module docstring.
+    static_mlm: bool | None = None
+    # "auto" | "chunked" | "gemm". Chunked never keeps the (N, V) logits: mlm_logits is then None.
+    mlm_head: str = "auto"
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__(config)
@@ -40,6 +58,9 @@ class BertForPreTraining(BertPreTrainedModel):
         """The MLM decoder shares the word-embedding matrix (same Parameter, same storage), as in the paper."""
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
 
+    def uses_static_mlm(self, device: torch.device) -> bool:
+        return self.static_mlm if self.static_mlm is not None else not cpu_eager(device)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -49,6 +70,9 @@ class BertForPreTraining(BertPreTrainedModel):
         masked_lm_labels: torch.Tensor | None = None,
         next_sentence_label: torch.Tensor | None = None,
     ) -> BertForPreTrainingOutput:
+        if self.mlm_head not in MLM_HEADS:
+            raise ValueError(f"mlm_head must be one of {MLM_HEADS}, got {self.mlm_head!r}")
+        static = False
         if masked_lm_positions is None:
             # Every position (HF's behaviour): for parity checks and HF-style (B, T) labels.
             out = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
@@ -59,27 +83,36 @@ class BertForPreTraining(BertPreTrainedModel):
             cls_position = torch.zeros_like(slots[:, :1])
             out = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                             output_positions=torch.cat([cls_position, slots], dim=1))
-            # Row 0 is [CLS] (already pooled), rows 1.. the P slots; keep the valid ones, batch-major.
-            rows = out.last_hidden_state[:, 1:][valid]
-            labels = masked_lm_labels[valid] if masked_lm_labels is not None else None
-            pooled = out.pooler_output
+            # Row 0 is [CLS] (already pooled), rows 1.. the P slots, batch-major.
+            slot_rows, pooled = out.last_hidden_state[:, 1:], out.pooler_output
+            static = self.uses_static_mlm(input_ids.device)
+            if static:  # all B*P slots; padding carries label -100, which cross-entropy and the counts skip
+                rows = slot_rows.reshape(-1, slot_rows.shape[-1])
+                labels = (torch.where(valid, masked_lm_labels, IGNORE_INDEX).reshape(-1)
+                          if masked_lm_labels is not None else None)
+            else:
+                rows = slot_rows[valid]
+                labels = masked_lm_labels[valid] if masked_lm_labels is not None else None
         nsp_logits = self.cls.seq_relationship(pooled)
         result = BertForPreTrainingOutput(nsp_logits=nsp_logits)
 
         head = self.cls.predictions
         hidden = head.transform(rows)
-        if (labels is not None and masked_lm_positions is not None and self.fused_mlm_loss
+        chunked = self.mlm_head == "chunked" or (self.mlm_head == "auto" and cpu_eager(hidden.device))
+        if (labels is not None and masked_lm_positions is not None and chunked
                 and torch.is_grad_enabled() and hidden.requires_grad):
-            # Training: loss and gradients chunk by chunk, no (N, V) logits kept (see fused_ce.py).
-            loss_sum, correct = linear_cross_entropy(hidden, head.decoder.weight, head.bias, labels)
-            count = labels.new_tensor(labels.numel())
+            # Training on CPU: loss and gradients chunk by chunk, no (N, V) logits kept (see fused_ce.py).
+            loss_sum, correct, count = linear_cross_entropy(hidden, head.decoder.weight, head.bias, labels)
             result.mlm_loss = loss_sum / count.clamp(min=1)
             result.mlm_correct, result.mlm_count = correct, count
         else:
-            result.mlm_logits = F.linear(hidden, head.decoder.weight, head.bias)
+            # One GEMM over the slots in the activations' dtype (bf16 under autocast, no fp32 matmul);
+            # cross-entropy upcasts the logits itself.
+            logits = F.linear(hidden, head.decoder.weight, head.bias)
             if labels is not None:
-                result.mlm_loss = mean_cross_entropy(result.mlm_logits, labels)
-                result.mlm_correct, result.mlm_count = accuracy_counts(result.mlm_logits, labels)
+                result.mlm_loss = mean_cross_entropy(logits, labels)
+                result.mlm_correct, result.mlm_count = accuracy_counts(logits, labels)
+            result.mlm_logits = logits.view(*masked_lm_positions.shape, -1) if static else logits
         losses = []
         if result.mlm_loss is not None:
             result.mlm_accuracy = result.mlm_correct / result.mlm_count.clamp(min=1)

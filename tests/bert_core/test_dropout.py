@@ -87,3 +87,12 @@ def test_dropout_attention_averages_to_sdpa_and_gradients_flow():
     assert torch.allclose(mean, exact, atol=0.06)
     mean.sum().backward()
     assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_off_cpu_dropout_and_attention_use_torch_kernels():
+    """The PCG64 mask is CPU-only: on another device (meta here, CUDA in use) dropout and the dropout attention go
+    to torch's own kernels (the CPU mask multiplied into a meta tensor would raise)."""
+    x = torch.empty(4, 8, device="meta")
+    assert dropout(x, 0.1).device.type == "meta"
+    q = torch.empty(2, 2, 5, 4, device="meta")
+    assert attention(q, q, q, None, 0.1).shape == (2, 2, 5, 4)

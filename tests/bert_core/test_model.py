@@ -134,7 +134,7 @@ def test_sparse_mlm_loss_equals_dense_loss(fused):
     in value and in every parameter's gradient: it is an exact computation, not an approximation."""
     torch.manual_seed(0)
     m = BertForPreTraining(cfg()).eval()
-    m.fused_mlm_loss = fused
+    m.mlm_head = "chunked" if fused else "gemm"
     ids, positions, labels, nsp = _pt_batch()
     dense_labels = _dense_labels(ids, positions, labels)
     sparse = m(ids, masked_lm_positions=positions, masked_lm_labels=labels, next_sentence_label=nsp)

@@ -1,0 +1,297 @@
+"""The pre-training step on a GPU: bert_core vs transformers BertForPreTraining, eager and compiled, same batches.
+
+One process, one device. For each shape every variant gets the same initial weights and the same batches, and runs
+the full step: bf16 autocast forward, backward, gradient clipping, fused AdamW. Throughput counts only the timed
+steps; the first step (compilation) and the warm-up steps are printed separately. MFU counts useful FLOPs
+(`bert_core.flops`: the MLM head at the masked positions only, whatever a library computes) against the device's
+dense bf16 peak (detected from its name, or --peak-tflops). transformers runs with SDPA attention and, as HF's
+BertForPreTraining does, projects every position onto the vocabulary.
+
+    python benchmarks/gpu_step.py                               # BERT-base: seq 128 x 256 (20 masked), 512 x 32 (76-80)
+    python benchmarks/gpu_step.py --mode max-autotune           # or reduce-overhead (CUDA graphs)
+    python benchmarks/gpu_step.py --profile /tmp/gpu_prof       # + a torch.profiler trace and top-kernel table each
+    python benchmarks/gpu_step.py --shapes 512x32x76-80 --variants bert_core,bert_core_compiled   # a subset
+    python benchmarks/gpu_step.py --device cpu --preset bert_tiny --steps 3    # the same logic on a CPU
+
+Each compiled variant compiles once per shape (BERT-base: ~1.5 min each on an H100 with torch 2.11); under a
+time limit per command, run one shape per command.
+
+Prints a table per shape, `seq=T speedup_vs_transformers_compiled=X.XX` per shape, and last the smallest of those
+as `speedup_vs_transformers_compiled=X.XX`.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+import bert_core  # noqa: E402
+from bert_core.hf import to_hf_state_dict  # noqa: E402
+
+VARIANTS = ("bert_core", "bert_core_compiled", "transformers", "transformers_compiled")
+# Dense bf16 peak (TFLOP/s, no sparsity) by device name, most specific first.
+PEAKS = (("H100 NVL", 835.0), ("H100 PCIE", 756.0), ("H100", 989.0), ("H200", 989.0), ("H800", 989.0),
+         ("B200", 2250.0), ("A100", 312.0), ("L40S", 362.0), ("A10G", 70.0))
+
+
+@dataclass(frozen=True)
+class Shape:
+    seq_len: int
+    batch_size: int
+    min_masked: int
+    max_masked: int  # P: slots padded to this, as pipeline/batching.py pads to max_predictions_per_seq
+
+    @staticmethod
+    def parse(text: str) -> "Shape":
+        """"128x256x20" or "512x32x76-80": seq x batch x masked tokens per row (a range: drawn per row)."""
+        try:
+            seq, batch, masked = text.lower().split("x")
+            lo, _, hi = masked.partition("-")
+            shape = Shape(int(seq), int(batch), int(lo), int(hi or lo))
+        except ValueError:
+            raise ValueError(f"bad shape {text!r}: expected SEQxBATCHxMASKED, e.g. 128x256x20 or 512x32x76-80")
+        if not 1 <= shape.min_masked <= shape.max_masked <= shape.seq_len - 2:
+            raise ValueError(f"bad shape {text!r}: masked tokens must be within 1..seq_len-2")
+        return shape
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when available)")
+    p.add_argument("--preset", default="bert_base", choices=sorted(bert_core.PRESETS))
+    p.add_argument("--shapes", default=None,
+                   help="comma-separated SEQxBATCHxMASKED (default: 128x256x20,512x32x76-80 on CUDA, "
+                        "128x4x20,512x2x76-80 on CPU)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}")
+    p.add_argument("--steps", type=int, default=30, help="timed steps per variant")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed steps after the first (compiling) one (default: 3 on CUDA, 1 on CPU)")
+    p.add_argument("--batches", type=int, default=4, help="distinct batches, cycled")
+    p.add_argument("--mode", default="default", choices=("default", "max-autotune", "max-autotune-no-cudagraphs",
+                                                         "reduce-overhead"), help="torch.compile mode")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="autocast dtype (fp32: none)")
+    p.add_argument("--peak-tflops", type=float, default=None, help="dense peak for MFU (default: by device name)")
+    p.add_argument("--profile", type=Path, default=None, help="folder for torch.profiler traces and tables")
+    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    args.device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                               "cpu" if args.device == "auto" else args.device)
+    cuda = args.device.type == "cuda"
+    default = "128x256x20,512x32x76-80" if cuda else "128x4x20,512x2x76-80"
+    args.warmup = args.warmup if args.warmup is not None else 3 if cuda else 1
+    args.shapes = [Shape.parse(s) for s in (args.shapes or default).split(",")]
+    args.variants = [v.strip() for v in args.variants.split(",")]
+    unknown = set(args.variants) - set(VARIANTS)
+    if unknown:
+        p.error(f"unknown variants {sorted(unknown)}; choose from {VARIANTS}")
+    return args
+
+
+def peak_tflops(args: argparse.Namespace) -> float | None:
+    if args.peak_tflops is not None:
+        return args.peak_tflops
+    if args.device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(args.device).upper()
+    return next((peak for key, peak in PEAKS if key in name), None)
+
+
+def make_batches(shape: Shape, vocab_size: int, n: int, device: torch.device, gen: torch.Generator) -> list[dict]:
+    """Full-length synthetic batches; masked slots sorted, padded with position 0 / label -100; HF's (B, T) labels
+    carry the same targets."""
+    b, t, p = shape.batch_size, shape.seq_len, shape.max_masked
+    batches = []
+    for _ in range(n):
+        ids = torch.randint(1000, vocab_size, (b, t), generator=gen)
+        n_masked = torch.randint(shape.min_masked, shape.max_masked + 1, (b,), generator=gen)
+        positions = torch.stack([torch.randperm(t - 2, generator=gen)[:p].sort().values + 1 for _ in range(b)])
+        labels = torch.randint(1000, vocab_size, (b, p), generator=gen)
+        pad = torch.arange(p) >= n_masked[:, None]
+        positions[pad], labels[pad] = 0, -100
+        dense = torch.full((b, t), -100, dtype=torch.long)
+        dense.scatter_(1, positions, labels)
+        dense[:, 0] = -100  # position 0 only ever holds padding slots ([CLS] is never masked)
+        batch = dict(input_ids=ids, attention_mask=torch.ones(b, t, dtype=torch.long),
+                     token_type_ids=(torch.arange(t) >= t // 2).long().expand(b, t).contiguous(),
+                     masked_lm_positions=positions, masked_lm_labels=labels, labels=dense,
+                     next_sentence_label=torch.randint(0, 2, (b,), generator=gen))
+        batches.append({k: v.to(device) for k, v in batch.items()})
+    return batches
+
+
+def build(variant: str, cfg: bert_core.BertConfig, hf_weights: dict, args: argparse.Namespace):
+    """(model, callable batch -> loss). Every variant starts from the same weights."""
+    if variant.startswith("bert_core"):
+        model = bert_core.BertForPreTraining(cfg)
+        model.load_state_dict(bert_core.hf.from_hf_state_dict(hf_weights, with_prefix=True), strict=False)
+        model.tie_weights()
+
+        def loss_fn(m, b):
+            return m(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                     token_type_ids=b["token_type_ids"], masked_lm_positions=b["masked_lm_positions"],
+                     masked_lm_labels=b["masked_lm_labels"], next_sentence_label=b["next_sentence_label"]).loss
+    else:
+        import transformers
+
+        hf_cfg = transformers.BertConfig(**{k: v for k, v in cfg.to_dict().items()
+                                            if k not in ("architectures", "id2label", "label2id")},
+                                         attn_implementation="sdpa")
+        model = transformers.BertForPreTraining(hf_cfg)
+        model.load_state_dict(hf_weights, strict=False)
+        model.tie_weights()
+
+        def loss_fn(m, b):
+            return m(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                     token_type_ids=b["token_type_ids"], labels=b["labels"],
+                     next_sentence_label=b["next_sentence_label"]).loss
+    model = model.to(args.device).train()
+    runner = model
+    if variant.endswith("_compiled"):
+        # dynamic=False: each shape is its own static graph; fullgraph for ours (a break would be a bug).
+        runner = torch.compile(model, mode=None if args.mode == "default" else args.mode, dynamic=False,
+                               fullgraph=variant.startswith("bert_core"))
+    return model, lambda b: loss_fn(runner, b)
+
+
+@dataclass
+class Result:
+    seq_per_s: float
+    first_step_s: float
+    warmup_s: float
+    peak_mem_gib: float | None
+    graphs: int
+    recompiled: int
+    final_loss: float
+
+
+def run_variant(variant: str, cfg, hf_weights, batches: list[dict], args, tag: str) -> Result:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    gc.collect()
+    cuda = args.device.type == "cuda"
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(args.device)
+    model, loss_of = build(variant, cfg, hf_weights, args)
+    opt = bert_core.build_optimizer(model, "adamw", lr=1e-4)  # fused AdamW, BERT's decay groups
+    params = [p for p in model.parameters() if p.requires_grad]
+    dtype = torch.bfloat16 if args.dtype == "bf16" else None
+    graphs = args.mode == "reduce-overhead" and variant.endswith("_compiled")
+
+    def step(batch):
+        if graphs:  # CUDA graphs reuse output buffers: tell them a new iteration starts
+            torch.compiler.cudagraph_mark_step_begin()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(args.device.type, dtype=dtype, enabled=dtype is not None):
+            loss = loss_of(batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+        opt.step()
+        return loss.detach().clone()
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(args.device)
+
+    start = time.perf_counter()
+    step(batches[0])
+    sync()
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    for i in range(args.warmup):
+        step(batches[(i + 1) % len(batches)])
+    sync()
+    warmup = time.perf_counter() - start
+    graphs_before = counters["stats"]["unique_graphs"]
+    start = time.perf_counter()
+    for i in range(args.steps):
+        loss = step(batches[i % len(batches)])
+    sync()
+    elapsed = time.perf_counter() - start
+    result = Result(
+        seq_per_s=args.steps * batches[0]["input_ids"].shape[0] / elapsed, first_step_s=first, warmup_s=warmup,
+        peak_mem_gib=torch.cuda.max_memory_allocated(args.device) / 2**30 if cuda else None,
+        graphs=graphs_before, recompiled=counters["stats"]["unique_graphs"] - graphs_before,
+        final_loss=float(loss))
+    if args.profile is not None:
+        profile(step, batches, args, f"{variant}_{tag}")
+    return result
+
+
+def profile(step, batches, args, name: str) -> None:
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    args.profile.mkdir(parents=True, exist_ok=True)
+    cuda = args.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch_profile(activities=activities, record_shapes=True) as prof:
+        for i in range(3):
+            step(batches[i % len(batches)])
+        if cuda:
+            torch.cuda.synchronize(args.device)
+    prof.export_chrome_trace(str(args.profile / f"{name}.json"))
+    sort = "self_device_time_total" if cuda else "self_cpu_time_total"
+    (args.profile / f"{name}.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import transformers
+
+    torch.set_float32_matmul_precision("high")  # any fp32 matmul left may use TF32 (none should be, under bf16)
+    cfg = bert_core.PRESETS[args.preset](max_position_embeddings=max(512, max(s.seq_len for s in args.shapes)))
+    peak = peak_tflops(args)
+    name = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else f"CPU x{os.cpu_count()}"
+    print(f"# {args.preset} (L={cfg.num_hidden_layers} H={cfg.hidden_size} V={cfg.vocab_size}) on {name}, "
+          f"{args.dtype} autocast, fused AdamW, compile mode {args.mode}, torch {torch.__version__}, "
+          f"transformers {transformers.__version__}, peak {peak or 'unknown (pass --peak-tflops)'} TFLOP/s, "
+          f"{args.steps} timed steps after 1 + {args.warmup} warm-up")
+    torch.manual_seed(args.seed)
+    hf_weights = to_hf_state_dict(bert_core.BertForPreTraining(cfg).state_dict())
+    speedups = []
+    for shape in args.shapes:
+        gen = torch.Generator().manual_seed(args.seed)
+        batches = make_batches(shape, cfg.vocab_size, args.batches, args.device, gen)
+        masked = torch.stack([(b["masked_lm_labels"] != -100).float().mean(0).sum() for b in batches]).mean().item()
+        flops = bert_core.flops_per_sequence(cfg, shape.seq_len, num_masked=masked)
+        tag = f"seq{shape.seq_len}"
+        print(f"\n## seq {shape.seq_len}, batch {shape.batch_size}, {masked:.1f} masked/row (slots padded to "
+              f"{shape.max_masked}), {flops / 1e9:.1f} GFLOP/seq")
+        print(f"{'variant':<24}{'seq/s':>10}{'MFU':>8}{'peak GiB':>10}{'1st step s':>12}{'warm-up s':>11}"
+              f"{'graphs':>8}{'recomp':>8}{'loss':>9}")
+        results = {}
+        for variant in args.variants:
+            r = results[variant] = run_variant(variant, cfg, hf_weights, batches, args, tag)
+            mfu = f"{flops * r.seq_per_s / (peak * 1e12):.1%}" if peak else "n/a"
+            mem = f"{r.peak_mem_gib:.1f}" if r.peak_mem_gib is not None else "n/a"
+            print(f"{variant:<24}{r.seq_per_s:>10.1f}{mfu:>8}{mem:>10}{r.first_step_s:>12.1f}{r.warmup_s:>11.1f}"
+                  f"{r.graphs:>8}{r.recompiled:>8}{r.final_loss:>9.3f}", flush=True)
+        if args.device.type == "cpu":
+            print(f"(CPU: peak memory not tracked per variant; process max RSS "
+                  f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GiB)")
+        for ours, theirs in (("bert_core", "transformers"), ("bert_core_compiled", "transformers_compiled"),
+                             ("bert_core_compiled", "bert_core")):
+            if ours in results and theirs in results:
+                print(f"{tag} {ours}/{theirs}={results[ours].seq_per_s / results[theirs].seq_per_s:.2f}")
+        if "bert_core_compiled" in results and "transformers_compiled" in results:
+            speedups.append(results["bert_core_compiled"].seq_per_s / results["transformers_compiled"].seq_per_s)
+            print(f"seq={shape.seq_len} speedup_vs_transformers_compiled={speedups[-1]:.2f}")
+    if speedups:
+        print(f"speedup_vs_transformers_compiled={min(speedups):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
