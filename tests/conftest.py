@@ -162,12 +162,12 @@ def tiny_pretrain_data(tmp_path_factory) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def varied_pretrain_data(tmp_path_factory) -> str:
-    """A real build whose rows vary in length (half the pairs with a short target length), so batches land in
-    several length buckets (tiny_pretrain_data's rows are all 64 tokens). Built with --no-ray."""
+    """A real build whose rows vary in length (30 chapters, half the document passes with a short target length),
+    so batches land in several length buckets (tiny_pretrain_data's rows are all 64 tokens). Built with --no-ray."""
     from jobs import build_dataset
 
     root = tmp_path_factory.mktemp("varied-data")
-    rc = build_dataset.main(["--input", str(_chapters(root / "raw.jsonl.gz", 1, 5)), "--output", str(root / "train"),
+    rc = build_dataset.main(["--input", str(_chapters(root / "raw.jsonl.gz", 1, 31)), "--output", str(root / "train"),
                              "--vocab-size", "600", "--max-seq-length", "64", "--max-predictions-per-seq", "10",
                              "--short-seq-prob", "0.5", "--dupe-factor", "2", "--num-shards", "2", "--no-ray",
                              "--log-level", "WARNING"])

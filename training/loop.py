@@ -178,6 +178,10 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
         # dynamic=False: one graph per padded width (the loader's length buckets) instead of a symbolic-shape graph
         # that would still recompile on specialised sizes; the warm-up steps are kept out of throughput.
         model = torch.compile(model, dynamic=False, backend=rt.compile_backend)
+        # One graph per bucket and mode (train, and eval if the compiled module is ever evaluated): past Dynamo's
+        # cache limit (8) it would silently fall back to eager.
+        limit = torch._dynamo.config.cache_size_limit
+        torch._dynamo.config.cache_size_limit = max(limit, 2 * len(data.length_buckets))
         if rt.precompile_buckets:
             t0 = time.perf_counter()
             precompile(model, data, raw.config.vocab_size, device, autocast_dtype)

@@ -57,7 +57,6 @@ def widths_per_step(config: PretrainConfig) -> list[int]:
         batches.close()
 
 
-@pytest.mark.xfail(strict=True, reason="needs the static MLM head (tmodel)")
 def test_compiled_fit_stops_compiling_after_warmup(varied_pretrain_data):
     torch._dynamo.reset()
     config = config_for(varied_pretrain_data, compile_model=True)
