@@ -80,22 +80,24 @@ def test_the_driver_reads_no_corpus_bytes(ray_local, tmp_path, sample_dir, monke
 
 
 @pytest.mark.timeout(300)
-def test_two_raylet_cluster_equals_plain_loop(ray_shutdown, tmp_path, sample_dir):
+def test_two_raylet_cluster_of_16_cpus_equals_plain_loop(ray_shutdown, tmp_path, sample_dir):
+    """Two raylets of 8 logical CPUs each: 16 CPUs' worth of tasks in flight on several nodes (~30 units of
+    2 KiB), the same bytes as the plain loop."""
     import ray
     from ray.cluster_utils import Cluster
 
     from pipeline.ray_tasks import RayExecutor
 
-    corpus = _corpus(tmp_path / "c.jsonl")
+    corpus = _corpus(tmp_path / "c.jsonl", n_docs=160)
     build(_cfg(tmp_path, corpus, sample_dir, "plain"), LocalExecutor())
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    cluster.add_node(num_cpus=1)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 8, "include_dashboard": False})
+    cluster.add_node(num_cpus=8)
     try:
         # Attach, as a job submitted to a running cluster does: the executor must use the cluster, not start one.
         ray.init(address=cluster.address, log_to_driver=False)
         assert len([n for n in ray.nodes() if n["Alive"]]) == 2
         build(_cfg(tmp_path, corpus, sample_dir, "cluster"), RayExecutor())
-        assert int(ray.cluster_resources()["CPU"]) == 2
+        assert int(ray.cluster_resources()["CPU"]) == 16
     finally:
         ray.shutdown()
         cluster.shutdown()

@@ -23,14 +23,18 @@ class GraphCounter(NullTracker):
     """A tracker that also notes, at each logged step, how many graphs Dynamo has compiled so far."""
 
     def __init__(self) -> None:
+        from torch._dynamo.utils import counters
+
         super().__init__()
         self.graphs: dict[int, int] = {}
+        # Dynamo's counters are per process and torch._dynamo.reset() keeps them: count from here.
+        self._base = int(counters["stats"]["unique_graphs"])
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         from torch._dynamo.utils import counters
 
         super().log(metrics, step)
-        self.graphs[step] = int(counters["stats"]["unique_graphs"])
+        self.graphs[step] = int(counters["stats"]["unique_graphs"]) - self._base
 
 
 def config_for(data: str, compile_model: bool, steps: int = STEPS) -> PretrainConfig:
