@@ -119,10 +119,11 @@ def cpu_by_kind(root: int, cpu_ticks: dict[int, int], names: dict[int, str]) -> 
     return out
 
 
-def run(corpus: Path, cpus: int, dupe: int, out: Path, no_ray: bool) -> dict:
+def run(corpus: Path, cpus: int, dupe: int, out: Path, no_ray: bool, num_shards: int | None = None) -> dict:
     cmd = [sys.executable, str(REPO / "jobs" / "build_dataset.py"), "--input", str(corpus), "--output", str(out),
            "--vocab", str(VOCAB), "--dupe-factor", str(dupe), "--max-seq-length", "128", "--num-cpus", str(cpus),
-           "--log-level", "WARNING"] + (["--no-ray"] if no_ray else [])
+           "--log-level", "WARNING"] + (["--no-ray"] if no_ray else []) + (
+               ["--num-shards", str(num_shards)] if num_shards else [])
     env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_DATA_DISABLE_PROGRESS_BARS="1",
                TOKENIZERS_PARALLELISM="false")
     env.pop("RAY_ADDRESS", None)
@@ -230,6 +231,8 @@ def main() -> None:
     ap.add_argument("--cpus", default="1,2")
     ap.add_argument("--dupe-factor", type=int, default=5)
     ap.add_argument("--cpus-at-max-scale", default=None, help="CPU counts to run at the largest scale (default: --cpus)")
+    ap.add_argument("--shard-mb", type=float, default=None, help="one shard per this many MB of raw text (rows per "
+                    "shard held constant across scales, as a user sizes --num-shards); default: the job's 16 shards")
     ap.add_argument("--plain-loop", action="store_true", help="also time the plain loop (no Ray, 1 CPU) at the "
                     "smallest scale: the steps' own cost")
     args = ap.parse_args()
@@ -254,7 +257,8 @@ def main() -> None:
                 out = work / f"out-{scale}x-{c}cpu{'-plain' if no_ray else ''}"
                 for attempt in range(3):  # a loaded machine can time out Ray's start-up: retry that run
                     try:
-                        r = run(corpus, c, args.dupe_factor, out, no_ray)
+                        shards = max(1, round(mb / args.shard_mb)) if args.shard_mb else None
+                        r = run(corpus, c, args.dupe_factor, out, no_ray, shards)
                         break
                     except RuntimeError as e:
                         print(f"run failed (attempt {attempt + 1}): {str(e)[-400:]}", flush=True)
