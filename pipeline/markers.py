@@ -34,8 +34,8 @@ class Marker:
     stage: ClassVar[str] = ""
 
     @property
-    def key(self) -> str:
-        raise NotImplementedError
+    def key(self) -> str:  # each stage's marker names its own (a unit id, a shard index, ...)
+        raise TypeError(f"{type(self).__name__} must define key: the name of its marker file")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
