@@ -36,6 +36,7 @@ import torch  # noqa: E402
 
 import bert_core  # noqa: E402
 from bert_core.hf import to_hf_state_dict  # noqa: E402
+from training.optim import build_optimizer  # noqa: E402
 
 VARIANTS = ("bert_core", "bert_core_compiled", "transformers", "transformers_compiled")
 # Dense bf16 peak (TFLOP/s, no sparsity) by device name, most specific first.
@@ -185,7 +186,7 @@ def run_variant(variant: str, cfg, hf_weights, batches: list[dict], args, tag: s
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(args.device)
     model, loss_of = build(variant, cfg, hf_weights, args)
-    opt = bert_core.build_optimizer(model, "adamw", lr=1e-4)  # fused AdamW, BERT's decay groups
+    opt = build_optimizer(model, "adamw", lr=1e-4)  # fused AdamW, BERT's decay groups
     params = [p for p in model.parameters() if p.requires_grad]
     dtype = torch.bfloat16 if args.dtype == "bf16" else None
     graphs = args.mode == "reduce-overhead" and variant.endswith("_compiled")

@@ -26,6 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 import bert_core  # noqa: E402
+from training.optim import build_optimizer  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -117,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     runner = ours
     if args.compile:
         runner = torch.compile(ours, fullgraph=True)
-    opt_ours = bert_core.build_optimizer(ours, "adamw", lr=1e-4)
-    opt_hf = bert_core.build_optimizer(theirs, "adamw", lr=1e-4)
+    opt_ours = build_optimizer(ours, "adamw", lr=1e-4)
+    opt_hf = build_optimizer(theirs, "adamw", lr=1e-4)
     batch = make_batch(args, torch.Generator().manual_seed(args.seed))
 
     n_masked = int((batch["masked_lm_labels"] != -100).sum(1).float().mean())

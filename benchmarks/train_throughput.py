@@ -35,7 +35,8 @@ def main() -> int:
 
     import torch
 
-    from bert_core import PRESETS, BertForPreTraining, build_optimizer, build_scheduler
+    from bert_core import PRESETS, BertForPreTraining
+    from training.optim import build_optimizer, build_scheduler
     from training import MetricSums, to_device, train_step
     from pipeline.batching import Prefetcher, RankStream, Remasker, StreamConfig, read_shard
     from pipeline.schema import read_manifest, shard_urls

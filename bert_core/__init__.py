@@ -6,7 +6,6 @@ from .config import PRESETS, BertConfig, bert_base, bert_large, bert_medium, ber
 from .finetuning import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from .flops import flops_per_sequence, mfu
 from .model import BertModel, BertPooler
-from .optim import Lamb, build_optimizer, build_scheduler
 from .outputs import (BertForPreTrainingOutput, BertModelOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
                       TokenClassifierOutput)
 from .pretrained import BertPreTrainedModel
@@ -20,6 +19,6 @@ __all__ = [
     "BertEmbeddings", "BertSelfAttention", "BertLayer", "BertEncoder", "BertPooler", "BertModel",
     "BertPreTrainedModel", "BertForPreTraining", "BertForSequenceClassification", "BertForTokenClassification",
     "BertForQuestionAnswering", "BertModelOutput", "BertForPreTrainingOutput", "SequenceClassifierOutput",
-    "TokenClassifierOutput", "QuestionAnsweringOutput", "build_optimizer", "build_scheduler", "Lamb",
+    "TokenClassifierOutput", "QuestionAnsweringOutput",
     "flops_per_sequence", "mfu",
 ]

@@ -30,7 +30,7 @@ from torch import nn
 
 from bert_core.config import PRESETS, BertConfig
 from bert_core.finetuning import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
-from bert_core.optim import build_optimizer, build_scheduler
+from training.optim import build_optimizer, build_scheduler
 from pipeline.tasks.evaluation import MAIN_METRIC, score
 from pipeline.tasks.features import Features, collate
 from pipeline.tasks.prepare import PreparedTask

@@ -23,7 +23,8 @@ from typing import ContextManager, Protocol
 import torch
 from torch import nn
 
-from bert_core import BertForPreTraining, build_optimizer, build_scheduler
+from bert_core import BertForPreTraining
+from training.optim import build_optimizer, build_scheduler
 from pipeline.batching import seed_for
 from training import data as data_mod
 from training.checkpoint import LocalCheckpoints, load_train_state, write_checkpoint

@@ -6,7 +6,7 @@ import torch
 
 from bert_core.config import bert_tiny
 from bert_core.finetuning import BertForTokenClassification
-from bert_core.optim import build_optimizer, build_scheduler
+from training.optim import build_optimizer, build_scheduler
 from training.finetune import predict, rank_indices, to_tensors
 from training.step import finetune_step
 from pipeline.tasks.features import IGNORE_INDEX, Features, collate

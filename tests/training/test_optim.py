@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import bert_core
-from bert_core import Lamb, build_optimizer, build_scheduler
+from training.optim import Lamb, build_optimizer, build_scheduler
 
 
 def test_no_decay_on_bias_and_layernorm():
