@@ -49,7 +49,7 @@ class Shape:
     seq_len: int
     batch_size: int
     min_masked: int
-    max_masked: int  # P: slots padded to this, as pipeline/batching.py pads to max_predictions_per_seq
+    max_masked: int  # P: slots padded to this, as training/loader.py pads to max_predictions_per_seq
 
     @staticmethod
     def parse(text: str) -> "Shape":

@@ -38,7 +38,7 @@ def main() -> int:
     from bert_core import PRESETS, BertForPreTraining
     from training.optim import build_optimizer, build_scheduler
     from training import MetricSums, to_device, train_step
-    from pipeline.batching import Prefetcher, RankStream, Remasker, StreamConfig, read_shard
+    from training.loader import Prefetcher, RankStream, Remasker, StreamConfig, read_shard
     from pipeline.schema import read_manifest, shard_urls
 
     torch.set_num_threads(a.threads)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-_IGNORE = -100  # as losses.IGNORE_INDEX and F.cross_entropy
+from .losses import IGNORE_INDEX
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -29,7 +29,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_b = torch.zeros(b.shape, dtype=torch.float32, device=b.device)
         loss = torch.zeros((), dtype=torch.float32, device=h.device)
         correct = torch.zeros((), dtype=torch.long, device=h.device)
-        keep = labels != _IGNORE
+        keep = labels != IGNORE_INDEX
         # The one host read: CPU-only code (the GPU and compiled paths use a plain GEMM + cross-entropy instead).
         any_ignored = not bool(keep.all())
         labels = labels.clamp(min=0)

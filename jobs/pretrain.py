@@ -13,7 +13,7 @@ kept). A dead worker makes Ray Train restart the group from the last checkpoint 
 command again with the same `--run-name` resumes from there too, into the same MLflow run (found by its
 `bert.run_name` tag). The data position is part of the checkpoint, so the resumed run sees the same batches.
 
-Data (`--data-loader stream`, the default) reaches the workers through `pipeline.batching.RankStream`: each rank
+Data (`--data-loader stream`, the default) reaches the workers through `training.loader.RankStream`: each rank
 reads its own deterministic part of the balanced shards in a background thread. That keeps ranks exactly equal (no
 hang at the end of an epoch, no row dropped: epochs wrap around) and makes the data position a number, which Ray
 Data's demand-driven `streaming_split` cannot give; it also needs no Ray CPU slot, so the 2-CPU starvation hang
@@ -411,7 +411,7 @@ def fit_on_ray(args, config: PretrainConfig, data: dict, fs, storage_path: str):
     if args.data_loader == "ray-data":
         import ray.data
 
-        from pipeline.batching import COLUMNS
+        from pipeline.schema import SHARD_COLUMNS
 
         read_fs, _ = storage_filesystem(args.data, args.endpoint_url)
         urls = list(config.data.train.shard_urls)
@@ -419,7 +419,7 @@ def fit_on_ray(args, config: PretrainConfig, data: dict, fs, storage_path: str):
             urls = [u.split("://", 1)[1] for u in urls]
         # Small read tasks: a whole CPU each would not fit beside the training workers on a small box (Ray Data
         # splits what Train leaves it between its operators, and a 1-CPU task may never be scheduled).
-        datasets = {"train": ray.data.read_parquet(urls, filesystem=read_fs, columns=list(COLUMNS), num_cpus=0.25)}
+        datasets = {"train": ray.data.read_parquet(urls, filesystem=read_fs, columns=list(SHARD_COLUMNS), num_cpus=0.25)}
     trainer = TorchTrainer(
         pretrain_worker,
         train_loop_config={"config": config},

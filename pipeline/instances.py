@@ -27,11 +27,12 @@ from pipeline.pairs import (BlockPairs, RandomDocPool, finish_pairs, pack_senten
                             walk_chunks)
 from pipeline.ragged import ragged_indices
 from pipeline.rng import derive_seed, mix64, stream
+from pipeline.schema import SHARD_COLUMNS
 
 __all__ = ["InstanceConfig", "RandomDocPool", "VocabInfo", "create_instances", "create_instances_batch",
            "create_instances_flat", "COLUMNS"]
 
-COLUMNS = ("input_ids", "a_length", "masked_lm_positions", "masked_lm_ids", "next_sentence_label", "key")
+COLUMNS = SHARD_COLUMNS + ("key",)  # the shards' columns plus the hash key that orders rows in _work
 
 
 @dataclass(frozen=True)

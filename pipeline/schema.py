@@ -34,16 +34,15 @@ def _arrow(dtype: np.dtype) -> pa.DataType:
     return pa.uint16() if np.dtype(dtype) == np.uint16 else pa.uint32()
 
 
+# The shards' columns, in file order: what the build writes and the training loader reads.
+SHARD_COLUMNS = ("input_ids", "a_length", "masked_lm_positions", "masked_lm_ids", "next_sentence_label")
+
+
 def instance_schema(vocab_size: int) -> pa.Schema:
     """The schema of the output shards."""
     tok = _arrow(token_dtype(vocab_size))
-    return pa.schema([
-        ("input_ids", pa.list_(tok)),
-        ("a_length", pa.int16()),
-        ("masked_lm_positions", pa.list_(pa.uint16())),
-        ("masked_lm_ids", pa.list_(tok)),
-        ("next_sentence_label", pa.int8()),
-    ])
+    types = (pa.list_(tok), pa.int16(), pa.list_(pa.uint16()), pa.list_(tok), pa.int8())
+    return pa.schema(list(zip(SHARD_COLUMNS, types)))
 
 
 def work_instance_schema(vocab_size: int) -> pa.Schema:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from pipeline.batching import (Prefetcher, RankStream, Remasker, Rows, StreamConfig, finite_batches, micro_batches,
+from training.loader import (Prefetcher, RankStream, Remasker, Rows, StreamConfig, finite_batches, micro_batches,
                                read_shard)
 from pipeline.storage import storage_options
 from training.config import DataConfig, EvalConfig, ShardSet

@@ -21,9 +21,9 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
+from bert_core.losses import IGNORE_INDEX
 from training.metrics import MetricSums
 
-MLM_IGNORE = -100
 
 
 def autocast(device_type: str, dtype: torch.dtype | None):
@@ -47,7 +47,7 @@ def forward(model: nn.Module, batch: dict[str, torch.Tensor], autocast_dtype: to
 def micro_weights(micro_batches: Sequence[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, list[float]]:
     """(MLM weights as a device tensor, NSP weights as floats): each micro-batch's share of the step's masked
     tokens and of its sequences. Sequence counts are shapes (known on the host); masked counts are data."""
-    mlm = torch.stack([(b["masked_lm_labels"] != MLM_IGNORE).sum() for b in micro_batches]).float()
+    mlm = torch.stack([(b["masked_lm_labels"] != IGNORE_INDEX).sum() for b in micro_batches]).float()
     nsp = [int(b["next_sentence_label"].shape[0]) for b in micro_batches]
     total_nsp = sum(nsp)
     return mlm / mlm.sum().clamp(min=1), [n / total_nsp for n in nsp]

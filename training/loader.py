@@ -34,11 +34,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bert_core.losses import IGNORE_INDEX  # the label of padded MLM slots
 from pipeline.ragged import ragged_indices
 from pipeline.rng import derive_seed as seed_for  # one seed derivation for the whole pipeline
-
-IGNORE_INDEX = -100  # the label of padded MLM slots (torch's cross_entropy default ignore_index)
-COLUMNS = ("input_ids", "a_length", "masked_lm_positions", "masked_lm_ids", "next_sentence_label")
+from pipeline.schema import SHARD_COLUMNS
 
 
 def _gather_ragged(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -357,7 +356,7 @@ def read_shard(url: str, storage_options: dict | None = None) -> Rows:
 
     fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
     with fs.open(path, "rb") as f:
-        return Rows.from_arrow(pq.read_table(f, columns=list(COLUMNS)))
+        return Rows.from_arrow(pq.read_table(f, columns=list(SHARD_COLUMNS)))
 
 
 def finite_batches(rows: Rows, batch_size: int, rank: int = 0, world_size: int = 1, max_rows: int | None = None,

@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
-from pipeline.batching import (IGNORE_INDEX, Prefetcher, Rows, RankStream, Remasker, StreamConfig, collate,
+from training.loader import (IGNORE_INDEX, Prefetcher, Rows, RankStream, Remasker, StreamConfig, collate,
                                finite_batches, rank_segments)
 
 CLS, SEP, MASK, VOCAB = 101, 102, 103, 1000
@@ -181,7 +181,7 @@ def test_read_shard_roundtrip(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    from pipeline.batching import read_shard
+    from training.loader import read_shard
 
     rng = np.random.default_rng(0)
     raw = [make_row(3, 4, rng), make_row(5, 2, rng)]
