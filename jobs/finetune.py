@@ -4,7 +4,7 @@
         --init /path/to/export_or_checkpoint_or_hf_dir [--epochs 3 --lr 5e-5 --batch-size 32] [--output DIR]
 
 Everything that can be wrong with the inputs (flags, files, columns, labels, vocabulary, MLflow) is checked here,
-before any worker starts. Training runs under Ray Train (``training.finetune`` in ``training.ray_worker``) on one or many workers; the
+before any worker starts. Training runs under Ray Train (``finetuning.loop`` in ``training.ray_worker``) on one or many workers; the
 best epoch's model is exported in the Hugging Face layout with its label map; one MLflow run records params,
 per-epoch metrics, final metrics and the model, linked to the pre-training run the weights came from. The last
 line on stdout is the final evaluation metrics as one JSON object. ``--no-ray`` runs the very same loop in this
@@ -30,10 +30,10 @@ from jobs._common import (
     check_tracking_reachable, get_or_create_experiment, init_ray, resolve_tracking_uri, setup_logging,
 )
 from pipeline.storage import is_url, upload_tree
-from pipeline.tasks.examples import TASKS, TaskColumns
-from pipeline.tasks.features import TaskTokenizer
-from pipeline.tasks.prepare import FeatureConfig, PreparedTask, prepare_task
-from pipeline.tasks.readers import FORMATS, read_records, split_train_eval, subsample
+from finetuning.examples import TASKS, TaskColumns
+from finetuning.features import TaskTokenizer
+from finetuning.prepare import FeatureConfig, PreparedTask, prepare_task
+from finetuning.records import FORMATS, read_records, split_train_eval, subsample
 
 log = logging.getLogger("finetune")
 
@@ -269,7 +269,7 @@ def loop_config(cfg: FinetuneConfig, model_dir: Path | None, tokenizer: TaskToke
                 run_id: str, tracking_uri: str, threads: int):
     """What every worker needs (the prepared data travels separately)."""
     from training.config import TrackingConfig
-    from training.finetune import FinetuneLoopConfig
+    from finetuning.loop import FinetuneLoopConfig
 
     return FinetuneLoopConfig(
         init=str(model_dir) if model_dir else "random", preset=cfg.preset, vocab_size=vocab_size,
@@ -287,6 +287,7 @@ def train_with_ray(cfg: FinetuneConfig, prepared: PreparedTask, loop_cfg, storag
     from ray.train import CheckpointConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    from finetuning.loop import fit
     from training.ray_worker import finetune_worker
 
     init_ray(dashboard=True)
@@ -298,7 +299,7 @@ def train_with_ray(cfg: FinetuneConfig, prepared: PreparedTask, loop_cfg, storag
     loop_cfg = dataclasses.replace(loop_cfg, threads_per_worker=max(1, int(cpus)))
     trainer = TorchTrainer(
         finetune_worker,
-        train_loop_config={"config": loop_cfg, "prepared_ref": ray.put(prepared)},
+        train_loop_config={"fit": fit, "config": loop_cfg, "prepared_ref": ray.put(prepared)},
         scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
                                      resources_per_worker={"CPU": cpus}),
         # Only the best epoch reports a checkpoint, so keeping one keeps the best.
@@ -316,7 +317,7 @@ def train_in_process(cfg: FinetuneConfig, prepared: PreparedTask, loop_cfg, best
     """The same loop without Ray (``--no-ray``): one worker in this process, for debugging and quick tests."""
     import torch
 
-    from training.finetune import fit
+    from finetuning.loop import fit
 
     def keep_best(metrics: dict[str, float], checkpoint_dir: str | None) -> None:
         if checkpoint_dir:
@@ -386,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
             train_in_process(cfg, prepared, loop_cfg, best_dir)
         else:
             train_with_ray(cfg, prepared, loop_cfg, storage, best_dir)
-        from training.finetune import BEST_METRICS_FILE
+        from finetuning.loop import BEST_METRICS_FILE
         from mlflow.entities import Metric
 
         best = json.loads((best_dir / BEST_METRICS_FILE).read_text())

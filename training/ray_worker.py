@@ -3,8 +3,8 @@
 `pretrain_worker` hands `training.fit` this worker's rank, world size and device, DDP (`prepare_model`), Ray's
 checkpoint hooks (resume from `get_checkpoint()`, save through `report(checkpoint=...)`, which every rank calls:
 it is a barrier) and, for `--data-loader ray-data`, this worker's rows of the Ray Data shard. `finetune_worker`
-does the same for `training.finetune.fit`. Jobs pass them to `TorchTrainer` with `{"config": ...}` as
-`train_loop_config`.
+does the same for fine-tuning's loop, which the job hands in (`{"fit": finetuning.loop.fit, ...}`: training never
+imports finetuning). Jobs pass them to `TorchTrainer` with `{"config": ...}` as `train_loop_config`.
 """
 from __future__ import annotations
 
@@ -92,10 +92,9 @@ def pretrain_worker(loop_config: dict[str, Any]) -> None:
 
 
 def finetune_worker(loop_config: dict[str, Any]) -> None:
-    """Ray Train entry point of fine-tuning: `{"config": FinetuneRunConfig, "prepared_ref": ObjectRef}`; rank 0
-    reports the best epoch's model as the checkpoint."""
-    from training.finetune import fit as finetune_fit
-
+    """Ray Train entry point of fine-tuning: `{"fit": the loop, "config": its config, "prepared_ref": ObjectRef}`;
+    rank 0 reports the best epoch's model as the checkpoint."""
+    finetune_fit = loop_config["fit"]
     _setup_logging()
     ctx = ray.train.get_context()
 

@@ -3,7 +3,7 @@
 Data travels as plain featurised rows (task files are small): every rank walks the same seeded permutation and
 takes its strided share, padded so all ranks run the same number of steps (an uneven count hangs DDP's
 all-reduce). Evaluation is sharded the same way; rank 0 gathers the per-row outputs, scores them with
-``pipeline.tasks.evaluation``, logs the epoch to the job's single MLflow run (through the shared tracker) and,
+``finetuning.evaluation``, logs the epoch to the job's single MLflow run (through the shared tracker) and,
 when the main metric improved, reports the model as the checkpoint (only the best one is kept). Every rank calls
 ``report`` each epoch: under Ray it is a barrier.
 
@@ -31,9 +31,9 @@ from torch import nn
 from bert_core.config import PRESETS, BertConfig
 from bert_core.finetuning import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from training.optim import build_optimizer, build_scheduler
-from pipeline.tasks.evaluation import MAIN_METRIC, score
-from pipeline.tasks.features import Features, collate
-from pipeline.tasks.prepare import PreparedTask
+from finetuning.evaluation import MAIN_METRIC, score
+from finetuning.features import Features, collate
+from finetuning.prepare import PreparedTask
 from training.config import TrackingConfig
 from training.step import finetune_step
 from training.tracking import NullTracker, make_tracker

@@ -10,12 +10,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.tasks.evaluation import score
-from pipeline.tasks.examples import LabelMap, QAExample, TaskColumns, TaggingExample
-from pipeline.tasks.features import IGNORE_INDEX, TaskTokenizer, collate, tagging_features
-from pipeline.tasks.prepare import FeatureConfig, prepare_task
-from pipeline.tasks.qa import best_answers, max_context_flags, qa_features, window_starts
-from pipeline.tasks.readers import read_records, split_train_eval, subsample
+from finetuning.evaluation import score
+from finetuning.examples import LabelMap, QAExample, TaskColumns, TaggingExample
+from bert_core.losses import IGNORE_INDEX
+from finetuning.features import TaskTokenizer, collate, tagging_features
+from finetuning.prepare import FeatureConfig, prepare_task
+from finetuning.qa import best_answers, max_context_flags, qa_features, window_starts
+from finetuning.records import read_records, split_train_eval, subsample
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +114,7 @@ def test_tagging_labels_first_piece_only_and_scores_words(tok):
     # Perfect logits at first pieces, garbage on continuation pieces: still a perfect entity score.
     logits = np.zeros((len(labels), len(lm)))
     logits[np.arange(len(labels)), np.where(labels == IGNORE_INDEX, 1, labels)] = 5.0
-    from pipeline.tasks.prepare import TaskSplit
+    from finetuning.prepare import TaskSplit
 
     split = TaskSplit("e", ex, feats, word_positions=words)
     assert score("token_classification", split, lm, [logits])["f1"] == 1.0

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.tasks.examples import QAExample
-from pipeline.tasks.features import Features, TaskTokenizer, pack
+from finetuning.examples import QAExample
+from finetuning.features import Features, TaskTokenizer, pack
 
 log = logging.getLogger(__name__)
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from pipeline.tasks.examples import LabelMap, SequenceExample, TaggingExample
+from bert_core.losses import IGNORE_INDEX  # the label the loss skips (not the first piece of a word)
+from finetuning.examples import LabelMap, SequenceExample, TaggingExample
 from pipeline.tokenize import build_tokenizer, read_vocab
 
 log = logging.getLogger(__name__)
 
-IGNORE_INDEX = -100  # torch CrossEntropyLoss's default ignore_index
 
 
 class TaskTokenizer:

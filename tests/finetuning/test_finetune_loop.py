@@ -7,9 +7,10 @@ import torch
 from bert_core.config import bert_tiny
 from bert_core.finetuning import BertForTokenClassification
 from training.optim import build_optimizer, build_scheduler
-from training.finetune import predict, rank_indices, to_tensors
+from finetuning.loop import predict, rank_indices, to_tensors
 from training.step import finetune_step
-from pipeline.tasks.features import IGNORE_INDEX, Features, collate
+from bert_core.losses import IGNORE_INDEX
+from finetuning.features import Features, collate
 
 
 def test_rank_indices_equal_and_complete():

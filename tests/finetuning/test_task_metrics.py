@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.tasks.metrics import (
+from finetuning.metrics import (
     classification_metrics, entity_metrics, normalize_answer, regression_metrics, squad_exact_match, squad_metrics,
     squad_token_f1,
 )

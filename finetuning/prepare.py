@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.tasks.examples import (
+from finetuning.examples import (
     LabelMap, QAExample, SequenceExample, TaggingExample, TaskColumns, TASKS, qa_examples, sequence_examples,
     tagging_examples,
 )
-from pipeline.tasks.features import Features, TaskTokenizer, sequence_features, tagging_features
-from pipeline.tasks.qa import QAWindows, qa_features
+from finetuning.features import Features, TaskTokenizer, sequence_features, tagging_features
+from finetuning.qa import QAWindows, qa_features
 
 log = logging.getLogger(__name__)
 

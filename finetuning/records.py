@@ -5,7 +5,7 @@ Formats, chosen from the file name (compression suffixes .gz/.bz2/.xz/.zst are l
 CSV / TSV, Parquet, and CoNLL-style tagging files (``.conll``, ``.bio``, ``.iob``, ``.txt``: token and tag per
 line, whitespace separated, the tag in the last column, a blank line between sentences, ``-DOCSTART-`` skipped).
 
-Every reader returns ``list[dict]`` so the task-specific extraction (``pipeline.tasks.examples``) sees one shape.
+Every reader returns ``list[dict]`` so the task-specific extraction (``finetuning.examples``) sees one shape.
 Task files are small next to pre-training corpora, so reading them whole is the simple and honest choice.
 """
 from __future__ import annotations

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.tasks.examples import LabelMap
-from pipeline.tasks.features import words_to_tags
-from pipeline.tasks.metrics import classification_metrics, entity_metrics, regression_metrics, squad_metrics
-from pipeline.tasks.prepare import TaskSplit
-from pipeline.tasks.qa import best_answers
+from finetuning.examples import LabelMap
+from finetuning.features import words_to_tags
+from finetuning.metrics import classification_metrics, entity_metrics, regression_metrics, squad_metrics
+from finetuning.prepare import TaskSplit
+from finetuning.qa import best_answers
 
 # The metric that picks the best epoch's model (and the first figure a benchmark quotes).
 MAIN_METRIC = {
