@@ -1,5 +1,5 @@
 """The fixed costs behind the data build's earlier design (Ray Data stages, until issue 11 moved the steps to plain
-Ray tasks: pipeline/ray_tasks.py says why), each against its alternative in one run; kept for the record.
+Ray tasks: pipeline/build/ray_tasks.py says why), each against its alternative in one run; kept for the record.
 
     python benchmarks/build_overheads.py [--cpus 2]
 

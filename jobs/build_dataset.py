@@ -19,7 +19,8 @@ import tempfile
 from pathlib import Path
 
 from jobs import _common
-from pipeline.build import BuildConfig, LocalExecutor, build
+from pipeline.build import BuildConfig, build
+from pipeline.build.executor import LocalExecutor
 from pipeline.instances import InstanceConfig
 from pipeline.readers import FORMATS, ON_ERROR, ReadOptions
 
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_ray:
         executor = LocalExecutor()
     else:
-        from pipeline.ray_tasks import RayExecutor
+        from pipeline.build.ray_tasks import RayExecutor
 
         # Ray starts in the background once the build has work to do (not at all for a finished build).
         executor = RayExecutor(args.num_cpus, init=lambda: _common.init_ray(args.num_cpus))

@@ -3,9 +3,10 @@
     python jobs/train_tokenizer.py --input URL [--input URL ...] --output vocab.txt --vocab-size 30522 [--cased]
         [--sample-bytes 268435456 | --sample-bytes 0]
 
-By default it trains on a seeded sample of about 256 MB of text (pipeline/vocab.py): blocks of --unit-bytes taken
-in a seeded hash order. With the same --unit-bytes and --seed as jobs/build_dataset.py it picks the same sample as
-a build without --vocab, so it gives the same vocabulary. --sample-bytes 0 trains on the whole corpus.
+By default it trains on a seeded sample of about 256 MB of text: blocks of --unit-bytes taken in a seeded hash order.
+It calls the build's own vocabulary stage (``pipeline.build.vocab.train_vocab``, as a plain loop in this process):
+with the same --unit-bytes and --seed as jobs/build_dataset.py it picks the same sample as a build without --vocab,
+so it gives the same vocabulary. --sample-bytes 0 trains on the whole corpus.
 """
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ import sys
 import tempfile
 
 from jobs import _common
-from pipeline.pieces import cut_and_plan
+from pipeline.build.config import DEFAULT_SAMPLE_BYTES
+from pipeline.build.executor import LocalExecutor
+from pipeline.build.pieces import input_units
+from pipeline.build.vocab import VocabContext, VocabSample, train_vocab
 from pipeline.readers import FORMATS, ON_ERROR, ReadOptions, ReadReport, plan_units
 from pipeline.storage import expand_inputs
-from pipeline.vocab import DEFAULT_SAMPLE_BYTES, VocabContext, VocabTask, sample_blocks, vocab_step
 
 log = logging.getLogger("train_tokenizer")
 
@@ -58,20 +61,20 @@ def main(argv: list[str] | None = None) -> int:
     opts = ReadOptions(fmt=args.format, presplit=args.presplit, text_field=args.text_field, on_error=args.on_error)
     files = expand_inputs(args.input, args.endpoint_url)
     report = ReadReport()
-    ctx = VocabContext(opts, args.vocab_size, args.min_frequency, args.do_lower_case, args.endpoint_url)
-    with tempfile.TemporaryDirectory(prefix="vocab-pieces-") as work:
+    executor = LocalExecutor()
+    with tempfile.TemporaryDirectory(prefix="vocab-work-") as work:
         if args.sample_bytes:  # blocks of big compressed files come from their pieces, as in the build
-            units = cut_and_plan(files, opts, args.unit_bytes, work, args.endpoint_url, report)
+            units = input_units(files, opts, args.unit_bytes, work, executor, report, args.endpoint_url)
         else:  # the whole corpus: one unit per file, read straight through
             units = plan_units(files, opts, 1 << 62, args.endpoint_url, report)
-        blocks, nbytes = sample_blocks(units, {f.path: f.size for f in files}, args.unit_bytes, args.sample_bytes,
-                                       args.seed)
-        marker = vocab_step(VocabTask(blocks, args.output, nbytes), ctx)
+        ctx = VocabContext(opts, args.vocab_size, args.min_frequency, args.do_lower_case, args.endpoint_url, work)
+        marker = train_vocab(files, units, ctx, VocabSample(args.unit_bytes, args.sample_bytes, args.seed),
+                             args.output, executor)
     dropped = dict(marker.dropped)
     for reason in report.bad_files.values():
         dropped[reason] = dropped.get(reason, 0) + 1
     print(json.dumps({"output": args.output, "vocab_size": marker.vocab_size, "files": len(files),
-                      "sampled_blocks": marker.blocks, "sampled_bytes": nbytes, "documents": marker.documents,
+                      "sampled_blocks": marker.blocks, "sampled_bytes": marker.sampled_bytes, "documents": marker.documents,
                       "dropped": dropped}))
     return 0
 

@@ -104,7 +104,7 @@ def build_tokenizer(tokens: list[str], do_lower_case: bool = True) -> Tokenizer:
 
 
 class WordPieceEncoder:
-    """Sentences -> WordPiece id arrays (no special tokens), loaded once per worker process (``pipeline.steps.encoder_for`` caches it).
+    """Sentences -> WordPiece id arrays (no special tokens), loaded once per worker process (``pipeline.build.docs.encoder_for`` caches it).
 
     Attributes: ``vocab_size``, ``cls_id``, ``sep_id``, ``mask_id``, ``pad_id``, ``unk_id``, ``is_continuation``
     (bool array over ids, True for ``##`` pieces) and ``vocab_info`` (the small struct the instance builder needs).

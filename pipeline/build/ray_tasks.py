@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pipeline.markers import Marker
+from pipeline.build.markers import Marker
 from pipeline.readers import InputError
 from pipeline.storage import aws_env
 
@@ -57,7 +57,7 @@ def _setup(step: Callable[[Any], Marker]) -> int:
     """A warm-up task: import what the steps use and load the step's per-process state."""
     import os
 
-    import pipeline.steps  # noqa: F401
+    import pipeline.build.docs  # noqa: F401
     setup = getattr(step, "setup", None)
     if setup is not None:
         setup()

@@ -14,7 +14,9 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-import pipeline.steps as steps_mod
+import pipeline.build.docs
+import pipeline.build.instances
+import pipeline.build.shards
 from pipeline.build import BuildConfig, build
 from pipeline.instances import InstanceConfig
 from pipeline.readers import InputError, ReadOptions
@@ -52,10 +54,12 @@ def _same(a, b):
     assert not os.path.exists(os.path.join(b, "_work"))
 
 
-@pytest.mark.parametrize("stage", ["tokenize_commit", "instances_step", "write_shard"])
-def test_failure_in_any_stage_then_rerun_gives_the_same_rows(tmp_path, sample_dir, monkeypatch, stage):
+@pytest.mark.parametrize("module, stage", [(pipeline.build.docs, "tokenize_commit"),
+                                           (pipeline.build.instances, "instances_step"),
+                                           (pipeline.build.shards, "write_shard")])
+def test_failure_in_any_stage_then_rerun_gives_the_same_rows(tmp_path, sample_dir, monkeypatch, module, stage):
     corpus = _corpus(tmp_path / "c.jsonl")
-    real = getattr(steps_mod, stage)
+    real = getattr(module, stage)
     calls, fail_at = [], [None]
 
     def flaky(*a, **k):
@@ -64,7 +68,7 @@ def test_failure_in_any_stage_then_rerun_gives_the_same_rows(tmp_path, sample_di
             raise RuntimeError("injected failure")
         return real(*a, **k)
 
-    monkeypatch.setattr(steps_mod, stage, flaky)
+    monkeypatch.setattr(module, stage, flaky)
     build(_cfg(tmp_path, corpus, "clean", sample_dir))
     total, fail_at[0] = len(calls), 3
     assert total >= 4

@@ -2,18 +2,18 @@
 bounded memory.
 
 A compressed stream cannot seek, so a unit in the middle of a ``.gz`` would decompress everything before it, and
-one unit per file holds the whole file. Instead, one task per compressed file bigger than about one unit streams
+one unit per file holds the whole file. Instead, one item per compressed file bigger than about one unit streams
 it ONCE through a fixed-size buffer and commits pieces of about ``unit_bytes`` of decompressed data, each cut at a
 document boundary (after a blank line for text, after a newline for JSON Lines), then a completion marker listing
 them. The docs stage reads each piece as an ordinary unit whose ``base`` is the piece's offset in the decompressed
 input: documents keep the ids (``<key>:<decompressed offset>``) they have in the same text uncompressed, so the
 dataset is byte-identical whether the input was compressed or not, and does not depend on ``unit_bytes``.
 
-    plan_pieces(files, opts, unit_bytes, endpoint_url) -> [PieceTask]   which files need the step (metadata only)
-    pieces_step(task, ctx) -> PieceMarker                                one task per file: stream, cut, commit
-    PiecesStep(ctx)(task) -> PieceMarker                                 the same as a picklable step object
+    plan_pieces(files, opts, unit_bytes, endpoint_url) -> [PieceItem]   which files need the step (metadata only)
+    pieces_step(item, ctx) -> PieceMarker                                one item per file: stream, cut, commit
+    PiecesStep(ctx)(item) -> PieceMarker                                 the same as a picklable step object
     piece_units(markers, ctx) -> [Unit]                                  the pieces as units of the docs stage
-    cut_and_plan(files, opts, unit_bytes, work) -> [Unit]                all of it as a plain loop (jobs)
+    input_units(files, read, unit_bytes, work, executor, report) -> [Unit]   every unit, the pieces cut by the executor
 
 Pieces are written with zstd level 1 (``<file index>-<piece>.zst`` under ``_work/pieces``): measured on 11.8 MB of
 text here, 181 MB/s to compress and 430 MB/s to read back (under 2% of the ~3 MB/s per CPU that tokenizing costs)
@@ -32,8 +32,9 @@ import re
 import socket
 from typing import ClassVar
 
-from pipeline.markers import Marker, write_marker
-from pipeline.readers import InputError, ReadOptions, Unit, detect_format, plan_units
+from pipeline.build.executor import Executor, Stage, run_stage
+from pipeline.build.markers import Marker, write_marker
+from pipeline.readers import InputError, ReadOptions, ReadReport, Unit, detect_format, plan_units
 from pipeline.storage import (FileInfo, compression_of, filesystem_for, join, map_threads, open_atomic,
                               write_bytes_atomic)
 
@@ -43,7 +44,7 @@ PIECES_DIR = "pieces"
 CHUNK = 256 << 10  # decompressed bytes held at once, whatever the file's size (a read that hits a corrupt
 # stream loses what it decompressed: small reads keep more of a broken file, as the readers do)
 # Without a size from the file, its decompressed size is guessed generously (text compresses 3-10x): a file that
-# needs no pieces but gets them only costs one small task, one that needs them but does not gets one huge unit.
+# needs no pieces but gets them only costs one small item, one that needs them but does not gets one huge unit.
 MAX_RATIO = 10
 # A blank line longer than this is not taken as a cut: the reader sees a whitespace-only line of at most 1 KiB as
 # blank whatever its chunking and --max-record-bytes (>= 1 KiB), so both readings agree on where documents start.
@@ -53,7 +54,7 @@ _BLANK = re.compile(rb"\n[ \t\r\x0b\x0c]*\n")  # the end of a line, then a white
 
 
 @dataclasses.dataclass(frozen=True)
-class PieceTask:
+class PieceItem:
     """One compressed input to cut: its index among the planned files (uids and piece names use it)."""
 
     index: int
@@ -75,8 +76,8 @@ class PieceContext:
 
 @dataclasses.dataclass(frozen=True)
 class PieceMarker(Marker):
-    """What a finished pieces task committed: ``pieces`` as (name, start, end) in the decompressed input, and what
-    bounded its memory (the largest buffer held, the largest piece, the task's RSS growth; None off Linux).
+    """What a finished pieces item committed: ``pieces`` as (name, start, end) in the decompressed input, and what
+    bounded its memory (the largest buffer held, the largest piece, the item's RSS growth; None off Linux).
     Committed as ``<work>/pieces/<key>.done.json``."""
 
     stage: ClassVar[str] = PIECES_DIR
@@ -121,14 +122,14 @@ def needs_pieces(f: FileInfo, fmt: str, unit_bytes: int, decompressed: int | Non
 
 
 def plan_pieces(files: list[FileInfo], opts: ReadOptions, unit_bytes: int,
-                endpoint_url: str | None = None) -> list[PieceTask]:
+                endpoint_url: str | None = None) -> list[PieceItem]:
     """The files the pieces step must cut, from metadata only: sizes from the listing, and gzip trailers (read in
     parallel) for the compressed files small enough that their size decides."""
     fmts = [detect_format(f.path, opts.fmt) for f in files]
     probe = [i for i, f in enumerate(files)
              if fmts[i] != "parquet" and compression_of(f.path) and 0 < f.size <= unit_bytes]
     sizes = dict(zip(probe, map_threads(lambda i: _decompressed_size(files[i], endpoint_url), probe)))
-    return [PieceTask(i, f.path, f.key, fmts[i]) for i, f in enumerate(files)
+    return [PieceItem(i, f.path, f.key, fmts[i]) for i, f in enumerate(files)
             if needs_pieces(f, fmts[i], unit_bytes, sizes.get(i))]
 
 
@@ -246,23 +247,23 @@ def _keep_complete_documents(url: str, fmt: str, endpoint_url: str | None) -> in
     return last
 
 
-def pieces_step(task: PieceTask, ctx: PieceContext) -> PieceMarker:
+def pieces_step(item: PieceItem, ctx: PieceContext) -> PieceMarker:
     """Stream one compressed input once and commit it as pieces of about ``unit_bytes`` cut at document
     boundaries, then the marker. Memory: one ``CHUNK`` of decompressed data and the compressor's state."""
     rss0 = _rss()
     rss_peak = rss0
     pieces: list[tuple[str, int, int]] = []
     bad: dict[str, str] = {}
-    cutter = _Cutter(task.fmt)
+    cutter = _Cutter(item.fmt)
     pos = 0  # decompressed bytes consumed
     buffer = 0
     writer: _PieceWriter | None = None
-    fs, path = filesystem_for(task.path, ctx.endpoint_url)
+    fs, path = filesystem_for(item.path, ctx.endpoint_url)
 
     def close_piece() -> None:
         nonlocal writer
         if writer is not None:
-            name = f"{task.index:05d}-{len(pieces):05d}.zst"
+            name = f"{item.index:05d}-{len(pieces):05d}.zst"
             writer.commit()
             pieces.append((name, pos - writer.size, pos))
         writer = None
@@ -273,9 +274,9 @@ def pieces_step(task: PieceTask, ctx: PieceContext) -> PieceMarker:
         # A document longer than a unit leaves the pieces it spans empty, as it leaves those units empty.
         nonlocal writer
         while (len(pieces) + 1) * ctx.unit_bytes <= pos:
-            writer = _PieceWriter(ctx.url(f"{task.index:05d}-{len(pieces):05d}.zst"), ctx.endpoint_url)
+            writer = _PieceWriter(ctx.url(f"{item.index:05d}-{len(pieces):05d}.zst"), ctx.endpoint_url)
             close_piece()
-        return _PieceWriter(ctx.url(f"{task.index:05d}-{len(pieces):05d}.zst"), ctx.endpoint_url)
+        return _PieceWriter(ctx.url(f"{item.index:05d}-{len(pieces):05d}.zst"), ctx.endpoint_url)
 
     try:
         with fs.open(path, "rb", compression=compression_of(path)) as f:
@@ -302,33 +303,33 @@ def pieces_step(task: PieceTask, ctx: PieceContext) -> PieceMarker:
                     rss_peak = max(rss_peak, rss)
         close_piece()
         while pos and len(pieces) < -(-pos // ctx.unit_bytes):  # as many as the plain text has units
-            writer = _PieceWriter(ctx.url(f"{task.index:05d}-{len(pieces):05d}.zst"), ctx.endpoint_url)
+            writer = _PieceWriter(ctx.url(f"{item.index:05d}-{len(pieces):05d}.zst"), ctx.endpoint_url)
             close_piece()
     except _Corrupt as e:
         what = f"cannot be read to the end ({type(e.__cause__).__name__}: {e.__cause__})"
         if ctx.read.on_error == "fail":
             _discard(writer, e)
-            raise InputError(f"input {task.path}: {what} [corrupt_file]. Fix or remove the file, or pass "
+            raise InputError(f"input {item.path}: {what} [corrupt_file]. Fix or remove the file, or pass "
                              "--on-error skip.") from e
         if writer is not None:  # keep the documents read to the end, as reading the file directly would
-            start, name = pos - writer.size, f"{task.index:05d}-{len(pieces):05d}.zst"
+            start, name = pos - writer.size, f"{item.index:05d}-{len(pieces):05d}.zst"
             writer.commit()
             writer = None
-            kept = _keep_complete_documents(ctx.url(name), task.fmt, ctx.endpoint_url)
+            kept = _keep_complete_documents(ctx.url(name), item.fmt, ctx.endpoint_url)
             if kept:
                 pieces.append((name, start, start + kept))
-        log.warning("input %s %s: keeping the %d pieces read before", task.path, what, len(pieces))
-        bad[task.path] = "corrupt_file"
+        log.warning("input %s %s: keeping the %d pieces read before", item.path, what, len(pieces))
+        bad[item.path] = "corrupt_file"
     except BaseException as e:  # a failed write, a kill: no piece is left half-written
         _discard(writer, e)
         raise
     if pos == 0 and not bad:
         if ctx.read.on_error == "fail":
-            raise InputError(f"input {task.path}: no data after decompression [empty_file]. Fix or remove the "
+            raise InputError(f"input {item.path}: no data after decompression [empty_file]. Fix or remove the "
                              "file, or pass --on-error skip.")
-        bad[task.path] = "empty_file"
+        bad[item.path] = "empty_file"
     marker = PieceMarker(
-        index=task.index, path=task.path, file_key=task.key, fmt=task.fmt, pieces=tuple(pieces), decompressed_bytes=pos,
+        index=item.index, path=item.path, file_key=item.key, fmt=item.fmt, pieces=tuple(pieces), decompressed_bytes=pos,
         largest_piece_bytes=max((e - s for _, s, e in pieces), default=0), buffer_bytes=buffer,
         rss_growth_bytes=None if rss0 is None else rss_peak - rss0, bad_files=bad, worker=worker_id())
     write_marker(ctx.work, marker, ctx.endpoint_url)
@@ -341,8 +342,8 @@ class PiecesStep:
 
     ctx: PieceContext
 
-    def __call__(self, task: PieceTask) -> PieceMarker:
-        return pieces_step(task, self.ctx)
+    def __call__(self, item: PieceItem) -> PieceMarker:
+        return pieces_step(item, self.ctx)
 
 
 def piece_units(markers: list[PieceMarker], ctx: PieceContext) -> list[Unit]:
@@ -351,15 +352,17 @@ def piece_units(markers: list[PieceMarker], ctx: PieceContext) -> list[Unit]:
             for m in sorted(markers, key=lambda m: m.index) for k, (name, start, end) in enumerate(m.pieces)]
 
 
-def cut_and_plan(files: list[FileInfo], opts: ReadOptions, unit_bytes: int, work: str,
-                 endpoint_url: str | None = None, report=None) -> list[Unit]:
-    """Every unit of the inputs, big compressed files cut into pieces under ``work`` by a plain loop in this
-    process: for jobs that read a sample of the corpus without a build (jobs/train_tokenizer.py)."""
-    ctx = PieceContext(work, unit_bytes, opts, endpoint_url)
-    tasks = plan_pieces(files, opts, unit_bytes, endpoint_url)
-    markers = [pieces_step(t, ctx) for t in tasks]
-    if report is not None:
-        for m in markers:
-            report.bad_files.update(m.bad_files)
-    units = plan_units(files, opts, unit_bytes, endpoint_url, report, exclude={t.path for t in tasks})
+def input_units(files: list[FileInfo], read: ReadOptions, unit_bytes: int, work: str, executor: Executor,
+                report: ReadReport, endpoint_url: str | None = None) -> list[Unit]:
+    """Every unit of the inputs, in uid order: big compressed inputs are first cut into unit-sized pieces under
+    ``work`` (one item per file, streaming it once, so memory per item stays bounded and the docs stage is parallel
+    over the pieces); the rest are planned from metadata."""
+    ctx = PieceContext(work, unit_bytes, read, endpoint_url)
+    items = plan_pieces(files, read, unit_bytes, endpoint_url)
+    markers: list[PieceMarker] = run_stage(  # type: ignore[assignment]
+        Stage("pieces", PiecesStep(ctx), {f"{t.index:05d}": t for t in items}, PieceMarker), executor, work,
+        endpoint_url)
+    for m in markers:
+        report.bad_files.update(m.bad_files)
+    units = plan_units(files, read, unit_bytes, endpoint_url, report, exclude={t.path for t in items})
     return sorted(units + piece_units(markers, ctx), key=lambda u: u.uid)

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.build import BuildConfig, build
-from pipeline.executor import LocalExecutor
+from pipeline.build.executor import LocalExecutor
 from pipeline.instances import InstanceConfig
 
 
@@ -45,7 +45,7 @@ def _same(out, ref):
 
 @pytest.mark.timeout(300)
 def test_ray_equals_plain_loop_and_cpu_count_does_not_matter(ray_local, tmp_path, sample_dir):
-    from pipeline.ray_tasks import RayExecutor
+    from pipeline.build.ray_tasks import RayExecutor
 
     corpus = _corpus(tmp_path / "c.jsonl")
     build(_cfg(tmp_path, corpus, sample_dir, "plain"), LocalExecutor())
@@ -63,17 +63,20 @@ def test_the_driver_reads_no_corpus_bytes(ray_local, tmp_path, sample_dir, monke
     """Every read of text, documents, the pool or instances is made to fail in the driver process: the Ray build
     must not notice (its workers are other processes) and must equal the plain loop."""
     import pipeline.readers
-    import pipeline.shards
-    import pipeline.steps
-    from pipeline.ray_tasks import RayExecutor
+    import pipeline.build.docs
+    import pipeline.build.instances
+    import pipeline.build.pool
+    import pipeline.build.shards
+    from pipeline.build.ray_tasks import RayExecutor
 
     corpus = _corpus(tmp_path / "c.jsonl", n_docs=36)
     build(_cfg(tmp_path, corpus, sample_dir, "plain"), LocalExecutor())
 
     def forbidden(*a, **k):
         raise AssertionError("the driver read corpus data")
-    for mod, name in [(pipeline.readers, "read_unit"), (pipeline.steps, "read_unit"), (pipeline.steps, "read_table"),
-                      (pipeline.steps, "read_split"), (pipeline.shards, "_read_slice")]:
+    for mod, name in [(pipeline.readers, "read_unit"), (pipeline.build.docs, "read_unit"),
+                      (pipeline.build.docs, "read_split"), (pipeline.build.pool, "read_table"),
+                      (pipeline.build.instances, "read_table"), (pipeline.build.shards, "_read_slice")]:
         monkeypatch.setattr(mod, name, forbidden)
     build(_cfg(tmp_path, corpus, sample_dir, "ray"), RayExecutor(num_cpus=2))
     _same(tmp_path / "ray", tmp_path / "plain")
@@ -86,7 +89,7 @@ def test_two_raylet_cluster_of_16_cpus_equals_plain_loop(ray_shutdown, tmp_path,
     import ray
     from ray.cluster_utils import Cluster
 
-    from pipeline.ray_tasks import RayExecutor
+    from pipeline.build.ray_tasks import RayExecutor
 
     corpus = _corpus(tmp_path / "c.jsonl", n_docs=160)
     build(_cfg(tmp_path, corpus, sample_dir, "plain"), LocalExecutor())
@@ -106,7 +109,7 @@ def test_two_raylet_cluster_of_16_cpus_equals_plain_loop(ray_shutdown, tmp_path,
 
 @pytest.mark.timeout(120)
 def test_a_bad_input_fails_through_ray_naming_the_file(ray_local, tmp_path, sample_dir):
-    from pipeline.ray_tasks import RayExecutor
+    from pipeline.build.ray_tasks import RayExecutor
     from pipeline.readers import InputError
 
     corpus = _corpus(tmp_path / "c.jsonl")

@@ -1,4 +1,4 @@
-"""pipeline.pieces: one big compressed input is cut into pieces of about one unit, in bounded memory, and the
+"""pipeline.build.pieces: one big compressed input is cut into pieces of about one unit, in bounded memory, and the
 dataset built from it is byte-identical to the one built from the same text uncompressed; a killed pieces step
 resumes; bad compressed inputs fail naming the file or are counted."""
 from __future__ import annotations
@@ -10,11 +10,11 @@ import shutil
 
 import pytest
 
-import pipeline.build as build_mod
-import pipeline.pieces as pieces_mod
+import pipeline.build.pieces as pieces_mod
+import pipeline.build.vocab as vocab_mod
 from pipeline.build import BuildConfig, build
 from pipeline.instances import InstanceConfig
-from pipeline.pieces import CHUNK, PieceContext, PieceMarker, PieceTask, pieces_step, plan_pieces
+from pipeline.build.pieces import CHUNK, PieceContext, PieceItem, PieceMarker, pieces_step, plan_pieces
 from pipeline.readers import InputError, ReadOptions
 from pipeline.storage import expand_inputs
 
@@ -47,7 +47,7 @@ def _shard_bytes(out):
 
 
 def _record(monkeypatch):
-    """The markers of the pieces tasks the build runs (PiecesStep calls pipeline.pieces.pieces_step)."""
+    """The markers of the pieces tasks the build runs (PiecesStep calls pipeline.build.pieces.pieces_step)."""
     seen, real = [], pieces_mod.pieces_step
 
     def spy(task, ctx):
@@ -167,7 +167,7 @@ def test_bad_compressed_inputs_fail_naming_the_file_or_are_counted(tmp_path, sam
     # The cut file has no plausible trailer: its size is guessed generously. The empty one is too small to need
     # pieces (the docs stage reports it); cut it anyway to see the step report it.
     assert set(tasks) == {"cut.txt.gz"}
-    tasks["empty.txt.gz"] = PieceTask(1, files[1].path, files[1].key, "text")
+    tasks["empty.txt.gz"] = PieceItem(1, files[1].path, files[1].key, "text")
     ctx = PieceContext(str(tmp_path / "w"), 4096, opts)
     with pytest.raises(InputError, match=r"cut\.txt\.gz.*corrupt_file"):
         pieces_step(tasks["cut.txt.gz"], ctx)
@@ -183,20 +183,20 @@ def test_bad_compressed_inputs_fail_naming_the_file_or_are_counted(tmp_path, sam
 @pytest.mark.timeout(300)
 def test_pieces_and_vocab_run_as_ray_tasks_with_the_plain_loops_output(ray_local, moby, tmp_path, sample_dir,
                                                                         monkeypatch):
-    from pipeline.ray_tasks import RayExecutor
+    from pipeline.build.ray_tasks import RayExecutor
 
     root, raw = moby
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "moby.txt.gz").write_bytes(gzip.compress(raw[: 400_000], compresslevel=1))
     markers = []
-    real_run_stage = build_mod.run_stage
+    real_run_stage = pieces_mod.run_stage
 
     def run_stage(stage, *args):
         out = real_run_stage(stage, *args)
-        if stage.name in ("pieces", "vocab"):
-            markers.extend(out)
+        markers.extend(out)
         return out
-    monkeypatch.setattr(build_mod, "run_stage", run_stage)
+    monkeypatch.setattr(pieces_mod, "run_stage", run_stage)
+    monkeypatch.setattr(vocab_mod, "run_stage", run_stage)
 
     def cfg(name):
         return _cfg(tmp_path / name, [str(tmp_path / "in")], sample_dir, vocab=None, vocab_size=300,

@@ -1,5 +1,6 @@
-"""WordPiece vocabulary training on a seeded, bounded sample of the corpus, as one task (never the whole corpus in
-one process, never in the driver).
+"""The vocab stage: WordPiece vocabulary training on a seeded, bounded sample of the corpus, as one item (never the
+whole corpus in one process, never in the driver). The build without --vocab and jobs/train_tokenizer.py both call
+``train_vocab``, so they train on the same sample and give the same vocabulary.
 
 The sample is made of blocks: the byte ranges [k*U, (k+1)*U) of each input's decompressed text (U = unit_bytes),
 a block reading the documents that start inside it. Blocks are taken in the order of a seeded hash of (seed, file
@@ -8,8 +9,9 @@ key, block start) until ``sample_bytes`` is reached (at least one block; 0 = eve
 ``corpus.txt`` give the same sample and the same vocabulary. Parquet row groups are blocks of their own.
 
     sample_blocks(units, sizes, unit_bytes, sample_bytes, seed) -> [[Unit]]    the driver: metadata only
-    vocab_step(task, ctx) -> VocabMarker                                        one task: read, train, commit
-    VocabStep(ctx)(task) -> VocabMarker                                         the same as a step object
+    vocab_step(item, ctx) -> VocabMarker                                        one item: read, train, commit
+    VocabStep(ctx)(item) -> VocabMarker                                         the same as a step object
+    train_vocab(files, units, ctx, sample, output, executor) -> VocabMarker     all of it, resumable, on an executor
 
 Why a sample: WordPiece training counts words in one process; on 256 MB of text it sees every word frequent enough
 to enter a 30k vocabulary of English (the long tail it misses would fall below min_frequency or become ##pieces
@@ -23,15 +25,15 @@ import logging
 from collections import Counter, defaultdict
 from typing import ClassVar
 
-from pipeline.markers import Marker, write_marker
-from pipeline.pieces import worker_id
+from pipeline.build.config import DEFAULT_SAMPLE_BYTES
+from pipeline.build.executor import Executor, Stage, run_stage
+from pipeline.build.markers import Marker, write_marker
+from pipeline.build.pieces import worker_id
 from pipeline.readers import ReadOptions, ReadReport, Unit, read_unit
 from pipeline.rng import derive_seed
-from pipeline.storage import write_bytes_atomic
+from pipeline.storage import FileInfo, write_bytes_atomic
 
 log = logging.getLogger(__name__)
-
-DEFAULT_SAMPLE_BYTES = 256 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +47,8 @@ class VocabContext:
 
 
 @dataclasses.dataclass(frozen=True)
-class VocabTask:
-    """The sampled blocks (each a list of units read in order) and where the vocab.txt goes."""
+class VocabItem:
+    """The work item: the sampled blocks (each a list of units read in order) and where the vocab.txt goes."""
 
     blocks: list[list[Unit]]
     output: str
@@ -115,7 +117,7 @@ def sample_blocks(units: list[Unit], sizes: dict[str, int], unit_bytes: int, sam
     return [b[3] for b in blocks], sum(b[2] for b in blocks)
 
 
-def vocab_step(task: VocabTask, ctx: VocabContext) -> VocabMarker:
+def vocab_step(item: VocabItem, ctx: VocabContext) -> VocabMarker:
     """Train WordPiece on the blocks' documents and commit vocab.txt (one token per line) atomically."""
     from pipeline.tokenize import train_wordpiece
 
@@ -125,20 +127,20 @@ def vocab_step(task: VocabTask, ctx: VocabContext) -> VocabMarker:
     def texts():
         nonlocal count, passes
         passes += 1
-        for block in task.blocks:
+        for block in item.blocks:
             for u in block:
                 for doc in read_unit(u, ctx.read, ctx.endpoint_url, report if passes == 1 else ReadReport()):
                     count += passes == 1
                     yield "\n".join(doc.lines)
 
-    log.info("training a %d-entry WordPiece vocabulary on %d sampled blocks", ctx.vocab_size, len(task.blocks))
+    log.info("training a %d-entry WordPiece vocabulary on %d sampled blocks", ctx.vocab_size, len(item.blocks))
     # Two passes over the sample (see train_wordpiece): read twice rather than held, so memory stays bounded.
     tokens = train_wordpiece(texts, ctx.vocab_size, ctx.do_lower_case, ctx.min_frequency)
     data = ("\n".join(tokens) + "\n").encode()
-    write_bytes_atomic(task.output, data, ctx.endpoint_url)
+    write_bytes_atomic(item.output, data, ctx.endpoint_url)
     dropped = dict(report.dropped + Counter(report.bad_files.values()))
-    marker = VocabMarker(task.output, hashlib.sha256(data).hexdigest(), len(tokens), len(task.blocks),
-                         task.sampled_bytes, count, dropped, worker_id())
+    marker = VocabMarker(item.output, hashlib.sha256(data).hexdigest(), len(tokens), len(item.blocks),
+                         item.sampled_bytes, count, dropped, worker_id())
     if ctx.work is not None:
         write_marker(ctx.work, marker, ctx.endpoint_url)
     return marker
@@ -150,5 +152,28 @@ class VocabStep:
 
     ctx: VocabContext
 
-    def __call__(self, task: VocabTask) -> VocabMarker:
-        return vocab_step(task, self.ctx)
+    def __call__(self, item: VocabItem) -> VocabMarker:
+        return vocab_step(item, self.ctx)
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabSample:
+    """Which blocks the vocabulary is trained on: ``sample_bytes`` of blocks of ``unit_bytes`` (0: all of them), in
+    the order of a hash seeded by ``seed``."""
+
+    unit_bytes: int
+    sample_bytes: int = DEFAULT_SAMPLE_BYTES
+    seed: int = 12345
+
+
+def train_vocab(files: list[FileInfo], units: list[Unit], ctx: VocabContext, sample: VocabSample, output: str,
+                executor: Executor) -> VocabMarker:
+    """Train (or, resuming, find the committed) vocabulary on ``sample`` of ``units`` and commit it to ``output``;
+    ``ctx.work`` holds the marker. One item on ``executor``: never the driver's work."""
+    assert ctx.work is not None, "train_vocab resumes from its marker: give the context a work folder"
+    blocks, nbytes = sample_blocks(units, {f.path: f.size for f in files}, sample.unit_bytes, sample.sample_bytes,
+                                   sample.seed)
+    log.info("vocabulary: %d entries from a %.1f MB sample", ctx.vocab_size, nbytes / 1e6)
+    (marker,) = run_stage(Stage("vocab", VocabStep(ctx), {"vocab": VocabItem(blocks, output, nbytes)}, VocabMarker),
+                          executor, ctx.work, ctx.endpoint_url)
+    return marker  # type: ignore[return-value]

@@ -1,13 +1,14 @@
-"""pipeline.vocab: the vocabulary's sample is seeded, deterministic and bounded, and the same whether the text is
+"""pipeline.build.vocab: the vocabulary's sample is seeded, deterministic and bounded, and the same whether the text is
 compressed or not (so is the vocabulary)."""
 from __future__ import annotations
 
 import gzip
 
-from pipeline.pieces import cut_and_plan
-from pipeline.readers import ReadOptions, read_unit
+from pipeline.build.executor import LocalExecutor
+from pipeline.build.pieces import input_units
+from pipeline.build.vocab import VocabContext, VocabItem, sample_blocks, vocab_step
+from pipeline.readers import ReadOptions, ReadReport, read_unit
 from pipeline.storage import expand_inputs
-from pipeline.vocab import VocabContext, VocabTask, sample_blocks, vocab_step
 
 UNIT = 64 << 10
 
@@ -26,7 +27,7 @@ def _corpus(root, sample_dir, compress: bool):
 
 def _plan(root, tmp_path, name):
     files = expand_inputs([str(root)])
-    units = cut_and_plan(files, ReadOptions(), UNIT, str(tmp_path / name))
+    units = input_units(files, ReadOptions(), UNIT, str(tmp_path / name), LocalExecutor(), ReadReport())
     return units, {f.path: f.size for f in files}
 
 
@@ -58,7 +59,7 @@ def test_sample_is_seeded_bounded_and_the_same_compressed_or_not(tmp_path, sampl
     assert total == sum(sizes_p.values()) and len(_docs(everything)) == 270 + 135
     # And the same vocabulary.
     ctx = VocabContext(ReadOptions(), vocab_size=400, min_frequency=2)
-    mp = vocab_step(VocabTask(blocks, str(tmp_path / "vp.txt"), nbytes), ctx)
-    mg = vocab_step(VocabTask(blocks_g, str(tmp_path / "vg.txt"), nbytes_g), ctx)
+    mp = vocab_step(VocabItem(blocks, str(tmp_path / "vp.txt"), nbytes), ctx)
+    mg = vocab_step(VocabItem(blocks_g, str(tmp_path / "vg.txt"), nbytes_g), ctx)
     assert (tmp_path / "vp.txt").read_bytes() == (tmp_path / "vg.txt").read_bytes()
     assert mp.sha256 == mg.sha256 and mp.vocab_size == 400 and mp.documents == len(docs)

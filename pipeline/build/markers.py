@@ -1,8 +1,9 @@
 """Completion markers: one small typed JSON record per finished work item (datatrove style).
 
-A step commits its output atomically, then its marker; a marker's presence means the item is done and is skipped on
-resume. Markers are frozen dataclasses (``to_json`` / ``from_json``) rather than dicts, so a field that a later stage
-reads has one name and one type. ``read_markers`` reads a stage's markers with a thread pool: on object storage one
+Each stage's file defines its own marker type (``DocsMarker`` in ``docs.py``, ...); this module holds what they
+share. A step commits its output atomically, then its marker; a marker's presence means the item is done and is
+skipped on resume. Markers are frozen dataclasses (``to_json`` / ``from_json``) rather than dicts, so a field that a
+later stage reads has one name and one type. ``read_markers`` reads a stage's markers with a thread pool: on object storage one
 GET costs tens of milliseconds, and a build has thousands of units.
 """
 from __future__ import annotations
@@ -44,69 +45,6 @@ class Marker:
     def from_json(cls: type[M], text: str | bytes) -> M:
         d = json.loads(text)
         return cls(**{f.name: _freeze(d[f.name]) for f in dataclasses.fields(cls)})
-
-
-@dataclasses.dataclass(frozen=True)
-class DocsMarker(Marker):
-    """A unit read, split, tokenized: its documents file and its part of the random-next pool are committed."""
-
-    stage: ClassVar[str] = "docs"
-    uid: str
-    path: str
-    documents: int
-    sentences: int
-    tokens: int
-    read_documents: int
-    dropped: dict[str, int]
-    bad_files: dict[str, str]
-    pool_documents: int
-    pool_tokens: int
-
-    @property
-    def key(self) -> str:
-        return self.uid
-
-
-@dataclasses.dataclass(frozen=True)
-class PoolMarker(Marker):
-    """The pool parts of all units merged into one file that every instances task loads once per process."""
-
-    stage: ClassVar[str] = "pool"
-    documents: int
-    tokens: int
-
-    @property
-    def key(self) -> str:
-        return "pool"
-
-
-@dataclasses.dataclass(frozen=True)
-class InstancesMarker(Marker):
-    """A unit's instances: ``rows[p]`` rows in pass ``p``, cut into ``chunks`` record batches per pass."""
-
-    stage: ClassVar[str] = "instances"
-    uid: str
-    rows: tuple[int, ...]
-    chunks: int
-    random_next: int
-    masked: int
-    seq_len_histogram: dict[str, int]
-
-    @property
-    def key(self) -> str:
-        return self.uid
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardMarker(Marker):
-    stage: ClassVar[str] = "shards"
-    index: int
-    file: str
-    rows: int
-
-    @property
-    def key(self) -> str:
-        return f"{self.index:05d}"
 
 
 def write_marker(work: str, marker: Marker, endpoint_url: str | None = None) -> None:

@@ -3,7 +3,7 @@
 A *step* is a picklable callable (a frozen dataclass) taking one item and returning the ``Marker`` it committed; it
 may have a ``setup()`` that loads per-process resources (the tokenizer, the pool) into a process-level cache. An
 *executor* runs a step over items: ``LocalExecutor`` is a plain loop in this process (tests, debugging),
-``pipeline.ray_tasks.RayExecutor`` runs the very same steps as Ray tasks. ``share(obj)`` gives a handle that
+``pipeline.build.ray_tasks.RayExecutor`` runs the very same steps as Ray tasks. ``share(obj)`` gives a handle that
 steps resolve with ``.get()``: the object itself here, one object-store copy on Ray.
 
 A ``Stage`` is a name, a step and its items by key; ``run_stage`` reads the stage's committed markers (resume), maps
@@ -19,13 +19,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from pipeline.markers import Marker, read_markers
+from pipeline.build.markers import Marker, read_markers
 
 log = logging.getLogger(__name__)
 
 
 class Shared(Protocol):
-    """A large read-only object handed to every task once: ``key`` identifies it for per-process caches."""
+    """A large read-only object handed to every step once: ``key`` identifies it for per-process caches."""
 
     key: str
 

@@ -10,12 +10,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.build import BYTES_PER_TOKEN, BuildConfig, build, pool_threshold
+from pipeline.build import BuildConfig, build
+from pipeline.build.docs import DocsMarker
+from pipeline.build.instances import InstancesMarker
+from pipeline.build.markers import read_markers, write_marker
+from pipeline.build.pool import BYTES_PER_TOKEN, pool_threshold
+from pipeline.build.shards import ShardItem, chunk_bounds, chunks_per_pass, plan_shards, unit_order, write_shard
 from pipeline.instances import InstanceConfig
-from pipeline.markers import DocsMarker, InstancesMarker, read_markers, write_marker
 from pipeline.readers import ReadOptions, ReadReport, plan_units, read_unit
 from pipeline.rng import derive_seed
-from pipeline.shards import ShardTask, chunk_bounds, chunks_per_pass, plan_shards, unit_order, write_shard
 from pipeline.storage import expand_inputs
 
 
@@ -86,7 +89,7 @@ def test_shard_rows_are_in_key_order_within_each_group(tmp_path):
             for p in range(2):
                 keys = np.sort(rng.integers(0, 2**63, 50).astype(np.uint64))
                 w.write_batch(pa.record_batch([pa.array(np.full(50, 10 * u + p)), pa.array(keys)], schema=schema))
-    task = ShardTask(0, 1, (("0", 0, 10, 50), ("1", 1, 0, 50), ("2", 0, 0, 30), ("2", 1, 0, 50)))
+    task = ShardItem(0, 1, (("0", 0, 10, 50), ("1", 1, 0, 50), ("2", 0, 0, 30), ("2", 1, 0, 50)))
     url = str(tmp_path / "out.parquet")
     rows = write_shard(task, url, lambda uid: str(tmp_path / f"{uid}.arrow"), schema, rows_per_group=100)
     t = pq.read_table(url)

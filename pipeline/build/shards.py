@@ -1,14 +1,17 @@
-"""Exactly balanced, well-mixed shards without an all-to-all gather: each shard task reads only its own slices.
+"""The shards stage: exactly balanced, well-mixed shards without an all-to-all gather; each shard item reads only
+its own slices.
 
-Every instance carries a uint64 ``key`` (a hash of seed, document, pass, index). Each instances task writes its
+    ShardStep   ShardItem (its own slices only) -> shards/part-i-of-S.parquet, ShardMarker
+
+Every instance carries a uint64 ``key`` (a hash of seed, document, pass, index). Each instances item writes its
 unit's rows pass by pass, each pass cut into ``chunks`` contiguous record batches. The dataset's global order is
 fixed by the seed and the plan alone:
 
     for pass p in 0..D-1:  for each (unit, chunk) in a permutation seeded by (seed, p):  that chunk's rows
 
 Shard ``i`` of ``S`` takes global rows ``[i*N//S, (i+1)*N//S)`` (row counts differ by at most one). The driver turns
-the per-unit row counts into each task's slice list (prefix sums: O(units x passes x chunks) integers, no data),
-so a shard task opens only the chunks its range covers and is handed only its own slices. It orders its rows by
+the per-unit row counts into each item's slice list (prefix sums: O(units x passes x chunks) integers, no data),
+so a shard item opens only the chunks its range covers and is handed only its own slices. It orders its rows by
 key within groups of at most ``ROWS_PER_GROUP`` rows (one group for a shard of ordinary size): a document's pairs
 end up spread among the rows of every other document of the group, and memory stays bounded by the group.
 
@@ -23,37 +26,28 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.build.config import BuildState
+from pipeline.build.executor import Stage
+from pipeline.build.markers import Marker, write_marker
+from pipeline.build.work import WORK_SUFFIX, StepContext
 from pipeline.rng import derive_seed
-from pipeline.storage import filesystem_for, open_atomic
+from pipeline.schema import instance_schema, shard_name
+from pipeline.storage import filesystem_for, join, open_atomic
 
 ROWS_PER_GROUP = 1 << 18  # ~100 MB of seq-128 rows: what one shard writer sorts at a time
 CHUNKS_PER_SHARD = 32  # pieces of units a shard should mix, when the corpus has fewer units than that per shard
-MAX_CHUNKS = 64  # chunks per unit and pass at most: each is one small read for a shard task
+MAX_CHUNKS = 64  # chunks per unit and pass at most: each is one small read for a shard item
 _READ_THREADS = 8
 
-# Intermediate (_work) files are written once and read once, then deleted: Arrow IPC files (no encoding, no
-# compression; a record batch is read back by index, like a Parquet row group). Final shards are zstd Parquet.
-WORK_SUFFIX = ".arrow"
-
-
-def write_work_table(f, table: pa.Table) -> None:
-    """One record batch: ``read_work_table`` gives the table back."""
-    with pa.ipc.new_file(f, table.schema) as w:
-        w.write_table(table.combine_chunks())
-
-
-def read_work_table(f) -> pa.Table:
-    return pa.ipc.open_file(f).read_all()
-
-
 @dataclasses.dataclass(frozen=True)
-class ShardTask:
-    """Shard ``index`` of ``count``: its slices ``(uid, batch, lo, hi)``, rows [lo, hi) of record batch ``batch``
+class ShardItem:
+    """The work item of one shard: shard ``index`` of ``count``, its slices ``(uid, batch, lo, hi)``, rows [lo, hi) of record batch ``batch``
     of the unit's instances file, in global order."""
 
     index: int
@@ -82,7 +76,7 @@ def unit_order(num_pieces: int, seed: int, pass_idx: int) -> np.ndarray:
 
 
 def plan_shards(unit_rows: Sequence[tuple[str, Sequence[int]]], num_shards: int, seed: int,
-                chunks: int = 1) -> list[ShardTask]:
+                chunks: int = 1) -> list[ShardItem]:
     """Shard i gets global rows [i*N//S, (i+1)*N//S); ``unit_rows``: (uid, rows per pass) in unit order, each
     pass of each unit written as ``chunks`` record batches (``chunk_bounds``)."""
     uids = [u for u, _ in unit_rows]
@@ -96,7 +90,7 @@ def plan_shards(unit_rows: Sequence[tuple[str, Sequence[int]]], num_shards: int,
     starts = np.zeros(len(segs) + 1, np.int64)
     np.cumsum([n for _, _, n in segs], out=starts[1:])
     total = int(starts[-1])
-    tasks = []
+    items = []
     for i in range(num_shards):
         lo, hi = i * total // num_shards, (i + 1) * total // num_shards
         slices = []
@@ -108,8 +102,8 @@ def plan_shards(unit_rows: Sequence[tuple[str, Sequence[int]]], num_shards: int,
             if e > lo and e > s:
                 u, batch, _ = segs[k]
                 slices.append((uids[u], batch, max(lo, s) - s, min(hi, e) - s))
-        tasks.append(ShardTask(i, num_shards, tuple(slices)))
-    return tasks
+        items.append(ShardItem(i, num_shards, tuple(slices)))
+    return items
 
 
 def _groups(slices: Sequence[tuple[str, int, int, int]], limit: int) -> list[list[tuple[str, int, int, int]]]:
@@ -132,13 +126,13 @@ def _read_slice(url: str, batch: int, lo: int, hi: int, endpoint_url: str | None
         return pa.ipc.open_file(fh).get_batch(batch).slice(lo, hi - lo)
 
 
-def write_shard(task: ShardTask, url: str, source: Callable[[str], str], schema: pa.Schema,
+def write_shard(item: ShardItem, url: str, source: Callable[[str], str], schema: pa.Schema,
                 endpoint_url: str | None = None, rows_per_group: int = ROWS_PER_GROUP) -> int:
     """Write one shard atomically from its slices (``source(uid)``: a unit's instances file); returns its rows."""
     rows = 0
     with open_atomic(url, endpoint_url) as f:
         with pq.ParquetWriter(f, schema, compression="zstd") as w:
-            for group in _groups(task.slices, rows_per_group):
+            for group in _groups(item.slices, rows_per_group):
                 # Slices are small reads from different files: concurrent on object storage, in a fixed order.
                 with concurrent.futures.ThreadPoolExecutor(min(_READ_THREADS, len(group))) as threads:
                     table = pa.Table.from_batches(list(threads.map(
@@ -152,3 +146,37 @@ def write_shard(task: ShardTask, url: str, source: Callable[[str], str], schema:
             if rows == 0:
                 w.write_table(schema.empty_table())
     return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardMarker(Marker):
+    stage: ClassVar[str] = "shards"
+    index: int
+    file: str
+    rows: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.index:05d}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardStep:
+    ctx: StepContext
+
+    def __call__(self, item: ShardItem) -> ShardMarker:
+        ctx = self.ctx
+        name = shard_name(item.index, item.count)
+        rows = write_shard(item, join(ctx.output, name), lambda uid: ctx.url("instances", uid + WORK_SUFFIX),
+                           instance_schema(ctx.vocab_size), ctx.endpoint_url)
+        assert rows == item.rows, (rows, item.rows)
+        marker = ShardMarker(index=item.index, file=name, rows=rows)
+        write_marker(ctx.work, marker, ctx.endpoint_url)
+        return marker
+
+
+def shards_stage(s: BuildState) -> Stage:
+    inst: list = s.markers["instances"]  # InstancesMarker, in unit order
+    (chunks,) = {m.chunks for m in inst}  # the same plan for every unit, resumed or not
+    items = plan_shards([(m.uid, m.rows) for m in inst], s.cfg.num_shards, s.cfg.instances.seed, chunks)
+    return Stage("shards", ShardStep(s.ctx), {f"{t.index:05d}": t for t in items}, ShardMarker)

@@ -1,0 +1,149 @@
+"""The dataset build: the stages the driver walks, one file each, and the manifest (written last).
+
+    plan (inputs -> fixed units) -> [pieces of big compressed inputs] -> [vocab] -> docs -> pool -> instances
+    -> shards -> manifest
+
+    config.py     BuildConfig (what decides the dataset), BuildState (what the stage planners see)
+    identity.py   the config hash and input stamps of an output folder: finished, resumable or refused
+    executor.py   Stage, run_stage (resume by markers), the Executor protocol and the plain-loop LocalExecutor
+    ray_tasks.py  RayExecutor: the same steps as Ray tasks
+    markers.py    the base completion marker; work.py: the _work folder, its Arrow tables, per-process caches
+    pieces.py vocab.py docs.py pool.py instances.py shards.py
+                  one stage each: its work item, its step (a picklable callable), its marker, its planner
+
+Each stage is a ``Stage`` (a step mapped over items, one marker per item) planned from the markers of the stages
+before it; ``build`` walks ``STAGES`` and runs each with ``run_stage`` on the executor it was given. The driver only
+plans and sums markers: it reads no corpus bytes and no per-document data, so its work is O(units) of metadata.
+Barriers are the ones the algorithm needs: the pool needs every unit's members, the shards need every unit's row
+counts. Output never depends on the executor, CPUs, nodes or blocks: ids and seeds come from the files.
+
+Resume: every item of every stage commits atomically with a completion marker, so a killed build rerun with the same
+command redoes only what has no marker (``identity.py`` says which reruns are refused).
+
+To add a stage, write ``<name>_stage(state) -> Stage`` in a file of its own (its work item, step and marker beside
+it) and put it in ``STAGES``; later stages read its markers from ``state.markers[name]``. The instances stage takes
+its units from the docs markers, so a stage before docs (cutting big files into pieces) only has to change the
+items ``docs_stage`` maps over.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from pipeline.build.config import BuildConfig, BuildState
+from pipeline.build.docs import DocsMarker, doc_totals, docs_stage
+from pipeline.build.executor import Executor, LocalExecutor, Stage, run_stage
+from pipeline.build.identity import check_state, finished_manifest
+from pipeline.build.instances import InstancesMarker, instances_stage
+from pipeline.build.pieces import input_units
+from pipeline.build.pool import PoolMarker, planned_tokens, pool_stage, pool_threshold
+from pipeline.build.shards import shards_stage
+from pipeline.build.vocab import VocabContext, VocabSample, train_vocab
+from pipeline.instances import VocabInfo
+from pipeline.readers import ReadReport
+from pipeline.schema import (FORMAT, FORMAT_VERSION, MANIFEST, SHARDS_DIR, VOCAB_FILE, config_hash, token_dtype,
+                             validate_manifest)
+from pipeline.storage import (check_writable, expand_inputs, join, read_bytes, remove_stale_temps, remove_tree,
+                              write_bytes_atomic, write_json_atomic)
+
+__all__ = ["BuildConfig", "STAGES", "build"]
+
+log = logging.getLogger(__name__)
+
+STAGES: tuple[Callable[[BuildState], Stage], ...] = (docs_stage, pool_stage, instances_stage, shards_stage)
+
+
+def _tokens_of(data: bytes) -> list[str]:
+    tokens = [line.rstrip("\r") for line in data.decode("utf-8").split("\n")]
+    while tokens and tokens[-1] == "":
+        tokens.pop()
+    return tokens
+
+
+def build(cfg: BuildConfig, executor: Executor | None = None) -> dict[str, Any]:
+    """Run (or resume, or confirm) the build; returns the manifest."""
+    executor = executor or LocalExecutor()
+    out, ep = cfg.output, cfg.endpoint_url
+    t0 = time.time()
+    # Everything that can fail cheaply fails here, before any work: inputs, vocab, output, config clashes.
+    files = expand_inputs(list(cfg.inputs), ep)
+    inputs = [{"path": f.path, "size": f.size, "etag": f.etag, "mtime": f.mtime} for f in files]
+    vocab_bytes = None
+    if cfg.vocab:
+        try:
+            vocab_bytes = read_bytes(cfg.vocab, ep)
+        except FileNotFoundError as e:
+            raise ValueError(f"--vocab {cfg.vocab} does not exist: pass a BERT vocab.txt, or omit --vocab to train"
+                             " one on the input") from e
+    ident = cfg.identity() | {"vocab_sha256": hashlib.sha256(vocab_bytes).hexdigest() if vocab_bytes else None}
+    chash = config_hash(ident)
+    check_writable(out, ep)
+    done = finished_manifest(cfg, chash)
+    if done is not None:
+        return done
+    check_state(cfg, chash, inputs)
+
+    executor.begin()  # a cluster comes up while the driver plans
+    report = ReadReport()
+    units = input_units(files, cfg.read, cfg.unit_bytes, cfg.work, executor, report, ep)
+    if vocab_bytes is None:
+        # Without --vocab: one item trains WordPiece on a seeded sample of bounded size (pipeline/build/vocab.py).
+        vctx = VocabContext(cfg.read, cfg.vocab_size, cfg.min_frequency, cfg.do_lower_case, ep, cfg.work)
+        sample = VocabSample(cfg.unit_bytes, cfg.vocab_sample_bytes, cfg.instances.seed)
+        marker = train_vocab(files, units, vctx, sample, join(cfg.work, VOCAB_FILE), executor)
+        vocab_bytes = read_bytes(marker.file, ep)
+    vocab_sha = hashlib.sha256(vocab_bytes).hexdigest()
+    tokens = _tokens_of(vocab_bytes)
+    vocab = VocabInfo.from_tokens(tokens)
+    planned = planned_tokens(files, units, cfg.read)
+    # The id that keys per-process caches (the pool): the config and the input stamps, so a rebuild of changed
+    # inputs into the same output, in the same process, never sees the old pool.
+    build_id = config_hash({"config_hash": chash, "inputs": inputs})
+    ctx = cfg.step_context(vocab.vocab_size, pool_threshold(cfg.pool_tokens, planned), build_id)
+    # The vocabulary goes to the workers once (the object store on Ray); each builds its encoder once.
+    state = BuildState(cfg, ctx, units, executor.share(vocab_sha, tokens), report, planned)
+    for plan in STAGES:
+        stage = plan(state)
+        state.markers[stage.name] = run_stage(stage, executor, ctx.work, ep)
+
+    doc_markers: list[DocsMarker] = state.markers["docs"]  # type: ignore[assignment]
+    inst_markers: list[InstancesMarker] = state.markers["instances"]  # type: ignore[assignment]
+    pool: PoolMarker = state.markers["pool"][0]  # type: ignore[assignment]
+    totals, dropped, bad_files = doc_totals(doc_markers, report, cfg.read.on_error)
+    shards = [{"file": m.file, "rows": m.rows} for m in state.markers["shards"]]  # type: ignore[attr-defined]
+
+    write_bytes_atomic(join(out, VOCAB_FILE), vocab_bytes, ep)
+    remove_stale_temps(join(out, SHARDS_DIR), ep)
+    hist: Counter = Counter()
+    for m in inst_markers:
+        hist.update(m.seq_len_histogram)
+    totals |= {
+        "instances": sum(sum(m.rows) for m in inst_markers),
+        "random_next": sum(m.random_next for m in inst_markers),
+        "masked_lm_positions": sum(m.masked for m in inst_markers),
+        "dropped": dict(sorted(dropped.items())),
+    }
+    manifest = {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "config": ident, "config_hash": chash,
+        "vocab": {"file": VOCAB_FILE, "sha256": vocab_sha, "size": vocab.vocab_size,
+                  "do_lower_case": cfg.do_lower_case, "trained": cfg.vocab is None},
+        "token_dtype": str(token_dtype(vocab.vocab_size)), "max_seq_length": cfg.instances.max_seq_length,
+        "inputs": inputs, "skipped_files": bad_files,
+        "shards": shards, "totals": totals,
+        "seq_len_histogram": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
+        "random_pool": {"documents": pool.documents, "tokens": pool.tokens, "planned_tokens": planned,
+                        "sample_fraction": min(1.0, ctx.pool_threshold / (1 << 64))},
+        "build_seconds": round(time.time() - t0, 2),
+    }
+    manifest = json.loads(json.dumps(manifest))  # what readers will see (tuples become lists)
+    validate_manifest(manifest, "the new manifest")
+    write_json_atomic(join(out, MANIFEST), manifest, ep)  # last: its presence means the dataset is complete
+    remove_tree(cfg.work, ep)
+    log.info("built %s: %d instances in %d shards", out, totals["instances"], len(shards))
+    return manifest

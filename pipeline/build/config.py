@@ -1,0 +1,82 @@
+"""The build's config (what decides the dataset, and where it goes) and the state the stage planners see."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pipeline.build.executor import Shared
+from pipeline.build.markers import Marker
+from pipeline.build.work import StepContext
+from pipeline.instances import InstanceConfig
+from pipeline.readers import ReadOptions, ReadReport, Unit
+from pipeline.schema import WORK_DIR
+from pipeline.storage import join
+
+DEFAULT_SAMPLE_BYTES = 256 << 20  # the trained vocabulary's sample (pipeline/build/vocab.py says why)
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildConfig:
+    """Everything that decides the dataset's content (``identity``) plus where it goes."""
+
+    inputs: tuple[str, ...]
+    output: str
+    read: ReadOptions = ReadOptions()
+    instances: InstanceConfig = InstanceConfig()
+    vocab: str | None = None
+    vocab_size: int = 30522  # only used to train a vocabulary when none is given
+    min_frequency: int = 2
+    vocab_sample_bytes: int = DEFAULT_SAMPLE_BYTES  # the trained vocabulary's sample (0: the whole corpus)
+    do_lower_case: bool = True
+    dupe_factor: int = 10
+    num_shards: int = 16
+    pool_tokens: int = 4_000_000
+    unit_bytes: int = 4 << 20
+    endpoint_url: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            raise ValueError("no inputs: pass at least one --input")
+        if not self.output:
+            raise ValueError("no output: pass --output")
+        if self.dupe_factor < 1:
+            raise ValueError(f"--dupe-factor {self.dupe_factor}: use at least 1 (the reference uses 10)")
+        if self.num_shards < 1:
+            raise ValueError(f"--num-shards {self.num_shards}: use at least 1")
+        if self.pool_tokens < 1:
+            raise ValueError(f"--pool-tokens {self.pool_tokens}: use a positive token budget")
+        if self.vocab_sample_bytes < 0:
+            raise ValueError(f"vocab_sample_bytes {self.vocab_sample_bytes}: use 0 (whole corpus) or a byte budget")
+        if self.unit_bytes < 1024:
+            raise ValueError(f"unit_bytes {self.unit_bytes}: use at least 1024")
+
+    @property
+    def work(self) -> str:
+        return join(self.output, WORK_DIR)
+
+    def identity(self) -> dict[str, Any]:
+        """The config that decides the content: not where it is written or which endpoint serves it."""
+        d = dataclasses.asdict(self)
+        d.pop("output")
+        d.pop("endpoint_url")
+        return d
+
+    def step_context(self, vocab_size: int, pool_threshold: int, build_id: str) -> StepContext:
+        return StepContext(work=self.work, output=self.output, read=self.read,
+                           instances=self.instances, do_lower_case=self.do_lower_case, dupe_factor=self.dupe_factor,
+                           vocab_size=vocab_size, pool_threshold=pool_threshold, build_id=build_id,
+                           endpoint_url=self.endpoint_url)
+
+
+@dataclasses.dataclass
+class BuildState:
+    """What the stage planners see: the config, the step context, the units, the shared vocabulary and the
+    markers of the stages run so far (by stage name, in item order)."""
+
+    cfg: BuildConfig
+    ctx: StepContext
+    units: list[Unit]
+    vocab: Shared
+    report: ReadReport
+    planned_tokens: int
+    markers: dict[str, list[Marker]] = dataclasses.field(default_factory=dict)

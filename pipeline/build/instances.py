@@ -1,0 +1,146 @@
+"""The instances stage: one unit's documents -> NSP pairs + MLM masks for every (document, pass), in the record
+batches the shards read.
+
+    InstancesStep   uid -> _work/instances/<uid>.arrow: each pass's rows as a few record batches, InstancesMarker
+
+The algorithm is ``pipeline.instances.create_instances_flat`` (pure numpy over token ids); this step feeds it a
+unit's documents a block at a time and cuts each pass's rows into ``chunks`` record batches (``shards.chunk_bounds``)
+so that a shard can read just its slices. The pool and the vocabulary's ids are loaded once per worker process.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.build.config import BuildState
+from pipeline.build.docs import iter_docs
+from pipeline.build.executor import Shared, Stage
+from pipeline.build.markers import Marker, write_marker
+from pipeline.build.pool import pool_for
+from pipeline.build.shards import chunk_bounds, chunks_per_pass
+from pipeline.build.work import WORK_SUFFIX, StepContext, cached, read_table
+from pipeline.instances import RandomDocPool, VocabInfo, create_instances_flat
+from pipeline.pairs import PackedDoc
+from pipeline.schema import token_dtype, work_instance_schema
+from pipeline.storage import open_atomic
+
+LIST_COLUMNS = ("input_ids", "masked_lm_positions", "masked_lm_ids")
+
+_INSTANCE_BLOCK_TOKENS = 1 << 20  # instance tokens per block of documents (~10 bytes each while masking)
+
+
+@dataclasses.dataclass(frozen=True)
+class InstancesMarker(Marker):
+    """A unit's instances: ``rows[p]`` rows in pass ``p``, cut into ``chunks`` record batches per pass."""
+
+    stage: ClassVar[str] = "instances"
+    uid: str
+    rows: tuple[int, ...]
+    chunks: int
+    random_next: int
+    masked: int
+    seq_len_histogram: dict[str, int]
+
+    @property
+    def key(self) -> str:
+        return self.uid
+
+
+def vocab_info_for(vocab: Shared) -> VocabInfo:
+    return cached("vocab_info", vocab.key, lambda: VocabInfo.from_tokens(vocab.get()))
+
+
+def _table(parts: list[dict], vocab_size: int) -> pa.Table:
+    """The flat instance columns of several blocks as one table of the _work instance schema."""
+    schema = work_instance_schema(vocab_size)
+    if not parts:
+        return schema.empty_table()
+    dtype = token_dtype(vocab_size)
+
+    def column(name: str, np_dtype) -> pa.Array:
+        if name in LIST_COLUMNS:  # (values, offsets) per block -> one list array
+            values = np.concatenate([p[name][0] for p in parts]).astype(np_dtype, copy=False)
+            lengths = np.concatenate([np.diff(p[name][1]) for p in parts])
+            offsets = np.zeros(len(lengths) + 1, np.int32)
+            np.cumsum(lengths, out=offsets[1:])
+            return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+        return pa.array(np.concatenate([p[name] for p in parts]).astype(np_dtype, copy=False))
+
+    return pa.Table.from_arrays([
+        column("input_ids", dtype), column("a_length", np.int16), column("masked_lm_positions", np.uint16),
+        column("masked_lm_ids", dtype), column("next_sentence_label", np.int8), column("key", np.uint64),
+    ], schema=schema)
+
+
+def instances_step(uid: str, ctx: StepContext, pool: RandomDocPool, vocab: VocabInfo, chunks: int = 1
+                   ) -> InstancesMarker:
+    """NSP pairs + MLM masks for every (document, pass) of a unit; each pass's rows cut into ``chunks`` record
+    batches (contiguous, sizes differing by at most one row; batch ``p * chunks + c``), what the shards read."""
+    passes = range(ctx.dupe_factor)
+    parts: list[list[dict]] = [[] for _ in passes]
+    block: list[tuple[str, PackedDoc]] = []
+    block_tokens = 0
+
+    def flush() -> None:
+        # A pass's rows do not depend on the other passes (each draws from its own stream): one call per pass
+        # keeps every pass's rows apart for the shards, at one numpy pass per block and pass.
+        for p in passes:
+            out = create_instances_flat(block, [p], ctx.instances, pool, vocab)
+            if out is not None:
+                parts[p].append(out)
+        block.clear()
+
+    for doc_id, doc in iter_docs(read_table(ctx.url("docs", uid + WORK_SUFFIX), ctx)):
+        block.append((doc_id, doc))
+        block_tokens += len(doc.tokens)
+        if block_tokens * ctx.dupe_factor >= _INSTANCE_BLOCK_TOKENS:
+            flush()
+            block_tokens = 0
+    if block:
+        flush()
+    schema = work_instance_schema(ctx.vocab_size)
+    rows, hist, random_next, masked = [], Counter(), 0, 0
+    with open_atomic(ctx.url("instances", uid + WORK_SUFFIX), ctx.endpoint_url) as f:
+        with pa.ipc.new_file(f, schema) as w:
+            for p in passes:
+                # Rows stay in document order: the shard writer orders its rows by key (sorting here too would
+                # copy every row once more for nothing).
+                table = _table(parts[p], ctx.vocab_size).combine_chunks()
+                for a, b in chunk_bounds(table.num_rows, chunks):
+                    batches = table.slice(a, b - a).to_batches()
+                    w.write_batch(batches[0] if batches else pa.RecordBatch.from_pylist([], schema=schema))
+                rows.append(table.num_rows)
+                if parts[p]:
+                    lengths = np.concatenate([np.diff(x["input_ids"][1]) for x in parts[p]])
+                    hist.update({k: v for k, v in enumerate(np.bincount(lengths).tolist()) if v})
+                random_next += int(sum(int(x["next_sentence_label"].sum()) for x in parts[p]))
+                masked += int(sum(len(x["masked_lm_positions"][0]) for x in parts[p]))
+                parts[p] = []
+    marker = InstancesMarker(uid=uid, rows=tuple(rows), chunks=chunks, random_next=random_next, masked=masked,
+                             seq_len_histogram={str(k): int(v) for k, v in sorted(hist.items()) if v})
+    write_marker(ctx.work, marker, ctx.endpoint_url)
+    return marker
+
+
+@dataclasses.dataclass(frozen=True)
+class InstancesStep:
+    ctx: StepContext
+    vocab: Shared
+    chunks: int = 1  # record batches per pass (shards.chunks_per_pass)
+
+    def setup(self) -> None:
+        vocab_info_for(self.vocab)
+        pool_for(self.ctx)
+
+    def __call__(self, uid: str) -> InstancesMarker:
+        return instances_step(uid, self.ctx, pool_for(self.ctx), vocab_info_for(self.vocab), self.chunks)
+
+
+def instances_stage(s: BuildState) -> Stage:
+    uids = [m.uid for m in s.markers["docs"]]  # type: ignore[attr-defined]
+    chunks = chunks_per_pass(len(uids), s.cfg.dupe_factor, s.cfg.num_shards)
+    return Stage("instances", InstancesStep(s.ctx, s.vocab, chunks), {u: u for u in uids}, InstancesMarker)

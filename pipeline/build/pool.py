@@ -1,0 +1,111 @@
+"""The pool stage: the random-next pool, a seeded sample of the WHOLE corpus, merged into one file.
+
+    PoolStep   "pool" -> the units' pool parts merged, in unit order, into _work/pool/pool.arrow, PoolMarker
+               [one item: the barrier the algorithm needs, since every instance may draw from any unit's members]
+
+The sample is planned before any text is read: ``pool_threshold`` turns the token budget and the input's planned
+size (``planned_tokens``, from metadata only) into a 64-bit hash threshold, and each docs item keeps the documents
+whose seeded hash falls below it. The instances stage loads the merged pool once per worker process (``pool_for``).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+from typing import ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.build.config import BuildState
+from pipeline.build.docs import DocsMarker, doc_arrays, doc_totals
+from pipeline.build.executor import Stage
+from pipeline.build.markers import Marker, write_marker
+from pipeline.build.work import StepContext, cached, read_table, write_table
+from pipeline.instances import RandomDocPool
+from pipeline.readers import ReadOptions, Unit, detect_format
+from pipeline.schema import work_docs_schema
+from pipeline.storage import FileInfo, compression_of
+
+# Planning the random-next pool before any text is read: tokens are estimated from the input's size. ~4.2 bytes of
+# English text per WordPiece token (bert-base-uncased on Moby Dick, news, docs); 4.0 errs towards a pool a little
+# under the budget. Compressed inputs count COMPRESSED_RATIO text bytes per stored byte.
+BYTES_PER_TOKEN = 4.0
+COMPRESSED_RATIO = 3  # text compresses ~3x (gzip/zstd/Parquet+zstd); only the pool's threshold uses it
+_POOL_READ_THREADS = 16  # pool parts read concurrently by the one pool item (many small objects on S3)
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolMarker(Marker):
+    """The pool parts of all units merged into one file that every instances item loads once per process."""
+
+    stage: ClassVar[str] = "pool"
+    documents: int
+    tokens: int
+
+    @property
+    def key(self) -> str:
+        return "pool"
+
+
+def planned_tokens(files: list[FileInfo], units: list[Unit], read: ReadOptions) -> int:
+    """Tokens the inputs should hold, from metadata alone (no reads): listed sizes, and for big compressed inputs
+    the decompressed sizes of their pieces, so that a ``.gz`` and the same text uncompressed plan the same pool."""
+    pieces = [u for u in units if u.data is not None]
+    text_bytes = sum(u.end - u.start for u in pieces)
+    cut = {u.path for u in pieces}
+    for f in files:
+        if f.path not in cut:
+            packed = compression_of(f.path) or detect_format(f.path, read.fmt) == "parquet"
+            text_bytes += f.size * (COMPRESSED_RATIO if packed else 1)
+    return max(1, int(text_bytes / BYTES_PER_TOKEN))
+
+
+def pool_threshold(pool_tokens: int, planned: int) -> int:
+    """The 64-bit hash threshold that makes the pool a p = min(1, budget / planned tokens) sample of documents."""
+    p = min(1.0, pool_tokens / planned)
+    return 1 << 64 if p >= 1.0 else int(p * (1 << 64))
+
+
+def pool_from(table: pa.Table) -> RandomDocPool:
+    doc_ids, outer, inner, flat = doc_arrays(table)
+    return RandomDocPool.from_arrays(doc_ids, flat, inner.astype(np.int64), outer.astype(np.int64))
+
+
+def pool_for(ctx: StepContext) -> RandomDocPool:
+    """The merged pool, read once per process and build."""
+    return cached("pool", (ctx.pool_url(), ctx.build_id), lambda: pool_from(read_table(ctx.pool_url(), ctx)))
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolStep:
+    """Merge the units' pool parts, in unit order (the pool's document order), into one file: instances items then
+    read one object each instead of one per unit."""
+
+    ctx: StepContext
+    uids: tuple[str, ...]  # the units that have members, in unit order
+
+    def __call__(self, item: str) -> PoolMarker:
+        ctx = self.ctx
+        urls = [ctx.pool_part_url(u) for u in self.uids]
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(_POOL_READ_THREADS, len(urls)))) as threads:
+            tables = list(threads.map(lambda u: read_table(u, ctx), urls))
+        schema = work_docs_schema(ctx.vocab_size)
+        table = pa.concat_tables(tables).combine_chunks() if tables else schema.empty_table()
+        write_table(ctx.pool_url(), table, ctx)
+        pool = pool_from(table)
+        marker = PoolMarker(documents=len(pool), tokens=int(len(pool.tokens)))
+        write_marker(ctx.work, marker, ctx.endpoint_url)
+        return marker
+
+
+def pool_stage(s: BuildState) -> Stage:
+    docs: list[DocsMarker] = s.markers["docs"]  # type: ignore[assignment]
+    totals, dropped, _ = doc_totals(docs, s.report, s.cfg.read.on_error)  # fails early on empty files
+    if totals["documents"] == 0:
+        raise ValueError(f"no documents with tokens in {list(s.cfg.inputs)} (dropped: {dict(dropped)}); check the"
+                         " --format/--text-field and the inputs")
+    if not any(m.pool_documents for m in docs):
+        raise ValueError(f"the random-next pool sampled no document (budget {s.cfg.pool_tokens} tokens of an"
+                         f" estimated {s.planned_tokens}): raise --pool-tokens")
+    return Stage("pool", PoolStep(s.ctx, tuple(m.uid for m in docs if m.pool_documents)), {"pool": "pool"},
+                 PoolMarker)
