@@ -43,16 +43,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jobs._common import (check_tracking_reachable, get_or_create_experiment, init_ray, resolve_tracking_uri,
-                          setup_logging)
+from jobs._common import init_ray, setup_logging
 from pipeline.storage import is_url, upload_tree
 from training.config import (CheckpointConfig, DataConfig, EvalConfig, ModelConfig, OptimizerConfig, PretrainConfig,
                              RuntimeConfig, ShardSet, TrackingConfig)
+from training.tracking import (RUN_NAME_TAG, Run, check_tracking_reachable, flatten_params, open_run,
+                               resolve_tracking_uri)
 
 log = logging.getLogger("jobs.pretrain")
 
 LINEAGE_FILE = "bert_pretrain_run.json"
-RUN_NAME_TAG = "bert.run_name"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -210,13 +210,6 @@ def batch_geometry(args: argparse.Namespace) -> tuple[int, int]:
     return micro, per_worker // micro
 
 
-def normalise_tracking_uri(uri: str) -> str:
-    """Relative sqlite paths are resolved here: Ray workers run in other directories."""
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        return f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
-    return uri
-
-
 def storage_filesystem(url: str, endpoint_url: str | None):
     """(pyarrow filesystem or None, path) for RunConfig. Credentials are resolved here (the driver's
     environment) so that the Ray Train controller, which does not share it, can use the filesystem too."""
@@ -234,36 +227,6 @@ def storage_filesystem(url: str, endpoint_url: str | None):
                                token=os.environ.get("AWS_SESSION_TOKEN"),
                                client_kwargs={"endpoint_url": endpoint_url} if endpoint_url else {})
     return pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs)), path
-
-
-# ---- MLflow --------------------------------------------------------------------------------------------------------
-
-def open_mlflow_run(args, tracking_uri: str, params: dict[str, Any], tags: dict[str, str]) -> str:
-    """The run of this job: the existing one for this --run-name (a resume), else a new one."""
-    from mlflow.entities import Param, RunTag
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    exp_id = get_or_create_experiment(args.experiment, tracking_uri)
-    found = client.search_runs([exp_id], filter_string=f"tags.`{RUN_NAME_TAG}` = '{args.run_name}'",
-                               max_results=1, order_by=["attributes.start_time DESC"])
-    if found:
-        run_id = found[0].info.run_id
-        client.update_run(run_id, status="RUNNING")
-        old = found[0].data.params
-        changed = {k: (old[k], str(v)) for k, v in params.items() if k in old and old[k] != str(v)[:6000]}
-        if changed:
-            log.warning("resuming MLflow run %s with changed settings (kept as first logged): %s", run_id, changed)
-        params = {k: v for k, v in params.items() if k not in old}
-        log.info("resuming MLflow run %s (%s)", run_id, args.run_name)
-    else:
-        run_id = client.create_run(exp_id, run_name=args.run_name, tags=tags).info.run_id
-        log.info("MLflow run %s in experiment %r at %s", run_id, args.experiment, tracking_uri)
-    items = [Param(k, str(v)[:6000]) for k, v in sorted(params.items())]
-    for i in range(0, len(items), 100):
-        client.log_batch(run_id, params=items[i:i + 100])
-    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
-    return run_id
 
 
 def build_config(args, model_config, micro: int, accum: int, data: dict, eval_data: dict | None,
@@ -297,7 +260,7 @@ def build_config(args, model_config, micro: int, accum: int, data: dict, eval_da
 def run_params(args, config: PretrainConfig, micro: int, accum: int) -> dict[str, Any]:
     """The flags as given, plus the trainer's config (`PretrainConfig.to_params`, as the checkpoints hold it)."""
     flags = {k: v for k, v in vars(args).items() if v is not None}
-    params = {**flags, **config.to_params()}
+    params = {**flags, **flatten_params(config)}
     params.update({"micro_batch_size_resolved": micro, "grad_accumulation_steps": accum,
                    "dataset.instances": sum(config.data.train.shard_rows)})
     if config.eval is not None:
@@ -308,11 +271,12 @@ def run_params(args, config: PretrainConfig, micro: int, accum: int) -> dict[str
     return params
 
 
-def export_model(checkpoint_dir: Path, export_dir: Path, run_id: str, tracking_uri: str) -> Path:
+def export_model(checkpoint_dir: Path, export_dir: Path, run: Run) -> Path:
     if export_dir.exists():
         shutil.rmtree(export_dir)
     shutil.copytree(Path(checkpoint_dir) / "model", export_dir)
-    (export_dir / LINEAGE_FILE).write_text(json.dumps({"mlflow_run_id": run_id, "tracking_uri": tracking_uri}) + "\n")
+    lineage = {"mlflow_run_id": run.run_id, "tracking_uri": run.tracking_uri}
+    (export_dir / LINEAGE_FILE).write_text(json.dumps(lineage) + "\n")
     return export_dir
 
 
@@ -321,7 +285,9 @@ def export_model(checkpoint_dir: Path, export_dir: Path, run_id: str, tracking_u
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging()
-    args.run_name = args.run_name or time.strftime("pretrain-%Y%m%d-%H%M%S")
+    # The default name says what is trained and when, so runs of one experiment can be told apart.
+    source = Path(args.init.rstrip("/")).name if args.init else args.preset
+    args.run_name = args.run_name or f"pretrain-{source}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         data = load_dataset_info(args.data, args.endpoint_url)
         eval_data = load_dataset_info(args.eval_data, args.endpoint_url) if args.eval_data else None
@@ -330,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         micro, accum = batch_geometry(args)
         config = build_config(args, model_config_for(args, data), micro, accum, data, eval_data, TrackingConfig(
             run_name=args.run_name, system_metrics=not args.no_system_metrics, log_every=args.log_every))
-        tracking_uri = normalise_tracking_uri(resolve_tracking_uri(args.mlflow_tracking_uri))
+        tracking_uri = resolve_tracking_uri(args.mlflow_tracking_uri)
         check_tracking_reachable(tracking_uri)
         fs, storage_path = storage_filesystem(args.storage, args.endpoint_url)
         if args.export and is_url(args.export):
@@ -351,31 +317,27 @@ def main(argv: list[str] | None = None) -> int:
         lineage = Path(args.init) / LINEAGE_FILE
         if lineage.is_file():
             tags["lineage.init_run_id"] = json.loads(lineage.read_text()).get("mlflow_run_id", "")
-    if args.parent_run_id:
-        tags["mlflow.parentRunId"] = args.parent_run_id
-    run_id = open_mlflow_run(args, tracking_uri, run_params(args, config, micro, accum), tags)
-    config = dataclasses.replace(config, tracking=dataclasses.replace(
-        config.tracking, tracking_uri=tracking_uri, run_id=run_id))
-
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
     try:
+        run = open_run(tracking_uri, args.experiment, args.run_name, params=run_params(args, config, micro, accum),
+                       tags=tags, parent_run_id=args.parent_run_id, resume_by=RUN_NAME_TAG)
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
+    config = dataclasses.replace(config, tracking=dataclasses.replace(
+        config.tracking, tracking_uri=tracking_uri, run_id=run.run_id))
+
+    with run.ending():
         with train(args, config, data, fs, storage_path) as final_checkpoint:
             with tempfile.TemporaryDirectory() as tmp:
                 local_export = args.export and not is_url(args.export)
                 export_dir = Path(args.export).resolve() if local_export else Path(tmp) / "export"
-                export_model(final_checkpoint, export_dir, run_id, tracking_uri)
-                client.log_artifacts(run_id, str(export_dir), artifact_path="model")
+                export_model(final_checkpoint, export_dir, run)
+                run.log_artifacts(export_dir, artifact_path="model")
                 if args.export and not local_export:
                     upload_tree(export_dir, args.export, args.endpoint_url)
         if args.export:
             log.info("exported the model (Hugging Face layout) to %s", args.export if not local_export else export_dir)
-    except BaseException:
-        client.set_terminated(run_id, status="FAILED")
-        raise
-    client.set_terminated(run_id, status="FINISHED")
-    log.info("done: run %s, checkpoints under %s/%s", run_id, args.storage, args.run_name)
+    log.info("done: run %s, checkpoints under %s/%s", run.run_id, args.storage, args.run_name)
     return 0
 
 

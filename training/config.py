@@ -2,15 +2,13 @@
 `PretrainConfig`.
 
 Each component validates itself in `__post_init__` and says how to fix a bad value. Nothing below `fit` receives
-the whole config: the loop hands each part to the piece that owns it. `PretrainConfig.to_params()` flattens
-`dataclasses.asdict(config)` to dotted keys: that one dictionary goes to MLflow's params and into every
-checkpoint's train_state.json, so a run is reproducible from what it logged.
+the whole config: the loop hands each part to the piece that owns it. The job logs it as MLflow params
+(`training.tracking.flatten_params`: dotted keys) and every checkpoint's train_state.json holds its
+`dataclasses.asdict`, so a run is reproducible from what it logged.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
 
 from bert_core.config import BertConfig
 
@@ -218,19 +216,3 @@ class PretrainConfig:
         if self.data.train.max_seq_length > self.model.bert.max_position_embeddings:
             raise ValueError(f"the dataset has sequences of {self.data.train.max_seq_length} tokens but the model "
                              f"has only {self.model.bert.max_position_embeddings} positions")
-
-    def to_params(self) -> dict[str, Any]:
-        """`asdict` flattened to dotted keys; long lists shortened to their length (MLflow caps param values)."""
-        out: dict[str, Any] = {}
-
-        def walk(prefix: str, value: Any) -> None:
-            if isinstance(value, dict):
-                for k, v in value.items():
-                    walk(f"{prefix}.{k}" if prefix else str(k), v)
-            elif isinstance(value, (list, tuple)) and len(value) > 8:
-                out[f"{prefix}.count"] = len(value)
-            else:
-                out[prefix] = value
-
-        walk("", dataclasses.asdict(self))
-        return out
