@@ -87,7 +87,7 @@ def train(out: Path, args: argparse.Namespace) -> int:
 def baselines(out: Path, seq: int) -> dict[str, float]:
     import numpy as np
 
-    from training.loader import read_shard
+    from training.rows import read_shard
     from pipeline.schema import read_manifest, shard_urls
 
     def load(folder: Path):

@@ -57,7 +57,7 @@ def main() -> int:
     from bert_core import PRESETS
     from training import (DataConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig, TrackingConfig,
                           fit)
-    from training.data import read_shard_set
+    from training.loader import read_shard_set
 
     with tempfile.TemporaryDirectory() as tmp:
         data = a.data or build_sample(Path(tmp) / "data", a.seq)

@@ -45,8 +45,9 @@ from typing import Any
 
 from jobs._common import init_ray, setup_logging
 from pipeline.storage import is_url, upload_tree
-from training.config import (CheckpointConfig, DataConfig, EvalConfig, ModelConfig, OptimizerConfig, PretrainConfig,
-                             RuntimeConfig, ShardSet, TrackingConfig)
+from training.config import (CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig,
+                             TrackingConfig)
+from training.loader import DataConfig, EvalConfig, ShardSet
 from training.tracking import (RUN_NAME_TAG, Run, check_tracking_reachable, flatten_params, open_run,
                                resolve_tracking_uri)
 

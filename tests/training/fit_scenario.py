@@ -15,7 +15,7 @@ import torch
 from bert_core import bert_tiny
 from training import (CheckpointConfig, DataConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig,
                       TrackingConfig, fit)
-from training.data import read_shard_set
+from training.loader import read_shard_set
 
 STEPS, EVERY, KEEP_AT = 30, 10, 20
 

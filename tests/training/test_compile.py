@@ -11,7 +11,7 @@ import torch
 
 from bert_core import bert_tiny
 from training import DataConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig, TrackingConfig, Worker, fit
-from training.data import read_shard_set, train_batches
+from training.loader import read_shard_set, train_batches
 from training.tracking import NullTracker
 
 pytestmark = pytest.mark.timeout(600)

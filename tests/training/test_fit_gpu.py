@@ -10,7 +10,7 @@ import torch
 
 from bert_core import bert_tiny
 from training import DataConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig, TrackingConfig, fit
-from training.data import read_shard_set
+from training.loader import read_shard_set
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
