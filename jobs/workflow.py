@@ -180,13 +180,18 @@ def _run_once(stage: Stage, argv: list[str], log_file: Path) -> tuple[int, dict[
 # ---- MLflow ----------------------------------------------------------------------------------------------------
 
 def parent_run(workdir: Path, tracking_uri: str, experiment: str, cfg: dict, config_path: str) -> tracking.Run:
-    """The workflow's parent run: the one of this workdir (a rerun), else a new one."""
+    """The workflow's parent run: the one of this workdir (a rerun), else a new one. Its id is also written to
+    WORKDIR/_workflow/parent_run.json, for people and tools looking at a workdir (a killed run has no summary)."""
     name = cfg.get("name") or "workflow"
-    return tracking.open_run(
+    run = tracking.open_run(
         tracking_uri, experiment, f"workflow-{name}",
         params=tracking.flatten_params({k: v for k, v in cfg.items() if k != "mlflow"}),
         tags={"job": "workflow", "workflow.config": config_path, "workflow.workdir": str(workdir)},
         resume_by="workflow.workdir")
+    path = workdir / STATE_DIR / "parent_run.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps({"run_id": run.run_id, "tracking_uri": tracking_uri}) + "\n")
+    return run
 
 
 def stage_metrics(stage: Stage, result: dict[str, Any], tracking_uri: str) -> dict[str, float]:
