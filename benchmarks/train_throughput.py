@@ -38,10 +38,11 @@ def main() -> int:
     from bert_core import PRESETS, BertForPreTraining
     from training.optim import build_optimizer, build_scheduler
     from training import MetricSums, to_device, train_step
-    from training.loader import DataConfig, read_shard_set, train_batches
+    from pipeline.schema import read_manifest
+    from training.loader import DataConfig, ShardSet, train_batches
 
     torch.set_num_threads(a.threads)
-    shards = read_shard_set(a.data)
+    shards = ShardSet.from_manifest(read_manifest(a.data))
     vocab = Path(a.data, "vocab.txt").read_text().splitlines() if "://" not in a.data else None
     vocab_size = len(vocab)
     data = DataConfig(train=shards, micro_batch_size=a.micro_batch_size, accum=a.accum,

@@ -8,7 +8,9 @@ the whole config: the loop hands each part to the piece that owns it. The job lo
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bert_core.config import BertConfig
 from training.loader import DataConfig, EvalConfig
@@ -25,6 +27,22 @@ class ModelConfig:
 
     bert: BertConfig
     init: str | None = None  # an export, a checkpoint directory or any HF BERT directory (local)
+    init_vocab_sha256: str = ""  # of init's vocab.txt ("" without one): must be the dataset's
+
+    @classmethod
+    def resolve(cls, preset: str, init: str | None, vocab_size: int) -> "ModelConfig":
+        """`init`'s architecture and vocabulary hash when given, else the preset sized to `vocab_size`."""
+        from bert_core import PRESETS
+        from bert_core.hf import resolve_model_dir
+
+        if init is None:
+            if preset not in PRESETS:
+                raise ValueError(f"unknown --preset {preset!r}; choose one of {sorted(PRESETS)}")
+            return cls(PRESETS[preset](vocab_size=vocab_size))
+        model_dir = resolve_model_dir(init)
+        vocab = model_dir / "vocab.txt"
+        sha = hashlib.sha256(vocab.read_bytes()).hexdigest() if vocab.is_file() else ""
+        return cls(BertConfig.from_json_file(model_dir / "config.json"), str(Path(init).resolve()), sha)
 
 
 @dataclass(frozen=True)
@@ -133,6 +151,18 @@ class PretrainConfig:
             raise ValueError("--max-steps must be >= 1")
         if self.optimizer.warmup_steps > self.max_steps:
             raise ValueError(f"--warmup-steps {self.optimizer.warmup_steps} exceeds --max-steps {self.max_steps}")
-        if self.data.train.max_seq_length > self.model.bert.max_position_embeddings:
-            raise ValueError(f"the dataset has sequences of {self.data.train.max_seq_length} tokens but the model "
-                             f"has only {self.model.bert.max_position_embeddings} positions")
+        # The model and its data must agree, whichever flags built them (the one place this is checked).
+        train, bert, init = self.data.train, self.model.bert, self.model.init
+        if train.vocab_size is not None and train.vocab_size != bert.vocab_size:
+            raise ValueError(f"the model{f' (--init {init})' if init else ''} has vocab_size {bert.vocab_size} but "
+                             f"{train.url or 'the dataset'} was built with a {train.vocab_size}-entry vocabulary: "
+                             "rebuild the dataset with the model's vocab.txt")
+        if self.model.init_vocab_sha256 and train.vocab_sha256 and self.model.init_vocab_sha256 != train.vocab_sha256:
+            raise ValueError(f"--init {init}'s vocab.txt differs from {train.url or 'the dataset'}'s (same size, other "
+                             "tokens): the ids would mean different words; rebuild the data with that vocab")
+        if self.eval is not None and self.eval.data.vocab_sha256 != train.vocab_sha256:
+            raise ValueError(f"--eval-data {self.eval.data.url} was built with another vocabulary than --data "
+                             f"{train.url}: rebuild it with --vocab {train.url}/vocab.txt")
+        if train.max_seq_length > bert.max_position_embeddings:
+            raise ValueError(f"{train.url or 'the dataset'} has sequences of {train.max_seq_length} tokens but the "
+                             f"model has only {bert.max_position_embeddings} positions")

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.rng import derive_seed as seed_for  # one seed derivation for the whole pipeline
+from pipeline.schema import Manifest
 from pipeline.storage import storage_options
 from training.batching import Remasker, collate, finite_batches
 from training.rows import Rows, read_shard
@@ -42,7 +43,7 @@ RowSource = Callable[[int], Iterator[Rows]]  # rows to skip -> this rank's rows,
 
 @dataclass(frozen=True)
 class ShardSet:
-    """A built dataset's shards, as the loader reads them (from `pipeline.schema`'s manifest)."""
+    """A built dataset's shards, as the loader reads them (`from_manifest`: `pipeline.schema`'s manifest)."""
 
     shard_urls: tuple[str, ...]
     shard_rows: tuple[int, ...]
@@ -50,6 +51,9 @@ class ShardSet:
     max_predictions: int
     endpoint_url: str | None = None  # S3-compatible endpoint for s3:// shards; credentials come from the env
     config_hash: str = ""
+    url: str = ""  # the dataset folder
+    vocab_size: int | None = None  # of the vocabulary the ids refer to (None: not known, not checked)
+    vocab_sha256: str = ""
 
     def __post_init__(self) -> None:
         if len(self.shard_urls) != len(self.shard_rows) or not self.shard_urls:
@@ -59,6 +63,13 @@ class ShardSet:
         if self.max_seq_length < 8 or self.max_predictions < 1:
             raise ValueError(f"max_seq_length {self.max_seq_length} / max_predictions {self.max_predictions} "
                              "are too small: read them from the dataset's manifest")
+
+    @classmethod
+    def from_manifest(cls, manifest: Manifest, endpoint_url: str | None = None) -> "ShardSet":
+        return cls(shard_urls=manifest.shard_urls, shard_rows=manifest.shard_rows,
+                   max_seq_length=manifest.max_seq_length, max_predictions=manifest.max_predictions,
+                   endpoint_url=endpoint_url, config_hash=manifest.config_hash, url=manifest.url,
+                   vocab_size=manifest.vocab.size, vocab_sha256=manifest.vocab.sha256)
 
 
 def default_length_buckets(max_seq_length: int, count: int = 4) -> tuple[int, ...]:
@@ -335,16 +346,3 @@ def eval_batches(rows: Rows, ev: EvalConfig, batch_size: int, rank: int, world: 
                  length_buckets: tuple[int, ...]) -> Iterator[dict]:
     return finite_batches(rows, batch_size, rank, world, ev.sequences or None, ev.data.max_predictions,
                           length_buckets=length_buckets)
-
-
-def read_shard_set(url: str, endpoint_url: str | None = None) -> ShardSet:
-    """A built dataset (its manifest, validated by `pipeline.schema`) as the loader's `ShardSet`."""
-    from pipeline import schema
-
-    manifest = schema.read_manifest(url, endpoint_url)
-    inst = manifest.get("config", {}).get("instances", {})
-    return ShardSet(shard_urls=tuple(schema.shard_urls(url, manifest)),
-                    shard_rows=tuple(int(s["rows"]) for s in manifest["shards"]),
-                    max_seq_length=int(manifest["max_seq_length"]),
-                    max_predictions=int(inst.get("max_predictions_per_seq", 20)),
-                    endpoint_url=endpoint_url, config_hash=manifest.get("config_hash", ""))
