@@ -87,11 +87,11 @@ def train(out: Path, args: argparse.Namespace) -> int:
 def baselines(out: Path, seq: int) -> dict[str, float]:
     import numpy as np
 
-    from training.loader import read_shard
-    from pipeline.schema import read_manifest, shard_urls
+    from training.rows import read_shard
+    from pipeline.schema import read_manifest
 
     def load(folder: Path):
-        return [read_shard(u) for u in shard_urls(str(folder), read_manifest(str(folder)))]
+        return [read_shard(u) for u in read_manifest(str(folder)).shard_urls]
 
     train_dir, eval_dir = data_dirs(out, seq)
     train_rows, eval_rows = load(train_dir), load(eval_dir)

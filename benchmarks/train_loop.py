@@ -57,11 +57,12 @@ def main() -> int:
     from bert_core import PRESETS
     from training import (DataConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig, TrackingConfig,
                           fit)
-    from training.data import read_shard_set
+    from pipeline.schema import read_manifest
+    from training.loader import ShardSet
 
     with tempfile.TemporaryDirectory() as tmp:
         data = a.data or build_sample(Path(tmp) / "data", a.seq)
-        shards = read_shard_set(data)
+        shards = ShardSet.from_manifest(read_manifest(data))
         vocab = Path(data, "vocab.txt").read_text().splitlines() if "://" not in data else None
         config = PretrainConfig(
             model=ModelConfig(bert=PRESETS[a.preset](vocab_size=len(vocab),

@@ -38,22 +38,20 @@ def main() -> int:
     from bert_core import PRESETS, BertForPreTraining
     from training.optim import build_optimizer, build_scheduler
     from training import MetricSums, to_device, train_step
-    from training.loader import Prefetcher, RankStream, Remasker, StreamConfig, read_shard
-    from pipeline.schema import read_manifest, shard_urls
+    from pipeline.schema import read_manifest
+    from training.loader import DataConfig, ShardSet, train_batches
 
     torch.set_num_threads(a.threads)
-    manifest = read_manifest(a.data)
-    urls = shard_urls(a.data, manifest)
-    inst = manifest["config"].get("instances", {})
-    max_pred = int(inst.get("max_predictions_per_seq", 20))
+    shards = ShardSet.from_manifest(read_manifest(a.data))
     vocab = Path(a.data, "vocab.txt").read_text().splitlines() if "://" not in a.data else None
-    remasker = (Remasker(manifest["vocab"]["size"], vocab.index("[MASK]"), max_pred) if a.dynamic_masking else None)
-    cfg = StreamConfig(micro_batch_size=a.micro_batch_size, seed=1, max_predictions=max_pred,
-                       length_bucketing=a.length_bucketing, remasker=remasker)
+    vocab_size = len(vocab)
+    data = DataConfig(train=shards, micro_batch_size=a.micro_batch_size, accum=a.accum,
+                      length_bucketing=a.length_bucketing, dynamic_masking=a.dynamic_masking,
+                      mask_id=vocab.index("[MASK]"))
 
     def fresh():
         torch.manual_seed(0)
-        model = BertForPreTraining(PRESETS[a.preset](vocab_size=manifest["vocab"]["size"]))
+        model = BertForPreTraining(PRESETS[a.preset](vocab_size=vocab_size))
         opt = build_optimizer(model, "adamw", lr=1e-4)
         return model, opt, build_scheduler(opt, 0, 10_000)
 
@@ -62,8 +60,7 @@ def main() -> int:
     # model-only step on exactly those batches, already in memory, with a second model and optimizer.
     full_model, full_opt, full_sched = fresh()
     only_model, only_opt, only_sched = fresh()
-    stream = Prefetcher(iter(RankStream([s["rows"] for s in manifest["shards"]], lambda i: read_shard(urls[i]), cfg)),
-                        depth=max(4, 2 * a.accum))
+    stream = train_batches(data, vocab_size, seed=1, rank=0, world=1, start_batch=0)
     full_s = model_s = wait_s = 0.0
     sums = MetricSums()
     for step0 in range(0, a.warmup + a.steps, a.chunk):

@@ -1,15 +1,10 @@
-"""What every job shares: logging set-up and MLflow tracking (default store, reachability check at start)."""
+"""What every job shares: logging set-up and joining or starting Ray."""
 from __future__ import annotations
 
 import logging
 import os
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 log = logging.getLogger(__name__)
-
-DEFAULT_TRACKING_DIR = "mlruns"
 
 
 def setup_logging(level: str = "INFO") -> None:
@@ -18,54 +13,6 @@ def setup_logging(level: str = "INFO") -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-
-
-def resolve_tracking_uri(flag: str | None) -> str:
-    """The flag, else MLFLOW_TRACKING_URI, else a local store under the working directory (`mlflow ui` finds it)."""
-    uri = flag or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        return uri
-    return f"sqlite:///{Path.cwd() / DEFAULT_TRACKING_DIR / 'mlflow.db'}"
-
-
-def default_artifact_root(tracking_uri: str) -> str | None:
-    """With a sqlite store and no artifact root, MLflow writes artifacts to the *logging process's* cwd, which
-    inside Ray is a session temp dir: pin them beside the database instead. Servers manage their own."""
-    if tracking_uri.startswith("sqlite:///"):
-        db = Path(tracking_uri[len("sqlite:///"):])
-        return (db.parent / "artifacts").resolve().as_uri()
-    if tracking_uri.startswith("file:") or "://" not in tracking_uri:
-        return None
-    return None
-
-
-def check_tracking_reachable(tracking_uri: str, timeout: float = 10.0) -> None:
-    """Fail at start, not after an hour of training, when a tracking server does not answer."""
-    if tracking_uri.startswith(("http://", "https://")):
-        url = tracking_uri.rstrip("/") + "/health"
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (the user's own server)
-                if r.status != 200:
-                    raise ValueError(f"MLflow tracking server {tracking_uri} answered {r.status} on /health")
-        except (urllib.error.URLError, OSError) as e:
-            raise ValueError(
-                f"MLflow tracking server {tracking_uri} is unreachable ({e}). Start it, fix --mlflow-tracking-uri / "
-                "MLFLOW_TRACKING_URI, or unset both to use the local store under ./mlruns."
-            ) from e
-    elif tracking_uri.startswith("sqlite:///"):
-        Path(tracking_uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-
-
-def get_or_create_experiment(name: str, tracking_uri: str) -> str:
-    """Experiment id for `name`, created with an explicit artifact location where the store needs one."""
-    import mlflow
-
-    mlflow.set_tracking_uri(tracking_uri)
-    exp = mlflow.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    root = default_artifact_root(tracking_uri)
-    return mlflow.create_experiment(name, artifact_location=f"{root}/{name}" if root else None)
 
 
 START_ATTEMPTS = 3

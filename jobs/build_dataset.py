@@ -23,6 +23,7 @@ from pipeline.build import BuildConfig, build
 from pipeline.build.executor import LocalExecutor
 from pipeline.instances import InstanceConfig
 from pipeline.readers import FORMATS, ON_ERROR, ReadOptions
+from training.tracking import check_tracking_reachable, get_or_create_experiment
 
 log = logging.getLogger("build_dataset")
 
@@ -93,7 +94,8 @@ def log_mlflow(tracking_uri: str, args: argparse.Namespace, cfg: BuildConfig, ma
     """One MLflow run for the build: params (the config), counts as metrics, the manifest as an artifact."""
     import mlflow
 
-    exp_id = _common.get_or_create_experiment(args.experiment, tracking_uri)
+    mlflow.set_tracking_uri(tracking_uri)
+    exp_id = get_or_create_experiment(args.experiment, tracking_uri)
     tags = {"mlflow.parentRunId": args.parent_run_id} if args.parent_run_id else {}
     with mlflow.start_run(experiment_id=exp_id, run_name="build_dataset", tags=tags) as run:
         params = _flat(dataclasses.asdict(cfg)) | {"vocab_sha256": manifest["vocab"]["sha256"]}
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_from(args)
     tracking_uri = args.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if tracking_uri:
-        _common.check_tracking_reachable(tracking_uri)
+        check_tracking_reachable(tracking_uri)
     if args.no_ray:
         executor = LocalExecutor()
     else:

@@ -26,14 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobs._common import (
-    check_tracking_reachable, get_or_create_experiment, init_ray, resolve_tracking_uri, setup_logging,
-)
+from jobs._common import init_ray, setup_logging
 from pipeline.storage import is_url, upload_tree
 from finetuning.examples import TASKS, TaskColumns
 from finetuning.features import TaskTokenizer
 from finetuning.prepare import FeatureConfig, PreparedTask, prepare_task
 from finetuning.records import FORMATS, read_records, split_train_eval, subsample
+from training.tracking import Run, check_tracking_reachable, flatten_params, open_run, resolve_tracking_uri
 
 log = logging.getLogger("finetune")
 
@@ -220,48 +219,28 @@ def find_pretrain_lineage(init: str, model_dir: Path | None) -> dict[str, str] |
     return None
 
 
-def flat_params(cfg: FinetuneConfig) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for k, v in dataclasses.asdict(cfg).items():
-        if isinstance(v, dict):
-            out.update({kk: str(vv) for kk, vv in v.items()})
-        else:
-            out[k] = str(v)
-    return out
-
-
 # ---- MLflow ------------------------------------------------------------------------------------------------------
-def start_run(cfg: FinetuneConfig, tracking_uri: str, lineage: dict[str, str] | None, extra: dict[str, Any]) -> str:
+def start_run(cfg: FinetuneConfig, tracking_uri: str, lineage: dict[str, str] | None, extra: dict[str, Any]) -> Run:
     """The job's one MLflow run, tagged with where its weights came from so the UI shows the lineage."""
-    from mlflow.entities import Param
-    from mlflow.tracking import MlflowClient
+    from training.tracking import run_exists
 
-    client = MlflowClient(tracking_uri)
-    exp_id = get_or_create_experiment(cfg.experiment, tracking_uri)
-    tags = {"mlflow.runName": f"finetune-{cfg.task}", "job": "finetune", "task": cfg.task, "lineage.init": cfg.init}
+    tags = {"job": "finetune", "task": cfg.task, "lineage.init": cfg.init}
     parent = cfg.parent_run_id
-    if parent:
-        try:
-            client.get_run(parent)
-        except Exception as e:  # noqa: BLE001 (MLflow raises its own types per store)
-            raise ValueError(f"--parent-run-id {parent} is not a run in {tracking_uri}: {e}") from e
     if lineage:
         tags["lineage.pretrain_run_id"] = lineage["mlflow_run_id"]
         tags["lineage.pretrain_tracking_uri"] = lineage["tracking_uri"]
         # Nest under the pre-training run when it lives in this store and no workflow parent was given.
         if not parent and lineage["tracking_uri"] in ("", tracking_uri):
-            try:
-                client.get_run(lineage["mlflow_run_id"])
+            if run_exists(tracking_uri, lineage["mlflow_run_id"]):
                 parent = lineage["mlflow_run_id"]
-            except Exception:  # noqa: BLE001
+            else:
                 log.warning("pre-training run %s is not in %s; lineage kept as a tag only",
                             lineage["mlflow_run_id"], tracking_uri)
-    if parent:
-        tags["mlflow.parentRunId"] = parent
-    run = client.create_run(exp_id, tags=tags)
-    params = {**flat_params(cfg), **{k: str(v) for k, v in extra.items()}}
-    client.log_batch(run.info.run_id, params=[Param(k, v[:6000]) for k, v in params.items()])
-    return run.info.run_id
+    # Named by task, starting weights and time, so the runs of one experiment can be told apart.
+    source = f"random-{Path(cfg.preset).name}" if cfg.init == "random" else Path(cfg.init.rstrip("/")).name
+    name = f"finetune-{cfg.task}-{source}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return open_run(tracking_uri, cfg.experiment, name, params={**flatten_params(cfg), **extra}, tags=tags,
+                    parent_run_id=parent)
 
 
 # ---- training ----------------------------------------------------------------------------------------------------
@@ -367,11 +346,9 @@ def main(argv: list[str] | None = None) -> int:
              "eval_examples": prepared.eval.num_examples, "train_rows": len(prepared.train.features),
              "eval_rows": len(prepared.eval.features), "init_dir": model_dir or "random",
              "label_names": list(prepared.label_map.names) if prepared.label_map else None}
-    run_id = start_run(cfg, tracking_uri, lineage, extra)
+    run = start_run(cfg, tracking_uri, lineage, extra)
+    run_id = run.run_id
     output = cfg.output or str(Path.cwd() / "finetune_output" / f"{cfg.task}-{run_id[:8]}")
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
     own_storage = cfg.storage_path is None
     storage = cfg.storage_path or tempfile.mkdtemp(prefix="finetune-ray-")
     local_out = not is_url(output)
@@ -383,28 +360,22 @@ def main(argv: list[str] | None = None) -> int:
     loop_cfg = loop_config(cfg, model_dir, tokenizer, vocab_size, run_id, tracking_uri, 1)
     t0 = time.perf_counter()
     try:
-        if cfg.no_ray:
-            train_in_process(cfg, prepared, loop_cfg, best_dir)
-        else:
-            train_with_ray(cfg, prepared, loop_cfg, storage, best_dir)
-        from finetuning.loop import BEST_METRICS_FILE
-        from mlflow.entities import Metric
+        with run.ending():
+            if cfg.no_ray:
+                train_in_process(cfg, prepared, loop_cfg, best_dir)
+            else:
+                train_with_ray(cfg, prepared, loop_cfg, storage, best_dir)
+            from finetuning.loop import BEST_METRICS_FILE
 
-        best = json.loads((best_dir / BEST_METRICS_FILE).read_text())
-        (best_dir / FINETUNE_LINEAGE_FILE).write_text(
-            json.dumps({"mlflow_run_id": run_id, "tracking_uri": tracking_uri}) + "\n")
-        client.log_artifacts(run_id, str(best_dir), artifact_path="model")
-        publish(best_dir, output)
-        final = {k.removeprefix("eval_"): v for k, v in best.items() if k.startswith("eval_")}
-        final.update(best_epoch=int(best["epoch"]), job_seconds=round(time.perf_counter() - t0, 1))
-        ts = int(time.time() * 1000)
-        client.log_batch(run_id, metrics=[Metric(f"final_{k}", float(v), ts, 0) for k, v in final.items()
-                                          if isinstance(v, (int, float)) and math.isfinite(v)])
-        client.set_tag(run_id, "model_output", output)
-        client.set_terminated(run_id, "FINISHED")
-    except BaseException:
-        client.set_terminated(run_id, "FAILED")
-        raise
+            best = json.loads((best_dir / BEST_METRICS_FILE).read_text())
+            (best_dir / FINETUNE_LINEAGE_FILE).write_text(
+                json.dumps({"mlflow_run_id": run_id, "tracking_uri": tracking_uri}) + "\n")
+            run.log_artifacts(best_dir, artifact_path="model")
+            publish(best_dir, output)
+            final = {k.removeprefix("eval_"): v for k, v in best.items() if k.startswith("eval_")}
+            final.update(best_epoch=int(best["epoch"]), job_seconds=round(time.perf_counter() - t0, 1))
+            run.log_metrics({f"final_{k}": v for k, v in final.items()})
+            run.set_tags({"model_output": output})
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         if own_storage:

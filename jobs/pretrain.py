@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -43,16 +42,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jobs._common import (check_tracking_reachable, get_or_create_experiment, init_ray, resolve_tracking_uri,
-                          setup_logging)
+from jobs._common import init_ray, setup_logging
+from pipeline.schema import Manifest, read_manifest
 from pipeline.storage import is_url, upload_tree
-from training.config import (CheckpointConfig, DataConfig, EvalConfig, ModelConfig, OptimizerConfig, PretrainConfig,
-                             RuntimeConfig, ShardSet, TrackingConfig)
+from training.config import (CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig,
+                             TrackingConfig)
+from training.loader import DataConfig, EvalConfig, ShardSet
+from training.tracking import (RUN_NAME_TAG, Run, check_tracking_reachable, flatten_params, open_run,
+                               resolve_tracking_uri)
 
 log = logging.getLogger("jobs.pretrain")
 
 LINEAGE_FILE = "bert_pretrain_run.json"
-RUN_NAME_TAG = "bert.run_name"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -133,70 +134,6 @@ def _widths(text: str) -> tuple[int, ...]:
 
 # ---- checks at start ---------------------------------------------------------------------------------------------
 
-def load_dataset_info(url: str, endpoint_url: str | None) -> dict[str, Any]:
-    """The manifest plus what the workers need: shard URLs and rows, vocab text, [MASK] id, a hash of the manifest."""
-    from pipeline import schema, storage
-
-    manifest = schema.read_manifest(url, endpoint_url)  # validated: complete, balanced, known format
-    raw = json.dumps(manifest, sort_keys=True).encode()
-    vocab_text = storage.read_bytes(storage.join(url, manifest["vocab"]["file"]), endpoint_url).decode("utf-8")
-    vocab = vocab_text.splitlines()
-    if len(vocab) != manifest["vocab"]["size"]:
-        raise ValueError(f"{url}: vocab.txt has {len(vocab)} entries, the manifest says {manifest['vocab']['size']}")
-    if "[MASK]" not in vocab:
-        raise ValueError(f"{url}: vocab.txt has no [MASK] token")
-    shards = manifest["shards"]
-    if sum(s["rows"] for s in shards) == 0:
-        raise ValueError(f"{url}: the manifest lists no rows")
-    cfg = manifest.get("config", {}).get("instances", {})
-    return {
-        "url": url,
-        "manifest": manifest,
-        "manifest_sha256": hashlib.sha256(raw).hexdigest(),  # of its canonical JSON
-        "config_hash": manifest.get("config_hash", ""),
-        "vocab_text": vocab_text,
-        "vocab_sha256": manifest["vocab"].get("sha256") or hashlib.sha256(vocab_text.encode()).hexdigest(),
-        "do_lower_case": bool(manifest["vocab"].get("do_lower_case", True)),
-        "max_seq_length": int(manifest["max_seq_length"]),
-        "vocab_url": storage.join(url, manifest["vocab"]["file"]),
-        "shards": ShardSet(shard_urls=tuple(schema.shard_urls(url, manifest)),
-                           shard_rows=tuple(int(s["rows"]) for s in shards),
-                           max_seq_length=int(manifest["max_seq_length"]),
-                           max_predictions=int(cfg.get("max_predictions_per_seq", 20)),
-                           endpoint_url=endpoint_url, config_hash=manifest.get("config_hash", "")),
-        "masked_lm_prob": float(cfg.get("masked_lm_prob", 0.15)),
-        "mask_id": vocab.index("[MASK]"),
-    }
-
-
-def model_config_for(args: argparse.Namespace, data: dict[str, Any]):
-    """The model's BertConfig (preset, or --init's), checked against the dataset's vocabulary and length."""
-    from bert_core import PRESETS, BertConfig
-    from bert_core.hf import resolve_model_dir
-
-    vocab_size = data["manifest"]["vocab"]["size"]
-    if args.init:
-        model_dir = resolve_model_dir(args.init)
-        config = BertConfig.from_json_file(model_dir / "config.json")
-        if config.vocab_size != vocab_size:
-            raise ValueError(f"--init {args.init} has vocab_size {config.vocab_size} but {data['url']} was built with "
-                             f"a {vocab_size}-entry vocabulary: rebuild the dataset with the model's vocab.txt")
-        vocab_file = model_dir / "vocab.txt"
-        if vocab_file.is_file():
-            sha = hashlib.sha256(vocab_file.read_bytes()).hexdigest()
-            if sha != data["vocab_sha256"]:
-                raise ValueError(f"--init {args.init}'s vocab.txt differs from the dataset's (same size, other "
-                                 "tokens): the ids would mean different words; rebuild the data with that vocab")
-    else:
-        if args.preset not in PRESETS:
-            raise ValueError(f"unknown --preset {args.preset!r}; choose one of {sorted(PRESETS)}")
-        config = PRESETS[args.preset](vocab_size=vocab_size)
-    if data["max_seq_length"] > config.max_position_embeddings:
-        raise ValueError(f"{data['url']} has sequences of {data['max_seq_length']} tokens but the model has only "
-                         f"{config.max_position_embeddings} positions")
-    return config
-
-
 def batch_geometry(args: argparse.Namespace) -> tuple[int, int]:
     """(micro-batch size, accumulation steps) from the global batch and the worker count."""
     if args.batch_size % args.num_workers:
@@ -208,13 +145,6 @@ def batch_geometry(args: argparse.Namespace) -> tuple[int, int]:
         raise ValueError(f"--micro-batch-size {micro} must divide the {per_worker} sequences each worker gets per "
                          "step (--batch-size / --num-workers)")
     return micro, per_worker // micro
-
-
-def normalise_tracking_uri(uri: str) -> str:
-    """Relative sqlite paths are resolved here: Ray workers run in other directories."""
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        return f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
-    return uri
 
 
 def storage_filesystem(url: str, endpoint_url: str | None):
@@ -236,55 +166,27 @@ def storage_filesystem(url: str, endpoint_url: str | None):
     return pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs)), path
 
 
-# ---- MLflow --------------------------------------------------------------------------------------------------------
-
-def open_mlflow_run(args, tracking_uri: str, params: dict[str, Any], tags: dict[str, str]) -> str:
-    """The run of this job: the existing one for this --run-name (a resume), else a new one."""
-    from mlflow.entities import Param, RunTag
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    exp_id = get_or_create_experiment(args.experiment, tracking_uri)
-    found = client.search_runs([exp_id], filter_string=f"tags.`{RUN_NAME_TAG}` = '{args.run_name}'",
-                               max_results=1, order_by=["attributes.start_time DESC"])
-    if found:
-        run_id = found[0].info.run_id
-        client.update_run(run_id, status="RUNNING")
-        old = found[0].data.params
-        changed = {k: (old[k], str(v)) for k, v in params.items() if k in old and old[k] != str(v)[:6000]}
-        if changed:
-            log.warning("resuming MLflow run %s with changed settings (kept as first logged): %s", run_id, changed)
-        params = {k: v for k, v in params.items() if k not in old}
-        log.info("resuming MLflow run %s (%s)", run_id, args.run_name)
-    else:
-        run_id = client.create_run(exp_id, run_name=args.run_name, tags=tags).info.run_id
-        log.info("MLflow run %s in experiment %r at %s", run_id, args.experiment, tracking_uri)
-    items = [Param(k, str(v)[:6000]) for k, v in sorted(params.items())]
-    for i in range(0, len(items), 100):
-        client.log_batch(run_id, params=items[i:i + 100])
-    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
-    return run_id
-
-
-def build_config(args, model_config, micro: int, accum: int, data: dict, eval_data: dict | None,
+def build_config(args, micro: int, accum: int, data: Manifest, eval_data: Manifest | None,
                  tracking: TrackingConfig) -> PretrainConfig:
     """The flags as the trainer's typed config (its components validate themselves)."""
     use_gpu = args.use_gpu
     storage_dir = str(Path(args.storage.removeprefix("file://")).resolve() / args.run_name) if args.no_ray else None
     return PretrainConfig(
-        model=ModelConfig(bert=model_config, init=str(Path(args.init).resolve()) if args.init else None),
-        data=DataConfig(train=data["shards"], micro_batch_size=micro, accum=accum, loader=args.data_loader,
+        model=ModelConfig.resolve(args.preset, args.init, data.vocab.size),
+        data=DataConfig(train=ShardSet.from_manifest(data, args.endpoint_url), micro_batch_size=micro, accum=accum,
+                        loader=args.data_loader,
                         length_bucketing=args.length_bucketing, length_buckets=args.length_buckets or (),
-                        dynamic_masking=args.dynamic_masking, mask_id=data["mask_id"],
-                        masked_lm_prob=data["masked_lm_prob"]),
+                        dynamic_masking=args.dynamic_masking, mask_id=data.vocab.mask_id,
+                        masked_lm_prob=data.masked_lm_prob),
         max_steps=args.max_steps,
         optimizer=OptimizerConfig(name=args.optimizer, lr=args.lr, weight_decay=args.weight_decay,
                                   warmup_steps=args.warmup_steps, decay=args.decay, poly_power=args.poly_power,
                                   max_grad_norm=args.max_grad_norm),
-        eval=EvalConfig(data=eval_data["shards"], sequences=args.eval_sequences, every=args.eval_every)
+        eval=EvalConfig(data=ShardSet.from_manifest(eval_data, args.endpoint_url), sequences=args.eval_sequences,
+                        every=args.eval_every)
         if eval_data else None,
         checkpoint=CheckpointConfig(every=args.checkpoint_every, keep=args.keep_checkpoints, directory=storage_dir,
-                                    vocab_url=data["vocab_url"], do_lower_case=data["do_lower_case"]),
+                                    vocab_url=data.vocab.url, do_lower_case=data.vocab.do_lower_case),
         tracking=tracking,
         runtime=RuntimeConfig(device="cuda" if use_gpu else "cpu", compile=args.compile,
                               compile_backend=args.compile_backend,
@@ -297,7 +199,7 @@ def build_config(args, model_config, micro: int, accum: int, data: dict, eval_da
 def run_params(args, config: PretrainConfig, micro: int, accum: int) -> dict[str, Any]:
     """The flags as given, plus the trainer's config (`PretrainConfig.to_params`, as the checkpoints hold it)."""
     flags = {k: v for k, v in vars(args).items() if v is not None}
-    params = {**flags, **config.to_params()}
+    params = {**flags, **flatten_params(config)}
     params.update({"micro_batch_size_resolved": micro, "grad_accumulation_steps": accum,
                    "dataset.instances": sum(config.data.train.shard_rows)})
     if config.eval is not None:
@@ -308,11 +210,12 @@ def run_params(args, config: PretrainConfig, micro: int, accum: int) -> dict[str
     return params
 
 
-def export_model(checkpoint_dir: Path, export_dir: Path, run_id: str, tracking_uri: str) -> Path:
+def export_model(checkpoint_dir: Path, export_dir: Path, run: Run) -> Path:
     if export_dir.exists():
         shutil.rmtree(export_dir)
     shutil.copytree(Path(checkpoint_dir) / "model", export_dir)
-    (export_dir / LINEAGE_FILE).write_text(json.dumps({"mlflow_run_id": run_id, "tracking_uri": tracking_uri}) + "\n")
+    lineage = {"mlflow_run_id": run.run_id, "tracking_uri": run.tracking_uri}
+    (export_dir / LINEAGE_FILE).write_text(json.dumps(lineage) + "\n")
     return export_dir
 
 
@@ -321,16 +224,16 @@ def export_model(checkpoint_dir: Path, export_dir: Path, run_id: str, tracking_u
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging()
-    args.run_name = args.run_name or time.strftime("pretrain-%Y%m%d-%H%M%S")
+    # The default name says what is trained and when, so runs of one experiment can be told apart.
+    source = Path(args.init.rstrip("/")).name if args.init else args.preset
+    args.run_name = args.run_name or f"pretrain-{source}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        data = load_dataset_info(args.data, args.endpoint_url)
-        eval_data = load_dataset_info(args.eval_data, args.endpoint_url) if args.eval_data else None
-        if eval_data and eval_data["vocab_sha256"] != data["vocab_sha256"]:
-            raise ValueError(f"--eval-data {args.eval_data} was built with another vocabulary than --data")
+        data = read_manifest(args.data, args.endpoint_url)
+        eval_data = read_manifest(args.eval_data, args.endpoint_url) if args.eval_data else None
         micro, accum = batch_geometry(args)
-        config = build_config(args, model_config_for(args, data), micro, accum, data, eval_data, TrackingConfig(
+        config = build_config(args, micro, accum, data, eval_data, TrackingConfig(
             run_name=args.run_name, system_metrics=not args.no_system_metrics, log_every=args.log_every))
-        tracking_uri = normalise_tracking_uri(resolve_tracking_uri(args.mlflow_tracking_uri))
+        tracking_uri = resolve_tracking_uri(args.mlflow_tracking_uri)
         check_tracking_reachable(tracking_uri)
         fs, storage_path = storage_filesystem(args.storage, args.endpoint_url)
         if args.export and is_url(args.export):
@@ -342,40 +245,36 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     tags = {RUN_NAME_TAG: args.run_name, "job": "pretrain", "dataset.url": args.data,
-            "dataset.manifest_sha256": data["manifest_sha256"], "dataset.config_hash": data["config_hash"],
-            "dataset.vocab_sha256": data["vocab_sha256"], "storage": f"{args.storage.rstrip('/')}/{args.run_name}"}
+            "dataset.manifest_sha256": data.sha256, "dataset.config_hash": data.config_hash,
+            "dataset.vocab_sha256": data.vocab.sha256, "storage": f"{args.storage.rstrip('/')}/{args.run_name}"}
     if eval_data:
-        tags.update({"eval_dataset.url": args.eval_data, "eval_dataset.manifest_sha256": eval_data["manifest_sha256"]})
+        tags.update({"eval_dataset.url": args.eval_data, "eval_dataset.manifest_sha256": eval_data.sha256})
     if args.init:
         tags["init"] = args.init
         lineage = Path(args.init) / LINEAGE_FILE
         if lineage.is_file():
             tags["lineage.init_run_id"] = json.loads(lineage.read_text()).get("mlflow_run_id", "")
-    if args.parent_run_id:
-        tags["mlflow.parentRunId"] = args.parent_run_id
-    run_id = open_mlflow_run(args, tracking_uri, run_params(args, config, micro, accum), tags)
-    config = dataclasses.replace(config, tracking=dataclasses.replace(
-        config.tracking, tracking_uri=tracking_uri, run_id=run_id))
-
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
     try:
+        run = open_run(tracking_uri, args.experiment, args.run_name, params=run_params(args, config, micro, accum),
+                       tags=tags, parent_run_id=args.parent_run_id, resume_by=RUN_NAME_TAG)
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
+    config = dataclasses.replace(config, tracking=dataclasses.replace(
+        config.tracking, tracking_uri=tracking_uri, run_id=run.run_id))
+
+    with run.ending():
         with train(args, config, data, fs, storage_path) as final_checkpoint:
             with tempfile.TemporaryDirectory() as tmp:
                 local_export = args.export and not is_url(args.export)
                 export_dir = Path(args.export).resolve() if local_export else Path(tmp) / "export"
-                export_model(final_checkpoint, export_dir, run_id, tracking_uri)
-                client.log_artifacts(run_id, str(export_dir), artifact_path="model")
+                export_model(final_checkpoint, export_dir, run)
+                run.log_artifacts(export_dir, artifact_path="model")
                 if args.export and not local_export:
                     upload_tree(export_dir, args.export, args.endpoint_url)
         if args.export:
             log.info("exported the model (Hugging Face layout) to %s", args.export if not local_export else export_dir)
-    except BaseException:
-        client.set_terminated(run_id, status="FAILED")
-        raise
-    client.set_terminated(run_id, status="FINISHED")
-    log.info("done: run %s, checkpoints under %s/%s", run_id, args.storage, args.run_name)
+    log.info("done: run %s, checkpoints under %s/%s", run.run_id, args.storage, args.run_name)
     return 0
 
 

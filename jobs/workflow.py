@@ -30,6 +30,7 @@ from typing import Any
 
 from jobs import _common
 from jobs._workflow_plan import Stage, load_config, plan, with_tracking
+from training import tracking
 
 log = logging.getLogger("workflow")
 JOBS_DIR = Path(__file__).resolve().parent
@@ -72,12 +73,6 @@ def check_flags(stages: list[Stage]) -> None:
                 mod.parse_args(with_tracking(s, "sqlite:///x.db", "x", "0" * 32))
         except SystemExit:
             raise ValueError(f"stage {s.name}: jobs/{s.job}.py rejects its flags: {err.getvalue().strip()}") from None
-
-
-def absolute_tracking_uri(uri: str) -> str:
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        return f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
-    return uri
 
 
 # ---- done-markers --------------------------------------------------------------------------------------------
@@ -184,50 +179,19 @@ def _run_once(stage: Stage, argv: list[str], log_file: Path) -> tuple[int, dict[
 
 # ---- MLflow ----------------------------------------------------------------------------------------------------
 
-def parent_run(workdir: Path, tracking_uri: str, experiment: str, cfg: dict, config_path: str) -> str:
-    """The workflow's parent run: the one recorded in WORKDIR (a rerun), else a new one."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    path = workdir / STATE_DIR / "parent_run.json"
-    if path.is_file():
-        rec = json.loads(path.read_text())
-        if rec.get("tracking_uri") == tracking_uri:
-            try:
-                client.get_run(rec["run_id"])
-                client.update_run(rec["run_id"], status="RUNNING")
-                return rec["run_id"]
-            except Exception:  # deleted, or another store: start a new parent
-                log.warning("parent run %s is gone from %s; starting a new one", rec.get("run_id"), tracking_uri)
-    exp_id = _common.get_or_create_experiment(experiment, tracking_uri)
+def parent_run(workdir: Path, tracking_uri: str, experiment: str, cfg: dict, config_path: str) -> tracking.Run:
+    """The workflow's parent run: the one of this workdir (a rerun), else a new one. Its id is also written to
+    WORKDIR/_workflow/parent_run.json, for people and tools looking at a workdir (a killed run has no summary)."""
     name = cfg.get("name") or "workflow"
-    run = client.create_run(exp_id, run_name=f"workflow-{name}",
-                            tags={"job": "workflow", "workflow.config": config_path, "workflow.workdir": str(workdir)})
-    from mlflow.entities import Param
-
-    flat = _flatten({k: v for k, v in cfg.items() if k != "mlflow"})
-    params = [Param(k, str(v)[:6000]) for k, v in sorted(flat.items())]
-    for i in range(0, len(params), 100):
-        client.log_batch(run.info.run_id, params=params[i:i + 100])
+    run = tracking.open_run(
+        tracking_uri, experiment, f"workflow-{name}",
+        params=tracking.flatten_params({k: v for k, v in cfg.items() if k != "mlflow"}),
+        tags={"job": "workflow", "workflow.config": config_path, "workflow.workdir": str(workdir)},
+        resume_by="workflow.workdir")
+    path = workdir / STATE_DIR / "parent_run.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"run_id": run.info.run_id, "tracking_uri": tracking_uri}) + "\n")
-    return run.info.run_id
-
-
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(d, dict):
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            out |= _flatten(v, f"{prefix}{k}.")
-        return out
-    return {prefix.rstrip("."): d}
-
-
-def close_stale_children(client, parent_id: str, experiment_id: str) -> None:
-    """Child runs left RUNNING by a killed attempt are marked KILLED (a resumed pre-training reopens its own)."""
-    for r in client.search_runs([experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'"):
-        if r.info.status == "RUNNING":
-            client.set_terminated(r.info.run_id, status="KILLED")
+    write_atomic(path, json.dumps({"run_id": run.run_id, "tracking_uri": tracking_uri}) + "\n")
+    return run
 
 
 def stage_metrics(stage: Stage, result: dict[str, Any], tracking_uri: str) -> dict[str, float]:
@@ -235,10 +199,8 @@ def stage_metrics(stage: Stage, result: dict[str, Any], tracking_uri: str) -> di
     if stage.job == "pretrain":
         lineage = Path(stage.outputs["export"]) / "bert_pretrain_run.json"
         try:
-            from mlflow.tracking import MlflowClient
-
             run_id = json.loads(lineage.read_text())["mlflow_run_id"]
-            metrics = MlflowClient(tracking_uri).get_run(run_id).data.metrics
+            metrics = tracking.run_metrics(tracking_uri, run_id)
             return {k: metrics[k] for k in KEY_METRICS["pretrain"] if k in metrics}
         except Exception as e:  # a summary must not fail a finished workflow
             log.warning("could not read %s's metrics: %s", stage.name, e)
@@ -286,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         check_flags(stages)
         mcfg = cfg.get("mlflow") or {}
         experiment = mcfg.get("experiment") or cfg.get("name") or "workflow"
-        tracking_uri = absolute_tracking_uri(_common.resolve_tracking_uri(mcfg.get("tracking_uri")))
+        tracking_uri = tracking.resolve_tracking_uri(mcfg.get("tracking_uri"))
         if os.environ.get("RAY_ADDRESS") and not Path(workdir_arg).is_absolute():
             log.warning("running on a Ray cluster with a relative workdir: outputs go under this job's temporary "
                         "working dir %s; pass --workdir /absolute/shared/path to keep them", workdir)
@@ -306,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     try:
-        _common.check_tracking_reachable(tracking_uri)
+        tracking.check_tracking_reachable(tracking_uri)
     except ValueError as e:
         print(f"workflow: error: {e}", file=sys.stderr)
         return 2
@@ -316,11 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"workflow: error: {e}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _interrupted)  # `ray job stop`, `kill`: stop the stage, mark the runs KILLED
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
     parent = parent_run(workdir, tracking_uri, experiment, cfg, str(args.config))
-    close_stale_children(client, parent, client.get_run(parent).info.experiment_id)
+    tracking.close_stale_children(parent)
     results: dict[str, dict[str, Any]] = {}
     try:
         for i, s in enumerate(stages, 1):
@@ -331,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             print(f"== [{i}/{len(stages)}] {s.name}: running  (log: {workdir / STATE_DIR / 'logs' / s.key}.log)")
             started = time.time()
-            result = run_stage(s, with_tracking(s, tracking_uri, experiment, parent),
+            result = run_stage(s, with_tracking(s, tracking_uri, experiment, parent.run_id),
                                workdir / STATE_DIR / "logs" / f"{s.key}.log")
             if not output_complete(s):
                 raise RuntimeError(f"stage {s.name} exited 0 but its output is incomplete: {s.outputs}")
@@ -342,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             results[s.name] = marker
             print(f"== [{i}/{len(stages)}] {s.name}: finished in {marker['seconds']:.0f} s")
     except BaseException as e:
-        client.set_terminated(parent, status="KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+        parent.end("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
         lock.unlink(missing_ok=True)
         if isinstance(e, RuntimeError):
             print(f"workflow: error: {e}", file=sys.stderr)
@@ -351,15 +310,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"workflow: interrupted ({e or 'Ctrl-C'}); rerun the same command to resume", file=sys.stderr)
             return 130
         raise
-    summary = summarise(cfg, stages, results, workdir, tracking_uri, experiment, parent, time.time() - t0, todo)
-    from mlflow.entities import Metric
-
-    ts = int(time.time() * 1000)
-    metrics = [Metric(f"{s.key}.{k}", float(v), ts, 0) for s in stages
-               for k, v in results[s.name].get("metrics", {}).items()]
-    for j in range(0, len(metrics), 500):
-        client.log_batch(parent, metrics=metrics[j:j + 500])
-    client.set_terminated(parent, status="FINISHED")
+    summary = summarise(cfg, stages, results, workdir, tracking_uri, experiment, parent.run_id, time.time() - t0,
+                        todo)
+    parent.log_metrics({f"{s.key}.{k}": v for s in stages for k, v in results[s.name].get("metrics", {}).items()})
+    parent.end("FINISHED")
     (workdir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     lock.unlink(missing_ok=True)
     return 0

@@ -2,17 +2,20 @@
 
 See docs/architecture.md. Token ids are ``uint16`` when the vocabulary has at most 65,536 entries (ids up to 65,535), else ``uint32``;
 rows are unpadded; ``a_length`` rebuilds the segment ids (``token_type_ids[i] = 0 if i < a_length + 2 else 1``).
+The build writes ``manifest.json`` (a dict checked by ``validate_manifest``); consumers read it with
+``read_manifest`` as one frozen ``Manifest``.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from pipeline.storage import join, read_json
+from pipeline.storage import join, read_bytes, read_json
 
 FORMAT = "bert-pretrain-dataset"
 FORMAT_VERSION = 1
@@ -81,16 +84,82 @@ def validate_manifest(m: dict[str, Any], where: str = "manifest") -> dict[str, A
     return m
 
 
-def read_manifest(url: str, endpoint_url: str | None = None) -> dict[str, Any]:
-    """The validated manifest of the dataset at ``url`` (the folder, or the manifest.json itself)."""
-    path = url if url.rstrip("/").endswith(MANIFEST) else join(url, MANIFEST)
+@dataclass(frozen=True)
+class Shard:
+    file: str  # relative to the dataset folder, e.g. shards/part-00000-of-00016.parquet
+    url: str
+    rows: int
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """The vocabulary the ids refer to (read from the dataset's vocab.txt)."""
+
+    url: str
+    size: int
+    sha256: str
+    do_lower_case: bool
+    mask_id: int  # the id of [MASK]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A complete, validated dataset as its consumers need it."""
+
+    url: str  # the dataset folder
+    sha256: str  # of the manifest's canonical JSON (sorted keys): names this exact build
+    config_hash: str  # of the build config: builds of the same config share it
+    vocab: Vocab
+    max_seq_length: int
+    max_predictions: int  # per sequence (the build's max_predictions_per_seq)
+    masked_lm_prob: float
+    shards: tuple[Shard, ...]
+    seq_len_histogram: tuple[tuple[int, int], ...]  # (length, rows), by length
+
+    @property
+    def shard_urls(self) -> tuple[str, ...]:
+        return tuple(s.url for s in self.shards)
+
+    @property
+    def shard_rows(self) -> tuple[int, ...]:
+        return tuple(s.rows for s in self.shards)
+
+    @property
+    def instances(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+
+def read_manifest(url: str, endpoint_url: str | None = None) -> Manifest:
+    """The dataset at ``url`` (the folder, or its manifest.json): its manifest validated, its vocabulary checked."""
+    folder = url.rstrip("/")
+    if folder.endswith(MANIFEST):
+        folder = folder[: -len(MANIFEST)].rstrip("/")
+    path = join(folder, MANIFEST)
     try:
-        m = read_json(path, endpoint_url)
+        m = validate_manifest(read_json(path, endpoint_url), path)
     except FileNotFoundError as e:
         raise ValueError(f"{path} not found: the dataset is missing or its build did not finish") from e
-    return validate_manifest(m, path)
-
-
-def shard_urls(url: str, manifest: dict[str, Any]) -> list[str]:
-    """Full URLs of the shards a manifest lists."""
-    return [join(url, s["file"]) for s in manifest["shards"]]
+    vocab_url = join(folder, m["vocab"]["file"])
+    vocab_text = read_bytes(vocab_url, endpoint_url).decode("utf-8")
+    tokens = vocab_text.splitlines()
+    if len(tokens) != m["vocab"]["size"]:
+        raise ValueError(f"{vocab_url} has {len(tokens)} entries, the manifest says {m['vocab']['size']}: "
+                         "the dataset folder is damaged; rebuild it")
+    if "[MASK]" not in tokens:
+        raise ValueError(f"{vocab_url} has no [MASK] token: not a BERT vocabulary; rebuild with one")
+    if sum(s["rows"] for s in m["shards"]) == 0:
+        raise ValueError(f"{path} lists no rows: rebuild the dataset from a larger corpus")
+    instances = m.get("config", {}).get("instances", {})
+    return Manifest(
+        url=folder,
+        sha256=hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest(),
+        config_hash=m["config_hash"],
+        vocab=Vocab(url=vocab_url, size=int(m["vocab"]["size"]),
+                    sha256=m["vocab"].get("sha256") or hashlib.sha256(vocab_text.encode()).hexdigest(),
+                    do_lower_case=bool(m["vocab"].get("do_lower_case", True)), mask_id=tokens.index("[MASK]")),
+        max_seq_length=int(m["max_seq_length"]),
+        max_predictions=int(instances.get("max_predictions_per_seq", 20)),
+        masked_lm_prob=float(instances.get("masked_lm_prob", 0.15)),
+        shards=tuple(Shard(s["file"], join(folder, s["file"]), int(s["rows"])) for s in m["shards"]),
+        seq_len_histogram=tuple(sorted((int(k), int(v)) for k, v in m["seq_len_histogram"].items())),
+    )

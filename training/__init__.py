@@ -4,8 +4,9 @@ one module that wraps the loops in a Ray Train worker (`training.ray_worker`, im
 
 Imports point one way: jobs -> training -> pipeline, bert_core (tests/test_layering.py).
 """
-from training.config import (CheckpointConfig, DataConfig, EvalConfig, ModelConfig, OptimizerConfig, PretrainConfig,
-                             RuntimeConfig, ShardSet, TrackingConfig, default_length_buckets)
+from training.config import (CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig,
+                             TrackingConfig)
+from training.loader import DataConfig, EvalConfig, ShardSet, default_length_buckets
 from training.loop import FitResult, Worker, fit
 from training.metrics import MetricSums
 from training.step import evaluate, finetune_step, forward, to_device, train_step

@@ -2,19 +2,19 @@
 `PretrainConfig`.
 
 Each component validates itself in `__post_init__` and says how to fix a bad value. Nothing below `fit` receives
-the whole config: the loop hands each part to the piece that owns it. `PretrainConfig.to_params()` flattens
-`dataclasses.asdict(config)` to dotted keys: that one dictionary goes to MLflow's params and into every
-checkpoint's train_state.json, so a run is reproducible from what it logged.
+the whole config: the loop hands each part to the piece that owns it. The job logs it as MLflow params
+(`training.tracking.flatten_params`: dotted keys) and every checkpoint's train_state.json holds its
+`dataclasses.asdict`, so a run is reproducible from what it logged.
 """
 from __future__ import annotations
 
-import dataclasses
+import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
 
 from bert_core.config import BertConfig
+from training.loader import DataConfig, EvalConfig
 
-LOADERS = ("stream", "ray-data")
 OPTIMIZERS = ("adamw", "lamb")
 DECAYS = ("linear", "poly")
 DEVICES = ("auto", "cpu", "cuda")
@@ -27,6 +27,22 @@ class ModelConfig:
 
     bert: BertConfig
     init: str | None = None  # an export, a checkpoint directory or any HF BERT directory (local)
+    init_vocab_sha256: str = ""  # of init's vocab.txt ("" without one): must be the dataset's
+
+    @classmethod
+    def resolve(cls, preset: str, init: str | None, vocab_size: int) -> "ModelConfig":
+        """`init`'s architecture and vocabulary hash when given, else the preset sized to `vocab_size`."""
+        from bert_core import PRESETS
+        from bert_core.hf import resolve_model_dir
+
+        if init is None:
+            if preset not in PRESETS:
+                raise ValueError(f"unknown --preset {preset!r}; choose one of {sorted(PRESETS)}")
+            return cls(PRESETS[preset](vocab_size=vocab_size))
+        model_dir = resolve_model_dir(init)
+        vocab = model_dir / "vocab.txt"
+        sha = hashlib.sha256(vocab.read_bytes()).hexdigest() if vocab.is_file() else ""
+        return cls(BertConfig.from_json_file(model_dir / "config.json"), str(Path(init).resolve()), sha)
 
 
 @dataclass(frozen=True)
@@ -46,86 +62,6 @@ class OptimizerConfig:
             raise ValueError(f"decay {self.decay!r}: use one of {', '.join(DECAYS)}")
         if not self.lr > 0 or self.weight_decay < 0 or self.warmup_steps < 0 or self.poly_power <= 0:
             raise ValueError("need --lr > 0, --weight-decay >= 0, --warmup-steps >= 0 and --poly-power > 0")
-
-
-@dataclass(frozen=True)
-class ShardSet:
-    """A built dataset's shards, as the loader reads them (from `pipeline.schema`'s manifest)."""
-
-    shard_urls: tuple[str, ...]
-    shard_rows: tuple[int, ...]
-    max_seq_length: int
-    max_predictions: int
-    endpoint_url: str | None = None  # S3-compatible endpoint for s3:// shards; credentials come from the env
-    config_hash: str = ""
-
-    def __post_init__(self) -> None:
-        if len(self.shard_urls) != len(self.shard_rows) or not self.shard_urls:
-            raise ValueError("a ShardSet needs one row count per shard URL, and at least one shard")
-        if sum(self.shard_rows) < 1:
-            raise ValueError("the dataset has no rows: rebuild it with jobs/build_dataset.py")
-        if self.max_seq_length < 8 or self.max_predictions < 1:
-            raise ValueError(f"max_seq_length {self.max_seq_length} / max_predictions {self.max_predictions} "
-                             "are too small: read them from the dataset's manifest")
-
-
-def default_length_buckets(max_seq_length: int, count: int = 4) -> tuple[int, ...]:
-    """`count` widths, multiples of max_seq_length / count rounded up to 8: few shapes for torch.compile."""
-    step = -(-max_seq_length // count)
-    step = -(-step // 8) * 8
-    widths = sorted({min(max_seq_length, step * i) for i in range(1, count + 1)} | {max_seq_length})
-    return tuple(widths)
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """This job's training stream: shards, batch geometry per rank, bucketing and masking."""
-
-    train: ShardSet
-    micro_batch_size: int
-    accum: int = 1  # micro-batches per optimizer step on each rank
-    loader: str = "stream"
-    length_bucketing: bool = True
-    bucket_window: int = 32
-    # Sequence widths a batch is padded to (the smallest that fits its longest row). Empty: the defaults from
-    # max_seq_length. A fixed set keeps torch.compile to one graph per width.
-    length_buckets: tuple[int, ...] = ()
-    dynamic_masking: bool = False
-    mask_id: int = 103
-    masked_lm_prob: float = 0.15
-
-    def __post_init__(self) -> None:
-        if self.micro_batch_size < 1 or self.accum < 1:
-            raise ValueError(f"micro_batch_size ({self.micro_batch_size}) and accum ({self.accum}) must be >= 1")
-        if self.loader not in LOADERS:
-            raise ValueError(f"--data-loader {self.loader!r}: use one of {', '.join(LOADERS)}")
-        if self.bucket_window < 1:
-            raise ValueError("bucket_window must be >= 1")
-        if not self.length_buckets:
-            object.__setattr__(self, "length_buckets", default_length_buckets(self.train.max_seq_length))
-        b = tuple(int(x) for x in self.length_buckets)
-        if list(b) != sorted(set(b)) or b[0] < 1:
-            raise ValueError(f"--length-buckets {b}: give increasing positive widths, e.g. 32,64,96,128")
-        if b[-1] < self.train.max_seq_length:
-            raise ValueError(f"--length-buckets {b}: the largest must be >= the dataset's max_seq_length "
-                             f"{self.train.max_seq_length}, or the longest rows would not fit")
-        object.__setattr__(self, "length_buckets", b)
-        if not 0 < self.masked_lm_prob < 1:
-            raise ValueError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """Held-out data for eval_* metrics; `every` = 0: only at the end."""
-
-    data: ShardSet
-    sequences: int = 2048  # the first N sequences (0: all)
-    every: int = 0
-    batch_size: int = 64
-
-    def __post_init__(self) -> None:
-        if self.sequences < 0 or self.every < 0 or self.batch_size < 1:
-            raise ValueError("--eval-sequences and --eval-every must be >= 0 and the eval batch size >= 1")
 
 
 @dataclass(frozen=True)
@@ -215,22 +151,18 @@ class PretrainConfig:
             raise ValueError("--max-steps must be >= 1")
         if self.optimizer.warmup_steps > self.max_steps:
             raise ValueError(f"--warmup-steps {self.optimizer.warmup_steps} exceeds --max-steps {self.max_steps}")
-        if self.data.train.max_seq_length > self.model.bert.max_position_embeddings:
-            raise ValueError(f"the dataset has sequences of {self.data.train.max_seq_length} tokens but the model "
-                             f"has only {self.model.bert.max_position_embeddings} positions")
-
-    def to_params(self) -> dict[str, Any]:
-        """`asdict` flattened to dotted keys; long lists shortened to their length (MLflow caps param values)."""
-        out: dict[str, Any] = {}
-
-        def walk(prefix: str, value: Any) -> None:
-            if isinstance(value, dict):
-                for k, v in value.items():
-                    walk(f"{prefix}.{k}" if prefix else str(k), v)
-            elif isinstance(value, (list, tuple)) and len(value) > 8:
-                out[f"{prefix}.count"] = len(value)
-            else:
-                out[prefix] = value
-
-        walk("", dataclasses.asdict(self))
-        return out
+        # The model and its data must agree, whichever flags built them (the one place this is checked).
+        train, bert, init = self.data.train, self.model.bert, self.model.init
+        if train.vocab_size is not None and train.vocab_size != bert.vocab_size:
+            raise ValueError(f"the model{f' (--init {init})' if init else ''} has vocab_size {bert.vocab_size} but "
+                             f"{train.url or 'the dataset'} was built with a {train.vocab_size}-entry vocabulary: "
+                             "rebuild the dataset with the model's vocab.txt")
+        if self.model.init_vocab_sha256 and train.vocab_sha256 and self.model.init_vocab_sha256 != train.vocab_sha256:
+            raise ValueError(f"--init {init}'s vocab.txt differs from {train.url or 'the dataset'}'s (same size, other "
+                             "tokens): the ids would mean different words; rebuild the data with that vocab")
+        if self.eval is not None and self.eval.data.vocab_sha256 != train.vocab_sha256:
+            raise ValueError(f"--eval-data {self.eval.data.url} was built with another vocabulary than --data "
+                             f"{train.url}: rebuild it with --vocab {train.url}/vocab.txt")
+        if train.max_seq_length > bert.max_position_embeddings:
+            raise ValueError(f"{train.url or 'the dataset'} has sequences of {train.max_seq_length} tokens but the "
+                             f"model has only {bert.max_position_embeddings} positions")

@@ -25,8 +25,8 @@ from torch import nn
 
 from bert_core import BertForPreTraining
 from training.optim import build_optimizer, build_scheduler
-from training.loader import seed_for
-from training import data as data_mod
+from pipeline.rng import derive_seed as seed_for
+from training import loader as data_mod
 from training.checkpoint import LocalCheckpoints, load_train_state, write_checkpoint
 from training.config import PretrainConfig
 from training.metrics import MetricSums

@@ -60,7 +60,7 @@ def _dataset_rows(drop: int):
     ranks stay equal. Which rows a rank gets depends on timing: a resumed run skips as many rows as were consumed,
     not the same rows (use the default loader for an exact replay).
     """
-    from training.loader import Rows
+    from training.rows import Rows
 
     shard = ray.train.get_dataset_shard("train")
     while True:

@@ -26,7 +26,7 @@ def test_faithful_to_the_reference_on_moby_dick_and_logged_to_mlflow(tmp_path, s
     assert rc == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     m = read_manifest(str(out))
-    table = pads.dataset([str(out / s["file"]) for s in m["shards"]], format="parquet").to_table()
+    table = pads.dataset(list(m.shard_urls), format="parquet").to_table()
     got = instance_stats(table, mask_id=103, max_seq_length=128)
     ref = json.loads((ref_dir / "mobydick.reference_stats.json").read_text())["stats"]
     # The statistics against the reference's (mean of three seeds, a sampled pool) are checked in
@@ -34,7 +34,7 @@ def test_faithful_to_the_reference_on_moby_dick_and_logged_to_mlflow(tmp_path, s
     assert abs(got["instances"] / ref["instances"] - 1) < 0.05, got
     for kind in ("mask", "same", "random"):
         assert abs(got["mask_kind_fraction"][kind] - ref["mask_kind_fraction"][kind]) < 0.01, (kind, got)
-    assert m["totals"]["instances"] == got["instances"] == summary["instances"]
+    assert m.instances == got["instances"] == summary["instances"]
 
     client = MlflowClient(mlflow_uri)
     run = client.get_run(summary["mlflow_run_id"])

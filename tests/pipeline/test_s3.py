@@ -9,8 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.build_dataset import main
-from pipeline.schema import read_manifest
-from pipeline.storage import filesystem_for
+from pipeline.storage import filesystem_for, read_json
 
 ARGS = ["--dupe-factor", "2", "--num-shards", "3", "--max-seq-length", "64", "--max-predictions-per-seq", "10"]
 
@@ -42,14 +41,14 @@ def test_s3_in_s3_out_equals_local_build(ray_local, s3_inputs, tmp_path, sample_
     out = f"s3://{bucket}/datasets/tiny"
     assert main(["--input", f"s3://{bucket}/corpus/", "--vocab", f"s3://{bucket}/vocab.txt", "--output", out,
                  "--endpoint-url", endpoint, *ARGS]) == 0
-    m = read_manifest(out, endpoint)
+    m = read_json(f"{out}/manifest.json", endpoint)  # the build's own record: inputs, totals
     assert m["inputs"][0]["path"] == f"s3://{bucket}/corpus/part.jsonl.gz" and m["inputs"][0]["etag"]
     assert not fs.exists(f"{bucket}/datasets/tiny/_work") and fs.exists(f"{bucket}/datasets/tiny/vocab.txt")
     # The same files from a local folder give the same rows: ids come from names relative to the input folder.
     local = tmp_path / "local"
     assert main(["--input", str(tmp_path / "corpus"), "--vocab", str(sample_dir / "reference" /
                  "bert-base-uncased-vocab.txt"), "--output", str(local), "--no-ray", *ARGS]) == 0
-    ml = read_manifest(str(local))
+    ml = read_json(str(local / "manifest.json"))
     assert ml["totals"] == m["totals"] and ml["shards"] == m["shards"]
     for s in m["shards"]:
         with fs.open(f"{bucket}/datasets/tiny/{s['file']}", "rb") as f:

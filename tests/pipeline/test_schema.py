@@ -1,5 +1,9 @@
-"""pipeline.schema: token dtype, shard schema, manifest validation (what pre-training relies on)."""
+"""pipeline.schema: token dtype, shard schema, manifest validation and the typed manifest pre-training reads."""
 from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
 
 import pyarrow as pa
 import pytest
@@ -23,15 +27,16 @@ def test_config_hash_is_canonical():
     assert shard_name(3, 16) == "shards/part-00003-of-00016.parquet"
 
 
-def _manifest(rows):
-    return {"format": "bert-pretrain-dataset", "format_version": 1, "config": {}, "config_hash": "x",
-            "vocab": {"file": "vocab.txt", "sha256": "y", "size": 30522, "do_lower_case": True},
+def _manifest(rows, vocab_size=30522):
+    return {"format": "bert-pretrain-dataset", "format_version": 1,
+            "config": {"instances": {"max_predictions_per_seq": 12, "masked_lm_prob": 0.2}}, "config_hash": "x",
+            "vocab": {"file": "vocab.txt", "sha256": "y", "size": vocab_size, "do_lower_case": True},
             "token_dtype": "uint16", "max_seq_length": 128, "inputs": [],
             "shards": [{"file": shard_name(i, len(rows)), "rows": r} for i, r in enumerate(rows)],
-            "totals": {"instances": sum(rows)}, "seq_len_histogram": {}}
+            "totals": {"instances": sum(rows)}, "seq_len_histogram": {"128": 3, "17": 1}}
 
 
-def test_validate_and_read_manifest(tmp_path):
+def test_validate_manifest(tmp_path):
     validate_manifest(_manifest([3, 3, 2]))
     with pytest.raises(ValueError, match="not balanced"):
         validate_manifest(_manifest([4, 2]))
@@ -39,7 +44,33 @@ def test_validate_and_read_manifest(tmp_path):
     del bad["totals"]
     with pytest.raises(ValueError, match="totals"):
         validate_manifest(bad)
+
+
+def test_read_manifest_gives_one_frozen_object(tmp_path):
     with pytest.raises(ValueError, match="did not finish"):
         read_manifest(str(tmp_path))
-    write_json_atomic(str(tmp_path / "manifest.json"), _manifest([2, 2]))
-    assert read_manifest(str(tmp_path))["totals"]["instances"] == 4
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "whale", "ship"]
+    (tmp_path / "vocab.txt").write_text("\n".join(tokens) + "\n")
+    write_json_atomic(str(tmp_path / "manifest.json"), _manifest([2, 2], vocab_size=7))
+    m = read_manifest(str(tmp_path))
+    assert read_manifest(str(tmp_path / "manifest.json")) == m  # the folder or its manifest.json
+    assert m.url == str(tmp_path) and m.instances == 4 and m.shard_rows == (2, 2)
+    assert m.shard_urls == (str(tmp_path / "shards/part-00000-of-00002.parquet"),
+                            str(tmp_path / "shards/part-00001-of-00002.parquet"))
+    assert (m.vocab.size, m.vocab.mask_id, m.vocab.sha256, m.vocab.url) == (7, 4, "y", str(tmp_path / "vocab.txt"))
+    assert (m.max_seq_length, m.max_predictions, m.masked_lm_prob, m.config_hash) == (128, 12, 0.2, "x")
+    assert m.seq_len_histogram == ((17, 1), (128, 3))  # by length, as numbers
+    manifest_json = json.loads((tmp_path / "manifest.json").read_text())
+    assert m.sha256 == hashlib.sha256(json.dumps(manifest_json, sort_keys=True).encode()).hexdigest()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.max_seq_length = 64
+
+
+def test_read_manifest_checks_the_vocabulary(tmp_path):
+    write_json_atomic(str(tmp_path / "manifest.json"), _manifest([2, 2], vocab_size=7))
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    with pytest.raises(ValueError, match="has 2 entries, the manifest says 7"):
+        read_manifest(str(tmp_path))
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "b", "c"]) + "\n")
+    with pytest.raises(ValueError, match=r"no \[MASK\] token"):
+        read_manifest(str(tmp_path))

@@ -15,14 +15,15 @@ import torch
 from bert_core import bert_tiny
 from training import (CheckpointConfig, DataConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig,
                       TrackingConfig, fit)
-from training.data import read_shard_set
+from pipeline.schema import read_manifest
+from training.loader import ShardSet
 
 STEPS, EVERY, KEEP_AT = 30, 10, 20
 
 
 def main(dataset: str, work: str) -> None:
     torch.set_num_threads(1)
-    shards = read_shard_set(dataset)
+    shards = ShardSet.from_manifest(read_manifest(dataset))
     vocab = Path(dataset, "vocab.txt").read_text().splitlines()
     config = PretrainConfig(
         model=ModelConfig(bert=bert_tiny(vocab_size=len(vocab), max_position_embeddings=64)),

@@ -11,7 +11,8 @@ import torch
 
 from bert_core import bert_tiny
 from training import DataConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig, TrackingConfig, Worker, fit
-from training.data import read_shard_set, train_batches
+from pipeline.schema import read_manifest
+from training.loader import ShardSet, train_batches
 from training.tracking import NullTracker
 
 pytestmark = pytest.mark.timeout(600)
@@ -44,8 +45,8 @@ def config_for(data: str, compile_model: bool, steps: int = STEPS) -> PretrainCo
     return PretrainConfig(
         model=ModelConfig(bert=bert_tiny(vocab_size=len(vocab), max_position_embeddings=64,
                                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
-        data=DataConfig(train=read_shard_set(data), micro_batch_size=4, bucket_window=32, length_buckets=BUCKETS,
-                        mask_id=vocab.index("[MASK]")),
+        data=DataConfig(train=ShardSet.from_manifest(read_manifest(data)), micro_batch_size=4, bucket_window=32,
+                        length_buckets=BUCKETS, mask_id=vocab.index("[MASK]")),
         max_steps=steps, optimizer=OptimizerConfig(lr=1e-3),
         tracking=TrackingConfig(log_every=1),
         runtime=RuntimeConfig(device="cpu", threads=1, compile=compile_model, compile_backend="aot_eager", seed=3),

@@ -10,7 +10,8 @@ import torch
 
 from bert_core import bert_tiny
 from training import DataConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig, TrackingConfig, fit
-from training.data import read_shard_set
+from pipeline.schema import read_manifest
+from training.loader import ShardSet
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -20,7 +21,7 @@ def test_compiled_bf16_fit_reports_mfu_of_real_tokens(varied_pretrain_data):
     vocab = Path(varied_pretrain_data, "vocab.txt").read_text().splitlines()
     config = PretrainConfig(
         model=ModelConfig(bert=bert_tiny(vocab_size=len(vocab), max_position_embeddings=64)),
-        data=DataConfig(train=read_shard_set(varied_pretrain_data), micro_batch_size=32,
+        data=DataConfig(train=ShardSet.from_manifest(read_manifest(varied_pretrain_data)), micro_batch_size=32,
                         mask_id=vocab.index("[MASK]")),
         max_steps=12, optimizer=OptimizerConfig(lr=1e-3), tracking=TrackingConfig(log_every=4),
         runtime=RuntimeConfig(device="cuda", compile_warmup_steps=4, peak_flops=989e12),

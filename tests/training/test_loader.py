@@ -1,4 +1,5 @@
-"""Batching: padding to a multiple of 8, segment ids from a_length, MLM slots, dynamic masking, equal rank streams."""
+"""The training loader and its batches: padding to a multiple of 8 or to length buckets, segment ids from a_length,
+MLM slots, dynamic masking, equal rank streams with exact resume."""
 from __future__ import annotations
 
 import itertools
@@ -6,8 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
-from training.loader import (IGNORE_INDEX, Prefetcher, Rows, RankStream, Remasker, StreamConfig, collate,
-                               finite_batches, rank_segments)
+from training.batching import Remasker, collate, finite_batches
+from training.loader import DataConfig, Prefetcher, RankStream, ShardSet, rank_segments
+from training.rows import Rows
 
 CLS, SEP, MASK, VOCAB = 101, 102, 103, 1000
 
@@ -114,6 +116,13 @@ def _dataset(shard_rows, seed=0):
     return shards
 
 
+def data_config(shard_rows, micro_batch_size: int, **changes) -> DataConfig:
+    """The loader's config over synthetic shards (rows of at most 63 tokens, at most 20 masked positions)."""
+    shards = ShardSet(shard_urls=tuple(f"shard-{i}" for i in range(len(shard_rows))), shard_rows=tuple(shard_rows),
+                      max_seq_length=64, max_predictions=20)
+    return DataConfig(train=shards, micro_batch_size=micro_batch_size, **changes)
+
+
 def _uids(batch):
     return batch["input_ids"][:, 1].tolist()
 
@@ -125,9 +134,8 @@ def test_rank_stream_equal_counts_no_row_lost_and_exact_resume(bucketing):
     world, m = 3, 4
 
     def stream(rank, start=0):
-        cfg = StreamConfig(micro_batch_size=m, seed=5, rank=rank, world_size=world, max_predictions=20,
-                           length_bucketing=bucketing, bucket_window=2)
-        return RankStream(shard_rows, shards.__getitem__, cfg, start_batch=start)
+        data = data_config(shard_rows, m, length_bucketing=bucketing, bucket_window=2)
+        return RankStream(data, shards.__getitem__, seed=5, rank=rank, world=world, start_batch=start)
 
     per_rank = {r: list(itertools.islice(stream(r), 12)) for r in range(world)}
     assert all(len(b) == 12 for b in per_rank.values())  # infinite streams: any count, equal on every rank
@@ -152,8 +160,10 @@ def test_bucketing_reduces_padding():
     shards = _dataset(shard_rows, seed=3)
 
     def padded_tokens(bucketing):
-        cfg = StreamConfig(micro_batch_size=8, seed=1, length_bucketing=bucketing, bucket_window=16)
-        batches = list(itertools.islice(RankStream(shard_rows, shards.__getitem__, cfg), 16))
+        # Widths every 8 tokens: each batch is padded to its longest row rounded up to a multiple of 8.
+        data = data_config(shard_rows, 8, length_bucketing=bucketing, bucket_window=16,
+                           length_buckets=tuple(range(8, 65, 8)))
+        batches = list(itertools.islice(RankStream(data, shards.__getitem__, seed=1), 16))
         return sum(b["input_ids"].size - b["attention_mask"].sum() for b in batches)
 
     assert padded_tokens(True) < 0.5 * padded_tokens(False)
@@ -163,9 +173,9 @@ def test_remasking_in_stream_is_seeded_by_batch_index():
     shard_rows = [10, 10]
     shards = _dataset(shard_rows, seed=2)
     rem = Remasker(vocab_size=3000, mask_id=MASK, max_predictions=20)
-    cfg = StreamConfig(micro_batch_size=4, seed=9, max_predictions=20, remasker=rem)
-    full = list(itertools.islice(RankStream(shard_rows, shards.__getitem__, cfg), 8))
-    resumed = list(itertools.islice(RankStream(shard_rows, shards.__getitem__, cfg, start_batch=6), 2))
+    data = data_config(shard_rows, 4, length_bucketing=False)
+    full = list(itertools.islice(RankStream(data, shards.__getitem__, seed=9, remasker=rem), 8))
+    resumed = list(itertools.islice(RankStream(data, shards.__getitem__, seed=9, start_batch=6, remasker=rem), 2))
     assert np.array_equal(full[6]["masked_lm_positions"], resumed[0]["masked_lm_positions"])
     # Epoch 1 revisits epoch 0's rows (5 batches of 4 = 20 rows) with fresh masks.
     assert not all(np.array_equal(full[i]["input_ids"], full[i + 5]["input_ids"]) for i in range(3))
@@ -181,7 +191,7 @@ def test_read_shard_roundtrip(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    from training.loader import read_shard
+    from training.rows import read_shard
 
     rng = np.random.default_rng(0)
     raw = [make_row(3, 4, rng), make_row(5, 2, rng)]
@@ -226,9 +236,8 @@ def test_collate_pads_to_the_smallest_length_bucket_that_fits():
 def test_stream_with_buckets_yields_only_bucket_widths_and_fixed_mlm_slots():
     shard_rows = [40, 40]
     shards = _dataset(shard_rows, seed=6)
-    cfg = StreamConfig(micro_batch_size=4, seed=2, max_predictions=20, length_bucketing=True, bucket_window=8,
-                       length_buckets=(16, 32, 48, 64))
-    batches = list(itertools.islice(RankStream(shard_rows, shards.__getitem__, cfg), 20))
+    data = data_config(shard_rows, 4, length_bucketing=True, bucket_window=8, length_buckets=(16, 32, 48, 64))
+    batches = list(itertools.islice(RankStream(data, shards.__getitem__, seed=2), 20))
     widths = {b["input_ids"].shape[1] for b in batches}
     assert widths <= {16, 32, 48, 64} and len(widths) >= 2
     assert {b["masked_lm_positions"].shape for b in batches} == {(4, 20)}

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from bert_core import bert_tiny
-from training import (CheckpointConfig, DataConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig,
-                      ShardSet, TrackingConfig, default_length_buckets)
+from training import (CheckpointConfig, DataConfig, EvalConfig, ModelConfig, OptimizerConfig, PretrainConfig,
+                      RuntimeConfig, ShardSet, TrackingConfig, default_length_buckets)
+from training.tracking import flatten_params
 
 SHARDS = ShardSet(shard_urls=("a.parquet", "b.parquet"), shard_rows=(5, 5), max_seq_length=128, max_predictions=20)
 
@@ -40,6 +41,14 @@ def test_default_buckets_are_few_fixed_widths():
     (lambda: config(max_steps=5, optimizer=OptimizerConfig(warmup_steps=6)), "exceeds --max-steps"),
     (lambda: config(model=ModelConfig(bert=bert_tiny(vocab_size=600, max_position_embeddings=64))), "only 64"),
     (lambda: ShardSet(shard_urls=("a",), shard_rows=(1, 2), max_seq_length=128, max_predictions=20), "one row count"),
+    # The model and its data agree (checked here only, whichever flags made them).
+    (lambda: config(data=DataConfig(train=dataclasses.replace(SHARDS, vocab_size=700, url="s3://b/d"),
+                                    micro_batch_size=8)), "has vocab_size 600 but s3://b/d was built with a 700"),
+    (lambda: config(model=ModelConfig(bert=bert_tiny(vocab_size=600), init="/m", init_vocab_sha256="a"),
+                    data=DataConfig(train=dataclasses.replace(SHARDS, vocab_sha256="b"), micro_batch_size=8)),
+     "--init /m's vocab.txt differs"),
+    (lambda: config(eval=EvalConfig(data=dataclasses.replace(SHARDS, vocab_sha256="other", url="ev"))),
+     "--eval-data ev was built with another vocabulary"),
 ])
 def test_bad_values_fail_with_the_fix(make, message):
     with pytest.raises(ValueError, match=message):
@@ -50,12 +59,12 @@ def test_frozen_and_params_are_the_flattened_asdict():
     c = config()
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.max_steps = 3
-    params = c.to_params()
-    assert params["model.bert.hidden_size"] == 128 and params["data.micro_batch_size"] == 8
-    assert params["optimizer.lr"] == 1e-4 and params["runtime.compile"] is None
-    assert params["data.train.shard_rows"] == (5, 5)
+    params = flatten_params(c)
+    assert params["model.bert.hidden_size"] == "128" and params["data.micro_batch_size"] == "8"
+    assert params["optimizer.lr"] == "0.0001" and params["runtime.compile"] == "None"
+    assert params["data.train.shard_rows"] == "(5, 5)"
     json.dumps(dataclasses.asdict(c), default=str)  # what checkpoints store
     many = config(data=DataConfig(train=ShardSet(shard_urls=tuple(f"s{i}" for i in range(20)),
                                                  shard_rows=(1,) * 20, max_seq_length=128, max_predictions=20),
                                   micro_batch_size=8))
-    assert many.to_params()["data.train.shard_urls.count"] == 20  # long lists: their length, not 6000 characters
+    assert flatten_params(many)["data.train.shard_urls.count"] == "20"  # long lists: their length, not 6000 characters
