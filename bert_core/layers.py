@@ -11,6 +11,7 @@ from torch import nn
 from .attention import BertAttention
 from .config import BertConfig
 from .dropout import Dropout
+from .kernels import DEFAULT as DEFAULT_KERNELS, residual_layer_norm
 
 
 def activation(name: str):
@@ -40,9 +41,10 @@ class BertOutput(nn.Module):
         self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
+        self.kernels = DEFAULT_KERNELS  # fused dropout + residual + LayerNorm on CUDA (bert_core.kernels)
 
     def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + residual)
+        return residual_layer_norm(self.dense(hidden_states), residual, self.LayerNorm, self.dropout, self.kernels)
 
 
 class BertLayer(nn.Module):
