@@ -59,7 +59,7 @@ def test_keep_mask_is_the_documented_philox_function(device, rows, cols, seed, o
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_keep_rate_and_no_structure_across_the_eight_slices(device):
-    rows, cols = 256, 1000
+    rows, cols = 32, 8000  # the interpreter's cost is per row (one program each): few long rows
     keep = keep_mask(seed_tensor(20261124, device), rows, cols, 0.1).float().cpu()
     expected = 1 - 6554 / 65536  # p quantised to 1/65536, as bert_core.dropout on CPU
     n = rows * cols
@@ -79,7 +79,7 @@ def correlation(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_masks_are_independent_across_seeds_offsets_rows_and_neighbours(device):
-    rows, cols, p = 128, 512, 0.5
+    rows, cols, p = 32, 2048, 0.5
     n = rows * cols
     bound = 4 / n**0.5  # four standard errors of a correlation of independent bits
     base = keep_mask(seed_tensor(11, device), rows, cols, p).cpu()
