@@ -12,8 +12,9 @@ Not measured yet (no GPU was lent while this was written); the commands, one lin
 Whether `KernelOptions(low_precision_residual=True)` (a bf16 residual stream) keeps the fp32 loss curve needs a
 2,000-step bf16 run with and without it, which `training` has to expose as a flag first.
 """
+from .bias_gelu import bias_gelu, linear_gelu
 from .dropout_layer_norm import dropout_add_layer_norm, keep_mask, residual_layer_norm
 from .options import DEFAULT, TRITON_INSTALLED, KernelOptions, set_kernel_options
 
-__all__ = ["DEFAULT", "KernelOptions", "TRITON_INSTALLED", "dropout_add_layer_norm", "keep_mask",
-           "residual_layer_norm", "set_kernel_options"]
+__all__ = ["DEFAULT", "KernelOptions", "TRITON_INSTALLED", "bias_gelu", "dropout_add_layer_norm", "keep_mask",
+           "linear_gelu", "residual_layer_norm", "set_kernel_options"]

@@ -15,13 +15,12 @@ advances the generator, so sites and steps get different masks. `offset` separat
 Under `torch.compile` the draw is a node of the graph (Inductor generates it with its own Philox, once per step for
 all sites) and AOTAutograd saves, never recomputes, random ops, so backward sees the forward's seed.
 """
-import os
 from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
-from .options import KernelOptions
+from .options import KernelOptions, check_device
 
 _LEVELS = 1 << 16
 _MAX_ELEMENTS = 2**31  # int32 offsets inside the kernels
@@ -31,18 +30,6 @@ def _kernels():
     from . import dropout_layer_norm_triton
 
     return dropout_layer_norm_triton
-
-
-def _check_device(t: Tensor) -> None:
-    if t.device.type == "cuda":
-        return
-    if t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
-        if not _kernels().INTERPRETED:
-            raise ValueError("TRITON_INTERPRET=1 was set after triton had been imported; set it before the "
-                             "process imports triton to run the fused kernels on CPU")
-        return
-    raise ValueError(f"the fused kernels run on CUDA tensors (on CPU only under Triton's interpreter, "
-                     f"TRITON_INTERPRET=1), got a {t.device.type} tensor; use KernelOptions(fused=None)")
 
 
 def _block_g(n: int) -> int:
@@ -77,7 +64,7 @@ def _rows_per_program(device: torch.device, rows: int) -> int:
 @torch.library.custom_op("bert_core::dropout_add_layer_norm_fwd", mutates_args=())
 def _forward(x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor, seed: Optional[Tensor], offset: int,
              p: float, eps: float, out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
-    _check_device(x)
+    check_device(x)
     n = x.shape[-1]
     x2, r2 = x.reshape(-1, n).contiguous(), residual.reshape(-1, n).contiguous()
     m = x2.shape[0]
@@ -179,7 +166,7 @@ def dropout_add_layer_norm(x: Tensor, residual: Tensor, weight: Tensor, bias: Te
 
 def keep_mask(seed: Tensor, rows: int, cols: int, p: float, offset: int = 0) -> Tensor:
     """The kernels' keep mask for a (rows, cols) input as a bool tensor (for tests and checks; not used in training)."""
-    _check_device(seed)
+    check_device(seed)
     keep = torch.empty(rows, cols, dtype=torch.int8, device=seed.device)
     if rows:
         _kernels().keep_mask_kernel[(rows,)](keep, seed, offset, _threshold(p), cols, BLOCK_G=_block_g(cols))

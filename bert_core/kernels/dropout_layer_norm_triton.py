@@ -15,14 +15,8 @@ the launcher refuses tensors of 2**31 elements or more.
 
 Only Triton 3.6 API (torch 2.11's Triton on the GPU machines): tl.philox, tl.where, tl.sum, tl.rsqrt.
 """
-from __future__ import annotations
-
 import triton
-import triton.knobs
 import triton.language as tl
-
-# Decided when triton.jit wraps the kernels below (and tl.philox): set TRITON_INTERPRET=1 before triton's import.
-INTERPRETED = bool(triton.knobs.runtime.interpret)
 
 
 @triton.jit

@@ -9,6 +9,7 @@ Triton is optional: only `importlib.util.find_spec` looks for it here; it is imp
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +61,23 @@ class KernelOptions:
 DEFAULT = KernelOptions()
 
 
+def check_device(t: torch.Tensor) -> None:
+    """Called by the ops before a launch: CUDA tensors, or CPU ones under Triton's interpreter."""
+    if t.device.type == "cuda":
+        return
+    if t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        import triton.language as tl
+        from triton.runtime.interpreter import InterpretedFunction
+
+        # triton.jit reads TRITON_INTERPRET when it wraps a function, Triton's own (tl.philox) at its import.
+        if not isinstance(tl.philox, InterpretedFunction):
+            raise ValueError("TRITON_INTERPRET=1 was set after triton had been imported; set it before the "
+                             "process imports triton to run the fused kernels on CPU")
+        return
+    raise ValueError(f"the fused kernels run on CUDA tensors (on CPU only under Triton's interpreter, "
+                     f"TRITON_INTERPRET=1), got a {t.device.type} tensor; use KernelOptions(fused=None)")
+
+
 def set_kernel_options(model: nn.Module, options: KernelOptions) -> int:
     """Set `options` on every fused-kernel site of `model`; returns how many sites there are."""
     if not isinstance(options, KernelOptions):
@@ -73,4 +91,4 @@ def set_kernel_options(model: nn.Module, options: KernelOptions) -> int:
     return len(sites)
 
 
-__all__ = ["DEFAULT", "KernelOptions", "TRITON_INSTALLED", "set_kernel_options"]
+__all__ = ["DEFAULT", "KernelOptions", "TRITON_INSTALLED", "check_device", "set_kernel_options"]

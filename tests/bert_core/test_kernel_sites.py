@@ -58,7 +58,7 @@ def test_options_validate_and_choose_by_device():
 def test_set_kernel_options_reaches_every_site():
     model = BertForPreTraining(cfg())
     options = KernelOptions(fused=False, low_precision_residual=True)
-    assert set_kernel_options(model, options) == 2 * model.config.num_hidden_layers
+    assert set_kernel_options(model, options) == 3 * model.config.num_hidden_layers
     sites = [m for m in model.modules() if hasattr(m, "kernels")]
     assert sites and all(m.kernels is options for m in sites)
     assert "kernels" not in str(list(model.state_dict()))  # a runtime choice: checkpoints are unchanged
@@ -69,13 +69,14 @@ def test_set_kernel_options_reaches_every_site():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_fused_model_equals_the_composition_without_dropout(device):
+@pytest.mark.parametrize("bias_gelu", [False, True])
+def test_fused_model_equals_the_composition_without_dropout(device, bias_gelu):
     torch.manual_seed(0)
     model = BertForPreTraining(cfg()).to(device).train()
     data = batch(device)
     set_kernel_options(model, KernelOptions(fused=False))
     ref_loss, ref_grads = loss_and_grads(model, data)
-    set_kernel_options(model, KernelOptions(fused=True))
+    set_kernel_options(model, KernelOptions(fused=True, fused_bias_gelu=bias_gelu))
     loss, grads = loss_and_grads(model, data)
     torch.testing.assert_close(loss, ref_loss, atol=1e-5, rtol=1e-5)
     assert grads.keys() == ref_grads.keys()
