@@ -9,7 +9,9 @@ same generator as `tl.rand` (Salmon et al. 2011, Random123), read as the four 32
 call thus serves 8 elements where `tl.rand` spends one call per element (the forward's bottleneck under Inductor),
 and the keep probability is quantised to 1/65536, as `bert_core.dropout` does on CPU.
 
-A row is one (BLOCK_G, 8) tile, column = g * 8 + lane, so each group's Philox words sit beside its 8 lanes. Sums
+A row is one (BLOCK_G, 8) tile, column = g * 8 + lane, so each group's Philox words sit beside its 8 lanes: with a
+bf16 x, Triton gives each thread one group (one 16-byte load) and one Philox call (checked on the sm_90 PTX by
+tests/bert_core/test_kernel_compile.py); with an fp32 x two threads share a group and both compute it. Sums
 and statistics are fp32 whatever the input dtypes; x, residual and out keep their own dtypes. Offsets are int32:
 the launcher refuses tensors of 2**31 elements or more.
 
