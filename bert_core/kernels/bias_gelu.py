@@ -50,7 +50,7 @@ def _forward(h: Tensor, bias: Tensor, approximate: str) -> Tensor:
 
 @_forward.register_fake
 def _(h, bias, approximate):
-    return torch.empty_like(h)
+    return h.new_empty(h.shape)  # contiguous, like the real output
 
 
 @torch.library.custom_op("bert_core::bias_gelu_bwd", mutates_args=())
@@ -73,7 +73,7 @@ def _backward(dy: Tensor, h: Tensor, bias: Tensor, approximate: str) -> tuple[Te
 
 @_backward.register_fake
 def _(dy, h, bias, approximate):
-    return torch.empty_like(h), torch.empty_like(bias)
+    return h.new_empty(h.shape), bias.new_empty(bias.shape)
 
 
 def _setup_context(ctx, inputs, output) -> None:

@@ -112,7 +112,9 @@ def _backward(dy: Tensor, x: Tensor, residual: Tensor, weight: Tensor, seed: Opt
 
 @_backward.register_fake
 def _(dy, x, residual, weight, seed, mean, rstd, offset, p):
-    return torch.empty_like(x), torch.empty_like(residual), torch.empty_like(weight), torch.empty_like(weight)
+    # Contiguous like the real outputs (empty_like would copy a non-contiguous input's strides).
+    return x.new_empty(x.shape), residual.new_empty(residual.shape), weight.new_empty(weight.shape), \
+        weight.new_empty(weight.shape)
 
 
 def _setup_context(ctx, inputs, output) -> None:

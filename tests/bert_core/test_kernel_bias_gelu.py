@@ -94,3 +94,16 @@ def test_minilm_parity_with_every_kernel_forced_on(device):
     real = batch["attention_mask"].bool()
     assert (a.last_hidden_state - b.last_hidden_state)[real].abs().max().item() < 1e-5
     assert (a.pooler_output - b.pooler_output).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_schema_fake_and_autograd_registration(device):
+    from bert_core.kernels.bias_gelu import _backward, _forward
+
+    h = torch.randn(6, 20, device=device, dtype=torch.bfloat16, requires_grad=True)
+    bias = torch.randn(20, device=device, requires_grad=True)
+    h_t = h.detach().t().contiguous().t().requires_grad_()
+    for approximate in ("none", "tanh"):
+        torch.library.opcheck(_forward, (h, bias, approximate))
+        torch.library.opcheck(_forward, (h_t, bias, approximate))
+    torch.library.opcheck(_backward, (torch.randn_like(h), h.detach(), bias.detach(), "none"))

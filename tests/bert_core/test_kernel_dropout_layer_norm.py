@@ -185,3 +185,20 @@ def test_torch_compile_keeps_one_op_each_way_and_the_seed_is_saved_not_redrawn(d
     torch.testing.assert_close(r.grad, rr.grad, atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(w.grad, wr.grad, atol=2e-5, rtol=2e-5)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_schema_fake_and_autograd_registration(device):
+    """torch.library.opcheck: the schemas, the fake implementations against the real ones (shapes, dtypes,
+    strides), the autograd registration, and AOT dispatch, for both ops; non-contiguous inputs included."""
+    from bert_core.kernels.dropout_layer_norm import _backward, _forward
+
+    x, r, w, b = inputs(device, torch.bfloat16, residual_dtype=torch.float32, shape=(4, 40))
+    seed = torch.tensor([7], dtype=torch.int64, device=device)
+    x_t = x.detach().t().contiguous().t().requires_grad_()  # a transposed layout, same values
+    for args in [(x, r, w, b, seed, 0, 0.1, EPS, torch.float32), (x_t, r, w, b, None, 0, 0.0, EPS, torch.bfloat16)]:
+        torch.library.opcheck(_forward, args)
+    with torch.no_grad():  # the backward op has no autograd of its own (no double backward)
+        out, mean, rstd = _forward(x, r, w, b, seed, 0, 0.1, EPS, torch.float32)
+    torch.library.opcheck(_backward, (torch.randn_like(out), x.detach(), r.detach(), w.detach(), seed, mean, rstd,
+                                      0, 0.1))
