@@ -6,14 +6,14 @@ no graph break. The kernels are Triton (`dropout_layer_norm_triton.py`, imported
 run only under Triton's interpreter, which the tests use.
 
 Memory traffic per element, forward: read x and residual, write out; backward: read dy, x and residual, write dx
-and dresidual. Nothing else per element is saved: the dropout mask is recomputed in backward from the seed (a
-one-element int64 tensor) and `offset`, and LayerNorm's mean and 1/std are two fp32 numbers per row.
+and dresidual. Saved for backward: the inputs x and residual, the seed (a one-element int64 tensor) and LayerNorm's
+mean and 1/std (two fp32 numbers per row); the dropout mask is recomputed from (seed, offset), never stored.
 
 Seeds: a site draws its seed with `torch.randint` on the input's device, so the mask follows torch's RNG state
 (`torch.manual_seed` before a step fixes every mask of that step: resume is exact) with no host sync; each draw
 advances the generator, so sites and steps get different masks. `offset` separates streams that share a seed.
-Under `torch.compile` the draw is a node of the graph (Inductor generates it with its own Philox, once per step for
-all sites) and AOTAutograd saves, never recomputes, random ops, so backward sees the forward's seed.
+Under `torch.compile` the draw is a node of the graph, and AOTAutograd's partitioner saves random ops' outputs
+rather than recomputing them in backward, so backward sees the forward's seed (tests/bert_core checks both).
 """
 from typing import Optional
 
@@ -159,6 +159,9 @@ def dropout_add_layer_norm(x: Tensor, residual: Tensor, weight: Tensor, bias: Te
         raise ValueError(f"x has {x.numel()} elements; the fused kernel takes < 2**31, split the batch")
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    if seed is not None and (seed.shape != (1,) or seed.dtype != torch.int64 or seed.device != x.device):
+        raise ValueError(f"seed must be a one-element int64 tensor on {x.device} (see draw_seed), got "
+                         f"{tuple(seed.shape)} {seed.dtype} on {seed.device}")
     p = p if training else 0.0
     if p > 0.0 and seed is None:
         seed = draw_seed(x.device)

@@ -127,6 +127,8 @@ def test_bad_shapes_fail_with_the_fix(device):
         dropout_add_layer_norm(x, r, w[:4], b)
     with pytest.raises(ValueError, match="dropout probability"):
         dropout_add_layer_norm(x, r, w, b, p=1.0)
+    with pytest.raises(ValueError, match="one-element int64 tensor"):
+        dropout_add_layer_norm(x, r, w, b, p=0.1, seed=torch.tensor([1, 2], device=device))
 
 
 def test_cpu_without_the_interpreter_is_refused(monkeypatch):
