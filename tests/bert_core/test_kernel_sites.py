@@ -123,3 +123,34 @@ def test_low_precision_residual_keeps_the_sublayer_dtype(fused):
     assert out.dtype == torch.bfloat16
     out.float().sum().backward()
     assert site.LayerNorm.weight.grad.dtype == torch.float32
+
+
+def test_bert_core_works_without_triton():
+    """Triton is optional: with it unimportable, bert_core imports, runs on CPU, picks the composition for CUDA
+    tensors and says how to install it when the kernels are forced."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+sys.modules["triton"] = None  # as if not installed: import fails, importlib.util.find_spec returns None
+import torch
+import bert_core
+from bert_core.kernels import KernelOptions, TRITON_INSTALLED
+from torch._subclasses.fake_tensor import FakeTensorMode
+assert not TRITON_INSTALLED
+m = bert_core.BertModel(bert_core.bert_tiny(vocab_size=50, max_position_embeddings=16)).train()
+m(torch.randint(0, 50, (2, 8))).last_hidden_state.sum().backward()
+with FakeTensorMode():
+    assert not KernelOptions().use_fused(torch.empty(2, device="cuda"))
+try:
+    KernelOptions(fused=True).use_fused(torch.empty(2))
+except ValueError as e:
+    assert "pip install 'bert-pretrain[gpu]'" in str(e), e
+else:
+    raise AssertionError("fused=True without Triton must fail")
+assert sys.modules["triton"] is None  # still blocked: any import of it above would have raised
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
