@@ -51,7 +51,7 @@ class KernelOptions:
         if self.fused is False:
             return False
         if self.fused is None:
-            return x.device.type == "cuda" and TRITON_INSTALLED
+            return x.is_cuda and TRITON_INSTALLED
         if not TRITON_INSTALLED:
             raise ValueError("KernelOptions(fused=True) needs Triton: pip install 'bert-pretrain[gpu]', "
                              "or use fused=None to fall back to PyTorch where Triton is missing")
