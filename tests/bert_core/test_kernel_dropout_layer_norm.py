@@ -112,10 +112,13 @@ def test_deterministic_and_seeded_by_torch_rng(device):
     assert torch.equal(a, b2) and all(torch.equal(u, v) for u, v in zip(ga, gb))  # bitwise, run to run
     assert not torch.equal(a, c)
     # Eval mode / p = 0: no dropout, no seed drawn.
+    rng_state = torch.cuda.get_rng_state if device == "cuda" else torch.random.get_rng_state
     torch.manual_seed(0)
-    state = torch.random.get_rng_state()
+    state = rng_state()
     dropout_add_layer_norm(x, r, w, b, p=0.2, eps=EPS, training=False)
-    assert torch.equal(torch.random.get_rng_state(), state)
+    assert torch.equal(rng_state(), state)
+    dropout_add_layer_norm(x, r, w, b, p=0.2, eps=EPS)
+    assert not torch.equal(rng_state(), state)  # the seed came from this device's generator
 
 
 @pytest.mark.parametrize("device", DEVICES)
