@@ -12,6 +12,7 @@ from torch import nn
 
 from .config import BertConfig
 from .dropout import Dropout, attention
+from .kernels import DEFAULT as DEFAULT_KERNELS, residual_layer_norm
 
 
 class BertSelfAttention(nn.Module):
@@ -50,9 +51,10 @@ class BertSelfOutput(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
+        self.kernels = DEFAULT_KERNELS  # fused dropout + residual + LayerNorm on CUDA (bert_core.kernels)
 
     def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + residual)
+        return residual_layer_norm(self.dense(hidden_states), residual, self.LayerNorm, self.dropout, self.kernels)
 
 
 class BertAttention(nn.Module):

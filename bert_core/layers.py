@@ -11,6 +11,7 @@ from torch import nn
 from .attention import BertAttention
 from .config import BertConfig
 from .dropout import Dropout
+from .kernels import DEFAULT as DEFAULT_KERNELS, linear_gelu, residual_layer_norm
 
 
 def activation(name: str):
@@ -28,10 +29,12 @@ class BertIntermediate(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.hidden_act = config.hidden_act
         self.act = activation(config.hidden_act)
+        self.kernels = DEFAULT_KERNELS  # fused bias + GELU on CUDA when asked (bert_core.kernels.bias_gelu)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.act(self.dense(hidden_states))
+        return linear_gelu(hidden_states, self.dense, self.hidden_act, self.act, self.kernels)
 
 
 class BertOutput(nn.Module):
@@ -40,9 +43,10 @@ class BertOutput(nn.Module):
         self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
+        self.kernels = DEFAULT_KERNELS  # fused dropout + residual + LayerNorm on CUDA (bert_core.kernels)
 
     def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + residual)
+        return residual_layer_norm(self.dense(hidden_states), residual, self.LayerNorm, self.dropout, self.kernels)
 
 
 class BertLayer(nn.Module):

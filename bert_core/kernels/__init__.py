@@ -1,0 +1,33 @@
+"""Fused GPU kernels for what the GEMMs leave in a BERT step (issue 16), chosen per call by `KernelOptions`.
+
+- `dropout_layer_norm`: out = LayerNorm(dropout(x) + residual), forward and backward, for `BertSelfOutput` and
+  `BertOutput`; masks from Philox with 8 keep decisions per call, recomputed in backward from (seed, offset).
+  On by default for CUDA tensors when Triton is installed.
+- `bias_gelu`: GELU(h + bias) with dGELU and the bias gradient in one backward pass, for `BertIntermediate`.
+  Opt-in (`KernelOptions(fused_bias_gelu=True)`): its module says why it is not shown to win.
+- `options`: `KernelOptions` and `set_kernel_options(model, options)`; `bench`: the GPU measurements.
+
+Triton is optional (the `gpu` extra); nothing here imports it until a fused call runs. The CPU path is unchanged.
+
+Not measured yet (no GPU was lent while this was written); the commands, one line each on a CUDA machine:
+    python -m bert_core.kernels.bench                      # each kernel vs eager and compiled PyTorch, fwd+bwd
+    python -m pytest -m gpu tests/bert_core                # the kernel tests on the compiled kernels
+    python benchmarks/gpu_step.py --shapes 128x256x20      # the whole step (the LayerNorm kernel is on on CUDA)
+Whether `KernelOptions(low_precision_residual=True)` (a bf16 residual stream) keeps the fp32 loss curve needs a
+2,000-step bf16 run with and without it, which `training` has to expose as a flag first.
+
+Looked at and not done: QKV gradients written into one buffer. Every attention backward op of torch 2.13 (schemas
+read here: `_scaled_dot_product_{cudnn,flash,efficient}_attention_backward`, `_flash_attention_backward`) returns
+freshly allocated dq, dk, dv and takes no output buffers, so the (B, T, 3H) gradient of the fused QKV projection
+is one concatenation after it (302 MB read + written per layer at seq 128 x 256, BERT-base: ~0.09 ms at an H100's
+3.35 TB/s, an estimate). Splitting the QKV Linear's
+backward into three GEMMs that read dq, dk and dv in place would avoid the copy but accumulates dx three times,
+moving about as many bytes. Writing into one buffer needs an attention backward that takes its outputs (cuDNN's
+frontend API or flash-attn's packed-QKV path; neither ships in torch).
+"""
+from .bias_gelu import bias_gelu, linear_gelu
+from .dropout_layer_norm import dropout_add_layer_norm, keep_mask, residual_layer_norm
+from .options import DEFAULT, TRITON_INSTALLED, KernelOptions, set_kernel_options
+
+__all__ = ["DEFAULT", "KernelOptions", "TRITON_INSTALLED", "bias_gelu", "dropout_add_layer_norm", "keep_mask",
+           "linear_gelu", "residual_layer_norm", "set_kernel_options"]
