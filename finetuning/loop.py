@@ -7,7 +7,7 @@ all-reduce). Evaluation is sharded the same way; rank 0 gathers the per-row outp
 when the main metric improved, reports the model as the checkpoint (only the best one is kept). Every rank calls
 ``report`` each epoch: under Ray it is a barrier.
 
-``fit`` knows nothing of Ray: ``training.ray_worker.finetune_worker`` hands it Ray's rank, device, DDP wrapper and
+``fit`` knows nothing of Ray: ``training.launch.finetune_worker`` hands it Ray's rank, device, DDP wrapper and
 report; ``jobs/finetune.py --no-ray`` hands it rank 0 of 1 in the driver process. The optimizer step is the one
 pre-training uses (``training.step``).
 """

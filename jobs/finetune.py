@@ -4,7 +4,7 @@
         --init /path/to/export_or_checkpoint_or_hf_dir [--epochs 3 --lr 5e-5 --batch-size 32] [--output DIR]
 
 Everything that can be wrong with the inputs (flags, files, columns, labels, vocabulary, MLflow) is checked here,
-before any worker starts. Training runs under Ray Train (``finetuning.loop`` in ``training.ray_worker``) on one or many workers; the
+before any worker starts. Training runs under Ray Train (``finetuning.loop`` in ``training.launch``) on one or many workers; the
 best epoch's model is exported in the Hugging Face layout with its label map; one MLflow run records params,
 per-epoch metrics, final metrics and the model, linked to the pre-training run the weights came from. The last
 line on stdout is the final evaluation metrics as one JSON object. ``--no-ray`` runs the very same loop in this
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobs._common import init_ray, setup_logging
+from jobs._common import setup_logging
 from pipeline.storage import is_url, upload_tree
 from finetuning.examples import TASKS, TaskColumns
 from finetuning.features import TaskTokenizer
@@ -267,7 +267,7 @@ def train_with_ray(cfg: FinetuneConfig, prepared: PreparedTask, loop_cfg, storag
     from ray.train.torch import TorchTrainer
 
     from finetuning.loop import fit
-    from training.ray_worker import finetune_worker
+    from training.launch import finetune_worker, init_ray
 
     init_ray(dashboard=True)
     cpus = cfg.cpus_per_worker

@@ -23,7 +23,7 @@ THIRD_PARTY_FORBIDDEN = {
     "finetuning": {"ray", "mlflow"},
 }
 # The one module of training/ that may import each of these.
-ONLY_IN = {"ray": "training/ray_worker.py", "mlflow": "training/tracking.py"}
+ONLY_IN = {"ray": "training/launch.py", "mlflow": "training/tracking.py"}
 
 
 def imported_roots(path: Path) -> set[str]:
