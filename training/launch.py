@@ -1,8 +1,9 @@
 """The one module of `training` that imports Ray (tests/test_layering.py holds it to that): how a training run is
 launched, for either kind of run, and the Ray Train worker that runs the Ray-free loop.
 
-`pretrain(config, launch)` runs the loop (`training.fit`) on `launch.num_workers` Ray Train workers (DDP), or in
-this process with `launch.no_ray`, and yields the final checkpoint's directory. Each worker
+`pretrain(config, launch)` and `finetune(config, launch, fit)` run the loop (`training.fit`, or fine-tuning's
+`finetuning.fit`, which the caller hands in: training never imports finetuning) on `launch.num_workers` Ray Train
+workers (DDP), or in this process with `launch.no_ray`, and yield the final checkpoint's directory. Each worker
 gets a `training.loop.Worker`: its rank, world size and device, DDP (`prepare_model`), Ray's checkpoint hooks
 (resume from `get_checkpoint()`, save through `report(checkpoint=...)`, which every rank calls: it is a barrier) and,
 for pre-training's `--data-loader ray-data`, its rows of the Ray Data shard.
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.checkpoint import checkpoint_name
+from training.checkpoint import LocalCheckpoints, checkpoint_name
 from training.loop import Worker
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,20 @@ def pretrain(config, launch: LaunchConfig) -> Iterator[Path]:
         yield directory
 
 
+@contextlib.contextmanager
+def finetune(config, launch: LaunchConfig, fit: Callable) -> Iterator[Path]:
+    """Fine-tune with `fit(config, worker)` (finetuning.fit: only the best epoch reports a checkpoint, so the last
+    one kept is the best); yields its directory."""
+    if launch.no_ray:
+        worker_checkpoints = LocalCheckpoints(launch.local_directory, keep=launch.keep_checkpoints)
+        with _in_process(launch, worker_checkpoints) as worker:
+            result = fit(config, worker)
+        yield _final(result.checkpoint)
+        return
+    with _on_ray(fit, config, launch) as directory:
+        yield directory
+
+
 def _final(checkpoint: str | None) -> Path:
     if checkpoint is None:
         raise RuntimeError("training finished without a checkpoint; see the log above")
@@ -157,7 +172,7 @@ def _final(checkpoint: str | None) -> Path:
 
 
 @contextlib.contextmanager
-def _in_process(launch: LaunchConfig) -> Iterator[Worker]:
+def _in_process(launch: LaunchConfig, checkpoints=None) -> Iterator[Worker]:
     """Rank 0 of 1 in this process; its torch threads are the launch's CPUs (restored after: the caller's process,
     a test session or a notebook, keeps its own)."""
     import torch
@@ -166,7 +181,7 @@ def _in_process(launch: LaunchConfig) -> Iterator[Worker]:
     if launch.cpus_per_worker:
         torch.set_num_threads(max(1, round(launch.cpus_per_worker)))
     try:
-        yield Worker(device=torch.device("cuda" if launch.use_gpu else "cpu"))
+        yield Worker(device=torch.device("cuda" if launch.use_gpu else "cpu"), checkpoints=checkpoints)
     finally:
         torch.set_num_threads(before)
 
@@ -302,23 +317,3 @@ def ray_worker(loop_config: dict[str, Any]) -> None:
                     wrap=ray.train.torch.prepare_model if world > 1 else (lambda m: m),
                     checkpoints=RayCheckpoints(), rows=_dataset_rows if loop_config["ray_data"] else None)
     loop_config["fit"](loop_config["config"], worker)
-
-
-def finetune_worker(loop_config: dict[str, Any]) -> None:
-    """Ray Train entry point of fine-tuning: `{"fit": the loop, "config": its config, "prepared_ref": ObjectRef}`;
-    rank 0 reports the best epoch's model as the checkpoint."""
-    import ray
-    import ray.train
-    import ray.train.torch
-
-    finetune_fit = loop_config["fit"]
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
-    ctx = ray.train.get_context()
-
-    def report(metrics: dict[str, float], checkpoint_dir: str | None) -> None:
-        checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
-        ray.train.report(metrics, checkpoint=checkpoint)
-
-    finetune_fit(loop_config["config"], ray.get(loop_config["prepared_ref"]), ctx.get_world_rank(),
-                 ctx.get_world_size(), ray.train.torch.get_device(), report, ray.train.torch.prepare_model)
