@@ -18,7 +18,7 @@ from typing import Any
 
 from finetuning.config import FinetuneConfig
 from finetuning.loop import BEST_METRICS_FILE, fit
-from finetuning.model import tokenizer_for
+from finetuning.task_model import tokenizer_for
 from finetuning.prepare import PreparedTask, prepare
 from pipeline.storage import is_url
 from training import launch as launcher

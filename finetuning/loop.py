@@ -25,7 +25,7 @@ from torch import nn
 
 from finetuning.evaluation import MAIN_METRIC, score
 from finetuning.features import Features, collate_features
-from finetuning.model import build_model, tokenizer_for
+from finetuning.task_model import build_model, tokenizer_for
 from finetuning.prepare import prepare
 from training.checkpoint import MODEL_DIR
 from training.loop import FitResult, Worker

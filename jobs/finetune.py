@@ -23,7 +23,7 @@ from finetuning.config import FinetuneConfig
 from finetuning.examples import TASKS, TaskColumns
 from finetuning.finetune_job import FinetuneJob, run_finetuning
 from finetuning.loop import ScheduleConfig
-from finetuning.model import DEFAULT_VOCAB, HeadConfig
+from finetuning.task_model import DEFAULT_VOCAB, HeadConfig
 from finetuning.prepare import FeatureConfig, TaskConfig
 from finetuning.records import FORMATS
 from jobs._common import setup_logging

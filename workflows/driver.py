@@ -17,7 +17,7 @@ from typing import Any
 from training import tracking
 from workflows.config import load_config, workdir_of
 from workflows.execute import StageFailed, run_stage
-from workflows.plan import Stage, plan, to_run
+from workflows.plan import JobStage, plan, to_run
 from workflows.specs import SPECS
 from workflows.state import STATE_DIR, acquire_lock, finished, marker_path, write_atomic
 from workflows.summary import summary_json, summary_lines
@@ -28,7 +28,7 @@ class Workflow:
     config: dict[str, Any]
     config_path: str
     workdir: Path
-    stages: list[Stage]
+    stages: list[JobStage]
     tracking_uri: str
     experiment: str
 
@@ -48,7 +48,7 @@ def load_workflow(config_path: str, workdir: str | None = None) -> Workflow:
 
 
 def stages_to_run(wf: Workflow) -> dict[str, bool]:
-    """Stage name -> whether it runs: unfinished ones (by their done-markers) and everything downstream."""
+    """JobStage name -> whether it runs: unfinished ones (by their done-markers) and everything downstream."""
     return to_run(wf.stages, {s.name: finished(wf.workdir, s) is not None for s in wf.stages})
 
 

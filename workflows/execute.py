@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workflows.plan import Stage
+from workflows.plan import JobStage
 
 JOBS_DIR = Path(__file__).resolve().parent.parent / "jobs"
 # Ray gives a new local node 30 s (hard-coded) to come up; a loaded machine can miss it. Such a stage failed
@@ -41,7 +41,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def run_stage(stage: Stage, argv: list[str], log_file: Path, echo: Callable[[str], None]) -> dict[str, Any]:
+def run_stage(stage: JobStage, argv: list[str], log_file: Path, echo: Callable[[str], None]) -> dict[str, Any]:
     """Run the job (again, after a transient start-up failure); return its last JSON line."""
     for attempt in range(RETRIES + 1):
         rc, last_json, transient = _run_once(stage, argv, log_file, echo)
@@ -54,7 +54,7 @@ def run_stage(stage: Stage, argv: list[str], log_file: Path, echo: Callable[[str
                       f"  rerun the workflow to resume, or run the stage alone:\n  {stage.command()}")
 
 
-def _run_once(stage: Stage, argv: list[str], log_file: Path,
+def _run_once(stage: JobStage, argv: list[str], log_file: Path,
               echo: Callable[[str], None]) -> tuple[int, dict[str, Any], bool]:
     cmd = [sys.executable, "-u", str(JOBS_DIR / f"{stage.job}.py"), *argv]
     env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -24,7 +24,9 @@ TRACKING_FLAGS = frozenset({"parent-run-id", "mlflow-tracking-uri", "experiment"
 
 
 @dataclass
-class Stage:
+class JobStage:
+    """One stage of the workflow: one run of a job, with its command line, upstream stages and outputs."""
+
     name: str                      # e.g. "dataset train", "pretrain phase1"
     job: str                       # jobs/<job>.py
     argv: list[str]                # the full command line after `python jobs/<job>.py`, tracking flags aside
@@ -81,7 +83,7 @@ def input_stamps(inputs: list[str]) -> list[Any]:
     return stamps
 
 
-def fingerprint(job: str, argv: list[str], deps: list[Stage], extra: Any = None) -> str:
+def fingerprint(job: str, argv: list[str], deps: list[JobStage], extra: Any = None) -> str:
     body = json.dumps({"job": job, "argv": argv, "deps": {d.name: d.fingerprint for d in deps}, "extra": extra},
                       sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()
@@ -98,16 +100,16 @@ class Planned:
     name: str
     workdir: str
     config: Mapping[str, Any]
-    by_section: dict[str, dict[str, Stage]] = field(default_factory=dict)
+    by_section: dict[str, dict[str, JobStage]] = field(default_factory=dict)
 
 
-def plan(cfg: Mapping[str, Any], workdir: str) -> list[Stage]:
+def plan(cfg: Mapping[str, Any], workdir: str) -> list[JobStage]:
     """The stages in dependency order: each section of the config planned by its job's spec. Pure: no file is
     touched (the fingerprints read input files' stats)."""
     from workflows.specs import SECTIONS
 
     planned = Planned(cfg.get("name") or "workflow", workdir, cfg)
-    stages: list[Stage] = []
+    stages: list[JobStage] = []
     for section, spec in SECTIONS.items():
         entries = cfg.get(section)
         if not entries:
@@ -121,7 +123,7 @@ def plan(cfg: Mapping[str, Any], workdir: str) -> list[Stage]:
     return stages
 
 
-def to_run(stages: list[Stage], finished: Mapping[str, bool]) -> dict[str, bool]:
+def to_run(stages: list[JobStage], finished: Mapping[str, bool]) -> dict[str, bool]:
     """Which stages run: those not finished (done-marker matching, output complete), and everything downstream of
     a stage that runs (its inputs are about to be (re)made)."""
     todo = {s.name: not finished.get(s.name, False) for s in stages}

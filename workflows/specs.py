@@ -14,7 +14,7 @@ from typing import Any
 from pipeline import storage
 from pipeline.schema import MANIFEST
 from training.export import PRETRAIN_LINEAGE
-from workflows.plan import TRACKING_FLAGS, Planned, Stage, fingerprint, input_stamps, join, to_argv
+from workflows.plan import TRACKING_FLAGS, Planned, JobStage, fingerprint, input_stamps, join, to_argv
 
 
 class JobSpec:
@@ -24,10 +24,10 @@ class JobSpec:
     key_metrics: tuple[str, ...] | None = None  # the numbers of its last JSON line worth a line (None: all)
     named: bool = True                # its section is a mapping of name -> entry (else one entry)
 
-    def stage(self, name: str, entry: Mapping[str, Any], planned: Planned) -> Stage:
+    def stage(self, name: str, entry: Mapping[str, Any], planned: Planned) -> JobStage:
         raise NotImplementedError
 
-    def complete(self, stage: Stage) -> bool:
+    def complete(self, stage: JobStage) -> bool:
         raise NotImplementedError
 
     def args(self, entry: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -62,7 +62,7 @@ class TrainTokenizer(JobSpec):
         base = to_argv(self.args(entry, name)) + to_argv({"input": inputs})
         fp = fingerprint(self.job, base, [], input_stamps(inputs))
         out = join(planned.workdir, "vocab", f"vocab-{fp[:8]}.txt")
-        return Stage(name, self.job, base + ["--output", out], [], fp, {"vocab": out}, tracked=False)
+        return JobStage(name, self.job, base + ["--output", out], [], fp, {"vocab": out}, tracked=False)
 
     def complete(self, stage):
         return storage.exists(stage.outputs["vocab"])
@@ -83,7 +83,7 @@ class BuildDataset(JobSpec):
         base = to_argv(args) + to_argv({"input": inputs})
         fp = fingerprint(self.job, base, deps, input_stamps(inputs))
         out = join(entry.get("output_root") or join(planned.workdir, "datasets"), f"{name}-{fp[:8]}")
-        return Stage(f"dataset {name}", self.job, base + ["--output", out], [d.name for d in deps], fp,
+        return JobStage(f"dataset {name}", self.job, base + ["--output", out], [d.name for d in deps], fp,
                      {"dataset": out})
 
     def complete(self, stage):
@@ -125,7 +125,7 @@ class Pretrain(JobSpec):
         checkpoints = entry.get("storage") or join(planned.workdir, "checkpoints")
         export = join(planned.workdir, "exports", f"{name}-{fp[:8]}")
         argv = base + to_argv(wiring) + ["--storage", checkpoints, "--run-name", run_name, "--export", export]
-        return Stage(f"pretrain {name}", self.job, argv, [d.name for d in deps], fp,
+        return JobStage(f"pretrain {name}", self.job, argv, [d.name for d in deps], fp,
                      {"export": export, "checkpoints": join(checkpoints, run_name)}, info={"run_name": run_name})
 
     def complete(self, stage):
@@ -146,7 +146,7 @@ class Finetune(JobSpec):
         fp = fingerprint(self.job, base, [phases[init]])
         out = join(planned.workdir, "finetune", f"{name}-{fp[:8]}")
         argv = base + ["--init", phases[init].outputs["export"], "--output", out]
-        return Stage(f"finetune {name}", self.job, argv, [phases[init].name], fp, {"model": out})
+        return JobStage(f"finetune {name}", self.job, argv, [phases[init].name], fp, {"model": out})
 
     def complete(self, stage):
         return (Path(stage.outputs["model"]) / "config.json").is_file()

@@ -7,13 +7,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from workflows.plan import Stage
+from workflows.plan import JobStage
 from workflows.specs import SPECS
 
 STATE_DIR = "_workflow"
 
 
-def marker_path(workdir: Path, stage: Stage) -> Path:
+def marker_path(workdir: Path, stage: JobStage) -> Path:
     return workdir / STATE_DIR / f"{stage.key}.json"
 
 
@@ -25,7 +25,7 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def finished(workdir: Path, stage: Stage) -> dict[str, Any] | None:
+def finished(workdir: Path, stage: JobStage) -> dict[str, Any] | None:
     """The stage's done-marker when it matches the stage's fingerprint and the output is complete, else None."""
     path = marker_path(workdir, stage)
     if not path.is_file():

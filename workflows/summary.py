@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workflows.plan import Stage
+from workflows.plan import JobStage
 from workflows.state import STATE_DIR
 
 
@@ -13,7 +13,7 @@ def _fmt(v: float) -> str:
     return f"{int(v):,}" if float(v).is_integer() else f"{v:.4g}"
 
 
-def summary_lines(name: str, stages: list[Stage], results: dict[str, dict[str, Any]], todo: dict[str, bool],
+def summary_lines(name: str, stages: list[JobStage], results: dict[str, dict[str, Any]], todo: dict[str, bool],
                   workdir: Path, tracking_uri: str, experiment: str, parent_run_id: str, seconds: float) -> list[str]:
     ran = sum(todo.values())
     lines = [f"\n== workflow {name!r} done in {seconds / 60:.1f} min ({ran} stages ran, "
@@ -37,7 +37,7 @@ def summary_lines(name: str, stages: list[Stage], results: dict[str, dict[str, A
     return lines
 
 
-def summary_json(name: str, stages: list[Stage], results: dict[str, dict[str, Any]], todo: dict[str, bool],
+def summary_json(name: str, stages: list[JobStage], results: dict[str, dict[str, Any]], todo: dict[str, bool],
                  workdir: Path, tracking_uri: str, experiment: str, parent_run_id: str,
                  seconds: float) -> dict[str, Any]:
     return {"name": name, "workdir": str(workdir),

@@ -67,7 +67,7 @@ def test_fit_has_pretrainings_shape(sample_dir, tmp_path):
     from finetuning import FinetuneConfig, fit
     from finetuning.examples import TaskColumns
     from finetuning.loop import BEST_METRICS_FILE, ScheduleConfig
-    from finetuning.model import HeadConfig
+    from finetuning.task_model import HeadConfig
     from finetuning.prepare import FeatureConfig, TaskConfig
     from training.checkpoint import LocalCheckpoints
     from training.loop import Worker
