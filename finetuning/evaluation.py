@@ -6,7 +6,7 @@ import numpy as np
 
 from finetuning.examples import LabelMap
 from finetuning.features import words_to_tags
-from finetuning.metrics import classification_metrics, entity_metrics, regression_metrics, squad_metrics
+from finetuning.task_metrics import classification_metrics, entity_metrics, regression_metrics, squad_metrics
 from finetuning.prepare import TaskSplit
 from finetuning.qa import best_answers
 

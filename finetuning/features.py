@@ -153,7 +153,8 @@ def words_to_tags(pred_ids: np.ndarray, labels: np.ndarray, words: np.ndarray, n
     return tags
 
 
-def collate(features: Features, indices: np.ndarray | list[int], pad_id: int, multiple_of: int = 8) -> dict[str, np.ndarray]:
+def collate_features(features: Features, indices: np.ndarray | list[int], pad_id: int,
+                     multiple_of: int = 8) -> dict[str, np.ndarray]:
     """A batch padded to its own longest row, rounded up to ``multiple_of`` (tensor-core friendly, few shapes)."""
     rows = [features.input_ids[i] for i in indices]
     width = max(len(r) for r in rows)

@@ -1,105 +1,65 @@
-"""Fine-tuning's loop: build the head model, train (DDP under Ray, or one process), evaluate every epoch.
+"""Fine-tuning's loop, `fit(config, worker)`: the same shape and pieces as pre-training's `training.fit` (the
+launcher's `training.loop.Worker`, the tracker, the optimizer step, checkpoints through `worker.checkpoints`).
 
-Data travels as plain featurised rows (task files are small): every rank walks the same seeded permutation and
-takes its strided share, padded so all ranks run the same number of steps (an uneven count hangs DDP's
-all-reduce). Evaluation is sharded the same way; rank 0 gathers the per-row outputs, scores them with
-``finetuning.evaluation``, logs the epoch to the job's single MLflow run (through the shared tracker) and,
-when the main metric improved, reports the model as the checkpoint (only the best one is kept). Every rank calls
-``report`` each epoch: under Ray it is a barrier.
-
-``fit`` knows nothing of Ray: ``training.ray_worker.finetune_worker`` hands it Ray's rank, device, DDP wrapper and
-report; ``jobs/finetune.py --no-ray`` hands it rank 0 of 1 in the driver process. The optimizer step is the one
-pre-training uses (``training.step``).
+Each worker prepares the task from the config (`finetuning.prepare`: task files are small and the preparation is
+deterministic, so every rank holds the same rows), builds the head model, trains, and evaluates every epoch. Every
+rank walks the same seeded permutation and takes its strided share, padded so all ranks run the same number of
+steps (an uneven count hangs DDP's all-reduce). Evaluation is sharded the same way; rank 0 gathers the per-row
+outputs, scores them (``finetuning.evaluation``), logs the epoch and, when the main metric improved, writes the model
+as the epoch's checkpoint (the launcher keeps the last one written: the best). Every rank calls
+`worker.checkpoints.save` each epoch: under Ray it is a barrier.
 """
 from __future__ import annotations
 
 import json
 import logging
 import math
-import shutil
-import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from bert_core.config import PRESETS, BertConfig
-from bert_core.finetuning import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
-from training.optim import build_optimizer, build_scheduler
 from finetuning.evaluation import MAIN_METRIC, score
-from finetuning.features import Features, collate
-from finetuning.prepare import PreparedTask
-from training.config import TrackingConfig
+from finetuning.features import Features, collate_features
+from finetuning.task_model import build_model, tokenizer_for
+from finetuning.prepare import prepare
+from training.checkpoint import MODEL_DIR
+from training.loop import FitResult, Worker
+from training.optim import build_optimizer, build_scheduler
 from training.step import finetune_step
 from training.tracking import NullTracker, make_tracker
 
+if TYPE_CHECKING:
+    from finetuning.config import FinetuneConfig
+
 log = logging.getLogger(__name__)
 
-HEADS = {
-    "classification": BertForSequenceClassification,
-    "pair_classification": BertForSequenceClassification,
-    "regression": BertForSequenceClassification,
-    "token_classification": BertForTokenClassification,
-    "question_answering": BertForQuestionAnswering,
-}
-BEST_METRICS_FILE = "eval_metrics.json"
+BEST_METRICS_FILE = "eval_metrics.json"  # beside the model in a checkpoint: the epoch's evaluation
 LOG_EVERY = 50  # optimizer steps between progress lines (and MLflow train_loss_step points)
 
 
 @dataclass(frozen=True)
-class FinetuneLoopConfig:
-    """What every worker needs, as plain values (the prepared data travels separately)."""
+class ScheduleConfig:
+    """How long and how fast: epochs, the global batch, the optimizer's rate and decay, evaluation batch size."""
 
-    init: str  # a model directory, or "random"
-    vocab_size: int
-    pad_id: int
-    preset: str | None = None
-    vocab_file: str | None = None
-    do_lower_case: bool = True
-    seed: int = 42
     epochs: int = 3
-    lr: float = 5e-5
-    batch_size: int = 32  # global
+    batch_size: int = 32  # global: split over the workers
     eval_batch_size: int = 64
+    lr: float = 5e-5
     warmup_ratio: float = 0.1
     weight_decay: float = 0.01
-    max_answer_length: int = 30
-    threads_per_worker: int = 1
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    max_answer_length: int = 30  # QA: the longest answer span scored, in word pieces
 
     def __post_init__(self) -> None:
-        if self.epochs < 1 or self.batch_size < 1 or self.eval_batch_size < 1 or self.threads_per_worker < 1:
-            raise ValueError("epochs, batch sizes and threads per worker must be >= 1")
-
-
-def head_overrides(prepared: PreparedTask) -> dict[str, Any]:
-    """Config fields of the head: the label map goes into config.json (HF's id2label/label2id)."""
-    if prepared.task == "regression":
-        return {"num_labels": 1, "id2label": {0: "LABEL_0"}, "problem_type": "regression"}
-    if prepared.task == "question_answering":
-        return {}
-    over = {"num_labels": len(prepared.label_map), "id2label": prepared.label_map.id2label,
-            "label2id": prepared.label_map.label2id}
-    if prepared.task != "token_classification":
-        over["problem_type"] = "single_label_classification"
-    return over
-
-
-def build_model(task: str, init: str, preset: str | None, vocab_size: int, overrides: dict[str, Any]) -> nn.Module:
-    """The task's head on weights from ``init`` (an HF dir or our checkpoint; the head is new) or random."""
-    cls = HEADS[task]
-    if init == "random":
-        if preset in PRESETS:
-            return cls(PRESETS[preset](vocab_size=vocab_size, **overrides))
-        # A model directory as the preset: its architecture, fresh weights (e.g. MiniLM's shape from scratch).
-        base = BertConfig.from_json_file(Path(preset) / "config.json").replace(vocab_size=vocab_size)
-        return cls(base.replace(**overrides))
-    return cls.from_pretrained(init, **overrides)
+        for name in ("epochs", "batch_size", "eval_batch_size", "max_answer_length"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive")
+        if not self.lr > 0 or not 0 <= self.warmup_ratio <= 1 or self.weight_decay < 0:
+            raise ValueError("need --lr > 0, 0 <= --warmup-ratio <= 1 and --weight-decay >= 0")
 
 
 def rank_indices(n: int, world: int, rank: int, rng: np.random.Generator | None) -> np.ndarray:
@@ -126,7 +86,7 @@ def predict(model: nn.Module, task: str, feats: Features, indices: np.ndarray, b
     outputs: list[np.ndarray] = []
     for b in range(0, len(indices), batch_size):
         idx = indices[b : b + batch_size]
-        batch = collate(feats, idx, pad_id)
+        batch = collate_features(feats, idx, pad_id)
         batch = {k: v for k, v in batch.items() if k in ("input_ids", "token_type_ids", "attention_mask")}
         out = model(**to_tensors(batch, device))
         if task == "question_answering":
@@ -155,38 +115,49 @@ def gather_outputs(indices: np.ndarray, outputs: list[np.ndarray], n: int) -> li
     return [by_row[i] for i in range(n)]
 
 
-def fit(cfg: FinetuneLoopConfig, prepared: PreparedTask, rank: int, world: int, device: torch.device,
-        report: Callable[[dict[str, float], str | None], None],
-        wrap: Callable[[nn.Module], nn.Module] = lambda m: m) -> None:
-    """Train and evaluate every epoch; ``report(metrics, best_model_dir_or_None)`` once per epoch on every rank.
-
-    The same function runs under Ray Train (``wrap`` = DDP via ``prepare_model``) and in-process (``--no-ray``)."""
-    torch.set_num_threads(cfg.threads_per_worker)
+def fit(config: FinetuneConfig, worker: Worker | None = None) -> FitResult:
+    """Train `config.schedule.epochs` epochs and evaluate after each; the best epoch's model is the last checkpoint
+    written. The same function runs in each Ray Train worker and in-process (`--no-ray`)."""
+    worker = worker or Worker()
+    rank, world = worker.rank, worker.world_size
+    device = worker.device or torch.device("cpu")
+    sched = config.schedule
+    tokenizer, vocab_size = tokenizer_for(config.model)
+    prepared = prepare(config.data, tokenizer)
     task = prepared.task
     # Same seed on every rank for the weights (DDP also broadcasts rank 0's); a per-rank one for dropout.
-    torch.manual_seed(cfg.seed)
-    model = build_model(task, cfg.init, cfg.preset, cfg.vocab_size, head_overrides(prepared))
-    torch.manual_seed(cfg.seed + 1000 * rank)
+    torch.manual_seed(config.seed)
+    model = build_model(config.model, prepared, vocab_size)
+    torch.manual_seed(config.seed + 1000 * rank)
     core = model.to(device)
-    model = wrap(model)
-    tracker = make_tracker(cfg.tracking.tracking_uri, cfg.tracking.run_id) if rank == 0 else NullTracker()
+    model = worker.wrap(model)
+    tracker = (worker.tracker or make_tracker(config.tracking.tracking_uri, config.tracking.run_id)
+               ) if rank == 0 else NullTracker()
 
-    per_worker = max(1, cfg.batch_size // world)
+    per_worker = max(1, sched.batch_size // world)
     n_train = len(prepared.train.features)
     steps_per_epoch = math.ceil(math.ceil(n_train / world) / per_worker)
-    total = max(1, steps_per_epoch * cfg.epochs)
-    optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = build_scheduler(optimizer, int(cfg.warmup_ratio * total), total)
+    total = max(1, steps_per_epoch * sched.epochs)
+    optimizer = build_optimizer(model, lr=sched.lr, weight_decay=sched.weight_decay)
+    scheduler = build_scheduler(optimizer, int(sched.warmup_ratio * total), total)
     main_key = "eval_" + MAIN_METRIC[task]
     best = -math.inf
     eval_idx = rank_indices(len(prepared.eval.features), world, rank, None)
+    result = FitResult(0, {}, None)
+
+    def write(directory: Path, metrics: dict[str, float]) -> None:
+        core.save_pretrained(directory / MODEL_DIR, vocab_file=tokenizer.vocab_file,
+                             do_lower_case=tokenizer.do_lower_case)
+        (directory / BEST_METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
+
     try:
-        for epoch in range(1, cfg.epochs + 1):
+        for epoch in range(1, sched.epochs + 1):
             t0 = time.perf_counter()
-            idx = rank_indices(n_train, world, rank, np.random.default_rng([cfg.seed, epoch]))
+            idx = rank_indices(n_train, world, rank, np.random.default_rng([config.seed, epoch]))
             losses: list[torch.Tensor] = []  # on the device; read only when logged
             for b in range(0, len(idx), per_worker):
-                batch = to_tensors(collate(prepared.train.features, idx[b : b + per_worker], cfg.pad_id), device)
+                batch = to_tensors(collate_features(prepared.train.features, idx[b : b + per_worker],
+                                                    tokenizer.pad_id), device)
                 losses.append(finetune_step(model, batch, optimizer, scheduler))
                 step = (epoch - 1) * steps_per_epoch + len(losses)
                 if rank == 0 and step % LOG_EVERY == 0:
@@ -195,12 +166,13 @@ def fit(cfg: FinetuneLoopConfig, prepared: PreparedTask, rank: int, world: int, 
                              min(b + per_worker, len(idx)) * world / (time.perf_counter() - t0))
                     tracker.log({"train_loss_step": recent}, step)
             train_s = time.perf_counter() - t0
-            outputs = predict(core, task, prepared.eval.features, eval_idx, cfg.eval_batch_size, cfg.pad_id, device)
+            outputs = predict(core, task, prepared.eval.features, eval_idx, sched.eval_batch_size, tokenizer.pad_id,
+                              device)
             gathered = gather_outputs(eval_idx, outputs, len(prepared.eval.features))
             metrics: dict[str, float] = {"epoch": epoch}
-            checkpoint_dir = None
+            improved = False
             if rank == 0:
-                scores = score(task, prepared.eval, prepared.label_map, gathered, cfg.max_answer_length)
+                scores = score(task, prepared.eval, prepared.label_map, gathered, sched.max_answer_length)
                 metrics.update({f"eval_{k}": v for k, v in scores.items()})
                 metrics.update(train_loss=float(torch.stack(losses).float().mean()) if losses else math.nan,
                                train_seconds=train_s, train_examples_per_s=len(idx) * world / max(train_s, 1e-9),
@@ -208,13 +180,17 @@ def fit(cfg: FinetuneLoopConfig, prepared: PreparedTask, rank: int, world: int, 
                 tracker.log({k: v for k, v in metrics.items() if k != "epoch"}, epoch)
                 log.info("epoch %d: %s", epoch, {k: float(f"{v:.4g}") for k, v in metrics.items()})
                 value = metrics[main_key]
-                if not math.isnan(value) and (value > best or best == -math.inf):
+                improved = not math.isnan(value) and (value > best or best == -math.inf)
+                if improved:
                     best = value
-                    checkpoint_dir = tempfile.mkdtemp(prefix="finetune-best-")
-                    core.save_pretrained(checkpoint_dir, vocab_file=cfg.vocab_file, do_lower_case=cfg.do_lower_case)
-                    Path(checkpoint_dir, BEST_METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
-            report(metrics, checkpoint_dir)
-            if checkpoint_dir:
-                shutil.rmtree(checkpoint_dir, ignore_errors=True)
+                result.history.append((epoch, metrics))
+            if worker.checkpoints is not None:
+                saving = (lambda d, m=metrics: write(d, m)) if improved else None
+                saved = worker.checkpoints.save(epoch, metrics, saving)
+                result.checkpoint = saved or result.checkpoint
+            if improved:
+                result.metrics = metrics
+            result.step = epoch * steps_per_epoch
     finally:
         tracker.close()
+    return result

@@ -1,8 +1,10 @@
-"""One call from records to everything training and evaluation need, with every check done up front.
+"""What a fine-tuning run learns from (`TaskConfig`: the task, its files, the split, columns and feature lengths),
+and one call from those files to everything training and evaluation need, with every check done up front.
 
+``prepare`` reads the files (``finetuning.records``), splits and subsamples them with a fixed seed, then
 ``prepare_task`` validates columns and labels of *both* splits (so a bad evaluation file fails before any
 training), builds the label map from the training split, and featurises both splits with the model's vocabulary.
-The result is plain data (numpy arrays, lists, small dataclasses) that pickles into Ray's object store.
+It is deterministic: the job's driver runs it first to check everything, and every worker gets the same result.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from finetuning.examples import (
 )
 from finetuning.features import Features, TaskTokenizer, sequence_features, tagging_features
 from finetuning.qa import QAWindows, qa_features
+from finetuning.records import FORMATS, read_records, split_train_eval, subsample
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +35,33 @@ class FeatureConfig:
             raise ValueError(f"max_seq_length must be in [8, 512] (BERT's position table), got {self.max_seq_length}")
         if self.doc_stride <= 0 or self.max_query_length <= 0:
             raise ValueError("doc_stride and max_query_length must be positive")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """The task and its data: files (any fsspec URL), the evaluation split, the columns and the feature lengths."""
+
+    task: str
+    train: str
+    eval: str | None = None
+    split_eval_from_train: float | None = None  # hold out this seeded fraction of `train` (tasks without a split)
+    data_format: str | None = None  # default: from the file name
+    split_seed: int = 0  # of the split and of the max_*_examples subsets (fixed across the training seed)
+    max_train_examples: int | None = None
+    max_eval_examples: int | None = None
+    columns: TaskColumns = TaskColumns()
+    features: FeatureConfig = FeatureConfig()
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"--task {self.task!r}: use one of {', '.join(TASKS)}")
+        if (self.eval is None) == (self.split_eval_from_train is None):
+            raise ValueError("give exactly one of --eval URL or --split-eval-from-train FRACTION (e.g. 0.1)")
+        if self.data_format is not None and self.data_format not in FORMATS:
+            raise ValueError(f"--data-format {self.data_format!r}: use one of {', '.join(FORMATS)}")
+        for name in ("max_train_examples", "max_eval_examples"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive")
 
 
 @dataclass
@@ -122,3 +152,18 @@ def prepare_task(task: str, train_records: list[dict], eval_records: list[dict],
              len(train), len(prepared.train.features), len(evals), len(prepared.eval.features),
              f", labels {list(label_map.names)[:20]}" if label_map else "")
     return prepared
+
+
+def prepare(cfg: TaskConfig, tokenizer: TaskTokenizer) -> PreparedTask:
+    """Read, split, subsample and featurise the task's files (`prepare_task` does the checks)."""
+    train = read_records(cfg.train, cfg.data_format)
+    if cfg.split_eval_from_train is not None:
+        train, evals = split_train_eval(train, cfg.split_eval_from_train, cfg.split_seed)
+        train_src = f"{cfg.train} (train part of a seeded {1 - cfg.split_eval_from_train:.0%} split)"
+        eval_src = f"{cfg.train} (held-out {cfg.split_eval_from_train:.0%}, split seed {cfg.split_seed})"
+    else:
+        evals = read_records(cfg.eval, cfg.data_format)
+        train_src, eval_src = cfg.train, cfg.eval
+    train = subsample(train, cfg.max_train_examples, cfg.split_seed)
+    evals = subsample(evals, cfg.max_eval_examples, cfg.split_seed)
+    return prepare_task(cfg.task, train, evals, cfg.columns, tokenizer, cfg.features, train_src, eval_src)

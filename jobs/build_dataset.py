@@ -23,6 +23,7 @@ from pipeline.build import BuildConfig, build
 from pipeline.build.executor import LocalExecutor
 from pipeline.instances import InstanceConfig
 from pipeline.readers import FORMATS, ON_ERROR, ReadOptions
+from training.launch import init_ray
 from training.tracking import check_tracking_reachable, get_or_create_experiment
 
 log = logging.getLogger("build_dataset")
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.build.ray_tasks import RayExecutor
 
         # Ray starts in the background once the build has work to do (not at all for a finished build).
-        executor = RayExecutor(args.num_cpus, init=lambda: _common.init_ray(args.num_cpus))
+        executor = RayExecutor(args.num_cpus, init=lambda: init_ray(args.num_cpus))
     manifest = build(cfg, executor)
     run_id = log_mlflow(tracking_uri, args, cfg, manifest) if tracking_uri else None
     t = manifest["totals"]

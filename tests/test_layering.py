@@ -1,19 +1,21 @@
-"""The import rules of CONVENTIONS.md: jobs -> finetuning -> training -> pipeline, bert_core; bert_core is torch-only; pipeline is
-model-free; training is Ray-free except its one Ray wrapper module and MLflow-free except its tracker module."""
+"""The import rules of CONVENTIONS.md: jobs -> workflows, finetuning -> training -> pipeline, bert_core; bert_core is
+torch-only; pipeline is model-free; training imports Ray only in its launcher and MLflow only in its tracking module;
+finetuning and workflows use those two modules and import neither Ray nor MLflow."""
 import ast
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-OURS = {"bert_core", "pipeline", "training", "finetuning", "jobs"}
+OURS = {"bert_core", "pipeline", "training", "finetuning", "workflows", "jobs"}
 # Which of our packages each package may import (itself included): the allowed list, not a forbidden one.
 ALLOWED = {
     "bert_core": {"bert_core"},
     "pipeline": {"pipeline"},
     "training": {"training", "pipeline", "bert_core"},
     "finetuning": {"finetuning", "training", "pipeline", "bert_core"},
-    "jobs": {"jobs", "finetuning", "training", "pipeline", "bert_core"},
+    "workflows": {"workflows", "training", "pipeline"},
+    "jobs": {"jobs", "workflows", "finetuning", "training", "pipeline", "bert_core"},
 }
 # Third-party packages a layer must stay free of.
 THIRD_PARTY_FORBIDDEN = {
@@ -21,9 +23,14 @@ THIRD_PARTY_FORBIDDEN = {
     "pipeline": {"mlflow"},
     "training": {"ray", "mlflow"},
     "finetuning": {"ray", "mlflow"},
+    "workflows": {"ray", "mlflow"},
+    # Jobs are flags -> configs -> one call: Ray and MLflow live in training. The build's MLflow run moves to
+    # training.tracking with issue 18's work on the build job; until then it is the one exception.
+    "jobs": {"ray", "mlflow"},
 }
+PENDING = {"jobs/build_dataset.py": {"mlflow"}}
 # The one module of training/ that may import each of these.
-ONLY_IN = {"ray": "training/ray_worker.py", "mlflow": "training/tracking.py"}
+ONLY_IN = {"ray": "training/launch.py", "mlflow": "training/tracking.py"}
 
 
 def imported_roots(path: Path) -> set[str]:
@@ -46,7 +53,7 @@ def test_imports_point_one_way(package):
         roots = imported_roots(f)
         wrong = (roots & OURS) - ALLOWED[package]
         forbidden = roots & THIRD_PARTY_FORBIDDEN.get(package, set())
-        wrong |= {m for m in forbidden if ONLY_IN.get(m) != rel}
+        wrong |= {m for m in forbidden if ONLY_IN.get(m) != rel and m not in PENDING.get(rel, set())}
         if wrong:
             bad[rel] = sorted(wrong)
     assert not bad
@@ -65,7 +72,7 @@ def test_training_imports_without_ray_or_mlflow():
 
 def test_no_print_in_library_code():
     offenders = []
-    for package in ("bert_core", "pipeline", "training", "finetuning"):
+    for package in ("bert_core", "pipeline", "training", "finetuning", "workflows"):
         for f in (REPO / package).rglob("*.py"):
             for node in ast.walk(ast.parse(f.read_text())):
                 if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":

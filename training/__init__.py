@@ -1,6 +1,8 @@
-"""training: the BERT trainer, free of Ray. Typed configs (`PretrainConfig`), the train steps, `fit(config)` (the
-whole pre-training loop in one process), checkpoints, metric sums, one tracker adapter (MLflow / no-op), and the
-one module that wraps the loops in a Ray Train worker (`training.ray_worker`, imported only by jobs that use Ray).
+"""training: the BERT trainer. Typed configs (`PretrainConfig`), the training loader (`training.loader`), the train
+steps, `fit(config, worker)` (the whole pre-training loop in one process, free of Ray), optimizers and schedules,
+checkpoints and exports, metric sums, the one MLflow module (`training.tracking`: run opener, param flattener,
+tracker), the one Ray module (`training.launch`: a run on Ray Train workers or in this process, Ray on loopback),
+and what `jobs/pretrain.py` calls (`training.pretrain_job`). Fine-tuning (`finetuning/`) uses the same pieces.
 
 Imports point one way: jobs -> training -> pipeline, bert_core (tests/test_layering.py).
 """

@@ -52,6 +52,7 @@ class ShardSet:
     endpoint_url: str | None = None  # S3-compatible endpoint for s3:// shards; credentials come from the env
     config_hash: str = ""
     url: str = ""  # the dataset folder
+    manifest_sha256: str = ""  # names the exact build
     vocab_size: int | None = None  # of the vocabulary the ids refer to (None: not known, not checked)
     vocab_sha256: str = ""
 
@@ -69,7 +70,8 @@ class ShardSet:
         return cls(shard_urls=manifest.shard_urls, shard_rows=manifest.shard_rows,
                    max_seq_length=manifest.max_seq_length, max_predictions=manifest.max_predictions,
                    endpoint_url=endpoint_url, config_hash=manifest.config_hash, url=manifest.url,
-                   vocab_size=manifest.vocab.size, vocab_sha256=manifest.vocab.sha256)
+                   manifest_sha256=manifest.sha256, vocab_size=manifest.vocab.size,
+                   vocab_sha256=manifest.vocab.sha256)
 
 
 def default_length_buckets(max_seq_length: int, count: int = 4) -> tuple[int, ...]:
@@ -120,6 +122,19 @@ class DataConfig:
     def window(self) -> int:
         """Micro-batches sorted together by length (1 without bucketing)."""
         return self.bucket_window if self.length_bucketing else 1
+
+
+def batch_geometry(batch_size: int, num_workers: int, micro_batch_size: int | None = None) -> tuple[int, int]:
+    """(micro-batch size, accumulation steps) of each rank for a global batch of `batch_size` sequences."""
+    if batch_size % num_workers:
+        raise ValueError(f"--batch-size {batch_size} does not split over {num_workers} workers; "
+                         f"use a multiple of {num_workers}")
+    per_worker = batch_size // num_workers
+    micro = micro_batch_size or per_worker
+    if micro < 1 or per_worker % micro:
+        raise ValueError(f"--micro-batch-size {micro} must divide the {per_worker} sequences each worker gets per "
+                         "step (--batch-size / --num-workers)")
+    return micro, per_worker // micro
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,8 @@ METRICS_BATCH = 1000  # metrics per log_batch call (MLflow's limit)
 def resolve_tracking_uri(flag: str | None) -> str:
     """The flag, else MLFLOW_TRACKING_URI, else a local store under the working directory (`mlflow ui` finds it).
     A relative sqlite path is made absolute: Ray workers and stage subprocesses run in other directories."""
-    uri = flag or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / DEFAULT_TRACKING_DIR / 'mlflow.db'}"
+    default = f"sqlite:///{Path.cwd() / DEFAULT_TRACKING_DIR / 'mlflow.db'}"
+    uri = flag or os.environ.get("MLFLOW_TRACKING_URI") or default
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         return f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
     return uri

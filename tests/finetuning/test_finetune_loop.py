@@ -1,5 +1,7 @@
-"""Fine-tuning's loop parts without Ray: rank sharding, the shared train step, per-row predictions."""
+"""Fine-tuning's loop without Ray: rank sharding, the shared train step, per-row predictions, and `fit` itself."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -10,7 +12,7 @@ from training.optim import build_optimizer, build_scheduler
 from finetuning.loop import predict, rank_indices, to_tensors
 from training.step import finetune_step
 from bert_core.losses import IGNORE_INDEX
-from finetuning.features import Features, collate
+from finetuning.features import Features, collate_features
 
 
 def test_rank_indices_equal_and_complete():
@@ -42,7 +44,7 @@ def _fit_fixed_batch() -> None:
     torch.manual_seed(0)
     model = BertForTokenClassification(bert_tiny(vocab_size=2048, num_labels=3))
     feats = _features()
-    batch = to_tensors(collate(feats, [0, 1, 2, 3], pad_id=0), torch.device("cpu"))
+    batch = to_tensors(collate_features(feats, [0, 1, 2, 3], pad_id=0), torch.device("cpu"))
     opt = build_optimizer(model, lr=3e-3, weight_decay=0.0)
     sched = build_scheduler(opt, 0, 40)
     losses = [float(finetune_step(model, batch, opt, sched)) for _ in range(40)]
@@ -52,3 +54,43 @@ def _fit_fixed_batch() -> None:
     pred = out[1].argmax(-1)
     keep = feats.labels[0] != IGNORE_INDEX
     assert (pred[keep] == feats.labels[0][keep]).mean() >= 0.66
+
+
+def test_fit_has_pretrainings_shape(sample_dir, tmp_path):
+    """`finetuning.fit(config, worker)` takes the launcher's Worker like `training.fit`: it prepares its task from
+    the config, reports each epoch through the tracker, and the best epoch's model is the last checkpoint written
+    (model/ in the HF layout beside its evaluation)."""
+    import inspect
+    import json
+
+    import training
+    from finetuning import FinetuneConfig, fit
+    from finetuning.examples import TaskColumns
+    from finetuning.loop import BEST_METRICS_FILE, ScheduleConfig
+    from finetuning.task_model import HeadConfig
+    from finetuning.prepare import FeatureConfig, TaskConfig
+    from training.checkpoint import LocalCheckpoints
+    from training.loop import Worker
+    from training.tracking import NullTracker
+
+    assert list(inspect.signature(fit).parameters) == list(inspect.signature(training.fit).parameters)
+    config = FinetuneConfig(
+        data=TaskConfig(task="classification", train=str(sample_dir / "tasks" / "rt_sentiment.jsonl.gz"),
+                        split_eval_from_train=0.25, max_train_examples=48, max_eval_examples=16,
+                        columns=TaskColumns(), features=FeatureConfig(max_seq_length=32)),
+        model=HeadConfig(init="random", preset="bert_tiny"),
+        schedule=ScheduleConfig(epochs=2, batch_size=16, lr=1e-3))
+    tracker = NullTracker()
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = fit(config, Worker(checkpoints=LocalCheckpoints(tmp_path / "ckpt", keep=1), tracker=tracker))
+    finally:
+        torch.set_num_threads(before)
+    assert [epoch for epoch, _ in result.history] == [1, 2] and [s for s, _ in tracker.history][-1] == 2
+    assert result.step == 2 * 3  # 48 training rows in batches of 16: 3 steps per epoch
+    best = json.loads((tmp_path / "ckpt" / Path(result.checkpoint).name / BEST_METRICS_FILE).read_text())
+    assert best == result.metrics and best["eval_accuracy"] == max(m["eval_accuracy"] for _, m in result.history)
+    model_dir = Path(result.checkpoint) / "model"
+    assert {"config.json", "model.safetensors", "vocab.txt"} <= {p.name for p in model_dir.iterdir()}
+    assert json.loads((model_dir / "config.json").read_text())["label2id"] == {"0": 0, "1": 1}

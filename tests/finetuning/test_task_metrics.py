@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from finetuning.metrics import (
+from finetuning.task_metrics import (
     classification_metrics, entity_metrics, normalize_answer, regression_metrics, squad_exact_match, squad_metrics,
     squad_token_f1,
 )

@@ -13,7 +13,7 @@ import pytest
 from finetuning.evaluation import score
 from finetuning.examples import LabelMap, QAExample, TaskColumns, TaggingExample
 from bert_core.losses import IGNORE_INDEX
-from finetuning.features import TaskTokenizer, collate, tagging_features
+from finetuning.features import TaskTokenizer, collate_features, tagging_features
 from finetuning.prepare import FeatureConfig, prepare_task
 from finetuning.qa import best_answers, max_context_flags, qa_features, window_starts
 from finetuning.records import read_records, split_train_eval, subsample
@@ -96,7 +96,7 @@ def test_pair_features_segments_and_collate(tok):
     f = p.train.features
     assert f.input_ids[0].tolist() == [101, 1996, 4937, 2938, 102, 2006, 1996, 13523, 102]
     assert f.token_type_ids[0].tolist() == [0] * 5 + [1] * 4
-    b = collate(f, [0, 1], tok.pad_id)
+    b = collate_features(f, [0, 1], tok.pad_id)
     assert b["input_ids"].shape == (2, 16) and b["attention_mask"][1].sum() == 5  # padded to a multiple of 8
     assert b["labels"].tolist() == [1, 0]
 

@@ -6,6 +6,7 @@ import logging
 import pytest
 
 from jobs import pretrain
+from training.loader import batch_geometry
 
 
 def run(args: list[str], caplog) -> tuple[int, str]:
@@ -31,9 +32,7 @@ def test_batch_geometry_is_checked(base, caplog):
     assert rc == 2 and "does not split over 2 workers" in text
     rc, text = run(base + ["--batch-size", "8", "--num-workers", "2", "--micro-batch-size", "3"], caplog)
     assert rc == 2 and "must divide the 4 sequences" in text
-    micro, accum = pretrain.batch_geometry(pretrain.parse_args(base + ["--batch-size", "64", "--num-workers", "2",
-                                                                       "--micro-batch-size", "8"]))
-    assert (micro, accum) == (8, 4)
+    assert batch_geometry(64, 2, 8) == (8, 4)
 
 
 def test_dataset_and_model_must_agree(base, tiny_pretrain_data, tmp_path, caplog):

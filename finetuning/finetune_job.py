@@ -1,0 +1,113 @@
+"""One fine-tuning job, as `jobs/finetune.py` and the workflow run it, shaped like `training.pretrain_job`: check
+everything that can be wrong with the inputs before any worker starts, open the job's MLflow run (nested under the
+pre-training run its weights came from), launch `finetuning.fit` (Ray Train workers or this process), export the
+best epoch's model in the Hugging Face layout with its label map, log the final metrics, end the run.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from finetuning.config import FinetuneConfig
+from finetuning.loop import BEST_METRICS_FILE, fit
+from finetuning.task_model import tokenizer_for
+from finetuning.prepare import PreparedTask, prepare
+from pipeline.storage import is_url
+from training import launch as launcher
+from training.checkpoint import MODEL_DIR
+from training.export import FINETUNE_LINEAGE, check_destination, export_model, read_lineage
+from training.launch import LaunchConfig
+from training.tracking import check_tracking_reachable, flatten_params, open_run, run_exists
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FinetuneJob:
+    config: FinetuneConfig
+    launch: LaunchConfig  # its `name` is the run name; its storage keeps the epochs' checkpoints
+    tracking_uri: str
+    output: str  # where the best model goes (a local folder or a URL)
+    experiment: str = "finetune"
+    parent_run_id: str | None = None
+    keep_checkpoints: bool = False  # False: the launch's checkpoint folder is removed once the model is exported
+    flags: Mapping[str, Any] = field(default_factory=dict)  # the command line as given, logged beside the config
+
+
+@dataclass(frozen=True)
+class FinetuneResult:
+    run_id: str
+    output: str
+    final: dict[str, float]  # the best epoch's evaluation, its number and the job's seconds
+
+
+def _parent_and_tags(job: FinetuneJob) -> tuple[str | None, dict[str, str]]:
+    """The run's parent (the workflow's, else the pre-training run the weights came from, when in this store) and
+    the lineage tags."""
+    model, parent = job.config.model, job.parent_run_id
+    tags = {"job": "finetune", "task": job.config.data.task, "lineage.init": model.init}
+    model_dir = model.model_dir
+    lineage = read_lineage(model.init, model_dir, model_dir.parent) if model_dir is not None else None
+    if lineage:
+        tags["lineage.pretrain_run_id"] = lineage["mlflow_run_id"]
+        tags["lineage.pretrain_tracking_uri"] = lineage["tracking_uri"]
+        if not parent and lineage["tracking_uri"] in ("", job.tracking_uri):
+            if run_exists(job.tracking_uri, lineage["mlflow_run_id"]):
+                parent = lineage["mlflow_run_id"]
+            else:
+                log.warning("pre-training run %s is not in %s; lineage kept as a tag only",
+                            lineage["mlflow_run_id"], job.tracking_uri)
+    return parent, tags
+
+
+def _facts(job: FinetuneJob, prepared: PreparedTask) -> dict[str, Any]:
+    """What the data turned out to be, logged beside the config."""
+    return {"num_labels": prepared.num_labels, "train_examples": prepared.train.num_examples,
+            "eval_examples": prepared.eval.num_examples, "train_rows": len(prepared.train.features),
+            "eval_rows": len(prepared.eval.features), "init_dir": job.config.model.model_dir or "random",
+            "label_names": list(prepared.label_map.names) if prepared.label_map else None}
+
+
+def run_finetuning(job: FinetuneJob) -> FinetuneResult:
+    """The whole job. ValueError, before any worker starts, names what to fix (a column, a label, a file, a flag)."""
+    t0 = time.perf_counter()
+    config, launch = job.config, job.launch
+    check_tracking_reachable(job.tracking_uri)
+    check_destination(job.output)
+    if config.schedule.batch_size % launch.num_workers:
+        raise ValueError(f"--batch-size {config.schedule.batch_size} (global) must divide evenly over "
+                         f"--num-workers {launch.num_workers}")
+    tokenizer, _ = tokenizer_for(config.model)
+    prepared = prepare(config.data, tokenizer)  # every check of the data, here, once
+    parent, tags = _parent_and_tags(job)
+    params = {**{k: v for k, v in job.flags.items() if v is not None}, **flatten_params(config),
+              **_facts(job, prepared)}
+    for key in ("tracking.run_id", "tracking.tracking_uri"):
+        params.pop(key, None)
+    run = open_run(job.tracking_uri, job.experiment, launch.name, params=params, tags=tags, parent_run_id=parent)
+    config = dataclasses.replace(config, tracking=dataclasses.replace(
+        config.tracking, tracking_uri=job.tracking_uri, run_id=run.run_id, run_name=launch.name))
+    try:
+        with run.ending():
+            with launcher.finetune(config, launch, fit) as best:
+                metrics = json.loads((best / BEST_METRICS_FILE).read_text())
+                export_model(best / MODEL_DIR, job.output, run, FINETUNE_LINEAGE)
+            final = {k.removeprefix("eval_"): v for k, v in metrics.items() if k.startswith("eval_")}
+            final.update(best_epoch=int(metrics["epoch"]), job_seconds=round(time.perf_counter() - t0, 1))
+            run.log_metrics({f"final_{k}": v for k, v in final.items()})
+            run.set_tags({"model_output": job.output})
+    finally:
+        if not job.keep_checkpoints and not is_url(launch.storage):
+            shutil.rmtree(Path(launch.storage) / launch.name, ignore_errors=True)
+            with contextlib.suppress(OSError):  # the folder of our default storage, when no other run uses it
+                Path(launch.storage).rmdir()
+    log.info("best model (epoch %d) exported to %s; MLflow run %s", final["best_epoch"], job.output, run.run_id)
+    return FinetuneResult(run.run_id, job.output, final)

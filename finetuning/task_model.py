@@ -1,0 +1,91 @@
+"""The fine-tuning model: which weights a task head starts from (`HeadConfig`: a model directory, or random with a
+preset's architecture), the tokenizer of that model's vocabulary, and the head built on top.
+
+The head is new (seeded); the encoder comes from `init`: an HF BERT directory, our export or a pre-training
+checkpoint. The label map travels in config.json (HF's id2label/label2id).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from bert_core.config import PRESETS, BertConfig
+from bert_core.finetuning import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from bert_core.hf import resolve_model_dir
+from finetuning.features import TaskTokenizer
+from finetuning.prepare import PreparedTask
+
+HEADS = {
+    "classification": BertForSequenceClassification,
+    "pair_classification": BertForSequenceClassification,
+    "regression": BertForSequenceClassification,
+    "token_classification": BertForTokenClassification,
+    "question_answering": BertForQuestionAnswering,
+}
+# For --init random: the vocabulary of bert-base-uncased (and of all-MiniLM), shipped with the repository.
+DEFAULT_VOCAB = Path(__file__).resolve().parent.parent / "data" / "sample" / "reference" / "bert-base-uncased-vocab.txt"
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    init: str  # an HF BERT directory, our export or checkpoint directory, or "random"
+    preset: str | None = None  # --init random: a preset name or a model directory whose config.json gives the shape
+    vocab: str | None = None  # --init random: the vocab.txt (default: bert-base-uncased's)
+
+    def __post_init__(self) -> None:
+        if self.init == "random":
+            if self.preset not in PRESETS and not (self.preset and Path(self.preset, "config.json").is_file()):
+                raise ValueError(f"--init random needs --preset, one of {', '.join(PRESETS)}, or a model directory "
+                                 "whose config.json gives the architecture")
+        elif self.preset is not None:
+            raise ValueError("--preset only applies to --init random (a pre-trained model brings its own config)")
+        elif not Path(self.init).exists():
+            raise ValueError(f"--init {self.init}: no such directory; pass an HF BERT dir, our export/checkpoint, "
+                             "or random")
+
+    @property
+    def model_dir(self) -> Path | None:
+        """The directory holding config.json and the weights (inside a checkpoint: its model/), None for random."""
+        return None if self.init == "random" else resolve_model_dir(self.init)
+
+
+def tokenizer_for(head: HeadConfig) -> tuple[TaskTokenizer, int]:
+    """(the model's tokenizer, the model's vocabulary size); the vocabulary must fit the embeddings."""
+    if head.init == "random":
+        tok = TaskTokenizer(Path(head.vocab) if head.vocab else DEFAULT_VOCAB)
+        return tok, tok.vocab_size
+    model_dir = head.model_dir
+    tok = TaskTokenizer.from_model_dir(model_dir)
+    vocab_size = BertConfig.from_json_file(model_dir / "config.json").vocab_size
+    if tok.vocab_size > vocab_size:
+        raise ValueError(f"{model_dir}/vocab.txt has {tok.vocab_size} entries but the model embeds only {vocab_size}: "
+                         "they do not belong together")
+    return tok, vocab_size
+
+
+def head_overrides(prepared: PreparedTask) -> dict[str, Any]:
+    """Config fields of the head: the label map goes into config.json (HF's id2label/label2id)."""
+    if prepared.task == "regression":
+        return {"num_labels": 1, "id2label": {0: "LABEL_0"}, "problem_type": "regression"}
+    if prepared.task == "question_answering":
+        return {}
+    over = {"num_labels": len(prepared.label_map), "id2label": prepared.label_map.id2label,
+            "label2id": prepared.label_map.label2id}
+    if prepared.task != "token_classification":
+        over["problem_type"] = "single_label_classification"
+    return over
+
+
+def build_model(head: HeadConfig, prepared: PreparedTask, vocab_size: int) -> nn.Module:
+    """The task's head on weights from `head.init` (the head is new) or, for random, on the preset's shape."""
+    cls, overrides = HEADS[prepared.task], head_overrides(prepared)
+    if head.init == "random":
+        if head.preset in PRESETS:
+            return cls(PRESETS[head.preset](vocab_size=vocab_size, **overrides))
+        # A model directory as the preset: its architecture, fresh weights (e.g. MiniLM's shape from scratch).
+        base = BertConfig.from_json_file(Path(head.preset) / "config.json").replace(vocab_size=vocab_size)
+        return cls(base.replace(**overrides))
+    return cls.from_pretrained(str(head.model_dir), **overrides)

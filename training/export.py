@@ -1,0 +1,75 @@
+"""Exports: a run's final model in the Hugging Face layout, logged to its MLflow run and published where the user
+asked (a local folder, or any fsspec URL such as s3://bucket/models/name), with a lineage file that names the run.
+
+A later stage reads the lineage file beside the weights it starts from (`read_lineage`) to link its own run to
+the one that made them. Publishing never shows half a model: a local export is staged beside its destination and
+renamed into place; an upload writes config.json last.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+
+from pipeline.storage import check_writable, is_url, upload_tree
+from training.tracking import Run
+
+log = logging.getLogger(__name__)
+
+PRETRAIN_LINEAGE = "bert_pretrain_run.json"
+FINETUNE_LINEAGE = "bert_finetune_run.json"
+
+
+def check_destination(dest: str, endpoint_url: str | None = None) -> None:
+    """Refuse, at start, a destination that an export would damage or that cannot be written (a missing bucket)."""
+    if is_url(dest):
+        check_writable(dest, endpoint_url)
+        return
+    target = Path(dest.removeprefix("file://"))
+    if target.is_file() or (target.is_dir() and any(target.iterdir()) and not (target / "config.json").is_file()):
+        raise ValueError(f"{dest} exists and holds something other than a model (an export replaces it): "
+                         "choose a new directory")
+
+
+def export_model(model_dir: Path, dest: str | None, run: Run, lineage: str,
+                 endpoint_url: str | None = None) -> None:
+    """Copy `model_dir` (config.json, model.safetensors, vocab.txt, ...) with `lineage` naming `run`, log it as the
+    run's `model` artifact, and publish it to `dest` (None: the artifact only)."""
+    local = dest is not None and not is_url(dest)
+    target = Path(dest.removeprefix("file://")).resolve() if local else None
+    if target is not None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    # Staged beside a local destination, so that publishing it is a rename on one filesystem.
+    with tempfile.TemporaryDirectory(prefix=".export-", dir=target.parent if target else None) as tmp:
+        staged = Path(tmp) / "model"
+        shutil.copytree(model_dir, staged)
+        (staged / lineage).write_text(json.dumps({"mlflow_run_id": run.run_id,
+                                                  "tracking_uri": run.tracking_uri}) + "\n")
+        run.log_artifacts(staged, artifact_path="model")
+        if target is not None:
+            if target.exists():
+                shutil.rmtree(target)
+            staged.rename(target)
+        elif dest is not None:
+            upload_tree(staged, dest, endpoint_url)
+    if dest is not None:
+        log.info("exported the model (Hugging Face layout) to %s", target or dest)
+
+
+def read_lineage(*model_dirs: str | Path, lineage: str = PRETRAIN_LINEAGE) -> dict[str, str] | None:
+    """{"mlflow_run_id", "tracking_uri"} of the run that made a model: the first `lineage` file found in
+    `model_dirs` (e.g. an --init directory, the model folder inside it, its parent); None when there is none."""
+    for d in dict.fromkeys(Path(d) for d in model_dirs):
+        f = d / lineage
+        if not f.is_file():
+            continue
+        try:
+            info = json.loads(f.read_text())
+        except json.JSONDecodeError:
+            log.warning("ignoring unreadable %s", f)
+            return None
+        if info.get("mlflow_run_id"):
+            return {"mlflow_run_id": str(info["mlflow_run_id"]), "tracking_uri": str(info.get("tracking_uri", ""))}
+    return None

@@ -1,0 +1,319 @@
+"""The one module of `training` that imports Ray (tests/test_layering.py holds it to that): how a training run is
+launched, for either kind of run, and the Ray Train worker that runs the Ray-free loop.
+
+`pretrain(config, launch)` and `finetune(config, launch, fit)` run the loop (`training.fit`, or fine-tuning's
+`finetuning.fit`, which the caller hands in: training never imports finetuning) on `launch.num_workers` Ray Train
+workers (DDP), or in this process with `launch.no_ray`, and yield the final checkpoint's directory. Each worker
+gets a `training.loop.Worker`: its rank, world size and device, DDP (`prepare_model`), Ray's checkpoint hooks
+(resume from `get_checkpoint()`, save through `report(checkpoint=...)`, which every rank calls: it is a barrier) and,
+for pre-training's `--data-loader ray-data`, its rows of the Ray Data shard.
+
+A local Ray (no RAY_ADDRESS) listens on 127.0.0.1 only, whatever the environment: Ray decides at import time
+whether to advertise the machine's external address, so `init_ray` sets RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before
+importing it (and corrects Ray's constant when something imported Ray earlier) and passes the node address.
+Ray is imported inside the functions, so `fit` without Ray never loads it.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training.checkpoint import LocalCheckpoints, checkpoint_name
+from training.loop import Worker
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+START_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Where a run's workers run and where Ray Train keeps its checkpoints (`storage`/`name`: local or s3://)."""
+
+    num_workers: int = 1
+    cpus_per_worker: float | None = None  # Ray CPUs (and torch threads) per worker; None: the cluster's CPUs / workers
+    use_gpu: bool = False  # one GPU per worker, NCCL
+    no_ray: bool = False  # one worker in this process: CPU, or one GPU with use_gpu
+    storage: str = "./runs"
+    name: str = "run"
+    keep_checkpoints: int = 3
+    max_failures: int = 3  # worker-group restarts before giving up
+    endpoint_url: str | None = None  # S3-compatible endpoint of an s3:// storage
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1 or self.keep_checkpoints < 1 or self.max_failures < 0:
+            raise ValueError("--num-workers and --keep-checkpoints must be >= 1 and --max-failures >= 0")
+        cpus = self.cpus_per_worker
+        if cpus is not None and not (0 < cpus <= 1 or float(cpus).is_integer()):
+            raise ValueError(f"--cpus-per-worker {cpus}: use a fraction <= 1 or a whole number (Ray's rule)")
+        if self.no_ray and self.num_workers != 1:
+            raise ValueError("--no-ray runs one worker in this process; drop --num-workers or --no-ray")
+        if not self.name or "/" in self.name:
+            raise ValueError(f"run name {self.name!r}: give a non-empty name without '/' (--run-name)")
+        if self.no_ray and "://" in self.storage and not self.storage.startswith("file://"):
+            raise ValueError(f"--storage {self.storage}: a run in this process (--no-ray) keeps checkpoints on "
+                             "local disk; give a local path, or drop --no-ray to use Ray Train's storage")
+
+    @property
+    def local_directory(self) -> Path:
+        """The run's folder on local disk, where a run in this process (`no_ray`) keeps its checkpoints."""
+        return Path(self.storage.removeprefix("file://")).resolve() / self.name
+
+
+def init_ray(num_cpus: int | None = None, dashboard: bool = False) -> None:
+    """Join the cluster when there is one (`ray job submit` sets RAY_ADDRESS), else start a local Ray on loopback.
+
+    `num_cpus` caps a local Ray (ignored when joining a cluster, whose size the cluster decides). `dashboard` starts
+    the local dashboard (on 127.0.0.1): Ray Train needs it, because its placement-group cleaner asks the state API,
+    served by the dashboard, whether the train controller is alive (without it, it warns every second and cannot
+    clean up after a crashed controller). The data build does without it (less memory and CPU on small machines).
+    """
+    if not os.environ.get("RAY_ADDRESS"):
+        # Read by Ray when it is imported and by every process it starts: with it, a node's listeners bind to
+        # loopback and it advertises 127.0.0.1 (the node address alone does not stop the external one).
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    import ray
+    from ray._private import ray_constants
+
+    if ray.is_initialized():
+        log.info("using the Ray already initialised in this process (%d CPUs)",
+                 int(ray.cluster_resources().get("CPU", 0)))
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+        log.info("attached to the Ray cluster at %s (%d CPUs)", os.environ["RAY_ADDRESS"],
+                 int(ray.cluster_resources().get("CPU", 0)))
+        return
+    # Something imported Ray before the variable was set: correct what Ray read from it (pinned Ray: private name).
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    # address="local": without it, ray.init() joins any cluster already running on this machine (someone's
+    # `ray start`, another job's session) and then refuses num_cpus; we promised a fresh local Ray.
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, _node_ip_address=LOOPBACK)
+            return
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this; anything else re-raises
+            if "timed out during startup" not in str(e) or attempt == START_ATTEMPTS:
+                raise
+            # Ray gives a new node a hard-coded 30 s to register; an overloaded machine can miss that.
+            log.warning("local Ray start timed out (attempt %d of %d, machine overloaded?); retrying",
+                        attempt, START_ATTEMPTS)
+            ray.shutdown()
+
+
+def storage_filesystem(url: str, endpoint_url: str | None):
+    """(pyarrow filesystem or None, path) for Ray Train's RunConfig. Credentials are resolved here (the driver's
+    environment) so that the Ray Train controller, which does not share it, can use the filesystem too."""
+    from pipeline import storage
+
+    if not storage.is_url(url):
+        return None, str(Path(url.removeprefix("file://")).resolve())
+    import pyarrow.fs
+
+    fs, path = storage.filesystem_for(url, endpoint_url)
+    if storage.protocol_of(url) in ("s3", "s3a"):
+        import s3fs
+
+        fs = s3fs.S3FileSystem(key=os.environ.get("AWS_ACCESS_KEY_ID"), secret=os.environ.get("AWS_SECRET_ACCESS_KEY"),
+                               token=os.environ.get("AWS_SESSION_TOKEN"),
+                               client_kwargs={"endpoint_url": endpoint_url} if endpoint_url else {})
+    return pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs)), path
+
+
+# ---- one function per kind of run ----------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def pretrain(config, launch: LaunchConfig) -> Iterator[Path]:
+    """Pre-train (`training.fit`); yields the final checkpoint's directory."""
+    from training.loop import fit
+
+    if launch.no_ray:
+        checkpoint = dataclasses.replace(config.checkpoint,
+                                         directory=config.checkpoint.directory or str(launch.local_directory))
+        with _in_process(launch) as worker:
+            result = fit(dataclasses.replace(config, checkpoint=checkpoint), worker)
+        yield _final(result.checkpoint)
+        return
+    datasets = None
+    if config.data.loader == "ray-data":
+        datasets = {"train": _ray_dataset(config.data.train)}
+    with _on_ray(fit, config, launch, datasets) as directory:
+        yield directory
+
+
+@contextlib.contextmanager
+def finetune(config, launch: LaunchConfig, fit: Callable) -> Iterator[Path]:
+    """Fine-tune with `fit(config, worker)` (finetuning.fit: only the best epoch reports a checkpoint, so the last
+    one kept is the best); yields its directory."""
+    if launch.no_ray:
+        worker_checkpoints = LocalCheckpoints(launch.local_directory, keep=launch.keep_checkpoints)
+        with _in_process(launch, worker_checkpoints) as worker:
+            result = fit(config, worker)
+        yield _final(result.checkpoint)
+        return
+    with _on_ray(fit, config, launch) as directory:
+        yield directory
+
+
+def _final(checkpoint: str | None) -> Path:
+    if checkpoint is None:
+        raise RuntimeError("training finished without a checkpoint; see the log above")
+    return Path(checkpoint)
+
+
+@contextlib.contextmanager
+def _in_process(launch: LaunchConfig, checkpoints=None) -> Iterator[Worker]:
+    """Rank 0 of 1 in this process; its torch threads are the launch's CPUs (restored after: the caller's process,
+    a test session or a notebook, keeps its own)."""
+    import torch
+
+    before = torch.get_num_threads()
+    if launch.cpus_per_worker:
+        torch.set_num_threads(max(1, round(launch.cpus_per_worker)))
+    try:
+        yield Worker(device=torch.device("cuda" if launch.use_gpu else "cpu"), checkpoints=checkpoints)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _cpus_per_worker(launch: LaunchConfig) -> float:
+    if launch.cpus_per_worker is not None:
+        return launch.cpus_per_worker
+    import ray
+
+    per = ray.cluster_resources().get("CPU", 1) / launch.num_workers
+    # Ray accepts fractions up to 1 or whole numbers.
+    return float(math.floor(per)) if per >= 1 else max(0.25, math.floor(per * 4) / 4)
+
+
+def _ray_dataset(shards):
+    """The training shards through Ray Data (`--data-loader ray-data`)."""
+    import ray.data
+
+    from pipeline.schema import SHARD_COLUMNS
+
+    read_fs, _ = storage_filesystem(shards.shard_urls[0], shards.endpoint_url)
+    urls = list(shards.shard_urls)
+    if read_fs is not None:
+        urls = [u.split("://", 1)[1] for u in urls]
+    # Small read tasks: a whole CPU each would not fit beside the training workers on a small box (Ray Data splits
+    # what Train leaves it between its operators, and a 1-CPU task may never be scheduled).
+    return ray.data.read_parquet(urls, filesystem=read_fs, columns=list(SHARD_COLUMNS), num_cpus=0.25)
+
+
+@contextlib.contextmanager
+def _on_ray(fit: Callable, config, launch: LaunchConfig, datasets: dict | None = None) -> Iterator[Path]:
+    """`fit(config, worker)` on Ray Train workers (DDP); yields the last checkpoint Ray Train kept."""
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from pipeline.storage import aws_env
+
+    init_ray(dashboard=True)
+    cpus = _cpus_per_worker(launch)
+    resources = {"CPU": cpus, **({"GPU": 1} if launch.use_gpu else {})}
+    fs, storage_path = storage_filesystem(launch.storage, launch.endpoint_url)
+    env = aws_env()
+    trainer = TorchTrainer(
+        ray_worker,
+        train_loop_config={"fit": fit, "config": config, "threads": max(1, round(cpus)),
+                           "ray_data": datasets is not None},
+        torch_config=TorchConfig(backend="nccl" if launch.use_gpu else "gloo"),
+        datasets=datasets,
+        scaling_config=ray.train.ScalingConfig(num_workers=launch.num_workers, use_gpu=launch.use_gpu,
+                                               resources_per_worker=resources),
+        run_config=ray.train.RunConfig(
+            name=launch.name, storage_path=storage_path, storage_filesystem=fs,
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=launch.keep_checkpoints),
+            failure_config=ray.train.FailureConfig(max_failures=launch.max_failures),
+            worker_runtime_env={"env_vars": env} if env else None,
+        ),
+    )
+    log.info("training on %d Ray worker(s) x %s CPU%s", launch.num_workers, cpus, " + GPU" if launch.use_gpu else "")
+    result = trainer.fit()
+    if result.checkpoint is None:
+        raise RuntimeError("training finished without a checkpoint; see the worker logs above")
+    with result.checkpoint.as_directory() as d:
+        yield Path(d)
+
+
+# ---- inside a Ray Train worker -------------------------------------------------------------------------------------
+
+class RayCheckpoints:
+    """Checkpoints through Ray Train: it uploads them to the run's storage (local or S3) and keeps the last k."""
+
+    @contextlib.contextmanager
+    def latest(self) -> Iterator[Path | None]:
+        import ray.train
+
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            yield None
+            return
+        with checkpoint.as_directory() as d:
+            yield Path(d)
+
+    def save(self, step: int, metrics: dict[str, float], write: Callable[[Path], None] | None) -> str | None:
+        import ray.train
+
+        tmp = Path(tempfile.mkdtemp(prefix=f"ckpt-{step:08d}-")) if write is not None else None
+        try:
+            if tmp is not None:
+                write(tmp)
+            ray.train.report({"step": step, **metrics},
+                             checkpoint=ray.train.Checkpoint.from_directory(str(tmp)) if tmp else None,
+                             checkpoint_dir_name=checkpoint_name(step))
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return checkpoint_name(step) if tmp is not None else None
+
+
+def _dataset_rows(drop: int):
+    """This worker's rows from Ray Data (`get_dataset_shard`), epoch after epoch, the first `drop` rows skipped.
+
+    Train's DataConfig splits with `streaming_split(equal=True)`: every rank gets the same number of rows per epoch
+    (Ray Data drops at most world_size - 1 rows of an epoch to make it so), and rows carry over epoch boundaries, so
+    ranks stay equal. Which rows a rank gets depends on timing: a resumed run skips as many rows as were consumed,
+    not the same rows (use the default loader for an exact replay).
+    """
+    import ray.train
+
+    from training.rows import Rows
+
+    shard = ray.train.get_dataset_shard("train")
+    while True:
+        for table in shard.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):
+            rows = Rows.from_arrow(table)
+            if drop >= len(rows):
+                drop -= len(rows)
+                continue
+            yield rows.slice(drop, len(rows)) if drop else rows
+            drop = 0
+
+
+def ray_worker(loop_config: dict[str, Any]) -> None:
+    """The Ray Train entry point of both kinds of run: `{"fit", "config", "threads", "ray_data"}`."""
+    import ray.train
+    import ray.train.torch
+    import torch
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    torch.set_num_threads(loop_config["threads"])
+    ctx = ray.train.get_context()
+    world = ctx.get_world_size()
+    worker = Worker(rank=ctx.get_world_rank(), world_size=world, device=ray.train.torch.get_device(),
+                    wrap=ray.train.torch.prepare_model if world > 1 else (lambda m: m),
+                    checkpoints=RayCheckpoints(), rows=_dataset_rows if loop_config["ray_data"] else None)
+    loop_config["fit"](loop_config["config"], worker)

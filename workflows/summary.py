@@ -1,0 +1,48 @@
+"""The end of a workflow: what ran, the key numbers of every stage, where everything is, how to open MLflow; as
+lines for the console and as WORKDIR/summary.json."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from workflows.plan import JobStage
+from workflows.state import STATE_DIR
+
+
+def _fmt(v: float) -> str:
+    return f"{int(v):,}" if float(v).is_integer() else f"{v:.4g}"
+
+
+def summary_lines(name: str, stages: list[JobStage], results: dict[str, dict[str, Any]], todo: dict[str, bool],
+                  workdir: Path, tracking_uri: str, experiment: str, parent_run_id: str, seconds: float) -> list[str]:
+    ran = sum(todo.values())
+    lines = [f"\n== workflow {name!r} done in {seconds / 60:.1f} min ({ran} stages ran, "
+             f"{len(stages) - ran} skipped as already done)"]
+    for s in stages:
+        where = "  ".join(f"{k}: {v}" for k, v in s.outputs.items())
+        if s.job == "build_dataset":
+            where += f"  (shards: {s.outputs['dataset']}/shards)"
+        lines.append(f"  {s.name:<24} {where}")
+        nums = "  ".join(f"{k} {_fmt(v)}" for k, v in results[s.name].get("metrics", {}).items())
+        if nums:
+            lines.append(f"  {'':<24} {nums}")
+    lines.append(f"\nMLflow: parent run {parent_run_id} (experiment {experiment!r}) holds every stage as a child run; "
+                 f"store {tracking_uri}")
+    if tracking_uri.startswith(("http://", "https://")):
+        lines.append(f"  open {tracking_uri}  to compare the runs")
+    else:
+        lines.append(f"  open the UI:  mlflow ui --backend-store-uri {tracking_uri} --port 5000   then "
+                     "http://127.0.0.1:5000")
+    lines.append(f"  done-markers and stage logs: {workdir / STATE_DIR}; this summary: {workdir / 'summary.json'}")
+    return lines
+
+
+def summary_json(name: str, stages: list[JobStage], results: dict[str, dict[str, Any]], todo: dict[str, bool],
+                 workdir: Path, tracking_uri: str, experiment: str, parent_run_id: str,
+                 seconds: float) -> dict[str, Any]:
+    return {"name": name, "workdir": str(workdir),
+            "mlflow": {"tracking_uri": tracking_uri, "experiment": experiment, "parent_run_id": parent_run_id},
+            "seconds": round(seconds, 1),
+            "stages": {s.name: {"ran": todo[s.name], "outputs": s.outputs, "fingerprint": s.fingerprint,
+                                "metrics": results[s.name].get("metrics", {}),
+                                "result": results[s.name].get("result", {})} for s in stages}}
