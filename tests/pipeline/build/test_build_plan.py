@@ -11,10 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.build import BuildConfig, build
-from pipeline.build.docs import DocsMarker
 from pipeline.build.instances import InstancesMarker
 from pipeline.build.markers import read_markers, write_marker
-from pipeline.build.pool import BYTES_PER_TOKEN, pool_threshold
+from pipeline.build.pool import BYTES_PER_TOKEN, PoolPartMarker, pool_threshold
 from pipeline.build.shards import ShardItem, chunk_bounds, chunks_per_pass, plan_shards, unit_order, write_shard
 from pipeline.instances import InstanceConfig
 from pipeline.readers import ReadOptions, ReadReport, plan_units, read_unit
@@ -24,16 +23,17 @@ from pipeline.storage import expand_inputs
 
 def test_markers_round_trip_and_are_read_back_concurrently(tmp_path):
     work = str(tmp_path / "_work")
-    written = [InstancesMarker(uid=f"{i:05d}-00000", rows=(i, i + 1), chunks=2, random_next=i, masked=3 * i,
-                               seq_len_histogram={"64": i}) for i in range(40)]
+    written = [InstancesMarker(uid=f"{i:05d}-00000", path="p", read_documents=i + 1, documents=i, sentences=2 * i,
+                               tokens=9 * i, dropped={"no_tokens": 1}, bad_files={}, rows=(i, i + 1), chunks=2,
+                               random_next=i, masked=3 * i, seq_len_histogram={"64": i}) for i in range(40)]
     for m in written:
         write_marker(work, m)
     got = read_markers(work, InstancesMarker)
     assert got == {m.uid: m for m in written}
-    d = DocsMarker(uid="u", path="p", documents=1, sentences=2, tokens=3, read_documents=1, dropped={"bad_json": 1},
-                   bad_files={}, pool_documents=1, pool_tokens=3)
-    assert DocsMarker.from_json(d.to_json()) == d
-    assert read_markers(str(tmp_path / "nothing"), DocsMarker) == {}
+    d = PoolPartMarker(uid="u", path="p", read_documents=1, dropped={"bad_json": 1}, bad_files={}, documents=1,
+                       tokens=3)
+    assert PoolPartMarker.from_json(d.to_json()) == d
+    assert read_markers(str(tmp_path / "nothing"), PoolPartMarker) == {}
 
 
 def _rows(n_units=7, passes=3, seed=0):

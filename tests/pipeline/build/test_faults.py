@@ -14,8 +14,8 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-import pipeline.build.docs
 import pipeline.build.instances
+import pipeline.build.pool
 import pipeline.build.shards
 from pipeline.build import BuildConfig, build
 from pipeline.instances import InstanceConfig
@@ -54,7 +54,7 @@ def _same(a, b):
     assert not os.path.exists(os.path.join(b, "_work"))
 
 
-@pytest.mark.parametrize("module, stage", [(pipeline.build.docs, "tokenize_commit"),
+@pytest.mark.parametrize("module, stage", [(pipeline.build.pool, "pool_part_step"),
                                            (pipeline.build.instances, "instances_step"),
                                            (pipeline.build.shards, "write_shard")])
 def test_failure_in_any_stage_then_rerun_gives_the_same_rows(tmp_path, sample_dir, monkeypatch, module, stage):

@@ -75,8 +75,8 @@ def test_the_driver_reads_no_corpus_bytes(ray_local, tmp_path, sample_dir, monke
     def forbidden(*a, **k):
         raise AssertionError("the driver read corpus data")
     for mod, name in [(pipeline.readers, "read_unit"), (pipeline.build.docs, "read_unit"),
-                      (pipeline.build.docs, "read_split"), (pipeline.build.pool, "read_table"),
-                      (pipeline.build.instances, "read_table"), (pipeline.build.shards, "_read_slice")]:
+                      (pipeline.build.pool, "read_docs"), (pipeline.build.instances, "read_docs"),
+                      (pipeline.build.pool, "read_table"), (pipeline.build.shards, "_read_slice")]:
         monkeypatch.setattr(mod, name, forbidden)
     build(_cfg(tmp_path, corpus, sample_dir, "ray"), RayExecutor(num_cpus=2))
     _same(tmp_path / "ray", tmp_path / "plain")
