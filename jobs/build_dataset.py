@@ -57,6 +57,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--on-error", choices=ON_ERROR, default="fail")
     p.add_argument("--endpoint-url", help="S3-compatible endpoint (MinIO, Ceph, a test server)")
     p.add_argument("--no-ray", action="store_true", help="run the steps as a plain loop (debugging)")
+    p.add_argument("--engine", choices=("data", "tasks"), default="data",
+                   help="data: Ray Data (progress bars, per-operator stats); tasks: plain Ray tasks (docs/scaling.md)")
+    p.add_argument("--progress", choices=("auto", "bars", "lines"), default="auto",
+                   help="Ray Data's progress bars (auto: when stderr is a terminal) or a log line per stage every few"
+                        " seconds")
     p.add_argument("--mlflow-tracking-uri")
     p.add_argument("--experiment", default="bert-dataset")
     p.add_argument("--parent-run-id")
@@ -121,11 +126,16 @@ def main(argv: list[str] | None = None) -> int:
         check_tracking_reachable(tracking_uri)
     if args.no_ray:
         executor = LocalExecutor()
-    else:
+    elif args.engine == "tasks":
         from pipeline.build.ray_tasks import RayExecutor
 
-        # Ray starts in the background once the build has work to do (not at all for a finished build).
         executor = RayExecutor(args.num_cpus, init=lambda: _common.init_ray(args.num_cpus))
+    else:
+        from pipeline.build.ray_data import RayDataExecutor
+
+        # Ray starts in the background once the build has work to do (not at all for a finished build).
+        bars = args.progress == "bars" or (args.progress == "auto" and sys.stderr.isatty())
+        executor = RayDataExecutor(args.num_cpus, init=lambda: _common.init_ray(args.num_cpus), bars=bars)
     manifest = build(cfg, executor)
     run_id = log_mlflow(tracking_uri, args, cfg, manifest) if tracking_uri else None
     t = manifest["totals"]

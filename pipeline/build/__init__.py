@@ -40,8 +40,8 @@ from pipeline.build.docs import doc_totals
 from pipeline.build.executor import Executor, LocalExecutor, Stage, run_stage
 from pipeline.build.identity import check_state, finished_manifest
 from pipeline.build.instances import InstancesMarker, instances_stage
-from pipeline.build.pieces import input_units
-from pipeline.build.pool import PoolMarker, planned_tokens, pool_parts_stage, pool_stage, pool_threshold
+from pipeline.build.pieces import input_units, unit_sizes
+from pipeline.build.pool import PoolMarker, PoolPartStep, planned_tokens, pool_parts_stage, pool_stage, pool_threshold
 from pipeline.build.shards import shards_stage
 from pipeline.build.vocab import VocabContext, VocabSample, train_vocab
 from pipeline.instances import VocabInfo
@@ -105,8 +105,11 @@ def build(cfg: BuildConfig, executor: Executor | None = None) -> dict[str, Any]:
     # inputs into the same output, in the same process, never sees the old pool.
     build_id = config_hash({"config_hash": chash, "inputs": inputs})
     ctx = cfg.step_context(vocab.vocab_size, pool_threshold(cfg.pool_tokens, planned), build_id)
-    # The vocabulary goes to the workers once (the object store on Ray); each builds its encoder once.
-    state = BuildState(cfg, ctx, units, executor.share(vocab_sha, tokens), report, planned)
+    # The vocabulary goes to the workers once (the object store on Ray); each builds its encoder once, ahead of the
+    # first stage that tokenizes.
+    shared = executor.share(vocab_sha, tokens)
+    executor.warm(PoolPartStep(ctx, shared).setup)
+    state = BuildState(cfg, ctx, units, shared, report, planned, unit_sizes(units, files))
     for plan in STAGES:
         stage = plan(state)
         state.markers[stage.name] = run_stage(stage, executor, ctx.work, ep)

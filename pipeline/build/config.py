@@ -79,4 +79,5 @@ class BuildState:
     vocab: Shared
     report: ReadReport
     planned_tokens: int
+    unit_sizes: dict[str, int]  # bytes of input per unit uid (progress)
     markers: dict[str, list[Marker]] = dataclasses.field(default_factory=dict)

@@ -359,10 +359,22 @@ def input_units(files: list[FileInfo], read: ReadOptions, unit_bytes: int, work:
     over the pieces); the rest are planned from metadata."""
     ctx = PieceContext(work, unit_bytes, read, endpoint_url)
     items = plan_pieces(files, read, unit_bytes, endpoint_url)
-    markers: list[PieceMarker] = run_stage(  # type: ignore[assignment]
-        Stage("pieces", PiecesStep(ctx), {f"{t.index:05d}": t for t in items}, PieceMarker), executor, work,
-        endpoint_url)
+    sizes = {f.path: f.size for f in files}
+    stage = Stage("pieces", PiecesStep(ctx), {f"{t.index:05d}": t for t in items}, PieceMarker,
+                  {f"{t.index:05d}": sizes[t.path] for t in items}, "compressed files")
+    markers: list[PieceMarker] = run_stage(stage, executor, work, endpoint_url)  # type: ignore[assignment]
     for m in markers:
         report.bad_files.update(m.bad_files)
     units = plan_units(files, read, unit_bytes, endpoint_url, report, exclude={t.path for t in items})
     return sorted(units + piece_units(markers, ctx), key=lambda u: u.uid)
+
+
+def unit_sizes(units: list[Unit], files: list[FileInfo]) -> dict[str, int]:
+    """Bytes of input per unit, for progress: a byte range's length (decompressed, for pieces), the stored size of
+    a small compressed file, a Parquet file's size shared among its row groups."""
+    sizes = {f.path: f.size for f in files}
+    groups: dict[str, int] = {}
+    for u in units:
+        groups[u.path] = groups.get(u.path, 0) + 1
+    return {u.uid: sizes.get(u.path, 0) // groups[u.path] if u.fmt == "parquet"
+            else (u.end if u.end is not None else max(u.start, sizes.get(u.path, 0))) - u.start for u in units}

@@ -119,7 +119,8 @@ class PoolPartStep:
 
 
 def pool_parts_stage(s: BuildState) -> Stage:
-    return Stage("pool_parts", PoolPartStep(s.ctx, s.vocab), {u.uid: u for u in s.units}, PoolPartMarker)
+    return Stage("pool_parts", PoolPartStep(s.ctx, s.vocab), {u.uid: u for u in s.units}, PoolPartMarker,
+                 s.unit_sizes, "units")
 
 
 def pool_from(table: pa.Table) -> RandomDocPool:
@@ -173,4 +174,4 @@ def pool_stage(s: BuildState) -> Stage:
                          " --format/--text-field and the inputs" if everything else f"the random-next pool sampled no document with tokens (budget "
                          f"{s.cfg.pool_tokens} tokens of an estimated {s.planned_tokens}): raise --pool-tokens")
     return Stage("pool", PoolStep(s.ctx, tuple(m.uid for m in parts if m.documents)), {"pool": "pool"},
-                 PoolMarker)
+                 PoolMarker, noun="merge")

@@ -26,7 +26,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pipeline.build.markers import Marker
@@ -57,7 +57,7 @@ def _setup(step: Callable[[Any], Marker]) -> int:
     """A warm-up task: import what the steps use and load the step's per-process state."""
     import os
 
-    import pipeline.build.docs  # noqa: F401
+    import pipeline.build.instances  # noqa: F401
     setup = getattr(step, "setup", None)
     if setup is not None:
         setup()
@@ -79,7 +79,12 @@ class RayExecutor:
     """Runs steps as Ray tasks; ``num_cpus`` caps the concurrent tasks of every stage (None: as many as the
     cluster's CPUs, which is what an autoscaling cluster wants)."""
 
+    bars = False
+
     def __init__(self, num_cpus: int | None = None, init: Callable[[], None] | None = None):
+        from pipeline.build.ray_data import check_num_cpus
+
+        check_num_cpus(num_cpus)
         self.width = int(num_cpus) if num_cpus else None
         self._init = init  # None: the caller's Ray (or a default ray.init())
         self._ready: concurrent.futures.Future | None = None
@@ -143,12 +148,15 @@ class RayExecutor:
         pids = ray.get([task.remote(step) for _ in range(min(cluster, self.width or cluster))])
         log.info("warmed %d Ray worker processes", len(set(pids)))
 
-    def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> list[Marker]:
+    def warm(self, setup: Callable[[], None]) -> None:
+        pass  # the first map warms the workers with its step's setup
+
+    def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker]:
         """Run ``step`` on every item, one task each; the markers, in completion order."""
         import ray
 
         if not items:
-            return []
+            return
         self._wait()
         if not self._warm:
             self._warm_up(step)
@@ -161,13 +169,12 @@ class RayExecutor:
         step_ref = ray.put(step)  # once per stage, not once per task
         todo = list(reversed(items))
         running: list = []
-        markers: list[Marker] = []
         try:
             while todo or running:
                 while todo and len(running) < window:
                     running.append(task.remote(step_ref, todo.pop()))
                 done, running = ray.wait(running, num_returns=1)  # blocks: no polling in the driver
-                markers += ray.get(done)
+                yield from ray.get(done)
         except Exception as e:  # noqa: BLE001 - re-raised below, unwrapped when it is the user's error
             for ref in running:
                 ray.cancel(ref)
@@ -175,6 +182,5 @@ class RayExecutor:
             if inner is not None and inner is not e:
                 raise type(inner)(str(inner)) from e
             raise
-        return markers
 
 

@@ -179,4 +179,4 @@ def shards_stage(s: BuildState) -> Stage:
     inst: list = s.markers["instances"]  # InstancesMarker, in unit order
     (chunks,) = {m.chunks for m in inst}  # the same plan for every unit, resumed or not
     items = plan_shards([(m.uid, m.rows) for m in inst], s.cfg.num_shards, s.cfg.instances.seed, chunks)
-    return Stage("shards", ShardStep(s.ctx), {f"{t.index:05d}": t for t in items}, ShardMarker)
+    return Stage("shards", ShardStep(s.ctx), {f"{t.index:05d}": t for t in items}, ShardMarker, noun="shards")
