@@ -50,7 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     case = p.add_mutually_exclusive_group()
     case.add_argument("--do-lower-case", dest="do_lower_case", action="store_true", default=True)
     case.add_argument("--cased", dest="do_lower_case", action="store_false")
-    p.add_argument("--num-shards", type=int, default=16)
+    p.add_argument("--num-shards", type=int, default=None,
+                   help="default: from the planned size, shards of about 128 MiB of Parquet (at least 1)")
     p.add_argument("--pool-tokens", type=int, default=4_000_000,
                    help="token budget of the random-next pool (a seeded sample of the whole corpus)")
     p.add_argument("--num-cpus", type=int, default=None, help="caps parallelism: a local Ray's CPUs, or the tasks in flight on a cluster")

@@ -180,6 +180,6 @@ class InstancesStep:
 
 
 def instances_stage(s: BuildState) -> Stage:
-    chunks = chunks_per_pass(len(s.units), s.cfg.dupe_factor, s.cfg.num_shards)
+    chunks = chunks_per_pass(len(s.units), s.cfg.dupe_factor, s.num_shards)
     return Stage("instances", InstancesStep(s.ctx, s.vocab, chunks), {u.uid: u for u in s.units}, InstancesMarker,
                  s.unit_sizes, "units")

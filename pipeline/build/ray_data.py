@@ -70,7 +70,7 @@ def _prestart() -> int:
     return os.getpid()
 
 
-def _warm(setup: Callable[[], None]) -> int:
+def _warm(setup: Callable[[], None], *_prestarted: int) -> int:
     setup()
     return os.getpid()
 
@@ -118,7 +118,8 @@ class RayDataExecutor:
         self.bars = bars
         self._init = init  # None: the caller's Ray (or a default ray.init())
         self._ready: concurrent.futures.Future | None = None
-        self._started: list = []  # refs of the prestart and warm-up tasks, kept so that they are not cancelled
+        self._prestarted: list = []  # refs of the prestart tasks (their workers' pids)
+        self._warming: list = []  # refs of the warm-up tasks; kept so that they are not cancelled
 
     # --- bringing Ray up
 
@@ -144,7 +145,7 @@ class RayDataExecutor:
             self._configure()
             cpus = self._wait_for_cpus()
             remote = ray.remote(_prestart).options(**self._options())
-            self._started += [remote.remote() for _ in range(self._workers(cpus))]
+            self._prestarted = [remote.remote() for _ in range(self._workers(cpus))]
         except BaseException as e:  # noqa: BLE001 - handed to the stages, which re-raise it
             self._ready.set_exception(e)
             return
@@ -204,7 +205,10 @@ class RayDataExecutor:
 
         self._wait()
         remote = ray.remote(_warm).options(**self._options())
-        self._started += [remote.remote(setup) for _ in range(self._workers(int(ray.cluster_resources()["CPU"])))]
+        # Each warm-up task waits for every prestart task: then all the workers are up and idle at once, and the
+        # warm-up tasks (each busy for the tokenizer's load) land one per worker instead of queueing on the first
+        # worker that finished its imports.
+        self._warming += [remote.remote(setup, *self._prestarted) for _ in self._prestarted]
 
     def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker]:
         """Run ``step`` on every item, one Ray Data task each; the markers, in completion order."""

@@ -14,7 +14,8 @@ from pipeline.build import BuildConfig, build
 from pipeline.build.instances import InstancesMarker
 from pipeline.build.markers import read_markers, write_marker
 from pipeline.build.pool import BYTES_PER_TOKEN, PoolPartMarker, pool_threshold
-from pipeline.build.shards import ShardItem, chunk_bounds, chunks_per_pass, plan_shards, unit_order, write_shard
+from pipeline.build.shards import (SHARD_BYTES, ShardItem, chunk_bounds, chunks_per_pass, default_num_shards, plan_shards,
+                                   unit_order, write_shard)
 from pipeline.instances import InstanceConfig
 from pipeline.readers import ReadOptions, ReadReport, plan_units, read_unit
 from pipeline.rng import derive_seed
@@ -99,6 +100,22 @@ def test_shard_rows_are_in_key_order_within_each_group(tmp_path):
     assert np.all(np.diff(keys[:90].astype(np.float64)) >= 0) and np.all(np.diff(keys[90:].astype(np.float64)) >= 0)
     assert sorted(set(docs[:90])) == [0, 11] and sorted(set(docs[90:])) == [20, 21]
     assert np.count_nonzero(np.diff(docs[:90])) > 20  # mixed, not two runs
+
+
+def test_default_num_shards_follows_the_planned_size():
+    per_shard = SHARD_BYTES / 2.4  # tokens x passes per shard at uint16
+    assert default_num_shards(1000, 10, 30522) == 1  # at least one
+    assert default_num_shards(int(per_shard * 8 / 5), 5, 30522) == 8
+    assert default_num_shards(int(per_shard * 8 / 5), 10, 30522) == 16  # twice the passes, twice the shards
+    assert default_num_shards(int(per_shard * 8 / 5), 5, 70000) == 16  # uint32 ids: twice the bytes
+
+
+def test_a_build_without_num_shards_plans_them_from_its_size(tmp_path, sample_dir):
+    cfg = BuildConfig(inputs=(str(sample_dir / "corpus" / "austen.jsonl.gz"),), output=str(tmp_path / "out"),
+                      vocab=str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"), dupe_factor=1,
+                      instances=InstanceConfig(max_seq_length=64, max_predictions_per_seq=10))
+    m = build(cfg)
+    assert len(m["shards"]) == 1 and m["config"]["num_shards"] is None  # ~3 MB of text: far below one shard
 
 
 def test_pool_threshold():
