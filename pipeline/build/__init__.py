@@ -41,7 +41,8 @@ from pipeline.build.executor import Executor, LocalExecutor, Stage, run_stage
 from pipeline.build.identity import check_state, finished_manifest
 from pipeline.build.instances import InstancesMarker, instances_stage
 from pipeline.build.pieces import input_units, unit_sizes
-from pipeline.build.pool import PoolMarker, PoolPartStep, planned_tokens, pool_parts_stage, pool_stage, pool_threshold
+from pipeline.build.pool import (COMPRESSED_RATIO, PoolMarker, PoolPartStep, planned_tokens, pool_parts_stage,
+                                 pool_stage, pool_threshold)
 from pipeline.build.shards import SHARD_BYTES, default_num_shards, shards_stage
 from pipeline.build.vocab import VocabContext, VocabSample, train_vocab
 from pipeline.instances import VocabInfo
@@ -111,9 +112,10 @@ def build(cfg: BuildConfig, executor: Executor | None = None) -> dict[str, Any]:
     executor.warm(PoolPartStep(ctx, shared).setup)
     num_shards = cfg.num_shards or default_num_shards(planned, cfg.dupe_factor, vocab.vocab_size)
     if cfg.num_shards is None:
-        log.info("%d shards of about %d MB (the planned size; --num-shards to choose)", num_shards,
+        log.info("%d shards of at most about %d MiB (from the planned size; --num-shards to choose)", num_shards,
                  SHARD_BYTES >> 20)
-    state = BuildState(cfg, ctx, units, shared, report, planned, unit_sizes(units, files), num_shards)
+    state = BuildState(cfg, ctx, units, shared, report, planned, unit_sizes(units, files, COMPRESSED_RATIO),
+                       num_shards)
     for plan in STAGES:
         stage = plan(state)
         state.markers[stage.name] = run_stage(stage, executor, ctx.work, ep)

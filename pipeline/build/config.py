@@ -79,6 +79,6 @@ class BuildState:
     vocab: Shared
     report: ReadReport
     planned_tokens: int
-    unit_sizes: dict[str, int]  # bytes of input per unit uid (progress)
+    unit_sizes: dict[str, int]  # bytes of text per unit uid (progress; estimated for compressed files)
     num_shards: int  # the config's, or the default from the planned size
     markers: dict[str, list[Marker]] = dataclasses.field(default_factory=dict)

@@ -79,7 +79,7 @@ class LocalExecutor:
 @dataclasses.dataclass(frozen=True)
 class Stage:
     """``items``: key -> item, the key naming the item's marker (``<work>/<name>/<key>.done.json``); ``sizes``:
-    bytes of input per key, for the progress lines' MB/s and ETA (None: items only); ``noun`` names the items."""
+    bytes of text per key, for the progress lines' MB/s and ETA (None: items only); ``noun`` names the items."""
 
     name: str
     step: Callable[[Any], Marker]

@@ -7,7 +7,7 @@ its first line never goes a minute without one, even when no item finishes in be
 Every duration says what it measures: ``s wall`` is elapsed time; ``driver CPU-s`` is the CPU time of this process
 only (the workers' CPU is not in it: the driver plans and collects markers, so it stays small and flat).
 
-    pool_parts: 12/40 units, 48.0/160.0 MB of input, 6.1 MB/s, ETA 18 s (14.2 s wall)
+    pool_parts: 12/40 units, 48.0/160.0 MB of text, 6.1 MB/s, ETA 18 s (14.2 s wall)
 """
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ class StageProgress:
         wall = time.perf_counter() - self.t0
         parts = [f"{self.name}: {done}/{self.total} {self.noun}"]
         if self.total_bytes:
-            parts.append(f"{_mb(done_bytes)}/{_mb(self.total_bytes)} MB of input")
+            parts.append(f"{_mb(done_bytes)}/{_mb(self.total_bytes)} MB of text")
             if done_bytes:
                 parts.append(f"{done_bytes / 1e6 / wall:.1f} MB/s")
         left = (self.total_bytes - done_bytes) / done_bytes if self.total_bytes and done_bytes else (
@@ -94,6 +94,6 @@ class StageProgress:
             self._thread.join()
         wall = time.perf_counter() - self.t0
         rate = f", {self.done_bytes / 1e6 / wall:.1f} MB/s" if self.total_bytes and wall > 0 else ""
-        size = f" ({_mb(self.done_bytes)} MB of input)" if self.total_bytes else ""
+        size = f" ({_mb(self.done_bytes)} MB of text)" if self.total_bytes else ""
         return (f"{self.name}: {self.done} {self.noun}{size} done in {wall:.1f} s wall{rate}; driver CPU "
                 f"{driver_cpu_s() - self.cpu0:.2f} s this stage, {driver_cpu_s():.1f} s since the driver started")

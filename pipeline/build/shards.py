@@ -64,10 +64,11 @@ class ShardItem:
 
 
 def default_num_shards(planned_tokens: int, dupe_factor: int, vocab_size: int) -> int:
-    """Shards of about ``SHARD_BYTES`` of Parquet for the planned corpus (at least one): a size a training worker
-    loads in a second or two and a shard task writes in bounded memory, whatever the corpus's size."""
+    """Shards of at most about ``SHARD_BYTES`` of Parquet for the planned corpus (at least one): a size a training
+    worker loads in a second or two and a shard item writes in bounded memory, whatever the corpus's size. It
+    depends on the inputs' listed sizes only, never on the CPUs, so the dataset does not either."""
     per_token = PARQUET_BYTES_PER_TOKEN * (1 if vocab_size <= 65536 else 2)
-    return max(1, round(planned_tokens * dupe_factor * per_token / SHARD_BYTES))
+    return max(1, -(-int(planned_tokens * dupe_factor * per_token) // SHARD_BYTES))
 
 
 def chunks_per_pass(num_units: int, dupe_factor: int, num_shards: int) -> int:

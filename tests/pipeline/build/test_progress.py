@@ -1,4 +1,4 @@
-"""Progress lines: items done/total, MB of input, MB/s and an ETA, every duration marked wall or CPU, and lines
+"""Progress lines: items done/total, MB of text, MB/s and an ETA, every duration marked wall or CPU, and lines
 while nothing finishes (no silent minute)."""
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from pipeline.build.progress import StageProgress
 
 def test_a_line_says_items_bytes_rate_eta_and_wall(monkeypatch):
     p = StageProgress("instances", "units", total=4, total_bytes=40_000_000, lines=False)
-    assert re.fullmatch(r"instances: 0/4 units, 0\.0/40\.0 MB of input, ETA -- \(\d+\.\d s wall\)", p.line())
+    assert re.fullmatch(r"instances: 0/4 units, 0\.0/40\.0 MB of text, ETA -- \(\d+\.\d s wall\)", p.line())
     p.t0 -= 10.0  # ten seconds in: one unit of 10 MB done
     p.add(10_000_000)
     line = p.line()
-    assert re.fullmatch(r"instances: 1/4 units, 10\.0/40\.0 MB of input, 1\.0 MB/s, ETA 30 s \(10\.\d s wall\)", line)
+    assert re.fullmatch(r"instances: 1/4 units, 10\.0/40\.0 MB of text, 1\.0 MB/s, ETA 30 s \(10\.\d s wall\)", line)
     summary = p.finish()
     assert "done in 10." in summary and "s wall" in summary and "driver CPU" in summary
     assert "since start)" not in summary  # the old line read CPU seconds as if they were wall time
