@@ -57,6 +57,9 @@ class Executor(Protocol):
     def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker]:
         """Run ``step`` on every item; the markers as they come, in any order."""
 
+    def end(self) -> None:
+        """Release what ``begin`` started (disconnect from Ray, or stop the local Ray it started)."""
+
 
 class LocalExecutor:
     """A plain loop over the steps, in this process: what tests and debugging use."""
@@ -74,6 +77,9 @@ class LocalExecutor:
 
     def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker]:
         return (step(item) for item in items)
+
+    def end(self) -> None:
+        pass
 
 
 @dataclasses.dataclass(frozen=True)

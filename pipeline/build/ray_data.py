@@ -118,6 +118,7 @@ class RayDataExecutor:
         self.bars = bars
         self._init = init  # None: the caller's Ray (or a default ray.init())
         self._ready: concurrent.futures.Future | None = None
+        self._owns_ray = False
         self._prestarted: list = []  # refs of the prestart tasks (their workers' pids)
         self._warming: list = []  # refs of the warm-up tasks; kept so that they are not cancelled
 
@@ -138,6 +139,7 @@ class RayDataExecutor:
         import ray
 
         try:
+            self._owns_ray = not ray.is_initialized()  # a caller's Ray is the caller's to shut down
             if self._init is not None:
                 self._init()
             elif not ray.is_initialized():
@@ -213,6 +215,14 @@ class RayDataExecutor:
         # worker that finished its imports.
         self._warming += [remote.remote(setup, *self._prestarted) for _ in self._prestarted]
 
+    def end(self) -> None:
+        """Disconnect from Ray (stopping a local Ray this process started) now, if ``begin`` brought it up; a Ray the
+        caller had initialised stays."""
+        import ray
+
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+
     def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker]:
         """Run ``step`` on every item, one Ray Data task each; the markers, in completion order."""
         import ray.data
@@ -234,3 +244,5 @@ class RayDataExecutor:
                     yield out
         finally:
             batches.close()  # a failed or abandoned stage stops its tasks now, not when garbage-collected
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("Ray Data's statistics of the stage:\n%s", ds.stats())

@@ -88,6 +88,7 @@ class RayExecutor:
         self.width = int(num_cpus) if num_cpus else None
         self._init = init  # None: the caller's Ray (or a default ray.init())
         self._ready: concurrent.futures.Future | None = None
+        self._owns_ray = False
         self._warm = False
 
     def begin(self) -> concurrent.futures.Future:
@@ -105,6 +106,7 @@ class RayExecutor:
         import ray
 
         try:
+            self._owns_ray = not ray.is_initialized()  # a caller's Ray is the caller's to shut down
             if self._init is not None:
                 self._init()
             elif not ray.is_initialized():
@@ -150,6 +152,12 @@ class RayExecutor:
 
     def warm(self, setup: Callable[[], None]) -> None:
         pass  # the first map warms the workers with its step's setup
+
+    def end(self) -> None:
+        import ray
+
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
 
     def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker]:
         """Run ``step`` on every item, one task each; the markers, in completion order."""
