@@ -144,10 +144,12 @@ class RayDataExecutor:
                 self._init()
             elif not ray.is_initialized():
                 ray.init()
-            self._configure()
             cpus = self._wait_for_cpus()
+            # Worker processes first (the longest path of a small build: process, imports, tokenizer), then the
+            # driver's own import of Ray Data while they start.
             remote = ray.remote(_prestart).options(**self._options())
             self._prestarted = [remote.remote() for _ in range(self._workers(cpus))]
+            self._configure()
         except BaseException as e:  # noqa: BLE001 - handed to the stages, which re-raise it
             self._ready.set_exception(e)
             return
@@ -186,7 +188,12 @@ class RayDataExecutor:
         return min(cpus, self.width or cpus)
 
     def _wait(self) -> None:
-        self.begin().result()  # re-raises a failed start
+        ready, t0 = self.begin(), time.perf_counter()
+        while True:  # no silent minute while a local Ray starts on a busy machine
+            try:
+                return ready.result(timeout=5.0)  # re-raises a failed start
+            except concurrent.futures.TimeoutError:
+                log.info("waiting for Ray to come up (%.0f s wall)", time.perf_counter() - t0)
 
     def _options(self) -> dict[str, Any]:
         # The same options for the warm-up tasks and the stages' tasks: Ray gives tasks with another runtime_env
