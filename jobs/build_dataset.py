@@ -128,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_ray:
         executor = LocalExecutor()
     elif args.engine == "tasks":
-        from pipeline.build.ray_tasks import RayExecutor
+        from pipeline.build.ray_tasks import RayTasksExecutor
 
-        executor = RayExecutor(args.num_cpus, init=lambda: _common.init_ray(args.num_cpus))
+        executor = RayTasksExecutor(args.num_cpus, init=lambda: _common.init_ray(args.num_cpus))
     else:
         from pipeline.build.ray_data import RayDataExecutor
 

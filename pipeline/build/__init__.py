@@ -6,7 +6,8 @@
     config.py     BuildConfig (what decides the dataset), BuildState (what the stage planners see)
     identity.py   the config hash and input stamps of an output folder: finished, resumable or refused
     executor.py   Stage, run_stage (resume by markers), the Executor protocol and the plain-loop LocalExecutor
-    ray_tasks.py  RayExecutor: the same steps as Ray tasks
+    ray_data.py   RayDataExecutor: the same steps through Ray Data (the engine); ray_tasks.py: as plain Ray tasks
+    progress.py   a progress line per stage every few seconds (items, MB of text, MB/s, ETA, wall seconds)
     markers.py    the base completion marker; work.py: the _work folder, its Arrow tables, per-process caches
     pieces.py vocab.py pool.py instances.py shards.py
                   one stage each (pool.py two): its work item, its step (a picklable callable), its marker, its

@@ -46,7 +46,7 @@ def _same(out, ref):
 @pytest.mark.timeout(300)
 def test_ray_equals_plain_loop_and_cpu_count_does_not_matter(ray_local, tmp_path, sample_dir):
     from pipeline.build.ray_data import RayDataExecutor
-    from pipeline.build.ray_tasks import RayExecutor
+    from pipeline.build.ray_tasks import RayTasksExecutor
 
     corpus = _corpus(tmp_path / "c.jsonl")
     build(_cfg(tmp_path, corpus, sample_dir, "plain"), LocalExecutor())
@@ -55,7 +55,7 @@ def test_ray_equals_plain_loop_and_cpu_count_does_not_matter(ray_local, tmp_path
     assert 0 < mp["random_pool"]["documents"] < mp["totals"]["documents"]  # a sample, not every document
     build(_cfg(tmp_path, corpus, sample_dir, "ray1"), RayDataExecutor(num_cpus=1))
     build(_cfg(tmp_path, corpus, sample_dir, "ray2"), RayDataExecutor(num_cpus=2))
-    build(_cfg(tmp_path, corpus, sample_dir, "tasks"), RayExecutor(num_cpus=2))  # the plain-tasks engine
+    build(_cfg(tmp_path, corpus, sample_dir, "tasks"), RayTasksExecutor(num_cpus=2))  # the plain-tasks engine
     _same(tmp_path / "ray1", tmp_path / "plain")
     _same(tmp_path / "ray2", tmp_path / "plain")
     _same(tmp_path / "tasks", tmp_path / "plain")

@@ -43,9 +43,9 @@ def test_warm_up_loads_the_tokenizer_once_per_worker_before_any_item(ray_local, 
 @pytest.mark.parametrize("n", [0, -2])
 def test_num_cpus_below_one_is_refused_before_ray_starts(n):
     from pipeline.build.ray_data import RayDataExecutor
-    from pipeline.build.ray_tasks import RayExecutor
+    from pipeline.build.ray_tasks import RayTasksExecutor
 
-    for executor in (RayDataExecutor, RayExecutor):
+    for executor in (RayDataExecutor, RayTasksExecutor):
         with pytest.raises(ValueError, match=rf"--num-cpus {n}: .*use at least 1"):
             executor(num_cpus=n)
 
@@ -54,13 +54,14 @@ def test_num_cpus_below_one_is_refused_before_ray_starts(n):
 def test_a_cluster_without_cpus_is_refused_after_a_bounded_wait(ray_shutdown, ray_tmpdir, monkeypatch):
     import ray
 
-    import pipeline.build.ray_data as ray_data
+    import pipeline.build.ray_cluster as ray_cluster
+    from pipeline.build.ray_data import RayDataExecutor
 
-    monkeypatch.setattr(ray_data, "CPU_WAIT_S", 1.0)
+    monkeypatch.setattr(ray_cluster, "CPU_WAIT_S", 1.0)
     ray.init(address="local", num_cpus=0, include_dashboard=False, _temp_dir=ray_tmpdir, log_to_driver=False,
              configure_logging=False)
     try:
-        executor = ray_data.RayDataExecutor()
+        executor = RayDataExecutor()
         with pytest.raises(ValueError, match="no CPU for 1 s.*add worker nodes"):
             executor.share("x", [1])
     finally:
