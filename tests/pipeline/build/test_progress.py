@@ -37,3 +37,18 @@ def test_lines_keep_coming_while_no_item_finishes(caplog, monkeypatch):
     p.finish()
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("pool_parts: 0/3 units")]
     assert len(lines) >= 3, lines
+
+
+def test_a_build_says_what_each_stage_did_in_wall_and_cpu_seconds(caplog, tmp_path, sample_dir):
+    from pipeline.build import BuildConfig, build
+    from pipeline.instances import InstanceConfig
+
+    caplog.set_level(logging.INFO)
+    build(BuildConfig(inputs=(str(sample_dir / "corpus" / "austen.jsonl.gz"),), output=str(tmp_path / "out"),
+                      vocab=str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"), dupe_factor=1,
+                      unit_bytes=1 << 20, instances=InstanceConfig(max_seq_length=64, max_predictions_per_seq=10)))
+    done = {m.split(":")[0]: m for m in (r.getMessage() for r in caplog.records) if " done in " in m}
+    assert set(done) == {"pieces", "pool_parts", "pool", "instances", "shards"}, done
+    for stage in ("pool_parts", "instances"):  # per-unit stages: the MB of text they went through
+        assert re.match(rf"{stage}: \d+ units \(\d+\.\d MB of text\) done in \d+\.\d s wall, \d+\.\d MB/s; driver "
+                        r"CPU \d\.\d\d s this stage, \d+\.\d s since the driver started", done[stage]), done[stage]
