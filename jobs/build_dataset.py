@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     t = manifest["totals"]
     summary = {"output": cfg.output, "instances": t["instances"], "documents": t["documents"],
                "tokens": t["tokens"], "shards": len(manifest["shards"]), "dropped": t["dropped"],
-               "config_hash": manifest["config_hash"][:12], "seconds": manifest.get("build_seconds"),
+               "config_hash": manifest["config_hash"][:12], "wall_seconds": manifest.get("build_seconds"),
                "mlflow_run_id": run_id}
     print(json.dumps(summary))
     return 0
