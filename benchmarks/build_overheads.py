@@ -4,10 +4,11 @@
 
 On one local Ray (``--cpus`` CPUs), after its start-up (reported):
 
-1. A stage of ``--items`` trivial items (each sleeps 50 ms, the work a CPU would do) three ways: as Ray Data tasks
-   (``from_items`` -> ``map_batches``: what ``pipeline.build.ray_data`` does), as plain Ray tasks (what
-   ``pipeline.build.ray_tasks`` does), and through a Ray Data actor pool (``ActorPoolStrategy``, the alternative for
-   per-process state). Each is run three times in a row: the first run pays the one-time costs (Ray Data's
+1. A stage of ``--items`` trivial items (each sleeps 50 ms, the work a CPU would do) four ways: as Ray Data tasks
+   (``from_items`` -> ``map_batches``: what ``pipeline.build.ray_data`` does, per-operator resource reservation
+   off as there), the same with Ray Data's default reservation on, as plain Ray tasks (what
+   ``pipeline.build.ray_tasks`` does), and through a Ray Data actor pool (``ActorPoolStrategy``, the alternative
+   for per-process state). Each is run three times in a row: the first run pays the one-time costs (Ray Data's
    detached actors, worker processes), the others show the per-stage cost. Ideal wall: items x 0.05 s / CPUs.
 2. Whether the stages' task workers live on across stages: the worker pids of consecutive stages (tasks) and how
    many new processes an actor pool starts per stage.
@@ -40,9 +41,10 @@ def _sleep_task(_):
     return os.getpid()
 
 
-def data_stage(items: int, cpus: int, actors: bool) -> tuple[float, set[int]]:
+def data_stage(items: int, cpus: int, actors: bool, reserve: bool = False) -> tuple[float, set[int]]:
     import ray.data
 
+    ray.data.DataContext.get_current().op_resource_reservation_enabled = reserve
     ds = ray.data.from_items([{"item": pickle.dumps(i)} for i in range(items)], override_num_blocks=items)
     if actors:
         ds = ds.map_batches(_SleepActor, batch_size=None, num_cpus=1,
@@ -87,6 +89,7 @@ def main() -> None:
     print(f"a stage of {args.items} items of 0.05 s on {args.cpus} CPUs (ideal {ideal:.2f} s wall):")
     seen: dict[str, set[int]] = {}
     for name, stage in (("Ray Data tasks", lambda: data_stage(args.items, args.cpus, False)),
+                        ("... reservation on", lambda: data_stage(args.items, args.cpus, False, True)),
                         ("plain Ray tasks", lambda: task_stage(args.items)),
                         ("Ray Data actor pool", lambda: data_stage(args.items, args.cpus, True))):
         walls, pids = [], []
