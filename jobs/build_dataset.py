@@ -51,13 +51,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     case = p.add_mutually_exclusive_group()
     case.add_argument("--do-lower-case", dest="do_lower_case", action="store_true", default=True)
     case.add_argument("--cased", dest="do_lower_case", action="store_false")
-    p.add_argument("--num-shards", type=int, default=16)
+    p.add_argument("--num-shards", type=int, default=None,
+                   help="default: from the planned size, shards of about 128 MiB of Parquet (at least 1)")
     p.add_argument("--pool-tokens", type=int, default=4_000_000,
                    help="token budget of the random-next pool (a seeded sample of the whole corpus)")
     p.add_argument("--num-cpus", type=int, default=None, help="caps parallelism: a local Ray's CPUs, or the tasks in flight on a cluster")
     p.add_argument("--on-error", choices=ON_ERROR, default="fail")
     p.add_argument("--endpoint-url", help="S3-compatible endpoint (MinIO, Ceph, a test server)")
     p.add_argument("--no-ray", action="store_true", help="run the steps as a plain loop (debugging)")
+    p.add_argument("--engine", choices=("data", "tasks"), default="data",
+                   help="data: Ray Data (progress bars, per-operator stats); tasks: plain Ray tasks (docs/scaling.md)")
+    p.add_argument("--progress", choices=("auto", "bars", "lines"), default="auto",
+                   help="Ray Data's progress bars (auto: when stderr is a terminal) or a log line per stage every few"
+                        " seconds")
     p.add_argument("--mlflow-tracking-uri")
     p.add_argument("--experiment", default="bert-dataset")
     p.add_argument("--parent-run-id")
@@ -122,17 +128,25 @@ def main(argv: list[str] | None = None) -> int:
         check_tracking_reachable(tracking_uri)
     if args.no_ray:
         executor = LocalExecutor()
+    elif args.engine == "tasks":
+        from pipeline.build.ray_tasks import RayTasksExecutor
+
+        executor = RayTasksExecutor(args.num_cpus, init=lambda: init_ray(args.num_cpus))
     else:
-        from pipeline.build.ray_tasks import RayExecutor
+        from pipeline.build.ray_data import RayDataExecutor
 
         # Ray starts in the background once the build has work to do (not at all for a finished build).
-        executor = RayExecutor(args.num_cpus, init=lambda: init_ray(args.num_cpus))
-    manifest = build(cfg, executor)
+        bars = args.progress == "bars" or (args.progress == "auto" and sys.stderr.isatty())
+        executor = RayDataExecutor(args.num_cpus, init=lambda: init_ray(args.num_cpus), bars=bars)
+    try:
+        manifest = build(cfg, executor)
+    finally:
+        executor.end()  # Ray's own exit handler takes longer (measured in docs/benchmarks.md)
     run_id = log_mlflow(tracking_uri, args, cfg, manifest) if tracking_uri else None
     t = manifest["totals"]
     summary = {"output": cfg.output, "instances": t["instances"], "documents": t["documents"],
                "tokens": t["tokens"], "shards": len(manifest["shards"]), "dropped": t["dropped"],
-               "config_hash": manifest["config_hash"][:12], "seconds": manifest.get("build_seconds"),
+               "config_hash": manifest["config_hash"][:12], "wall_seconds": manifest.get("build_seconds"),
                "mlflow_run_id": run_id}
     print(json.dumps(summary))
     return 0

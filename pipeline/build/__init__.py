@@ -1,29 +1,30 @@
 """The dataset build: the stages the driver walks, one file each, and the manifest (written last).
 
-    plan (inputs -> fixed units) -> [pieces of big compressed inputs] -> [vocab] -> docs -> pool -> instances
-    -> shards -> manifest
+    plan (inputs -> fixed units) -> [pieces of big compressed inputs] -> [vocab] -> pool parts -> pool
+    -> instances (read, split, tokenize, pairs, masks: one unit in one process) -> shards -> manifest
 
     config.py     BuildConfig (what decides the dataset), BuildState (what the stage planners see)
     identity.py   the config hash and input stamps of an output folder: finished, resumable or refused
     executor.py   Stage, run_stage (resume by markers), the Executor protocol and the plain-loop LocalExecutor
-    ray_tasks.py  RayExecutor: the same steps as Ray tasks
+    ray_data.py   RayDataExecutor: the same steps through Ray Data (the engine); ray_tasks.py: as plain Ray tasks
+    progress.py   a progress line per stage every few seconds (items, MB of text, MB/s, ETA, wall seconds)
     markers.py    the base completion marker; work.py: the _work folder, its Arrow tables, per-process caches
-    pieces.py vocab.py docs.py pool.py instances.py shards.py
-                  one stage each: its work item, its step (a picklable callable), its marker, its planner
+    pieces.py vocab.py pool.py instances.py shards.py
+                  one stage each (pool.py two): its work item, its step (a picklable callable), its marker, its
+                  planner; docs.py: a unit's documents read, split and tokenized, what the per-unit stages share
 
 Each stage is a ``Stage`` (a step mapped over items, one marker per item) planned from the markers of the stages
 before it; ``build`` walks ``STAGES`` and runs each with ``run_stage`` on the executor it was given. The driver only
 plans and sums markers: it reads no corpus bytes and no per-document data, so its work is O(units) of metadata.
-Barriers are the ones the algorithm needs: the pool needs every unit's members, the shards need every unit's row
-counts. Output never depends on the executor, CPUs, nodes or blocks: ids and seeds come from the files.
+Barriers are the ones the algorithm needs: the instances need the whole corpus's pool, the shards need every unit's
+row counts. Output never depends on the executor, CPUs, nodes or blocks: ids and seeds come from the files.
 
 Resume: every item of every stage commits atomically with a completion marker, so a killed build rerun with the same
 command redoes only what has no marker (``identity.py`` says which reruns are refused).
 
 To add a stage, write ``<name>_stage(state) -> Stage`` in a file of its own (its work item, step and marker beside
-it) and put it in ``STAGES``; later stages read its markers from ``state.markers[name]``. The instances stage takes
-its units from the docs markers, so a stage before docs (cutting big files into pieces) only has to change the
-items ``docs_stage`` maps over.
+it) and put it in ``STAGES``; later stages read its markers from ``state.markers[name]``. The per-unit stages map
+over ``state.units``, so a stage before them (cutting big files into pieces) only has to change the units.
 """
 from __future__ import annotations
 
@@ -36,13 +37,14 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline.build.config import BuildConfig, BuildState
-from pipeline.build.docs import DocsMarker, doc_totals, docs_stage
+from pipeline.build.docs import doc_totals
 from pipeline.build.executor import Executor, LocalExecutor, Stage, run_stage
 from pipeline.build.identity import check_state, finished_manifest
 from pipeline.build.instances import InstancesMarker, instances_stage
-from pipeline.build.pieces import input_units
-from pipeline.build.pool import PoolMarker, planned_tokens, pool_stage, pool_threshold
-from pipeline.build.shards import shards_stage
+from pipeline.build.pieces import input_units, unit_sizes
+from pipeline.build.pool import (COMPRESSED_RATIO, PoolMarker, PoolPartStep, planned_tokens, pool_parts_stage,
+                                 pool_stage, pool_threshold)
+from pipeline.build.shards import SHARD_BYTES, default_num_shards, shards_stage
 from pipeline.build.vocab import VocabContext, VocabSample, train_vocab
 from pipeline.instances import VocabInfo
 from pipeline.readers import ReadReport
@@ -55,7 +57,7 @@ __all__ = ["BuildConfig", "STAGES", "build"]
 
 log = logging.getLogger(__name__)
 
-STAGES: tuple[Callable[[BuildState], Stage], ...] = (docs_stage, pool_stage, instances_stage, shards_stage)
+STAGES: tuple[Callable[[BuildState], Stage], ...] = (pool_parts_stage, pool_stage, instances_stage, shards_stage)
 
 
 def _tokens_of(data: bytes) -> list[str]:
@@ -105,16 +107,24 @@ def build(cfg: BuildConfig, executor: Executor | None = None) -> dict[str, Any]:
     # inputs into the same output, in the same process, never sees the old pool.
     build_id = config_hash({"config_hash": chash, "inputs": inputs})
     ctx = cfg.step_context(vocab.vocab_size, pool_threshold(cfg.pool_tokens, planned), build_id)
-    # The vocabulary goes to the workers once (the object store on Ray); each builds its encoder once.
-    state = BuildState(cfg, ctx, units, executor.share(vocab_sha, tokens), report, planned)
+    # The vocabulary goes to the workers once (the object store on Ray); each builds its encoder once, ahead of the
+    # first stage that tokenizes.
+    shared = executor.share(vocab_sha, tokens)
+    executor.warm(PoolPartStep(ctx, shared).setup)
+    num_shards = cfg.num_shards or default_num_shards(planned, cfg.dupe_factor, vocab.vocab_size)
+    if cfg.num_shards is None:
+        log.info("%d shards of at most about %d MiB (from the planned size; --num-shards to choose)", num_shards,
+                 SHARD_BYTES >> 20)
+    state = BuildState(cfg, ctx, units, shared, report, planned, unit_sizes(units, files, COMPRESSED_RATIO),
+                       num_shards)
     for plan in STAGES:
         stage = plan(state)
         state.markers[stage.name] = run_stage(stage, executor, ctx.work, ep)
 
-    doc_markers: list[DocsMarker] = state.markers["docs"]  # type: ignore[assignment]
     inst_markers: list[InstancesMarker] = state.markers["instances"]  # type: ignore[assignment]
     pool: PoolMarker = state.markers["pool"][0]  # type: ignore[assignment]
-    totals, dropped, bad_files = doc_totals(doc_markers, report, cfg.read.on_error)
+    dropped, bad_files = doc_totals(inst_markers, report, cfg.read.on_error)
+    totals = {k: sum(getattr(m, k) for m in inst_markers) for k in ("documents", "sentences", "tokens")}
     shards = [{"file": m.file, "rows": m.rows} for m in state.markers["shards"]]  # type: ignore[attr-defined]
 
     write_bytes_atomic(join(out, VOCAB_FILE), vocab_bytes, ep)

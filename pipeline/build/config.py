@@ -29,7 +29,7 @@ class BuildConfig:
     vocab_sample_bytes: int = DEFAULT_SAMPLE_BYTES  # the trained vocabulary's sample (0: the whole corpus)
     do_lower_case: bool = True
     dupe_factor: int = 10
-    num_shards: int = 16
+    num_shards: int | None = None  # None: from the planned size (shards.default_num_shards, ~128 MiB each)
     pool_tokens: int = 4_000_000
     unit_bytes: int = 4 << 20
     endpoint_url: str | None = None
@@ -41,7 +41,7 @@ class BuildConfig:
             raise ValueError("no output: pass --output")
         if self.dupe_factor < 1:
             raise ValueError(f"--dupe-factor {self.dupe_factor}: use at least 1 (the reference uses 10)")
-        if self.num_shards < 1:
+        if self.num_shards is not None and self.num_shards < 1:
             raise ValueError(f"--num-shards {self.num_shards}: use at least 1")
         if self.pool_tokens < 1:
             raise ValueError(f"--pool-tokens {self.pool_tokens}: use a positive token budget")
@@ -79,4 +79,6 @@ class BuildState:
     vocab: Shared
     report: ReadReport
     planned_tokens: int
+    unit_sizes: dict[str, int]  # bytes of text per unit uid (progress; estimated for compressed files)
+    num_shards: int  # the config's, or the default from the planned size
     markers: dict[str, list[Marker]] = dataclasses.field(default_factory=dict)

@@ -1,58 +1,33 @@
-"""The docs stage: one unit of input -> its documents split into sentences and WordPiece-tokenized.
+"""A unit's documents: read, split into sentences, WordPiece-tokenized and packed, in one process.
 
-    DocsStep   unit -> _work/docs/<uid>.arrow, its pool members -> _work/pool/parts/<uid>.arrow, DocsMarker
+Both per-unit stages start here: the pool stage reads a unit to tokenize its random-next pool members, the instances
+stage reads it again to make its pairs (it takes the members' tokens from the merged pool, so each document is
+tokenized once). Tokenized documents are never stored between stages: reading a unit again costs a few percent of
+tokenizing it, writing and reading back its tokens cost a storage round trip and a barrier (docs/data.md).
 
-A unit is read, split and tokenized in one process: its sentences never cross a process boundary. Random-next pool:
-a document is a member when ``derive_seed(seed, doc_id, "pool") < ctx.pool_threshold``, a threshold the driver sets
-from the planned input size before any work (``pipeline/build/pool.py``), so membership is a seeded Bernoulli sample
-of the whole corpus that each docs item decides for its own documents. The WordPiece encoder is loaded once per
-process and cached by vocabulary.
+Random-next pool: a document is a member when ``derive_seed(seed, doc_id, "pool") < ctx.pool_threshold``, a
+threshold the driver sets from the planned input size before any work (``pipeline/build/pool.py``), so membership
+is a seeded Bernoulli sample of the whole corpus decided from the document id alone, before tokenizing. The
+WordPiece encoder is loaded once per process and cached by vocabulary.
 """
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 from collections import Counter
-from collections.abc import Iterator
-from typing import ClassVar
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from pipeline.build.config import BuildState
-from pipeline.build.executor import Shared, Stage
-from pipeline.build.markers import Marker, write_marker
-from pipeline.build.work import WORK_SUFFIX, StepContext, cached, write_table
+from pipeline.build.executor import Shared
+from pipeline.build.work import StepContext, cached
 from pipeline.pairs import PackedDoc
 from pipeline.readers import InputError, ReadReport, Unit, read_unit
 from pipeline.rng import derive_seed
 from pipeline.schema import token_dtype, work_docs_schema
 
-log = logging.getLogger(__name__)
-
 _ENCODE_BATCH = 20000  # sentences per encode call: bounds the tokenizer's temporary memory
-
-
-@dataclasses.dataclass(frozen=True)
-class DocsMarker(Marker):
-    """A unit read, split, tokenized: its documents file and its part of the random-next pool are committed."""
-
-    stage: ClassVar[str] = "docs"
-    uid: str
-    path: str
-    documents: int
-    sentences: int
-    tokens: int
-    read_documents: int
-    dropped: dict[str, int]
-    bad_files: dict[str, str]
-    pool_documents: int
-    pool_tokens: int
-
-    @property
-    def key(self) -> str:
-        return self.uid
 
 
 def encoder_for(vocab: Shared, do_lower_case: bool):
@@ -66,92 +41,82 @@ def encoder_for(vocab: Shared, do_lower_case: bool):
 
 
 @dataclasses.dataclass
-class SplitUnit:
+class UnitText:
+    """One unit's documents as read: ids and lines, and what the reader dropped."""
+
     uid: str
     path: str
     doc_ids: list[str]
-    sentences: list[list[str]]
+    lines: list[list[str]]
     report: ReadReport
 
 
-def read_split(unit: Unit, ctx: StepContext) -> SplitUnit:
-    """Read one unit's documents and split them into sentences (lines, with presplit)."""
-    from pipeline.sentences import split_sentences
-
+def read_docs(unit: Unit, ctx: StepContext) -> UnitText:
     report = ReadReport()
-    doc_ids, sentences = [], []
+    doc_ids, lines = [], []
     for doc in read_unit(unit, ctx.read, ctx.endpoint_url, report):
-        if ctx.read.presplit:
-            sents = [s.strip() for line in doc.lines for s in line.split("\n")]
-        else:
-            sents = split_sentences(" ".join(doc.lines))
         doc_ids.append(doc.doc_id)
-        sentences.append([s for s in sents if s and not s.isspace()])
-    return SplitUnit(unit.uid, unit.path, doc_ids, sentences, report)
+        lines.append(doc.lines)
+    return UnitText(unit.uid, unit.path, doc_ids, lines, report)
 
 
-def tokenize_commit(split: SplitUnit, ctx: StepContext, encoder) -> DocsMarker:
-    """WordPiece the unit's sentences; commit its documents, then its pool members, then the marker."""
-    flat = [s for sents in split.sentences for s in sents]
+def split(lines: list[str], presplit: bool) -> list[str]:
+    """A document's sentences (its lines, with presplit), blank ones left out."""
+    if presplit:
+        sents = [s.strip() for line in lines for s in line.split("\n")]
+    else:
+        from pipeline.sentences import split_sentences
+
+        sents = split_sentences(" ".join(lines))
+    return [s for s in sents if s and not s.isspace()]
+
+
+def pool_members(doc_ids: Sequence[str], ctx: StepContext) -> np.ndarray:
+    seed = ctx.instances.seed
+    return np.array([derive_seed(seed, d, "pool") < ctx.pool_threshold for d in doc_ids], dtype=bool)
+
+
+def tokenize_docs(sentences: list[list[str]], encoder, vocab_size: int) -> list[PackedDoc | None]:
+    """WordPiece every document's sentences; None for a document with no tokens (the reference drops sentences
+    with no tokens and removes documents left empty). Bookkeeping is vectorised over all sentences of the batch."""
+    flat = [s for sents in sentences for s in sents]
     parts = [encoder.encode_flat(flat[i:i + _ENCODE_BATCH]) for i in range(0, len(flat), _ENCODE_BATCH)]
     del flat
-    dtype = token_dtype(ctx.vocab_size)
-    # Vectorised bookkeeping over all sentences of the unit (no Python loop per sentence).
+    dtype = token_dtype(vocab_size)
     lens = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
     values = np.concatenate([p[0] for p in parts]).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
     del parts
-    n_per_doc = np.array([len(s) for s in split.sentences], dtype=np.int64)
+    n_per_doc = np.array([len(s) for s in sentences], dtype=np.int64)
     doc_of_sent = np.repeat(np.arange(len(n_per_doc)), n_per_doc)
-    keep = lens > 0  # the reference drops lines with no tokens ...
+    keep = lens > 0
     kept_per_doc = np.bincount(doc_of_sent[keep], minlength=len(n_per_doc))
-    tok_per_doc = np.bincount(doc_of_sent, weights=lens, minlength=len(n_per_doc)).astype(np.int64)
-    doc_keep = kept_per_doc > 0  # ... and removes documents left empty; we count them
-    dropped = Counter(split.report.dropped)
-    if (~doc_keep).sum():
-        dropped["no_tokens"] += int((~doc_keep).sum())
-    doc_ids = [d for d, k in zip(split.doc_ids, doc_keep.tolist()) if k]
-    inner = np.zeros(int(keep.sum()) + 1, dtype=np.int32)
-    np.cumsum(lens[keep], out=inner[1:])
-    outer = np.zeros(len(doc_ids) + 1, dtype=np.int32)
-    np.cumsum(kept_per_doc[doc_keep], out=outer[1:])
+    sent_off = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
+    np.cumsum(lens[keep], out=sent_off[1:])
+    doc_off = np.zeros(len(n_per_doc) + 1, dtype=np.int64)
+    np.cumsum(kept_per_doc, out=doc_off[1:])
+    out: list[PackedDoc | None] = []
+    for i in range(len(n_per_doc)):
+        s0, s1 = doc_off[i], doc_off[i + 1]
+        if s0 == s1:
+            out.append(None)
+        else:
+            t0 = sent_off[s0]
+            out.append(PackedDoc(values[t0:sent_off[s1]], sent_off[s0:s1 + 1] - t0))
+    return out
+
+
+def docs_table(docs: list[tuple[str, PackedDoc]], vocab_size: int) -> pa.Table:
+    """Tokenized documents as a _work docs table: one row per document, its sentences as id lists."""
+    schema = work_docs_schema(vocab_size)
+    dtype = token_dtype(vocab_size)
+    values = np.concatenate([d.tokens for _, d in docs]).astype(dtype, copy=False) if docs else np.zeros(0, dtype)
+    lens = np.concatenate([np.diff(d.sent_offsets) for _, d in docs]) if docs else np.zeros(0, np.int64)
+    inner = np.zeros(len(lens) + 1, dtype=np.int32)
+    np.cumsum(lens, out=inner[1:])
+    outer = np.zeros(len(docs) + 1, dtype=np.int32)
+    np.cumsum([len(d.sent_offsets) - 1 for _, d in docs], out=outer[1:])
     sentences = pa.ListArray.from_arrays(pa.array(outer), pa.ListArray.from_arrays(pa.array(inner), pa.array(values)))
-    table = pa.Table.from_arrays([pa.array(doc_ids, pa.string()), sentences], schema=work_docs_schema(ctx.vocab_size))
-    write_table(ctx.url("docs", split.uid + WORK_SUFFIX), table, ctx)
-    seed = ctx.instances.seed
-    member = np.array([derive_seed(seed, d, "pool") < ctx.pool_threshold for d in doc_ids], dtype=bool)
-    pool_tokens = int(tok_per_doc[doc_keep][member].sum()) if len(doc_ids) else 0
-    if member.any():
-        write_table(ctx.pool_part_url(split.uid), table.filter(pa.array(member)), ctx)
-    marker = DocsMarker(uid=split.uid, path=split.path, documents=len(doc_ids), sentences=int(keep.sum()),
-                        tokens=int(lens.sum()), read_documents=len(split.doc_ids), dropped=dict(dropped),
-                        bad_files=dict(split.report.bad_files), pool_documents=int(member.sum()),
-                        pool_tokens=pool_tokens)
-    write_marker(ctx.work, marker, ctx.endpoint_url)
-    return marker
-
-
-@dataclasses.dataclass(frozen=True)
-class DocsStep:
-    """Read, split, tokenize and commit one unit in one process: its sentences never cross a process boundary."""
-
-    ctx: StepContext
-    vocab: Shared
-
-    def setup(self) -> None:
-        import pyarrow.compute  # noqa: F401 - imported here so a warm worker's first unit does not pay for it
-
-        import pipeline.sentences  # noqa: F401
-        encoder_for(self.vocab, self.ctx.do_lower_case)
-
-    def __call__(self, unit: Unit) -> DocsMarker:
-        return tokenize_commit(read_split(unit, self.ctx), self.ctx, encoder_for(self.vocab, self.ctx.do_lower_case))
-
-
-def docs_stage(s: BuildState) -> Stage:
-    return Stage("docs", DocsStep(s.ctx, s.vocab), {u.uid: u for u in s.units}, DocsMarker)
-
-
-# --- reading a _work docs table back (the pool and the instances stages)
+    return pa.Table.from_arrays([pa.array([i for i, _ in docs], pa.string()), sentences], schema=schema)
 
 
 def doc_arrays(table: pa.Table) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
@@ -164,17 +129,10 @@ def doc_arrays(table: pa.Table) -> tuple[list[str], np.ndarray, np.ndarray, np.n
             inner.values.to_numpy())
 
 
-def iter_docs(table: pa.Table) -> Iterator[tuple[str, PackedDoc]]:
-    """(doc_id, packed document) from a _work docs table, the tokens as zero-copy numpy views."""
-    doc_ids, outer, inner, flat = doc_arrays(table)
-    for i, doc_id in enumerate(doc_ids):
-        s0, s1 = outer[i], outer[i + 1]
-        t0 = inner[s0]
-        yield doc_id, PackedDoc(flat[t0 : inner[s1]], (inner[s0 : s1 + 1] - t0).astype(np.int64))
-
-
-def doc_totals(markers: list[DocsMarker], report: ReadReport, on_error: str) -> tuple[dict, Counter, dict[str, str]]:
-    """Sum the docs markers; find files that gave nothing at all (empty after decompression, whitespace only)."""
+def doc_totals(markers: list, report: ReadReport, on_error: str) -> tuple[Counter, dict[str, str]]:
+    """Records dropped by reason and files skipped, from per-unit markers (``path``, ``read_documents``,
+    ``dropped``, ``bad_files``); fails on (or, with on_error=skip, counts) files that gave nothing at all
+    (empty after decompression, whitespace only)."""
     dropped: Counter = Counter()
     bad_files = dict(report.bad_files)
     per_file: Counter = Counter()
@@ -190,5 +148,4 @@ def doc_totals(markers: list[DocsMarker], report: ReadReport, on_error: str) -> 
             bad_files[path] = "empty_file"
     for reason in bad_files.values():
         dropped[reason] += 1  # file-level reasons count files
-    totals = {k: sum(getattr(m, k) for m in markers) for k in ("documents", "sentences", "tokens")}
-    return totals, dropped, bad_files
+    return dropped, bad_files

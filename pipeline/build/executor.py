@@ -1,25 +1,26 @@
 """The generic executor: ``map(step, items) -> markers``, and the resumable stage that the build walks.
 
-A *step* is a picklable callable (a frozen dataclass) taking one item and returning the ``Marker`` it committed; it
-may have a ``setup()`` that loads per-process resources (the tokenizer, the pool) into a process-level cache. An
-*executor* runs a step over items: ``LocalExecutor`` is a plain loop in this process (tests, debugging),
-``pipeline.build.ray_tasks.RayExecutor`` runs the very same steps as Ray tasks. ``share(obj)`` gives a handle that
-steps resolve with ``.get()``: the object itself here, one object-store copy on Ray.
+A *step* is a picklable callable (a frozen dataclass) taking one work item and returning the ``Marker`` it
+committed; it may have a ``setup()`` that loads per-process resources (the tokenizer, the pool) into a
+process-level cache. An *executor* runs a step over items: ``LocalExecutor`` is a plain loop in this process (tests,
+debugging), ``pipeline.build.ray_data.RayDataExecutor`` runs the very same steps through Ray Data.
+``share(obj)`` gives a handle that steps resolve with ``.get()``: the object itself here, one object-store copy on
+Ray.
 
 A ``Stage`` is a name, a step and its items by key; ``run_stage`` reads the stage's committed markers (resume), maps
-the step over the items that have none and returns every item's marker, in item order. Output never depends on
-which executor ran, nor on CPUs, nodes or arrival order: ids and seeds come from the items and the files.
+the step over the items that have none, shows its progress (``progress.py``) and returns every item's marker, in
+item order. Output never depends on which executor ran, nor on CPUs, nodes or arrival order: ids and seeds come
+from the items and the files.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-import resource
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from pipeline.build.markers import Marker, read_markers
+from pipeline.build.progress import StageProgress
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +43,28 @@ class LocalShared:
 
 
 class Executor(Protocol):
+    bars: bool  # the executor shows progress bars itself (Ray Data in a terminal): no progress lines then
+
     def begin(self) -> None:
-        """Start what takes time (a cluster) while the driver plans; returns at once."""
+        """Start what takes time (a cluster, worker processes) while the driver plans; returns at once."""
 
     def share(self, key: str, obj: Any) -> Shared: ...
 
-    def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> list[Marker]:
-        """Run ``step`` on every item; the markers in any order."""
+    def warm(self, setup: Callable[[], None]) -> None:
+        """Run ``setup`` (loading per-process state: the tokenizer) once in each worker process, ahead of the
+        stages and without waiting for it."""
+
+    def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker]:
+        """Run ``step`` on every item; the markers as they come, in any order."""
+
+    def end(self) -> None:
+        """Release what ``begin`` started (disconnect from Ray, or stop the local Ray it started)."""
 
 
 class LocalExecutor:
     """A plain loop over the steps, in this process: what tests and debugging use."""
+
+    bars = False
 
     def begin(self) -> None:
         pass
@@ -60,38 +72,47 @@ class LocalExecutor:
     def share(self, key: str, obj: Any) -> Shared:
         return LocalShared(key, obj)
 
-    def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> list[Marker]:
-        return [step(item) for item in items]
+    def warm(self, setup: Callable[[], None]) -> None:
+        pass  # the first item loads what it needs
 
+    def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker]:
+        return (step(item) for item in items)
 
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    def end(self) -> None:
+        pass
 
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
-    """``items``: key -> item, the key naming the item's marker (``<work>/<name>/<key>.done.json``)."""
+    """``items``: key -> item, the key naming the item's marker (``<work>/<name>/<key>.done.json``); ``sizes``:
+    bytes of text per key, for the progress lines' MB/s and ETA (None: items only); ``noun`` names the items."""
 
     name: str
     step: Callable[[Any], Marker]
     items: dict[str, Any]
     marker: type[Marker]
+    sizes: dict[str, int] | None = None
+    noun: str = "items"
 
 
 def run_stage(stage: Stage, executor: Executor, work: str, endpoint_url: str | None = None) -> list[Marker]:
     """Every item's marker in item order, running only the items that have none committed."""
     assert stage.marker.stage == stage.name, (stage.marker, stage.name)
     done = {k: m for k, m in read_markers(work, stage.marker, endpoint_url).items() if k in stage.items}
-    pending = [item for k, item in stage.items.items() if k not in done]
-    log.info("%s stage: %d items (%d already done)", stage.name, len(stage.items), len(done))
-    t0, cpu0 = time.perf_counter(), _cpu()
-    if pending:
-        for m in executor.map(stage.step, pending):
-            done[m.key] = m
-    # The driver's own CPU per stage: it must stay flat in corpus size (it plans and collects markers only).
-    log.info("%s stage: done in %.1f s, driver CPU %.2f s (%.2f s since start)", stage.name,
-             time.perf_counter() - t0, _cpu() - cpu0, _cpu())
+    pending = {k: item for k, item in stage.items.items() if k not in done}
+    sizes = stage.sizes or {}
+    log.info("%s: %d %s to run%s", stage.name, len(pending), stage.noun,
+             f" ({len(done)} done before)" if done else "")
+    progress = StageProgress(stage.name, stage.noun, len(pending), sum(sizes.get(k, 0) for k in pending),
+                             lines=not executor.bars)
+    try:
+        if pending:
+            for m in executor.map(stage.step, list(pending.values())):
+                done[m.key] = m
+                progress.add(sizes.get(m.key, 0))
+    finally:
+        summary = progress.finish()
+    log.info("%s", summary)
     missing = [k for k in stage.items if k not in done]
     assert not missing, f"{stage.name}: no marker for {missing[:5]}"
     return [done[k] for k in stage.items]

@@ -1,11 +1,15 @@
-"""The instances stage: one unit's documents -> NSP pairs + MLM masks for every (document, pass), in the record
-batches the shards read.
+"""The instances stage: one unit read, split, tokenized and turned into NSP pairs + MLM masks for every
+(document, pass), in one process, written as the record batches the shards read.
 
-    InstancesStep   uid -> _work/instances/<uid>.arrow: each pass's rows as a few record batches, InstancesMarker
+    InstancesStep   unit -> _work/instances/<uid>.arrow: each pass's rows as a few record batches, InstancesMarker
 
-The algorithm is ``pipeline.instances.create_instances_flat`` (pure numpy over token ids); this step feeds it a
-unit's documents a block at a time and cuts each pass's rows into ``chunks`` record batches (``shards.chunk_bounds``)
-so that a shard can read just its slices. The pool and the vocabulary's ids are loaded once per worker process.
+Reading and tokenizing (``docs.py``) and making instances were two stages until issue 18, with the unit's tokens
+stored in between and a barrier after the last unit; fused, a unit's tokens never leave the process. The pool's
+members are not tokenized again: their tokens come from the merged pool, which this stage loads anyway for the
+random-next segments. The algorithm is ``pipeline.instances.create_instances_flat`` (pure numpy over token ids),
+fed a block of documents at a time; each pass's rows are cut into ``chunks`` record batches
+(``shards.chunk_bounds``) so that a shard can read just its slices. The encoder, the pool and the vocabulary's ids
+are loaded once per worker process.
 """
 from __future__ import annotations
 
@@ -17,14 +21,15 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.build.config import BuildState
-from pipeline.build.docs import iter_docs
+from pipeline.build.docs import encoder_for, pool_members, read_docs, split, tokenize_docs
 from pipeline.build.executor import Shared, Stage
 from pipeline.build.markers import Marker, write_marker
-from pipeline.build.pool import pool_for
+from pipeline.build.pool import pool_doc, pool_for
 from pipeline.build.shards import chunk_bounds, chunks_per_pass
-from pipeline.build.work import WORK_SUFFIX, StepContext, cached, read_table
+from pipeline.build.work import WORK_SUFFIX, StepContext, cached
 from pipeline.instances import RandomDocPool, VocabInfo, create_instances_flat
 from pipeline.pairs import PackedDoc
+from pipeline.readers import Unit
 from pipeline.schema import token_dtype, work_instance_schema
 from pipeline.storage import open_atomic
 
@@ -35,10 +40,18 @@ _INSTANCE_BLOCK_TOKENS = 1 << 20  # instance tokens per block of documents (~10 
 
 @dataclasses.dataclass(frozen=True)
 class InstancesMarker(Marker):
-    """A unit's instances: ``rows[p]`` rows in pass ``p``, cut into ``chunks`` record batches per pass."""
+    """A unit's documents and instances: ``rows[p]`` rows in pass ``p``, cut into ``chunks`` record batches per
+    pass; ``documents``, ``sentences``, ``tokens`` count what was kept, ``dropped`` what was not, by reason."""
 
     stage: ClassVar[str] = "instances"
     uid: str
+    path: str
+    read_documents: int
+    documents: int
+    sentences: int
+    tokens: int
+    dropped: dict[str, int]
+    bad_files: dict[str, str]
     rows: tuple[int, ...]
     chunks: int
     random_next: int
@@ -76,10 +89,33 @@ def _table(parts: list[dict], vocab_size: int) -> pa.Table:
     ], schema=schema)
 
 
-def instances_step(uid: str, ctx: StepContext, pool: RandomDocPool, vocab: VocabInfo, chunks: int = 1
+def unit_docs(unit: Unit, ctx: StepContext, encoder, pool: RandomDocPool) -> tuple[list[tuple[str, PackedDoc]], dict]:
+    """The unit's documents with tokens, in unit order (members from the pool, the rest tokenized here), and the
+    marker's counts of them."""
+    text = read_docs(unit, ctx)
+    codes = [pool.code(d) if m else -1 for d, m in zip(text.doc_ids, pool_members(text.doc_ids, ctx).tolist())]
+    todo = [i for i, c in enumerate(codes) if c < 0]  # a member with no tokens is not in the pool: tokenized here
+    packed: list[PackedDoc | None] = [None if c < 0 else pool_doc(pool, c) for c in codes]
+    for i, d in zip(todo, tokenize_docs([split(text.lines[i], ctx.read.presplit) for i in todo], encoder,
+                                         ctx.vocab_size)):
+        packed[i] = d
+    docs = [(doc_id, d) for doc_id, d in zip(text.doc_ids, packed) if d is not None]
+    dropped = Counter(text.report.dropped)
+    if len(docs) < len(text.doc_ids):
+        dropped["no_tokens"] += len(text.doc_ids) - len(docs)  # the reference removes documents left empty
+    counts = {"path": unit.path, "read_documents": len(text.doc_ids), "documents": len(docs),
+              "sentences": sum(len(d.sent_offsets) - 1 for _, d in docs),
+              "tokens": sum(len(d.tokens) for _, d in docs), "dropped": dict(dropped),
+              "bad_files": dict(text.report.bad_files)}
+    return docs, counts
+
+
+def instances_step(unit: Unit, ctx: StepContext, encoder, pool: RandomDocPool, vocab: VocabInfo, chunks: int = 1
                    ) -> InstancesMarker:
     """NSP pairs + MLM masks for every (document, pass) of a unit; each pass's rows cut into ``chunks`` record
     batches (contiguous, sizes differing by at most one row; batch ``p * chunks + c``), what the shards read."""
+    uid = unit.uid
+    docs, counts = unit_docs(unit, ctx, encoder, pool)
     passes = range(ctx.dupe_factor)
     parts: list[list[dict]] = [[] for _ in passes]
     block: list[tuple[str, PackedDoc]] = []
@@ -94,7 +130,7 @@ def instances_step(uid: str, ctx: StepContext, pool: RandomDocPool, vocab: Vocab
                 parts[p].append(out)
         block.clear()
 
-    for doc_id, doc in iter_docs(read_table(ctx.url("docs", uid + WORK_SUFFIX), ctx)):
+    for doc_id, doc in docs:
         block.append((doc_id, doc))
         block_tokens += len(doc.tokens)
         if block_tokens * ctx.dupe_factor >= _INSTANCE_BLOCK_TOKENS:
@@ -120,7 +156,7 @@ def instances_step(uid: str, ctx: StepContext, pool: RandomDocPool, vocab: Vocab
                 random_next += int(sum(int(x["next_sentence_label"].sum()) for x in parts[p]))
                 masked += int(sum(len(x["masked_lm_positions"][0]) for x in parts[p]))
                 parts[p] = []
-    marker = InstancesMarker(uid=uid, rows=tuple(rows), chunks=chunks, random_next=random_next, masked=masked,
+    marker = InstancesMarker(uid=uid, **counts, rows=tuple(rows), chunks=chunks, random_next=random_next, masked=masked,
                              seq_len_histogram={str(k): int(v) for k, v in sorted(hist.items()) if v})
     write_marker(ctx.work, marker, ctx.endpoint_url)
     return marker
@@ -133,14 +169,17 @@ class InstancesStep:
     chunks: int = 1  # record batches per pass (shards.chunks_per_pass)
 
     def setup(self) -> None:
+        import pipeline.sentences  # noqa: F401 - imported here so a warm worker's first unit does not pay for it
+        encoder_for(self.vocab, self.ctx.do_lower_case)
         vocab_info_for(self.vocab)
         pool_for(self.ctx)
 
-    def __call__(self, uid: str) -> InstancesMarker:
-        return instances_step(uid, self.ctx, pool_for(self.ctx), vocab_info_for(self.vocab), self.chunks)
+    def __call__(self, unit: Unit) -> InstancesMarker:
+        return instances_step(unit, self.ctx, encoder_for(self.vocab, self.ctx.do_lower_case), pool_for(self.ctx),
+                              vocab_info_for(self.vocab), self.chunks)
 
 
 def instances_stage(s: BuildState) -> Stage:
-    uids = [m.uid for m in s.markers["docs"]]  # type: ignore[attr-defined]
-    chunks = chunks_per_pass(len(uids), s.cfg.dupe_factor, s.cfg.num_shards)
-    return Stage("instances", InstancesStep(s.ctx, s.vocab, chunks), {u: u for u in uids}, InstancesMarker)
+    chunks = chunks_per_pass(len(s.units), s.cfg.dupe_factor, s.num_shards)
+    return Stage("instances", InstancesStep(s.ctx, s.vocab, chunks), {u.uid: u for u in s.units}, InstancesMarker,
+                 s.unit_sizes, "units")

@@ -359,10 +359,27 @@ def input_units(files: list[FileInfo], read: ReadOptions, unit_bytes: int, work:
     over the pieces); the rest are planned from metadata."""
     ctx = PieceContext(work, unit_bytes, read, endpoint_url)
     items = plan_pieces(files, read, unit_bytes, endpoint_url)
-    markers: list[PieceMarker] = run_stage(  # type: ignore[assignment]
-        Stage("pieces", PiecesStep(ctx), {f"{t.index:05d}": t for t in items}, PieceMarker), executor, work,
-        endpoint_url)
+    stage = Stage("pieces", PiecesStep(ctx), {f"{t.index:05d}": t for t in items}, PieceMarker,
+                  noun="compressed files")
+    markers: list[PieceMarker] = run_stage(stage, executor, work, endpoint_url)  # type: ignore[assignment]
     for m in markers:
         report.bad_files.update(m.bad_files)
     units = plan_units(files, read, unit_bytes, endpoint_url, report, exclude={t.path for t in items})
     return sorted(units + piece_units(markers, ctx), key=lambda u: u.uid)
+
+
+def unit_sizes(units: list[Unit], files: list[FileInfo], compressed_ratio: int) -> dict[str, int]:
+    """Bytes of text per unit, for progress: a byte range's length (decompressed, for pieces); for a small
+    compressed file or a Parquet row group, the stored size times ``compressed_ratio`` (the planning estimate)."""
+    sizes = {f.path: f.size for f in files}
+    groups: dict[str, int] = {}
+    for u in units:
+        groups[u.path] = groups.get(u.path, 0) + 1
+
+    def size(u: Unit) -> int:
+        if u.fmt == "parquet":
+            return sizes.get(u.path, 0) * compressed_ratio // groups[u.path]
+        if u.data is None and compression_of(u.path):
+            return sizes.get(u.path, 0) * compressed_ratio
+        return (u.end if u.end is not None else max(u.start, sizes.get(u.path, 0))) - u.start
+    return {u.uid: size(u) for u in units}

@@ -1,11 +1,14 @@
-"""The pool stage: the random-next pool, a seeded sample of the WHOLE corpus, merged into one file.
+"""The pool stages: the random-next pool, a seeded sample of the WHOLE corpus, tokenized and merged into one file.
 
-    PoolStep   "pool" -> the units' pool parts merged, in unit order, into _work/pool/pool.arrow, PoolMarker
-               [one item: the barrier the algorithm needs, since every instance may draw from any unit's members]
+    PoolPartStep  unit -> its members, tokenized -> _work/pool/parts/<uid>.arrow, PoolPartMarker
+    PoolStep      "pool" -> the parts merged, in unit order, into _work/pool/pool.arrow, PoolMarker
+                  [one item: the barrier the algorithm needs, since every instance may draw from any unit's members]
 
 The sample is planned before any text is read: ``pool_threshold`` turns the token budget and the input's planned
-size (``planned_tokens``, from metadata only) into a 64-bit hash threshold, and each docs item keeps the documents
-whose seeded hash falls below it. The instances stage loads the merged pool once per worker process (``pool_for``).
+size (``planned_tokens``, from metadata only) into a 64-bit hash threshold, and a unit's members are the documents
+whose seeded hash falls below it (``docs.pool_members``): decided from document ids, so only the members are split
+and tokenized here. The instances stage loads the merged pool once per worker process (``pool_for``) and takes the
+members' tokens from it instead of tokenizing them again.
 """
 from __future__ import annotations
 
@@ -17,11 +20,13 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.build.config import BuildState
-from pipeline.build.docs import DocsMarker, doc_arrays, doc_totals
-from pipeline.build.executor import Stage
+from pipeline.build.docs import (doc_arrays, doc_totals, docs_table, encoder_for, pool_members, read_docs, split,
+                                 tokenize_docs)
+from pipeline.build.executor import Shared, Stage
 from pipeline.build.markers import Marker, write_marker
 from pipeline.build.work import StepContext, cached, read_table, write_table
 from pipeline.instances import RandomDocPool
+from pipeline.pairs import PackedDoc
 from pipeline.readers import ReadOptions, Unit, detect_format
 from pipeline.schema import work_docs_schema
 from pipeline.storage import FileInfo, compression_of
@@ -32,6 +37,25 @@ from pipeline.storage import FileInfo, compression_of
 BYTES_PER_TOKEN = 4.0
 COMPRESSED_RATIO = 3  # text compresses ~3x (gzip/zstd/Parquet+zstd); only the pool's threshold uses it
 _POOL_READ_THREADS = 16  # pool parts read concurrently by the one pool item (many small objects on S3)
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolPartMarker(Marker):
+    """A unit's pool members committed (none: no file); what the reader saw of the unit, so that empty inputs and
+    inputs without documents fail before the instances stage."""
+
+    stage: ClassVar[str] = "pool_parts"
+    uid: str
+    path: str
+    read_documents: int
+    dropped: dict[str, int]
+    bad_files: dict[str, str]
+    documents: int  # members with at least one token
+    tokens: int
+
+    @property
+    def key(self) -> str:
+        return self.uid
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +90,39 @@ def pool_threshold(pool_tokens: int, planned: int) -> int:
     return 1 << 64 if p >= 1.0 else int(p * (1 << 64))
 
 
+def pool_part_step(unit: Unit, ctx: StepContext, encoder) -> PoolPartMarker:
+    """Read one unit, split and tokenize its members only, commit them (in unit order), then the marker."""
+    text = read_docs(unit, ctx)
+    idx = np.flatnonzero(pool_members(text.doc_ids, ctx)).tolist()
+    packed = tokenize_docs([split(text.lines[i], ctx.read.presplit) for i in idx], encoder, ctx.vocab_size)
+    members = [(text.doc_ids[i], d) for i, d in zip(idx, packed) if d is not None]
+    if members:
+        write_table(ctx.pool_part_url(unit.uid), docs_table(members, ctx.vocab_size), ctx)
+    marker = PoolPartMarker(uid=unit.uid, path=unit.path, read_documents=len(text.doc_ids),
+                            dropped=dict(text.report.dropped), bad_files=dict(text.report.bad_files),
+                            documents=len(members), tokens=int(sum(len(d.tokens) for _, d in members)))
+    write_marker(ctx.work, marker, ctx.endpoint_url)
+    return marker
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolPartStep:
+    ctx: StepContext
+    vocab: Shared
+
+    def setup(self) -> None:
+        import pipeline.sentences  # noqa: F401 - imported here so a warm worker's first unit does not pay for it
+        encoder_for(self.vocab, self.ctx.do_lower_case)
+
+    def __call__(self, unit: Unit) -> PoolPartMarker:
+        return pool_part_step(unit, self.ctx, encoder_for(self.vocab, self.ctx.do_lower_case))
+
+
+def pool_parts_stage(s: BuildState) -> Stage:
+    return Stage("pool_parts", PoolPartStep(s.ctx, s.vocab), {u.uid: u for u in s.units}, PoolPartMarker,
+                 s.unit_sizes, "units")
+
+
 def pool_from(table: pa.Table) -> RandomDocPool:
     doc_ids, outer, inner, flat = doc_arrays(table)
     return RandomDocPool.from_arrays(doc_ids, flat, inner.astype(np.int64), outer.astype(np.int64))
@@ -74,6 +131,13 @@ def pool_from(table: pa.Table) -> RandomDocPool:
 def pool_for(ctx: StepContext) -> RandomDocPool:
     """The merged pool, read once per process and build."""
     return cached("pool", (ctx.pool_url(), ctx.build_id), lambda: pool_from(read_table(ctx.pool_url(), ctx)))
+
+
+def pool_doc(pool: RandomDocPool, i: int) -> PackedDoc:
+    """Document ``i`` of the pool as the instances stage takes it (zero-copy views of the pool's arrays)."""
+    s0, s1 = pool.doc_offsets[i], pool.doc_offsets[i + 1]
+    t0 = pool.sent_offsets[s0]
+    return PackedDoc(pool.tokens[t0:pool.sent_offsets[s1]], pool.sent_offsets[s0:s1 + 1] - t0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,13 +163,15 @@ class PoolStep:
 
 
 def pool_stage(s: BuildState) -> Stage:
-    docs: list[DocsMarker] = s.markers["docs"]  # type: ignore[assignment]
-    totals, dropped, _ = doc_totals(docs, s.report, s.cfg.read.on_error)  # fails early on empty files
-    if totals["documents"] == 0:
-        raise ValueError(f"no documents with tokens in {list(s.cfg.inputs)} (dropped: {dict(dropped)}); check the"
+    parts: list[PoolPartMarker] = s.markers["pool_parts"]  # type: ignore[assignment]
+    dropped, _ = doc_totals(parts, s.report, s.cfg.read.on_error)  # fails early on empty files
+    if sum(m.read_documents for m in parts) == 0:
+        raise ValueError(f"no documents in {list(s.cfg.inputs)} (dropped: {dict(dropped)}); check the"
                          " --format/--text-field and the inputs")
-    if not any(m.pool_documents for m in docs):
-        raise ValueError(f"the random-next pool sampled no document (budget {s.cfg.pool_tokens} tokens of an"
-                         f" estimated {s.planned_tokens}): raise --pool-tokens")
-    return Stage("pool", PoolStep(s.ctx, tuple(m.uid for m in docs if m.pool_documents)), {"pool": "pool"},
-                 PoolMarker)
+    if not any(m.documents for m in parts):
+        everything = s.ctx.pool_threshold >= 1 << 64
+        raise ValueError(f"no documents with tokens in {list(s.cfg.inputs)} (dropped: {dict(dropped)}); check the"
+                         " --format/--text-field and the inputs" if everything else f"the random-next pool sampled no document with tokens (budget "
+                         f"{s.cfg.pool_tokens} tokens of an estimated {s.planned_tokens}): raise --pool-tokens")
+    return Stage("pool", PoolStep(s.ctx, tuple(m.uid for m in parts if m.documents)), {"pool": "pool"},
+                 PoolMarker, noun="merge")

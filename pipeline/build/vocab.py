@@ -174,6 +174,7 @@ def train_vocab(files: list[FileInfo], units: list[Unit], ctx: VocabContext, sam
     blocks, nbytes = sample_blocks(units, {f.path: f.size for f in files}, sample.unit_bytes, sample.sample_bytes,
                                    sample.seed)
     log.info("vocabulary: %d entries from a %.1f MB sample", ctx.vocab_size, nbytes / 1e6)
-    (marker,) = run_stage(Stage("vocab", VocabStep(ctx), {"vocab": VocabItem(blocks, output, nbytes)}, VocabMarker),
-                          executor, ctx.work, ctx.endpoint_url)
+    stage = Stage("vocab", VocabStep(ctx), {"vocab": VocabItem(blocks, output, nbytes)}, VocabMarker,
+                  {"vocab": nbytes}, "sample")
+    (marker,) = run_stage(stage, executor, ctx.work, ctx.endpoint_url)
     return marker  # type: ignore[return-value]

@@ -7,6 +7,8 @@ record batch is read back by index, like a Parquet row group). Final shards are 
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections import Counter
 from typing import Any
 
 import pyarrow as pa
@@ -67,6 +69,7 @@ def write_table(url: str, table: pa.Table, ctx: StepContext) -> None:
 
 # --- per-process caches: Ray reuses its worker processes across items, so each loads these once per build.
 _CACHE: dict[str, tuple[Any, Any]] = {}
+_LOADS: Counter = Counter()  # loads per slot in this process: what process_state reports
 
 
 def cached(slot: str, key: Any, load) -> Any:
@@ -74,4 +77,11 @@ def cached(slot: str, key: Any, load) -> Any:
     if hit is None or hit[0] != key:
         _CACHE[slot] = (key, None)  # drop the old value before loading the new one (one pool in memory)
         _CACHE[slot] = (key, load())
+        _LOADS[slot] += 1
     return _CACHE[slot][1]
+
+
+def process_state(_item: Any = None) -> dict[str, Any]:
+    """This process's id and how often it loaded each cached resource: run as a step, it tells which worker
+    processes hold a tokenizer and whether any loaded one twice (tests, benchmarks)."""
+    return {"pid": os.getpid(), "loads": dict(_LOADS)}

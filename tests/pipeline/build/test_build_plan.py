@@ -11,11 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.build import BuildConfig, build
-from pipeline.build.docs import DocsMarker
 from pipeline.build.instances import InstancesMarker
 from pipeline.build.markers import read_markers, write_marker
-from pipeline.build.pool import BYTES_PER_TOKEN, pool_threshold
-from pipeline.build.shards import ShardItem, chunk_bounds, chunks_per_pass, plan_shards, unit_order, write_shard
+from pipeline.build.pool import BYTES_PER_TOKEN, PoolPartMarker, pool_threshold
+from pipeline.build.shards import (SHARD_BYTES, ShardItem, chunk_bounds, chunks_per_pass, default_num_shards, plan_shards,
+                                   unit_order, write_shard)
 from pipeline.instances import InstanceConfig
 from pipeline.readers import ReadOptions, ReadReport, plan_units, read_unit
 from pipeline.rng import derive_seed
@@ -24,16 +24,17 @@ from pipeline.storage import expand_inputs
 
 def test_markers_round_trip_and_are_read_back_concurrently(tmp_path):
     work = str(tmp_path / "_work")
-    written = [InstancesMarker(uid=f"{i:05d}-00000", rows=(i, i + 1), chunks=2, random_next=i, masked=3 * i,
-                               seq_len_histogram={"64": i}) for i in range(40)]
+    written = [InstancesMarker(uid=f"{i:05d}-00000", path="p", read_documents=i + 1, documents=i, sentences=2 * i,
+                               tokens=9 * i, dropped={"no_tokens": 1}, bad_files={}, rows=(i, i + 1), chunks=2,
+                               random_next=i, masked=3 * i, seq_len_histogram={"64": i}) for i in range(40)]
     for m in written:
         write_marker(work, m)
     got = read_markers(work, InstancesMarker)
     assert got == {m.uid: m for m in written}
-    d = DocsMarker(uid="u", path="p", documents=1, sentences=2, tokens=3, read_documents=1, dropped={"bad_json": 1},
-                   bad_files={}, pool_documents=1, pool_tokens=3)
-    assert DocsMarker.from_json(d.to_json()) == d
-    assert read_markers(str(tmp_path / "nothing"), DocsMarker) == {}
+    d = PoolPartMarker(uid="u", path="p", read_documents=1, dropped={"bad_json": 1}, bad_files={}, documents=1,
+                       tokens=3)
+    assert PoolPartMarker.from_json(d.to_json()) == d
+    assert read_markers(str(tmp_path / "nothing"), PoolPartMarker) == {}
 
 
 def _rows(n_units=7, passes=3, seed=0):
@@ -99,6 +100,22 @@ def test_shard_rows_are_in_key_order_within_each_group(tmp_path):
     assert np.all(np.diff(keys[:90].astype(np.float64)) >= 0) and np.all(np.diff(keys[90:].astype(np.float64)) >= 0)
     assert sorted(set(docs[:90])) == [0, 11] and sorted(set(docs[90:])) == [20, 21]
     assert np.count_nonzero(np.diff(docs[:90])) > 20  # mixed, not two runs
+
+
+def test_default_num_shards_follows_the_planned_size():
+    per_shard = SHARD_BYTES / 2.4  # tokens x passes per shard at uint16
+    assert default_num_shards(1000, 10, 30522) == 1  # at least one
+    assert default_num_shards(int(per_shard * 8 / 5), 5, 30522) == 8
+    assert default_num_shards(int(per_shard * 8 / 5), 10, 30522) == 16  # twice the passes, twice the shards
+    assert default_num_shards(int(per_shard * 8 / 5), 5, 70000) == 16  # uint32 ids: twice the bytes
+
+
+def test_a_build_without_num_shards_plans_them_from_its_size(tmp_path, sample_dir):
+    cfg = BuildConfig(inputs=(str(sample_dir / "corpus" / "austen.jsonl.gz"),), output=str(tmp_path / "out"),
+                      vocab=str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"), dupe_factor=1,
+                      instances=InstanceConfig(max_seq_length=64, max_predictions_per_seq=10))
+    m = build(cfg)
+    assert len(m["shards"]) == 1 and m["config"]["num_shards"] is None  # ~3 MB of text: far below one shard
 
 
 def test_pool_threshold():

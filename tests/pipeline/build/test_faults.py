@@ -6,22 +6,25 @@ import dataclasses
 import gzip
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-import pipeline.build.docs
 import pipeline.build.instances
+import pipeline.build.pool
 import pipeline.build.shards
 from pipeline.build import BuildConfig, build
 from pipeline.instances import InstanceConfig
 from pipeline.readers import InputError, ReadOptions
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = str(Path(__file__).resolve().parents[3])
 
 
 def _corpus(path, n_docs=40, sentences=15):
@@ -54,7 +57,7 @@ def _same(a, b):
     assert not os.path.exists(os.path.join(b, "_work"))
 
 
-@pytest.mark.parametrize("module, stage", [(pipeline.build.docs, "tokenize_commit"),
+@pytest.mark.parametrize("module, stage", [(pipeline.build.pool, "pool_part_step"),
                                            (pipeline.build.instances, "instances_step"),
                                            (pipeline.build.shards, "write_shard")])
 def test_failure_in_any_stage_then_rerun_gives_the_same_rows(tmp_path, sample_dir, monkeypatch, module, stage):
@@ -100,9 +103,47 @@ def test_sigkill_mid_build_then_rerun_gives_the_same_rows(tmp_path, sample_dir):
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    assert proc.wait() == -signal.SIGKILL, "the build ended before it could be killed"
     assert not (tmp_path / "killed" / "manifest.json").exists(), "the build finished before it could be killed"
     build(cfg)
+    build(_cfg(tmp_path, corpus, "clean", sample_dir))
+    _same(tmp_path / "clean", tmp_path / "killed")
+
+
+@pytest.mark.timeout(300)
+def test_sigkill_of_a_ray_data_build_and_its_ray_then_rerun_on_ray_gives_the_same_rows(ray_local, tmp_path,
+                                                                                       sample_dir):
+    """The job's whole process group (driver, its local Ray's daemons and workers) killed in the instances stage;
+    the rerun, on another Ray, through Ray Data, equals an uninterrupted plain loop."""
+    from pipeline.build.ray_data import RayDataExecutor
+
+    corpus = _corpus(tmp_path / "c.jsonl", n_docs=240)
+    cfg = _cfg(tmp_path, corpus, "killed", sample_dir)
+    ray_tmp = tempfile.mkdtemp(prefix="rk", dir="/tmp")  # short: Unix socket paths are limited to ~107 bytes
+    code = (f"import sys; sys.path.insert(0, {REPO!r}); import pickle, ray; from pipeline.build import build; "
+            "from pipeline.build.ray_data import RayDataExecutor; "
+            f"init = lambda: ray.init(address='local', num_cpus=2, include_dashboard=False, _temp_dir={ray_tmp!r}); "
+            f"build(pickle.loads({repr(__import__('pickle').dumps(cfg))}), RayDataExecutor(2, init=init))")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, start_new_session=True,
+                            env=dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0"))
+    work = tmp_path / "killed" / "_work" / "instances"
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if work.exists() and sum(n.endswith(".done.json") for n in os.listdir(work)) >= 2:
+                break
+            time.sleep(0.05)
+    finally:
+        alive = proc.poll() is None
+        if alive:
+            os.killpg(proc.pid, signal.SIGKILL)  # the driver and every process of its Ray
+        proc.wait()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert alive, "the build ended before it could be killed"
+    assert not (tmp_path / "killed" / "manifest.json").exists(), "the build finished before it could be killed"
+    done = sum(n.endswith(".done.json") for n in os.listdir(work))
+    assert done >= 2
+    build(cfg, RayDataExecutor(num_cpus=2))
     build(_cfg(tmp_path, corpus, "clean", sample_dir))
     _same(tmp_path / "clean", tmp_path / "killed")
 

@@ -183,7 +183,7 @@ def test_bad_compressed_inputs_fail_naming_the_file_or_are_counted(tmp_path, sam
 @pytest.mark.timeout(300)
 def test_pieces_and_vocab_run_as_ray_tasks_with_the_plain_loops_output(ray_local, moby, tmp_path, sample_dir,
                                                                         monkeypatch):
-    from pipeline.build.ray_tasks import RayExecutor
+    from pipeline.build.ray_data import RayDataExecutor
 
     root, raw = moby
     (tmp_path / "in").mkdir()
@@ -202,7 +202,7 @@ def test_pieces_and_vocab_run_as_ray_tasks_with_the_plain_loops_output(ray_local
         return _cfg(tmp_path / name, [str(tmp_path / "in")], sample_dir, vocab=None, vocab_size=300,
                     vocab_sample_bytes=200_000)
 
-    build(cfg("ray"), RayExecutor(num_cpus=2))
+    build(cfg("ray"), RayDataExecutor(num_cpus=2))
     workers = {m.worker for m in markers}
     assert len(markers) == 2 and f":{os.getpid()}" not in "".join(workers)  # a pieces task and a vocab task
     markers.clear()

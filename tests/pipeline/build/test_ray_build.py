@@ -1,4 +1,4 @@
-"""The Ray Data adapter runs the same steps as the plain loop: identical shards whatever the CPUs or raylets, and
+"""The Ray Data adapter (and the plain-tasks one) runs the same steps as the plain loop: identical shards whatever the CPUs or raylets, and
 the driver itself reads no corpus bytes (every step runs in a Ray worker)."""
 from __future__ import annotations
 
@@ -45,17 +45,20 @@ def _same(out, ref):
 
 @pytest.mark.timeout(300)
 def test_ray_equals_plain_loop_and_cpu_count_does_not_matter(ray_local, tmp_path, sample_dir):
-    from pipeline.build.ray_tasks import RayExecutor
+    from pipeline.build.ray_data import RayDataExecutor
+    from pipeline.build.ray_tasks import RayTasksExecutor
 
     corpus = _corpus(tmp_path / "c.jsonl")
     build(_cfg(tmp_path, corpus, sample_dir, "plain"), LocalExecutor())
     mp, _ = _shards(tmp_path / "plain")
     assert mp["totals"]["instances"] > 0 and len(mp["inputs"]) == 1
     assert 0 < mp["random_pool"]["documents"] < mp["totals"]["documents"]  # a sample, not every document
-    build(_cfg(tmp_path, corpus, sample_dir, "ray1"), RayExecutor(num_cpus=1))
-    build(_cfg(tmp_path, corpus, sample_dir, "ray2"), RayExecutor(num_cpus=2))
+    build(_cfg(tmp_path, corpus, sample_dir, "ray1"), RayDataExecutor(num_cpus=1))
+    build(_cfg(tmp_path, corpus, sample_dir, "ray2"), RayDataExecutor(num_cpus=2))
+    build(_cfg(tmp_path, corpus, sample_dir, "tasks"), RayTasksExecutor(num_cpus=2))  # the plain-tasks engine
     _same(tmp_path / "ray1", tmp_path / "plain")
     _same(tmp_path / "ray2", tmp_path / "plain")
+    _same(tmp_path / "tasks", tmp_path / "plain")
 
 
 @pytest.mark.timeout(300)
@@ -67,7 +70,7 @@ def test_the_driver_reads_no_corpus_bytes(ray_local, tmp_path, sample_dir, monke
     import pipeline.build.instances
     import pipeline.build.pool
     import pipeline.build.shards
-    from pipeline.build.ray_tasks import RayExecutor
+    from pipeline.build.ray_data import RayDataExecutor
 
     corpus = _corpus(tmp_path / "c.jsonl", n_docs=36)
     build(_cfg(tmp_path, corpus, sample_dir, "plain"), LocalExecutor())
@@ -75,10 +78,10 @@ def test_the_driver_reads_no_corpus_bytes(ray_local, tmp_path, sample_dir, monke
     def forbidden(*a, **k):
         raise AssertionError("the driver read corpus data")
     for mod, name in [(pipeline.readers, "read_unit"), (pipeline.build.docs, "read_unit"),
-                      (pipeline.build.docs, "read_split"), (pipeline.build.pool, "read_table"),
-                      (pipeline.build.instances, "read_table"), (pipeline.build.shards, "_read_slice")]:
+                      (pipeline.build.pool, "read_docs"), (pipeline.build.instances, "read_docs"),
+                      (pipeline.build.pool, "read_table"), (pipeline.build.shards, "_read_slice")]:
         monkeypatch.setattr(mod, name, forbidden)
-    build(_cfg(tmp_path, corpus, sample_dir, "ray"), RayExecutor(num_cpus=2))
+    build(_cfg(tmp_path, corpus, sample_dir, "ray"), RayDataExecutor(num_cpus=2))
     _same(tmp_path / "ray", tmp_path / "plain")
 
 
@@ -89,7 +92,7 @@ def test_two_raylet_cluster_of_16_cpus_equals_plain_loop(ray_shutdown, tmp_path,
     import ray
     from ray.cluster_utils import Cluster
 
-    from pipeline.build.ray_tasks import RayExecutor
+    from pipeline.build.ray_data import RayDataExecutor
 
     corpus = _corpus(tmp_path / "c.jsonl", n_docs=160)
     build(_cfg(tmp_path, corpus, sample_dir, "plain"), LocalExecutor())
@@ -99,7 +102,7 @@ def test_two_raylet_cluster_of_16_cpus_equals_plain_loop(ray_shutdown, tmp_path,
         # Attach, as a job submitted to a running cluster does: the executor must use the cluster, not start one.
         ray.init(address=cluster.address, log_to_driver=False)
         assert len([n for n in ray.nodes() if n["Alive"]]) == 2
-        build(_cfg(tmp_path, corpus, sample_dir, "cluster"), RayExecutor())
+        build(_cfg(tmp_path, corpus, sample_dir, "cluster"), RayDataExecutor())
         assert int(ray.cluster_resources()["CPU"]) == 16
     finally:
         ray.shutdown()
@@ -109,7 +112,7 @@ def test_two_raylet_cluster_of_16_cpus_equals_plain_loop(ray_shutdown, tmp_path,
 
 @pytest.mark.timeout(120)
 def test_a_bad_input_fails_through_ray_naming_the_file(ray_local, tmp_path, sample_dir):
-    from pipeline.build.ray_tasks import RayExecutor
+    from pipeline.build.ray_data import RayDataExecutor
     from pipeline.readers import InputError
 
     corpus = _corpus(tmp_path / "c.jsonl")
@@ -117,4 +120,4 @@ def test_a_bad_input_fails_through_ray_naming_the_file(ray_local, tmp_path, samp
     bad.write_bytes(b'{"text": "The whale."}\n{"text": oops\n')
     cfg = _cfg(tmp_path, corpus, sample_dir, "bad")
     with pytest.raises(InputError, match=r"bad\.jsonl.*bad_json"):
-        build(BuildConfig(**{**cfg.__dict__, "inputs": (corpus, str(bad))}), RayExecutor(num_cpus=2))
+        build(BuildConfig(**{**cfg.__dict__, "inputs": (corpus, str(bad))}), RayDataExecutor(num_cpus=2))

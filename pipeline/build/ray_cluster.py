@@ -1,0 +1,215 @@
+"""What both Ray executors share: bringing Ray up early, the worker processes started and warmed ahead of the
+stages, the vocabulary in the object store, users' errors carried back as values, and never a hang for CPUs.
+
+- ``begin`` brings Ray up (``init``: ``jobs/_common.init_ray`` attaches to RAY_ADDRESS, as ``ray job submit`` sets,
+  or starts a local Ray capped at ``--num-cpus``) in a background thread while the driver lists and plans, then
+  starts one worker process per CPU by handing each a task that imports what the steps use. Worker processes are
+  the expensive part of a job on Ray (an interpreter, Ray, Arrow, NumPy, the tokenizer: a second or more each, see
+  docs/benchmarks.md); started early, they are ready when the first stage comes.
+- ``warm(setup)`` loads per-process state (the tokenizer) into each of those processes, not waited for; the stages'
+  tasks run in the same processes (Ray reuses a job's task workers), whose caches (``work.cached``) keep it.
+- ``share`` puts a large read-only object (the vocabulary) in the object store once.
+- ``--num-cpus`` below 1 is refused before Ray starts, and a cluster without a CPU for the build's one-CPU tasks is
+  waited for a bounded time (an autoscaler may be adding nodes), then refused: a clear error, never a hang.
+- ``end`` disconnects (and stops a local Ray this process started) when the build is over: sooner than Ray's own
+  exit handler.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from pipeline.build.markers import Marker
+from pipeline.readers import InputError
+from pipeline.storage import aws_env
+
+log = logging.getLogger(__name__)
+
+CPU_WAIT_S = 60.0  # how long a cluster without CPUs is given to get some (an autoscaler adding a node)
+
+
+@dataclasses.dataclass(frozen=True)
+class RayShared:
+    """A handle to one object-store copy; ``get`` in a task reads it (zero-copy for numpy arrays)."""
+
+    key: str
+    ref: Any
+
+    def get(self) -> Any:
+        import ray
+
+        return ray.get(self.ref)
+
+
+@dataclasses.dataclass(frozen=True)
+class UserError:
+    """A user's mistake (a bad input, a bad value) raised by a step, carried back as the task's result: through
+    Ray's wrappers (RayTaskError, Ray Data's UserCodeException, whose cause is lost on the way) the user would get
+    a stack trace instead of the one line that names the file and the fix."""
+
+    error: BaseException
+
+
+def run_step(step: Callable[[Any], Marker], item: Any) -> Marker | UserError:
+    try:
+        return step(item)
+    except (InputError, ValueError) as e:
+        if not type(e).__module__.startswith(("pipeline", "builtins")):
+            raise
+        return UserError(e)
+
+
+def raise_users(out: Marker | UserError) -> Marker:
+    if isinstance(out, UserError):
+        raise out.error
+    return out
+
+
+def _prestart() -> int:
+    """A worker's first task: import what the steps and Ray Data's tasks use, so a stage's first item does not."""
+    import numpy  # noqa: F401
+    import pyarrow.compute  # noqa: F401
+    import ray.data  # noqa: F401
+
+    import pipeline.build.instances  # noqa: F401
+    import pipeline.build.shards  # noqa: F401
+    import pipeline.sentences  # noqa: F401
+    import pipeline.tokenize  # noqa: F401
+    return os.getpid()
+
+
+def _warm(setup: Callable[[], None], *_prestarted: int) -> int:
+    setup()
+    return os.getpid()
+
+
+def check_num_cpus(num_cpus: int | None) -> None:
+    if num_cpus is not None and num_cpus < 1:
+        raise ValueError(f"--num-cpus {num_cpus}: every task of the build needs one CPU; use at least 1, or leave "
+                         "it out to use every CPU of the cluster")
+
+
+class RayCluster:
+    """The Ray side of an executor; subclasses give ``map``. ``num_cpus`` caps the concurrent tasks of every stage
+    (None: as many as the cluster's CPUs, which is what an autoscaling cluster wants)."""
+
+    bars = False
+
+    def __init__(self, num_cpus: int | None = None, init: Callable[[], None] | None = None):
+        check_num_cpus(num_cpus)
+        self.width = num_cpus
+        self._init = init  # None: the caller's Ray (or a default ray.init())
+        self._ready: concurrent.futures.Future | None = None
+        self._owns_ray = False
+        self._prestarted: list = []  # refs of the prestart tasks (their workers' pids)
+        self._warming: list = []  # refs of the warm-up tasks; kept so that they are not cancelled
+
+    def begin(self) -> concurrent.futures.Future:
+        """Start (once) bringing Ray up in a background thread; the future is done when the stages can run.
+
+        The thread then stays alive (a daemon, idle) for the life of the process: Ray ties the processes it
+        starts (GCS, raylet) to the *thread* that started them (parent-death signal), so they must not see it exit.
+        """
+        if self._ready is None:
+            self._ready = concurrent.futures.Future()
+            threading.Thread(target=self._bring_up, name="ray-start", daemon=True).start()
+        return self._ready
+
+    def _bring_up(self) -> None:
+        import ray
+
+        try:
+            self._owns_ray = not ray.is_initialized()  # a caller's Ray is the caller's to shut down
+            if self._init is not None:
+                self._init()
+            elif not ray.is_initialized():
+                ray.init()
+            cpus = self._wait_for_cpus()
+            # Worker processes first (the longest path of a small build: process, imports, tokenizer), then the
+            # driver's own set-up while they start.
+            remote = ray.remote(_prestart).options(**self._options())
+            self._prestarted = [remote.remote() for _ in range(self._workers(cpus))]
+            self._configure()
+        except BaseException as e:  # noqa: BLE001 - handed to the stages, which re-raise it
+            self._ready.set_exception(e)
+            return
+        self._ready.set_result(None)
+        threading.Event().wait()  # never returns: see begin
+
+    def _configure(self) -> None:
+        """The driver's set-up once Ray is up (subclasses)."""
+
+    def _wait_for_cpus(self) -> int:
+        import ray
+
+        deadline = time.monotonic() + CPU_WAIT_S
+        while (cpus := int(ray.cluster_resources().get("CPU", 0))) < 1:
+            if time.monotonic() > deadline:
+                raise ValueError(f"the Ray cluster has had no CPU for {CPU_WAIT_S:.0f} s, and every task of the "
+                                 "build needs one: add worker nodes (or start the head with --num-cpus), or run "
+                                 "without RAY_ADDRESS to start a local Ray")
+            log.warning("the Ray cluster has no CPU yet (an autoscaler adding nodes?); waiting up to %.0f s",
+                        deadline - time.monotonic())
+            time.sleep(5)
+        return cpus
+
+    def _workers(self, cpus: int) -> int:
+        return min(cpus, self.width or cpus)
+
+    def _wait(self) -> None:
+        ready, t0 = self.begin(), time.perf_counter()
+        while True:  # no silent minute while a local Ray starts on a busy machine
+            try:
+                return ready.result(timeout=5.0)  # re-raises a failed start
+            except concurrent.futures.TimeoutError:
+                log.info("waiting for Ray to come up (%.0f s wall)", time.perf_counter() - t0)
+
+    def _cluster_cpus(self) -> int:
+        """The cluster's CPUs now (an autoscaling cluster's count changes between stages)."""
+        import ray
+
+        return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+    def _options(self) -> dict[str, Any]:
+        # The same options for the warm-up tasks and the stages' tasks: Ray gives tasks with another runtime_env
+        # other worker processes, which would miss the warm caches.
+        opts: dict[str, Any] = {"num_cpus": 1}
+        env = aws_env()  # workers do not inherit the driver's environment: hand them the AWS settings (never logged)
+        if env:
+            opts["runtime_env"] = {"env_vars": env}
+        return opts
+
+    # --- the Executor protocol
+
+    def share(self, key: str, obj: Any) -> RayShared:
+        import ray
+
+        self._wait()
+        return RayShared(key, ray.put(obj))
+
+    def warm(self, setup: Callable[[], None]) -> None:
+        import ray
+
+        self._wait()
+        remote = ray.remote(_warm).options(**self._options())
+        # Each warm-up task waits for every prestart task: then all the workers are up and idle at once, and the
+        # warm-up tasks (each busy for the tokenizer's load) land one per worker instead of queueing on the first
+        # worker that finished its imports.
+        self._warming += [remote.remote(setup, *self._prestarted) for _ in self._prestarted]
+
+    def end(self) -> None:
+        """Disconnect from Ray (stopping a local Ray this process started) now, if ``begin`` brought it up; a Ray the
+        caller had initialised stays."""
+        import ray
+
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+
+    def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker]:
+        raise NotImplementedError

@@ -1,0 +1,68 @@
+"""The Ray Data executor's own promises: the tokenizer is loaded once per worker process, by the warm-up, before
+any item runs there; a resource request that can never be met fails at once or after a bounded wait, never hangs."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline.build.work import StepContext, process_state
+from pipeline.instances import InstanceConfig
+from pipeline.readers import ReadOptions
+
+
+def _ctx(tmp_path) -> StepContext:
+    return StepContext(work=str(tmp_path / "_work"), output=str(tmp_path), read=ReadOptions(),
+                       instances=InstanceConfig(), do_lower_case=True, dupe_factor=1, vocab_size=30522,
+                       pool_threshold=1 << 64, build_id="test")
+
+
+@pytest.mark.timeout(180)
+def test_warm_up_loads_the_tokenizer_once_per_worker_before_any_item(ray_local, tmp_path, sample_dir):
+    from pipeline.build.pool import PoolPartStep
+    from pipeline.build.ray_data import RayDataExecutor
+
+    tokens = (sample_dir / "reference" / "bert-base-uncased-vocab.txt").read_text().splitlines()
+    executor = RayDataExecutor(num_cpus=2)
+    executor.begin()
+    vocab = executor.share("vocab-test-warm", tokens)
+    executor.warm(PoolPartStep(_ctx(tmp_path), vocab).setup)
+    # The build never waits for the warm-up (a stage's first items may overtake it and load the tokenizer
+    # themselves, once); here we wait, to see where it went: one warm-up per worker process.
+    warmed = ray_local.get(executor._warming)
+    assert len(set(warmed)) == 2, warmed
+    # Steps that load nothing see what the warm-up left in their process: the tokenizer, loaded once.
+    seen = list(executor.map(process_state, list(range(16))))
+    assert len(seen) == 16
+    assert {s["pid"] for s in seen} <= set(warmed)  # Ray Data's tasks run in the warmed processes
+    assert {s["loads"].get("encoder") for s in seen} == {1}, seen
+    # A second stage: the same processes, nothing loaded again.
+    again = list(executor.map(process_state, list(range(8))))
+    assert {s["pid"] for s in again} <= set(warmed)
+    assert {s["loads"].get("encoder") for s in again} == {1}
+
+
+@pytest.mark.parametrize("n", [0, -2])
+def test_num_cpus_below_one_is_refused_before_ray_starts(n):
+    from pipeline.build.ray_data import RayDataExecutor
+    from pipeline.build.ray_tasks import RayTasksExecutor
+
+    for executor in (RayDataExecutor, RayTasksExecutor):
+        with pytest.raises(ValueError, match=rf"--num-cpus {n}: .*use at least 1"):
+            executor(num_cpus=n)
+
+
+@pytest.mark.timeout(120)
+def test_a_cluster_without_cpus_is_refused_after_a_bounded_wait(ray_shutdown, ray_tmpdir, monkeypatch):
+    import ray
+
+    import pipeline.build.ray_cluster as ray_cluster
+    from pipeline.build.ray_data import RayDataExecutor
+
+    monkeypatch.setattr(ray_cluster, "CPU_WAIT_S", 1.0)
+    ray.init(address="local", num_cpus=0, include_dashboard=False, _temp_dir=ray_tmpdir, log_to_driver=False,
+             configure_logging=False)
+    try:
+        executor = RayDataExecutor()
+        with pytest.raises(ValueError, match="no CPU for 1 s.*add worker nodes"):
+            executor.share("x", [1])
+    finally:
+        ray.shutdown()
