@@ -1,7 +1,7 @@
 """What both Ray executors share: bringing Ray up early, the worker processes started and warmed ahead of the
 stages, the vocabulary in the object store, users' errors carried back as values, and never a hang for CPUs.
 
-- ``begin`` brings Ray up (``init``: ``jobs/_common.init_ray`` attaches to RAY_ADDRESS, as ``ray job submit`` sets,
+- ``begin`` brings Ray up (``init``: ``training.launch.init_ray`` attaches to RAY_ADDRESS, as ``ray job submit`` sets,
   or starts a local Ray capped at ``--num-cpus``) in a background thread while the driver lists and plans, then
   starts one worker process per CPU by handing each a task that imports what the steps use. Worker processes are
   the expensive part of a job on Ray (an interpreter, Ray, Arrow, NumPy, the tokenizer: a second or more each, see
