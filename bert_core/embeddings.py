@@ -25,7 +25,7 @@ class BertEmbeddings(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
         seq_len = input_ids.shape[1]
-        if seq_len > self.max_positions:
+        if seq_len > self.max_positions and position_ids is None:
             raise ValueError(f"sequence length {seq_len} exceeds max_position_embeddings={self.max_positions}; "
                              "truncate the input or use a config with more positions")
         x = self.word_embeddings(input_ids)

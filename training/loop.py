@@ -153,7 +153,7 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
     autocast_dtype = torch.bfloat16 if bf16 else None
     compile_model = rt.compile if rt.compile is not None else device.type == "cuda"
 
-    step = 0
+    step, packed_position = 0, None
     latest = worker.checkpoints.latest() if worker.checkpoints is not None else contextlib.nullcontext(None)
     with latest as ckpt_dir:
         ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
@@ -166,6 +166,7 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
         if ckpt_dir is not None:
             state = load_train_state(ckpt_dir, optimizer, scheduler)
             step = int(state["step"])
+            packed_position = data_mod.rank_position(state["data_position"], rank, world)  # packed streams only
             if (state["world_size"], state["micro_batch_size"], state["accum"], state["seed"]) != (
                     world, data.micro_batch_size, data.accum, rt.seed):
                 log.warning("resuming with a different world size / batch geometry / seed than the checkpoint's: "
@@ -191,7 +192,7 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
                          list(data.length_buckets), time.perf_counter() - t0)
     vocab_size = raw.config.vocab_size
     batches = data_mod.train_batches(data, vocab_size, rt.seed, rank, world, step * data.accum, worker.rows,
-                                     pin_memory=device.type == "cuda")
+                                     pin_memory=device.type == "cuda", start_position=packed_position)
     eval_rows = data_mod.eval_rows(config.eval) if config.eval is not None else None
     vocab_text = _read_vocab(config) if rank == 0 else None
     peak = peak_flops(device, rt.peak_flops)
@@ -200,11 +201,12 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
     if step:
         tracker.set_tag("resumed_from_step", str(step))  # visible proof of a resume in the UI
 
-    def write(directory: Path, at: int) -> None:
+    def write(directory: Path, at: int, positions: list | None) -> None:
         write_checkpoint(directory, raw, optimizer, scheduler, vocab_text=vocab_text,
                          do_lower_case=config.checkpoint.do_lower_case, extra={
             "step": at, "world_size": world, "micro_batch_size": data.micro_batch_size, "accum": data.accum,
             "seed": rt.seed, "data_position": {"micro_batches_per_rank": at * data.accum,
+                                               "packed_positions": positions,
                                                "dataset_config_hash": data.train.config_hash},
             "rng": "dropout: torch.manual_seed(sha256('dropout', seed, rank, step)) before each step; dynamic "
                    "masking: numpy Generator(sha256('remask', seed, rank, micro-batch index))",
@@ -264,8 +266,9 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
             if metrics:
                 result.metrics = metrics
             if worker.checkpoints is not None and (step % config.checkpoint.every == 0 or last):
-                at = step
-                path = worker.checkpoints.save(step, metrics, (lambda d: write(d, at)) if rank == 0 else None)
+                at, positions = step, data_mod.gather_positions(batches)  # every rank takes part
+                path = worker.checkpoints.save(step, metrics,
+                                               (lambda d: write(d, at, positions)) if rank == 0 else None)
                 result.checkpoint = path or result.checkpoint
             if last:
                 break
