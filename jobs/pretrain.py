@@ -82,6 +82,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     m.add_argument("--compile-backend", default="inductor", help="torch.compile backend (aot_eager: no codegen)")
     m.add_argument("--cuda-graphs", action="store_true",
                    help="replay the compiled step as CUDA graphs (GPU, micro-batch = batch per worker only)")
+    m.add_argument("--fused-kernels", choices=("auto", "on", "off"), default="auto",
+                   help="bert_core's fused Triton kernels (auto: on CUDA when Triton is installed)")
+    m.add_argument("--low-precision-residual", action="store_true",
+                   help="fused LayerNorm sites keep the residual stream in bf16 under autocast")
     m.add_argument("--seed", type=int, default=12345)
     r = p.add_argument_group("resources")
     r.add_argument("--num-workers", type=int, default=1)
@@ -150,6 +154,8 @@ def job_from(args: argparse.Namespace) -> PretrainJob:
                                 log_every=args.log_every),
         runtime=RuntimeConfig(device="cuda" if args.use_gpu else "cpu", compile=args.compile,
                               compile_backend=args.compile_backend, cuda_graphs=args.cuda_graphs,
+                              fused_kernels={"auto": None, "on": True, "off": False}[args.fused_kernels],
+                              low_precision_residual=args.low_precision_residual,
                               threads=args.threads or max(1, round(args.cpus_per_worker)),
                               peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
                               max_seconds=args.max_minutes * 60 if args.max_minutes else None, seed=args.seed),

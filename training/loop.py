@@ -27,6 +27,7 @@ from bert_core import BertForPreTraining
 from training.optim import build_optimizer, build_scheduler
 from pipeline.rng import derive_seed as seed_for
 from training import compile as compile_mod
+from training import kernels
 from training import loader as data_mod
 from training.checkpoint import LocalCheckpoints, load_train_state, write_checkpoint
 from training.config import PretrainConfig
@@ -145,6 +146,7 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
     with latest as ckpt_dir:
         ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
         raw = _build_model(config, ckpt_dir).to(device)
+        kernels.apply(raw, rt.fused_kernels, rt.low_precision_residual)
         raw.train()
         optimizer = build_optimizer(raw, opt_cfg.name, lr=opt_cfg.lr, weight_decay=opt_cfg.weight_decay,
                                     fused=True if device.type == "cuda" and opt_cfg.name == "adamw" else None)
