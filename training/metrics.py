@@ -23,9 +23,10 @@ EXECUTED = ("positions", "attention_pairs", "query_rows", "query_pairs", "head_s
 
 def executed_counts(batch: dict[str, torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """`EXECUTED`'s values for one batch, as float64 device scalars (shapes on the host, packed lengths on the
-    device: no sync). Packed rows attend inside their blocks (each sequence, and the padding): sum of squared
-    block lengths; the last layer's queries are counted at the mean block length of a position (exact in
-    expectation: MLM slots are spread over each sequence's positions)."""
+    device: no sync). Packed rows attend inside their blocks (each sequence, and the padding), as CUDA's
+    variable-length kernel runs them (the CPU reference scores all W^2 pairs): sum of squared block lengths; the
+    last layer's queries are counted at the mean block length of a position (exact in expectation: MLM slots are
+    spread over each sequence's positions)."""
     b, t = batch["input_ids"].shape
     p = batch["masked_lm_positions"].shape[1]
     lengths = batch.get("sequence_lengths")
