@@ -266,7 +266,7 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
                      " ".join(f"{k}={v:.4g}" for k, v in sorted(result.throughput.items())))
             tracker.log({f"run_{k}": v for k, v in result.throughput.items()
                          if k in ("sequences_per_second", "tokens_per_second", "data_wait_fraction", "mfu",
-                                  "padding_fraction")}, step)
+                                  "hfu", "padding_fraction")}, step)
     finally:
         batches.close()
         tracker.close()
