@@ -314,8 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     peak = peak_tflops(args)
     name = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else f"CPU x{os.cpu_count()}"
     print(f"# {args.preset} (L={cfg.num_hidden_layers} H={cfg.hidden_size} V={cfg.vocab_size}) on {name}, "
-          f"{args.dtype} autocast, fused AdamW, compile mode {args.mode}, fused kernels {args.fused_kernels} "
-          f"(bert_core.kernels {'present' if kernels.available() else 'absent'}), torch {torch.__version__}, "
+          f"{args.dtype} autocast, fused AdamW, compile mode {args.mode}, fused kernels {args.fused_kernels}, "
+          f"torch {torch.__version__}, "
           f"transformers {transformers.__version__}, peak {peak or 'unknown (pass --peak-tflops)'} TFLOP/s, "
           f"{args.steps} timed steps after 1 + {args.warmup} warm-up")
     print(f"# {CONVENTION}")

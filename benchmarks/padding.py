@@ -3,7 +3,7 @@
     python benchmarks/padding.py --data DIR                       # e.g. a seq-512 build of ../shared/data/corpora
     python benchmarks/padding.py --data DIR --micro-batch-size 32 --pack-sequences 3
 
-Runs the training loader itself (`training.data.train_batches`, rank 0 of 1, no model) over the first epoch's
+Runs the training loader itself (`training.loader.train_batches`, rank 0 of 1, no model) over the first epoch's
 rows and counts real tokens against the positions a model would compute on:
 
 - `pad to max`: every batch padded to max_seq_length (what a loader without bucketing pays);
@@ -25,7 +25,7 @@ import torch
 
 def measure(data_config, rows_total: int, vocab_size: int) -> dict[str, float]:
     from bert_core import bert_base, executed_flops, flops_per_sequence
-    from training.data import train_batches
+    from training.loader import train_batches
     from training.metrics import FIELDS, MetricSums
 
     class Out:  # what MetricSums.add reads from a model output: only counts here
@@ -60,10 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pack-sequences", type=int, default=3, help="at most this many sequences per packed row")
     a = p.parse_args(argv)
 
-    from training import DataConfig
-    from training.data import read_shard_set
+    from pipeline.schema import read_manifest
+    from training import DataConfig, ShardSet
 
-    shards = read_shard_set(a.data)
+    shards = ShardSet.from_manifest(read_manifest(a.data))
     total = sum(shards.shard_rows)
     ways = {
         "pad to max": DataConfig(train=shards, micro_batch_size=a.micro_batch_size, length_bucketing=False,

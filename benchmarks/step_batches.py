@@ -99,10 +99,11 @@ def dataset_steps(cfg: BertConfig, data: str, batch_size: int, micro_batch: int,
                   pack_sequences: int, n: int, device: torch.device) -> list[Step]:
     """The first `n` steps the training loader (rank 0 of 1) yields from the dataset at `data`: padded to its
     length buckets with length bucketing, or packed."""
-    from training import DataConfig
-    from training.data import read_shard_set, train_batches
+    from pipeline.schema import read_manifest
+    from training import DataConfig, ShardSet
+    from training.loader import train_batches
 
-    shards = read_shard_set(data)
+    shards = ShardSet.from_manifest(read_manifest(data))
     config = DataConfig(train=shards, micro_batch_size=micro_batch, accum=batch_size // micro_batch,
                         packing=packing, pack_sequences=pack_sequences)
     batches = train_batches(config, cfg.vocab_size, seed=0, rank=0, world=1, start_batch=0)

@@ -40,7 +40,7 @@ def _config(data: str, **runtime) -> PretrainConfig:
     return PretrainConfig(
         model=ModelConfig(bert=bert_tiny(vocab_size=len(vocab), max_position_embeddings=64, hidden_dropout_prob=0.0,
                                          attention_probs_dropout_prob=0.0)),
-        data=DataConfig(train=read_shard_set(data), micro_batch_size=32, mask_id=vocab.index("[MASK]")),
+        data=DataConfig(train=ShardSet.from_manifest(read_manifest(data)), micro_batch_size=32, mask_id=vocab.index("[MASK]")),
         max_steps=6, optimizer=OptimizerConfig(lr=1e-3), tracking=TrackingConfig(log_every=1),
         runtime=RuntimeConfig(device="cuda", compile_warmup_steps=2, peak_flops=989e12, **runtime),
     )

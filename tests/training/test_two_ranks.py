@@ -21,7 +21,7 @@ import torch
 from bert_core import bert_tiny
 from training import DataConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig, ShardSet, \
     TrackingConfig, Worker, fit
-from training.loader import Rows
+from training.rows import Rows
 
 pytestmark = pytest.mark.timeout(600)
 GLOBAL, STEPS, VOCAB = 8, 3, 300
