@@ -136,3 +136,26 @@ def test_packed_step_compiles_as_one_graph():
 def test_segment_ids_at_positions():
     segs = SegmentIds(torch.tensor([[0, 0, 1, 1, 2]]), 3)
     assert segs.at(torch.tensor([[4, 0, 2]])).queries.tolist() == [[2, 0, 1]]
+
+
+def test_varlen_path_traces_forward_and_backward():
+    """What AOTAutograd sees of the CUDA path, traced on meta tensors (no GPU here): FlashAttention's varlen forward
+    with dropout and its backward, static shapes from the lengths, gradients of q, k and v of the right shapes."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def step(q, k, v, lengths, positions):
+        segs = PackedSequences.from_lengths(lengths, WIDTH).segments()
+        full = packing._varlen(q, k, v, segs, 0.1)
+        picked = packing._varlen(torch.gather(q, 1, positions[:, :, None, None].expand(-1, -1, 2, 64)), k, v,
+                                 segs.at(positions), 0.1)
+        return torch.autograd.grad(full.float().sum() + picked.float().sum(), (q, k, v))
+
+    q, k, v = (torch.empty(2, WIDTH, 2, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    args = (q, k, v, torch.empty(2, 3, dtype=torch.long, device="meta"),
+            torch.empty(2, 7, dtype=torch.long, device="meta"))
+    graph = make_fx(step, tracing_mode="fake")(*args)
+    ops = [str(n.target) for n in graph.graph.nodes if "flash" in str(n.target)]
+    assert ops.count("aten._flash_attention_forward.default") == 2
+    assert ops.count("aten._flash_attention_backward.default") == 2
+    assert [tuple(g.shape) for g in step(*args)] == [(2, WIDTH, 2, 64)] * 3
