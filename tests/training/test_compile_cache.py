@@ -1,6 +1,7 @@
 """Fast restart: compiled artifacts are kept beside every checkpoint and a resumed run in a fresh process, with an
 empty Inductor cache directory, gets its compiled graphs from them (cache hits, no code generation). Counted on
-Dynamo's counters, never on time. Inductor generates and compiles C++ here, so this runs ~1-3 minutes on 2 CPUs."""
+Dynamo's counters, never on time. Inductor generates and compiles C++ here: 6.5-10.5 minutes on this shared 2-core
+box (load 11-30), hence the slow marker."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
 def run(dataset: str, checkpoints: Path, steps: int, inductor_cache: Path) -> dict:
