@@ -4,7 +4,7 @@ Torch and safetensors only: no Ray, MLflow or storage code here (tests/test_laye
 """
 from .config import PRESETS, BertConfig, bert_base, bert_large, bert_medium, bert_mini, bert_small, bert_tiny
 from .finetuning import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
-from .flops import flops_per_sequence, mfu
+from .flops import executed_flops, executed_flops_per_batch, flops_per_sequence, mfu
 from .model import BertModel, BertPooler
 from .outputs import (BertForPreTrainingOutput, BertModelOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
                       TokenClassifierOutput)
@@ -20,5 +20,5 @@ __all__ = [
     "BertPreTrainedModel", "BertForPreTraining", "BertForSequenceClassification", "BertForTokenClassification",
     "BertForQuestionAnswering", "BertModelOutput", "BertForPreTrainingOutput", "SequenceClassifierOutput",
     "TokenClassifierOutput", "QuestionAnsweringOutput",
-    "flops_per_sequence", "mfu",
+    "flops_per_sequence", "mfu", "executed_flops", "executed_flops_per_batch",
 ]

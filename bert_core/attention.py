@@ -2,7 +2,8 @@
 
 Q, K and V come from one fused (3H x H) projection: one GEMM instead of three, and the layout HF interop needs is
 restored by `bert_core.hf` (it splits/concatenates `query`/`key`/`value`). `BertAttention` adds the output
-projection, dropout, residual and the post-LayerNorm of the original Transformer/BERT.
+projection, dropout, residual and the post-LayerNorm of the original Transformer/BERT. With packed rows
+(`bert_core.packing`) the mask is replaced by block ids and attention stays inside each packed sequence.
 """
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from torch import nn
 from .config import BertConfig
 from .dropout import Dropout, attention
 from .kernels import DEFAULT as DEFAULT_KERNELS, residual_layer_norm
+from .packing import SegmentIds, packed_attention
+
+AttnMask = torch.Tensor | SegmentIds | None
 
 
 class BertSelfAttention(nn.Module):
@@ -23,9 +27,10 @@ class BertSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, hidden_states: torch.Tensor, attn_mask: torch.Tensor | None = None,
+    def forward(self, hidden_states: torch.Tensor, attn_mask: AttnMask = None,
                 queries: torch.Tensor | None = None) -> torch.Tensor:
-        """hidden_states (B, T, H); attn_mask boolean (B, 1, 1, T), True = may attend, or None (attend all).
+        """hidden_states (B, T, H); attn_mask boolean (B, 1, 1, T), True = may attend, or None (attend all), or the
+        `SegmentIds` of packed rows (attend only inside one's own block).
 
         `queries` (B, K, H), optional: compute outputs only for these rows (gathered from hidden_states) while
         attending over all T keys; used by the last layer when only some positions' outputs are needed.
@@ -38,11 +43,16 @@ class BertSelfAttention(nn.Module):
             w, bias = self.qkv.weight, self.qkv.bias
             q = F.linear(queries, w[:h], bias[:h])
             k, v = F.linear(hidden_states, w[h:], bias[h:]).split(h, dim=-1)
-        # Views, not copies: (B, T, H) slices of the fused output -> (B, heads, T, d) with strides SDPA accepts.
-        # Their gradients meet again in split's backward (one cat), where unbind/permute cost a stack and a copy.
-        q, k, v = [x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2) for x in (q, k, v)]
-        out = attention(q, k, v, attn_mask, dropout_p)
-        return out.transpose(1, 2).reshape(b, -1, h)
+        # Views, not copies: (B, T, H) slices of the fused output -> (B, T, heads, d), then (B, heads, T, d) with
+        # strides SDPA accepts (varlen attention takes the tokens flat). Their gradients meet again in split's
+        # backward (one cat), where unbind/permute cost a stack and a copy.
+        q, k, v = [x.unflatten(-1, (self.num_heads, self.head_dim)) for x in (q, k, v)]
+        if isinstance(attn_mask, SegmentIds):
+            out = packed_attention(q, k, v, attn_mask, dropout_p)
+        else:
+            out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask,
+                            dropout_p).transpose(1, 2)
+        return out.reshape(b, -1, h)
 
 
 class BertSelfOutput(nn.Module):
@@ -63,7 +73,7 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, hidden_states: torch.Tensor, attn_mask: torch.Tensor | None = None,
+    def forward(self, hidden_states: torch.Tensor, attn_mask: AttnMask = None,
                 queries: torch.Tensor | None = None) -> torch.Tensor:
         residual = hidden_states if queries is None else queries
         return self.output(self.self(hidden_states, attn_mask, queries), residual)

@@ -1,5 +1,6 @@
 """`BertEmbeddings`: word + segment (token type) + learned absolute position embeddings, summed, then LayerNorm and
-dropout (BERT paper, section 3, figure 2). Parameter names follow Hugging Face so checkpoints map one to one."""
+dropout (BERT paper, section 3, figure 2). Parameter names follow Hugging Face so checkpoints map one to one.
+Positions count from each row's start, or from `position_ids` when given (packed rows restart them per sequence)."""
 from __future__ import annotations
 
 import torch
@@ -21,14 +22,18 @@ class BertEmbeddings(nn.Module):
         self.dropout = Dropout(config.hidden_dropout_prob)
         self.max_positions = config.max_position_embeddings
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
         seq_len = input_ids.shape[1]
-        if seq_len > self.max_positions:
+        if seq_len > self.max_positions and position_ids is None:
             raise ValueError(f"sequence length {seq_len} exceeds max_position_embeddings={self.max_positions}; "
                              "truncate the input or use a config with more positions")
         x = self.word_embeddings(input_ids)
-        # Position rows are a contiguous slice, broadcast over the batch: no index tensor, no gather.
-        x = x + self.position_embeddings.weight[:seq_len]
+        if position_ids is None:
+            # Position rows are a contiguous slice, broadcast over the batch: no index tensor, no gather.
+            x = x + self.position_embeddings.weight[:seq_len]
+        else:
+            x = x + self.position_embeddings(position_ids)
         if token_type_ids is None:
             x = x + self.token_type_embeddings.weight[0]
         else:

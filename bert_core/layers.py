@@ -8,10 +8,11 @@ import torch.utils.checkpoint
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import BertAttention
+from .attention import AttnMask, BertAttention
 from .config import BertConfig
 from .dropout import Dropout
 from .kernels import DEFAULT as DEFAULT_KERNELS, linear_gelu, residual_layer_norm
+from .packing import SegmentIds
 
 
 def activation(name: str):
@@ -56,7 +57,7 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, hidden_states: torch.Tensor, attn_mask: torch.Tensor | None = None,
+    def forward(self, hidden_states: torch.Tensor, attn_mask: AttnMask = None,
                 queries: torch.Tensor | None = None) -> torch.Tensor:
         attention_output = self.attention(hidden_states, attn_mask, queries)
         return self.output(self.intermediate(attention_output), attention_output)
@@ -68,7 +69,7 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
         self.gradient_checkpointing = False
 
-    def forward(self, hidden_states: torch.Tensor, attn_mask: torch.Tensor | None = None,
+    def forward(self, hidden_states: torch.Tensor, attn_mask: AttnMask = None,
                 output_positions: torch.Tensor | None = None) -> torch.Tensor:
         """Returns (B, T, H), or (B, K, H) at `output_positions` (B, K) when given.
 
@@ -82,6 +83,8 @@ class BertEncoder(nn.Module):
             if output_positions is not None and i == last:
                 index = output_positions.unsqueeze(-1).expand(-1, -1, hidden_states.shape[-1])
                 queries = torch.gather(hidden_states, 1, index)
+                if isinstance(attn_mask, SegmentIds):  # packed rows: each query keeps its own sequence's block
+                    attn_mask = attn_mask.at(output_positions)
             if self.gradient_checkpointing and self.training:
                 # Trades one extra forward per layer for activation memory (long sequences, big batches).
                 hidden_states = torch.utils.checkpoint.checkpoint(layer, hidden_states, attn_mask, queries,

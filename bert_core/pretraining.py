@@ -18,6 +18,11 @@ Two choices, each made per call from the device (and overridable, so CPU tests c
   running eagerly while gradients are needed, gemm otherwise.
 Without positions it returns logits for every position (what HF returns; used for parity checks), and
 `masked_lm_labels` may then be HF-style (B, T) labels.
+
+Packed rows (`sequence_lengths` (B, S), see `bert_core.packing`): every row holds up to S sequences; masked
+positions index into the row, NSP reads each sequence's [CLS] and `next_sentence_label` is (B, S) with -100 at
+unused places; the losses are the means over all real masked tokens and sequences, as for the same sequences
+unpacked.
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ from .heads import BertPreTrainingHeads
 from .losses import IGNORE_INDEX, accuracy_counts, mean_cross_entropy, valid_slots
 from .model import BertModel
 from .outputs import BertForPreTrainingOutput
+from .packing import sequence_starts
 from .pretrained import BertPreTrainedModel, _no_init
 
 MLM_HEADS = ("auto", "chunked", "gemm")
@@ -69,22 +75,29 @@ class BertForPreTraining(BertPreTrainedModel):
         masked_lm_positions: torch.Tensor | None = None,
         masked_lm_labels: torch.Tensor | None = None,
         next_sentence_label: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        sequence_lengths: torch.Tensor | None = None,
     ) -> BertForPreTrainingOutput:
         if self.mlm_head not in MLM_HEADS:
             raise ValueError(f"mlm_head must be one of {MLM_HEADS}, got {self.mlm_head!r}")
         static = False
         if masked_lm_positions is None:
             # Every position (HF's behaviour): for parity checks and HF-style (B, T) labels.
-            out = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            out = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                            position_ids=position_ids, sequence_lengths=sequence_lengths)
             rows, labels, pooled = out.last_hidden_state, masked_lm_labels, out.pooler_output
         else:
             valid = valid_slots(masked_lm_positions, masked_lm_labels, input_ids.shape[0])
             slots = masked_lm_positions.clamp(min=0)
-            cls_position = torch.zeros_like(slots[:, :1])
+            if sequence_lengths is None:
+                cls_positions = torch.zeros_like(slots[:, :1])
+            else:
+                cls_positions = sequence_starts(sequence_lengths, input_ids.shape[1])
             out = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                            output_positions=torch.cat([cls_position, slots], dim=1))
-            # Row 0 is [CLS] (already pooled), rows 1.. the P slots, batch-major.
-            slot_rows, pooled = out.last_hidden_state[:, 1:], out.pooler_output
+                            output_positions=torch.cat([cls_positions, slots], dim=1), position_ids=position_ids,
+                            sequence_lengths=sequence_lengths)
+            # The first rows are the [CLS]s (already pooled), then the P slots, batch-major.
+            slot_rows, pooled = out.last_hidden_state[:, cls_positions.shape[1]:], out.pooler_output
             static = self.uses_static_mlm(input_ids.device)
             if static:  # all B*P slots; padding carries label -100, which cross-entropy and the counts skip
                 rows = slot_rows.reshape(-1, slot_rows.shape[-1])

@@ -60,6 +60,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     d.add_argument("--length-buckets", type=_widths, help="comma-separated widths batches are padded to, e.g. "
                    "32,64,96,128 (default: multiples of the dataset's max_seq_length / 4)")
     d.add_argument("--dynamic-masking", action="store_true", help="redraw MLM masks every time a row is read")
+    d.add_argument("--packing", action="store_true",
+                   help="pack whole sequences into max_seq_length-wide rows instead of padding (one shape per step; "
+                        "--batch-size and --micro-batch-size then count packed rows)")
+    d.add_argument("--pack-sequences", type=int, default=3, help="at most this many sequences per packed row")
     m = p.add_argument_group("model and optimisation")
     m.add_argument("--preset", default="bert_base", help="bert_tiny|bert_mini|bert_small|bert_medium|bert_base|...")
     m.add_argument("--init", help="start from an export, a checkpoint directory or any HF BERT directory")
@@ -76,6 +80,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     m.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (default: on with --use-gpu, off on CPU)")
     m.add_argument("--compile-backend", default="inductor", help="torch.compile backend (aot_eager: no codegen)")
+    m.add_argument("--cuda-graphs", action="store_true",
+                   help="replay the compiled step as CUDA graphs (GPU, micro-batch = batch per worker only)")
+    m.add_argument("--fused-kernels", choices=("auto", "on", "off"), default="auto",
+                   help="bert_core's fused Triton kernels (auto: on CUDA when Triton is installed)")
+    m.add_argument("--low-precision-residual", action="store_true",
+                   help="fused LayerNorm sites keep the residual stream in bf16 under autocast")
     m.add_argument("--seed", type=int, default=12345)
     r = p.add_argument_group("resources")
     r.add_argument("--num-workers", type=int, default=1)
@@ -130,7 +140,8 @@ def job_from(args: argparse.Namespace) -> PretrainJob:
         data=DataConfig(train=ShardSet.from_manifest(data, args.endpoint_url), micro_batch_size=micro, accum=accum,
                         loader=args.data_loader, length_bucketing=args.length_bucketing,
                         length_buckets=args.length_buckets or (), dynamic_masking=args.dynamic_masking,
-                        mask_id=data.vocab.mask_id, masked_lm_prob=data.masked_lm_prob),
+                        mask_id=data.vocab.mask_id, masked_lm_prob=data.masked_lm_prob, packing=args.packing,
+                        pack_sequences=args.pack_sequences),
         max_steps=args.max_steps,
         optimizer=OptimizerConfig(name=args.optimizer, lr=args.lr, weight_decay=args.weight_decay,
                                   warmup_steps=args.warmup_steps, decay=args.decay, poly_power=args.poly_power,
@@ -142,7 +153,9 @@ def job_from(args: argparse.Namespace) -> PretrainJob:
         tracking=TrackingConfig(run_name=args.run_name, system_metrics=not args.no_system_metrics,
                                 log_every=args.log_every),
         runtime=RuntimeConfig(device="cuda" if args.use_gpu else "cpu", compile=args.compile,
-                              compile_backend=args.compile_backend,
+                              compile_backend=args.compile_backend, cuda_graphs=args.cuda_graphs,
+                              fused_kernels={"auto": None, "on": True, "off": False}[args.fused_kernels],
+                              low_precision_residual=args.low_precision_residual,
                               threads=args.threads or max(1, round(args.cpus_per_worker)),
                               peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
                               max_seconds=args.max_minutes * 60 if args.max_minutes else None, seed=args.seed),

@@ -108,6 +108,12 @@ class RuntimeConfig:
     precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     compile: bool | None = None  # None: on for CUDA, off for CPU
     compile_backend: str = "inductor"
+    # CUDA graphs for the compiled step (training.compile: reduce-overhead; accum 1 only; no effect on CPU).
+    cuda_graphs: bool = False
+    # bert_core's fused GPU kernels (training.kernels): None = by device, True / False = always / never; and
+    # whether their LayerNorm sites keep a bf16 residual stream under autocast.
+    fused_kernels: bool | None = None
+    low_precision_residual: bool = False
     # Compile every length bucket's graph before the first step (forward + backward on a synthetic batch of each
     # width, gradients dropped): no bucket's first appearance stalls a measured window later in the run.
     precompile_buckets: bool = True

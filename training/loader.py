@@ -20,6 +20,11 @@ The training loop needs three things the shards do not give by themselves:
 With `dynamic_masking` every batch is re-masked (`training.batching.Remasker`) from an RNG seeded by (seed, rank,
 batch index): reproducible and independent of timing. Batches are made in a background thread (`Prefetcher`).
 A new step of the stream (e.g. sequence packing) is a `DataConfig` field and a stage in `micro_batches`.
+
+With `DataConfig.packing` the rows are packed instead of padded (`training.packing`): whole sequences laid end to
+end in fixed-width rows, one shape for every micro-batch. Packed windows yield a data-dependent number of batches,
+so the stream also reports its position (window, micro-batches taken in it: `Batches.position`), which the
+checkpoint keeps per rank for an exact resume (without it the stream re-packs its windows from the start).
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ from pipeline.rng import derive_seed as seed_for  # one seed derivation for the 
 from pipeline.schema import Manifest
 from pipeline.storage import storage_options
 from training.batching import Remasker, collate, finite_batches
+from training.packing import PackConfig, packed_micro_batches
 from training.rows import Rows, read_shard
 
 LOADERS = ("stream", "ray-data")
@@ -55,6 +61,7 @@ class ShardSet:
     manifest_sha256: str = ""  # names the exact build
     vocab_size: int | None = None  # of the vocabulary the ids refer to (None: not known, not checked)
     vocab_sha256: str = ""
+    seq_lengths: tuple[int, ...] = ()  # the distinct sequence lengths (the manifest's histogram); () unknown
 
     def __post_init__(self) -> None:
         if len(self.shard_urls) != len(self.shard_rows) or not self.shard_urls:
@@ -71,7 +78,8 @@ class ShardSet:
                    max_seq_length=manifest.max_seq_length, max_predictions=manifest.max_predictions,
                    endpoint_url=endpoint_url, config_hash=manifest.config_hash, url=manifest.url,
                    manifest_sha256=manifest.sha256, vocab_size=manifest.vocab.size,
-                   vocab_sha256=manifest.vocab.sha256)
+                   vocab_sha256=manifest.vocab.sha256,
+                   seq_lengths=tuple(n for n, rows in manifest.seq_len_histogram if rows))
 
 
 def default_length_buckets(max_seq_length: int, count: int = 4) -> tuple[int, ...]:
@@ -98,8 +106,23 @@ class DataConfig:
     dynamic_masking: bool = False
     mask_id: int = 103
     masked_lm_prob: float = 0.15
+    # Packing (training.packing): micro_batch_size packed rows of pack_width positions (0: max_seq_length; wider
+    # rows are allowed, positions restart per sequence), each holding up to pack_sequences whole sequences and
+    # pack_slots masked-LM slots (0: max_predictions per max_seq_length of width, + pack_sequences), packed per
+    # window of pack_window_rows dataset rows (0: bucket_window x micro_batch_size x pack_sequences).
+    packing: bool = False
+    pack_width: int = 0
+    pack_sequences: int = 3
+    pack_slots: int = 0
+    pack_window_rows: int = 0
 
     def __post_init__(self) -> None:
+        if self.packing and (self.pack_sequences < 1 or self.pack_slots < 0 or self.pack_window_rows < 0):
+            raise ValueError(f"--pack-sequences ({self.pack_sequences}) must be >= 1, pack_slots "
+                             f"({self.pack_slots}) and pack_window_rows ({self.pack_window_rows}) >= 0")
+        if self.packing and self.pack_width and self.pack_width < self.train.max_seq_length:
+            raise ValueError(f"--pack-width {self.pack_width} is narrower than the dataset's max_seq_length "
+                             f"{self.train.max_seq_length}: use 0 (that length) or more")
         if self.micro_batch_size < 1 or self.accum < 1:
             raise ValueError(f"micro_batch_size ({self.micro_batch_size}) and accum ({self.accum}) must be >= 1")
         if self.loader not in LOADERS:
@@ -122,6 +145,20 @@ class DataConfig:
     def window(self) -> int:
         """Micro-batches sorted together by length (1 without bucketing)."""
         return self.bucket_window if self.length_bucketing else 1
+
+    @property
+    def pack(self) -> PackConfig | None:
+        """The packed rows' geometry (None without packing): W, S, P and the window, defaults filled in. A row that
+        would exceed P goes to another packed row, never truncated."""
+        if not self.packing:
+            return None
+        width, seq = self.pack_width or self.train.max_seq_length, self.train.max_seq_length
+        # The builder masks round(15% of a row) (at least 1), capped at max_predictions: for full rows the cap,
+        # scaled to the packed width, plus one for each sequence's rounding.
+        slots = self.pack_slots or -(-self.train.max_predictions * width // seq) + self.pack_sequences
+        return PackConfig(width=width, sequences=self.pack_sequences, slots=slots,
+                          window_rows=self.pack_window_rows or self.bucket_window * self.micro_batch_size
+                          * self.pack_sequences)
 
 
 def batch_geometry(batch_size: int, num_workers: int, micro_batch_size: int | None = None) -> tuple[int, int]:
@@ -182,7 +219,8 @@ class RankStream:
     """
 
     def __init__(self, data: DataConfig, load_shard: Callable[[int], Rows], seed: int, rank: int = 0,
-                 world: int = 1, start_batch: int = 0, remasker: Remasker | None = None) -> None:
+                 world: int = 1, start_batch: int = 0, remasker: Remasker | None = None,
+                 start_position: tuple[int, int] | None = None) -> None:
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside world of size {world}")
         self.shard_rows = [int(n) for n in data.train.shard_rows]
@@ -193,6 +231,10 @@ class RankStream:
         self._load, self._cache = load_shard, {}
         self.rank_rows = (rank + 1) * total // world - rank * total // world
         self._first_window, self._skip = divmod(start_batch, data.window)
+        self._window_rows = data.window * data.micro_batch_size
+        if data.packing:  # packed windows yield data-dependent batch counts: a saved position, or replay
+            self._window_rows = data.pack.window_rows
+            self._first_window, self._skip = start_position if start_position is not None else (0, start_batch)
         self.batch_index = start_batch
 
     def _shard(self, i: int) -> Rows:
@@ -212,10 +254,20 @@ class RankStream:
                 offset = 0
             epoch += 1
 
+    def positioned(self) -> Iterator[tuple[dict[str, np.ndarray], tuple[int, int] | None]]:
+        """(micro-batch, stream position after it): (window, batches taken in it) when packing, else None (the
+        batch count is the position)."""
+        pieces = self._rows_from(self._first_window * self._window_rows)
+        if self.data.packing:
+            yield from packed_batches(pieces, self.data, self.seed, self.rank, self._first_window, self._skip,
+                                      self.remasker)
+            return
+        for batch in micro_batches(pieces, self.data, self.seed, self.rank, self._first_window, self._skip,
+                                   self.remasker):
+            yield batch, None
+
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        start_row = self._first_window * self.data.window * self.data.micro_batch_size
-        for batch in micro_batches(self._rows_from(start_row), self.data, self.seed, self.rank, self._first_window,
-                                   self._skip, self.remasker):
+        for batch, _ in self.positioned():
             yield batch
             self.batch_index += 1
 
@@ -247,6 +299,19 @@ def micro_batches(pieces: Iterable[Rows], data: DataConfig, seed: int, rank: int
                 batch_rows = remasker(batch_rows, np.random.default_rng(seed_for("remask", seed, rank, batch_index)))
             yield collate(batch_rows, max_predictions, length_buckets=data.length_buckets)
             batch_index += 1
+
+
+def packed_batches(pieces: Iterable[Rows], data: DataConfig, seed: int, rank: int = 0, first_window: int = 0,
+                   skip: int = 0, remasker: Remasker | None = None,
+                   ) -> Iterator[tuple[dict[str, np.ndarray], tuple[int, int]]]:
+    """Packed micro-batches of `data.micro_batch_size` packed rows (`training.packing`) and their positions; the
+    first `skip` micro-batches from window `first_window` on are dropped. Re-masking, when on, is per window,
+    before packing (the packing depends on the masked counts)."""
+    def seed_of(name: str, window: int) -> int:
+        return seed_for(name, seed, rank, window)
+
+    return packed_micro_batches(_windows(pieces, data.pack.window_rows), data.pack, data.micro_batch_size, seed_of,
+                                first_window, skip, remask=remasker)
 
 
 def _windows(pieces: Iterable[Rows], window_rows: int) -> Iterator[Rows]:
@@ -319,31 +384,72 @@ def _load(shards: ShardSet) -> Callable[[int], Rows]:
     return load
 
 
-def _pinned(batches: Iterator[dict]) -> Iterator[dict]:
+class Batches(Prefetcher):
+    """Prefetched micro-batches; `position` is the stream position after the last one taken (packed streams:
+    (window, batches taken in it); None otherwise, where the batch count is the position)."""
+
+    position: tuple[int, int] | None = None
+
+    def __next__(self):
+        batch, self.position = super().__next__()
+        return batch
+
+
+def gather_positions(batches: Batches) -> list | None:
+    """Every rank's packed stream position, by rank (None when not packing). A collective when distributed: every
+    rank must call it."""
+    if batches.position is None:
+        return None
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [batches.position]
+    positions: list = [None] * dist.get_world_size()
+    dist.all_gather_object(positions, batches.position)
+    return positions
+
+
+def rank_position(data_position: dict, rank: int, world: int) -> tuple[int, int] | None:
+    """This rank's packed position from a checkpoint's `data_position` (None: not saved, or saved by another world
+    size; a packed stream then replays its windows from the start to find the batch count)."""
+    positions = data_position.get("packed_positions")
+    if not positions or len(positions) != world:
+        return None
+    return tuple(positions[rank])
+
+
+def _pinned(batches: Iterator[tuple[dict, object]]) -> Iterator[tuple[dict, object]]:
     """Page-locked torch tensors, made in the prefetch thread: the loop's host-to-GPU copies are then asynchronous
     and the pinning copy costs the training thread nothing."""
     import torch
 
-    for batch in batches:
-        yield {k: torch.from_numpy(v).pin_memory() for k, v in batch.items()}
+    for batch, position in batches:
+        yield {k: torch.from_numpy(v).pin_memory() for k, v in batch.items()}, position
 
 
 def train_batches(data: DataConfig, vocab_size: int, seed: int, rank: int, world: int, start_batch: int,
-                  rows: RowSource | None = None, pin_memory: bool = False) -> Prefetcher:
-    """This rank's micro-batches from `start_batch` on, prefetched by a background thread (`.wait_seconds` is how
-    long the loop waited for them); pinned torch tensors with `pin_memory` (for a GPU), else numpy arrays. `rows`:
-    a launcher's row source instead of reading the shards (Ray Data)."""
+                  rows: RowSource | None = None, pin_memory: bool = False,
+                  start_position: tuple[int, int] | None = None) -> Batches:
+    """This rank's micro-batches from `start_batch` (packed: from `start_position` when known) on, prefetched by a
+    background thread (`.wait_seconds` is how long the loop waited for them); pinned torch tensors with
+    `pin_memory` (for a GPU), else numpy arrays. `rows`: a launcher's row source instead of reading the shards
+    (Ray Data)."""
     remasker = None
     if data.dynamic_masking:
         remasker = Remasker(vocab_size=vocab_size, mask_id=data.mask_id, max_predictions=data.train.max_predictions,
                             masked_lm_prob=data.masked_lm_prob)
-    if rows is not None:
+    if rows is not None and data.packing:
+        first_window, skip = start_position if start_position is not None else (0, start_batch)
+        source = packed_batches(rows(first_window * data.pack.window_rows), data, seed, rank, first_window, skip,
+                                remasker)
+    elif rows is not None:
         first_window, skip = divmod(start_batch, data.window)
-        source = micro_batches(rows(first_window * data.window * data.micro_batch_size), data, seed, rank,
-                               first_window, skip, remasker)
+        source = ((b, None) for b in micro_batches(rows(first_window * data.window * data.micro_batch_size), data,
+                                                   seed, rank, first_window, skip, remasker))
     else:
-        source = iter(RankStream(data, _load(data.train), seed, rank, world, start_batch, remasker))
-    return Prefetcher(_pinned(source) if pin_memory else source, depth=max(4, 2 * data.accum))
+        source = RankStream(data, _load(data.train), seed, rank, world, start_batch, remasker,
+                            start_position).positioned()
+    return Batches(_pinned(source) if pin_memory else source, depth=max(4, 2 * data.accum))
 
 
 def eval_rows(ev: EvalConfig) -> Rows:

@@ -26,12 +26,14 @@ from torch import nn
 from bert_core import BertForPreTraining
 from training.optim import build_optimizer, build_scheduler
 from pipeline.rng import derive_seed as seed_for
+from training import compile as compile_mod
+from training import kernels
 from training import loader as data_mod
 from training.checkpoint import LocalCheckpoints, load_train_state, write_checkpoint
 from training.config import PretrainConfig
 from training.metrics import MetricSums
 from training.perf import RunTotals, Window, peak_flops, throughput
-from training.step import evaluate, forward, to_device, train_step
+from training.step import evaluate, to_device, train_step
 from training.tracking import NullTracker, Tracker, make_tracker
 
 log = logging.getLogger(__name__)
@@ -106,27 +108,13 @@ def _all_reduce_host(t: torch.Tensor) -> torch.Tensor:
     return t.cpu()
 
 
-def precompile(model: nn.Module, data, vocab_size: int, device: torch.device,
-               autocast_dtype: torch.dtype | None) -> None:
-    """Run forward + backward once per length bucket on a synthetic batch of the loader's exact shapes, so the
-    compiled model has all its graphs before the first real step; the gradients are dropped (no optimizer step,
-    so the weights and the optimizer state are untouched, and dropout is re-seeded before every real step)."""
-    g = torch.Generator().manual_seed(0)
-    b, p = data.micro_batch_size, data.train.max_predictions
-    model.train()
-    for width in data.length_buckets:
-        batch = {
-            "input_ids": torch.randint(5, vocab_size, (b, width), generator=g),
-            "attention_mask": torch.ones(b, width, dtype=torch.int64),
-            "token_type_ids": torch.zeros(b, width, dtype=torch.int64),
-            "masked_lm_positions": (torch.arange(p) % (width - 1) + 1).expand(b, p).contiguous(),
-            "masked_lm_labels": torch.randint(5, vocab_size, (b, p), generator=g),
-            "next_sentence_label": torch.zeros(b, dtype=torch.int64),
-        }
-        out = forward(model, to_device(batch, device), autocast_dtype)
-        (torch.nan_to_num(out.mlm_loss) + out.nsp_loss).backward()
-    for param in model.parameters():
-        param.grad = None
+def _log_first_step(device: torch.device) -> None:
+    """How long a (re)start took to its first step: the fast-restart figure (compile caches, present buckets)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    age = compile_mod.process_age()
+    if age is not None:
+        log.info("first step done %.1f s after the process started", age)
 
 
 def fit(config: PretrainConfig, worker: Worker | None = None) -> FitResult:
@@ -153,11 +141,12 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
     autocast_dtype = torch.bfloat16 if bf16 else None
     compile_model = rt.compile if rt.compile is not None else device.type == "cuda"
 
-    step = 0
+    step, packed_position = 0, None
     latest = worker.checkpoints.latest() if worker.checkpoints is not None else contextlib.nullcontext(None)
     with latest as ckpt_dir:
         ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
         raw = _build_model(config, ckpt_dir).to(device)
+        kernels.apply(raw, rt.fused_kernels, rt.low_precision_residual)
         raw.train()
         optimizer = build_optimizer(raw, opt_cfg.name, lr=opt_cfg.lr, weight_decay=opt_cfg.weight_decay,
                                     fused=True if device.type == "cuda" and opt_cfg.name == "adamw" else None)
@@ -166,6 +155,9 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
         if ckpt_dir is not None:
             state = load_train_state(ckpt_dir, optimizer, scheduler)
             step = int(state["step"])
+            packed_position = data_mod.rank_position(state["data_position"], rank, world)  # packed streams only
+            if compile_model:
+                compile_mod.load_artifacts(ckpt_dir)  # before anything compiles: a fast restart
             if (state["world_size"], state["micro_batch_size"], state["accum"], state["seed"]) != (
                     world, data.micro_batch_size, data.accum, rt.seed):
                 log.warning("resuming with a different world size / batch geometry / seed than the checkpoint's: "
@@ -176,22 +168,12 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
 
     model = worker.wrap(raw)
     if compile_model:
-        # dynamic=False: one graph per padded width (the loader's length buckets) instead of a symbolic-shape graph
-        # that would still recompile on specialised sizes; the warm-up steps are kept out of throughput.
-        model = torch.compile(model, dynamic=False, backend=rt.compile_backend)
-        # One graph per bucket and mode (train, and eval if the compiled module is ever evaluated): past Dynamo's
-        # cache limit (8) it would silently fall back to eager.
-        limit = torch._dynamo.config.cache_size_limit
-        torch._dynamo.config.cache_size_limit = max(limit, 2 * len(data.length_buckets))
+        model = compile_mod.compile_model(model, rt, data, device)
         if rt.precompile_buckets:
-            t0 = time.perf_counter()
-            precompile(model, data, raw.config.vocab_size, device, autocast_dtype)
-            if rank == 0:
-                log.info("compiled %d length buckets %s in %.1f s", len(data.length_buckets),
-                         list(data.length_buckets), time.perf_counter() - t0)
+            compile_mod.precompile(model, data, raw.config.vocab_size, device, autocast_dtype)
     vocab_size = raw.config.vocab_size
     batches = data_mod.train_batches(data, vocab_size, rt.seed, rank, world, step * data.accum, worker.rows,
-                                     pin_memory=device.type == "cuda")
+                                     pin_memory=device.type == "cuda", start_position=packed_position)
     eval_rows = data_mod.eval_rows(config.eval) if config.eval is not None else None
     vocab_text = _read_vocab(config) if rank == 0 else None
     peak = peak_flops(device, rt.peak_flops)
@@ -200,17 +182,20 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
     if step:
         tracker.set_tag("resumed_from_step", str(step))  # visible proof of a resume in the UI
 
-    def write(directory: Path, at: int) -> None:
+    def write(directory: Path, at: int, positions: list | None) -> None:
         write_checkpoint(directory, raw, optimizer, scheduler, vocab_text=vocab_text,
                          do_lower_case=config.checkpoint.do_lower_case, extra={
             "step": at, "world_size": world, "micro_batch_size": data.micro_batch_size, "accum": data.accum,
             "seed": rt.seed, "data_position": {"micro_batches_per_rank": at * data.accum,
+                                               "packed_positions": positions,
                                                "dataset_config_hash": data.train.config_hash},
             "rng": "dropout: torch.manual_seed(sha256('dropout', seed, rank, step)) before each step; dynamic "
                    "masking: numpy Generator(sha256('remask', seed, rank, micro-batch index))",
             "mlflow_run_id": config.tracking.run_id, "run_name": config.tracking.run_name,
             "config": dataclasses.asdict(config),
         })
+        if compile_model:
+            compile_mod.save_artifacts(directory)
 
     warmup = rt.exclude_steps if rt.exclude_steps is not None else (rt.compile_warmup_steps if compile_model else 0)
     sums, window, totals = MetricSums(), Window(batches.wait_seconds, counting=warmup == 0), RunTotals()
@@ -224,6 +209,8 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
             out = train_step(model, optimizer, micro, scheduler=scheduler, max_grad_norm=opt_cfg.max_grad_norm,
                              autocast_dtype=autocast_dtype, sums=sums)
             step += 1
+            if step == resumed_from + 1 and rank == 0:
+                _log_first_step(device)
             if step - resumed_from == warmup and warmup:
                 if device.type == "cuda":
                     torch.cuda.synchronize()  # the warm-up's (compiled) kernels must not leak into the window
@@ -264,8 +251,9 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
             if metrics:
                 result.metrics = metrics
             if worker.checkpoints is not None and (step % config.checkpoint.every == 0 or last):
-                at = step
-                path = worker.checkpoints.save(step, metrics, (lambda d: write(d, at)) if rank == 0 else None)
+                at, positions = step, data_mod.gather_positions(batches)  # every rank takes part
+                path = worker.checkpoints.save(step, metrics,
+                                               (lambda d: write(d, at, positions)) if rank == 0 else None)
                 result.checkpoint = path or result.checkpoint
             if last:
                 break
@@ -278,7 +266,7 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
                      " ".join(f"{k}={v:.4g}" for k, v in sorted(result.throughput.items())))
             tracker.log({f"run_{k}": v for k, v in result.throughput.items()
                          if k in ("sequences_per_second", "tokens_per_second", "data_wait_fraction", "mfu",
-                                  "padding_fraction")}, step)
+                                  "hfu", "padding_fraction")}, step)
     finally:
         batches.close()
         tracker.close()

@@ -1,9 +1,10 @@
 """Additive training metrics kept on the device: sums, not means, so they reduce across micro-batches, steps and ranks.
 
-Every statistic is a sum (loss x count, correct, count, sequences, real tokens) in one float64 vector on the step's
-device. Adding a batch launches a few small kernels and never reads a value on the host (no GPU sync inside a
-step); the vector is all-reduced across ranks and copied to the host only when the loop logs (every `log_every`
-steps), which is also one collective per log instead of one per step.
+Every statistic is a sum (loss x count, correct, count, sequences, real tokens, and what the model executed: padded
+positions, attention pairs, last-layer rows, head slots) in one float64 vector on the step's device. Adding a
+batch launches a few small kernels and never reads a value on the host (no GPU sync inside a step); the vector is
+all-reduced across ranks and copied to the host only when the loop logs (every `log_every` steps), which is also
+one collective per log instead of one per step.
 """
 from __future__ import annotations
 
@@ -13,7 +14,31 @@ from dataclasses import dataclass, field
 import torch
 
 FIELDS = ("mlm_loss_sum", "mlm_correct", "mlm_count", "nsp_loss_sum", "nsp_correct", "nsp_count",
-          "sequences", "tokens", "positions")  # positions: padded B x T, so padding = 1 - tokens / positions
+          "sequences", "tokens", "positions",  # positions: padded B x T, so padding = 1 - tokens / positions
+          # what bert_core executes (`bert_core.flops.executed_flops`'s arguments), as its static head and, for
+          # packed rows, variable-length attention run it
+          "attention_pairs", "query_rows", "query_pairs", "head_slots", "pooled_rows")
+EXECUTED = ("positions", "attention_pairs", "query_rows", "query_pairs", "head_slots", "pooled_rows")
+
+
+def executed_counts(batch: dict[str, torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """`EXECUTED`'s values for one batch, as float64 device scalars (shapes on the host, packed lengths on the
+    device: no sync). Packed rows attend inside their blocks (each sequence, and the padding), as CUDA's
+    variable-length kernel runs them (the CPU reference scores all W^2 pairs): sum of squared block lengths; the
+    last layer's queries are counted at the mean block length of a position (exact in expectation: MLM slots are
+    spread over each sequence's positions)."""
+    b, t = batch["input_ids"].shape
+    p = batch["masked_lm_positions"].shape[1]
+    lengths = batch.get("sequence_lengths")
+    if lengths is None:
+        shape = [b * t, b * t * t, b * (1 + p), b * (1 + p) * t, b * p, b]
+        return [torch.full((), float(v), dtype=torch.float64, device=device) for v in shape]
+    s = lengths.shape[1]
+    lengths = lengths.detach().double()
+    pairs = (lengths ** 2).sum() + ((t - lengths.sum(1)) ** 2).sum()
+    rows = float(b * (s + p))
+    full = [torch.full((), float(v), dtype=torch.float64, device=device) for v in (b * t, rows, b * p, b * s)]
+    return [full[0], pairs, full[1], pairs * (rows / (b * t)), full[2], full[3]]
 
 
 @dataclass
@@ -28,13 +53,16 @@ class MetricSums:
         nsp_count = out.nsp_count.detach().double()
         device = mlm_count.device
         # torch.full is a fill kernel on the device; torch.tensor(python_float, device=cuda) would be a host copy.
-        sequences = torch.full((), float(batch["input_ids"].shape[0]), dtype=torch.float64, device=device)
-        positions = torch.full((), float(batch["input_ids"].numel()), dtype=torch.float64, device=device)
+        if "sequence_lengths" in batch:  # packed rows: the real sequences are the used places
+            sequences = (batch["sequence_lengths"].detach() > 0).sum().double()
+        else:
+            sequences = torch.full((), float(batch["input_ids"].shape[0]), dtype=torch.float64, device=device)
+        executed = executed_counts(batch, device)
         update = torch.stack([
             torch.nan_to_num(out.mlm_loss.detach().double()) * mlm_count,
             out.mlm_correct.detach().double(), mlm_count,
             out.nsp_loss.detach().double() * nsp_count, out.nsp_correct.detach().double(), nsp_count,
-            sequences, batch["attention_mask"].detach().sum().double(), positions,
+            sequences, batch["attention_mask"].detach().sum().double(), *executed,
         ])
         if self.values.device != device:
             self.values = self.values.to(device)
@@ -75,6 +103,13 @@ class MetricSums:
     def positions(self) -> float:
         """Padded positions (batch x width): what the model computed on."""
         return float(self.values[FIELDS.index("positions")])
+
+    def executed(self) -> dict[str, float]:
+        """`bert_core.flops.executed_flops`'s keyword arguments, summed."""
+        v = dict(zip(FIELDS, self.values.cpu().tolist()))
+        out = {k: v[k] for k in EXECUTED}
+        out["sequences"] = out.pop("pooled_rows")
+        return out
 
     @property
     def masked(self) -> float:

@@ -1,7 +1,10 @@
 """Throughput, MFU of real tokens and data wait over a logging window, with compile warm-up kept out.
 
-MFU counts the useful FLOPs of the tokens actually trained on (`bert_core.flops`: the mean real length per
-sequence, the masked positions actually predicted), not the padded shapes, against the accelerator's peak.
+MFU counts the useful FLOPs of the tokens actually trained on (`bert_core.flops.flops_per_sequence`: the mean real
+length per sequence, the masked positions actually predicted, every encoder layer in full), not the padded shapes,
+against the accelerator's peak. `hfu` (hardware FLOPs utilisation) counts what the model executed instead
+(`bert_core.flops.executed_flops`: padding, the last layer at [CLS] + slots, every head slot): how busy the
+device was, where MFU says how much of it was useful.
 """
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import time
 import torch
 
 from bert_core.config import BertConfig
-from bert_core.flops import flops_per_sequence
+from bert_core.flops import executed_flops, flops_per_sequence
 from training.metrics import MetricSums
 
 # Dense bf16 peaks (FLOP/s) by device-name fragment; --peak-tflops overrides.
@@ -28,7 +31,8 @@ def peak_flops(device: torch.device, override: float | None) -> float | None:
 
 def throughput(sums: MetricSums, seconds: float, wait_seconds: float, config: BertConfig, peak: float | None,
                world: int) -> dict[str, float]:
-    """seq/s, real tokens/s, data-wait fraction and (with a peak) mfu, from all ranks' sums over `seconds`."""
+    """seq/s, real tokens/s, data-wait fraction and (with a peak) mfu and hfu, from all ranks' sums over
+    `seconds`."""
     seconds = max(seconds, 1e-9)
     seqs = max(sums.sequences, 1.0)
     out = {"sequences_per_second": sums.sequences / seconds, "tokens_per_second": sums.tokens / seconds,
@@ -37,6 +41,7 @@ def throughput(sums: MetricSums, seconds: float, wait_seconds: float, config: Be
     if peak:
         per_seq = flops_per_sequence(config, round(sums.tokens / seqs), num_masked=sums.masked / seqs)
         out["mfu"] = per_seq * out["sequences_per_second"] / (peak * world)
+        out["hfu"] = executed_flops(config, **sums.executed()) / seconds / (peak * world)
     return out
 
 

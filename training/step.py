@@ -41,16 +41,18 @@ def forward(model: nn.Module, batch: dict[str, torch.Tensor], autocast_dtype: to
             masked_lm_positions=batch["masked_lm_positions"],
             masked_lm_labels=batch["masked_lm_labels"],
             next_sentence_label=batch["next_sentence_label"],
+            # packed rows (training.packing); absent otherwise
+            sequence_lengths=batch.get("sequence_lengths"),
         )
 
 
-def micro_weights(micro_batches: Sequence[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, list[float]]:
-    """(MLM weights as a device tensor, NSP weights as floats): each micro-batch's share of the step's masked
-    tokens and of its sequences. Sequence counts are shapes (known on the host); masked counts are data."""
+def micro_weights(micro_batches: Sequence[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(MLM weights, NSP weights) as device tensors: each micro-batch's share of the step's masked tokens and of
+    its labelled sequences (packed micro-batches have unused places labelled -100). Both counts are data, read
+    on the device."""
     mlm = torch.stack([(b["masked_lm_labels"] != IGNORE_INDEX).sum() for b in micro_batches]).float()
-    nsp = [int(b["next_sentence_label"].shape[0]) for b in micro_batches]
-    total_nsp = sum(nsp)
-    return mlm / mlm.sum().clamp(min=1), [n / total_nsp for n in nsp]
+    nsp = torch.stack([(b["next_sentence_label"] != IGNORE_INDEX).sum() for b in micro_batches]).float()
+    return mlm / mlm.sum().clamp(min=1), nsp / nsp.sum().clamp(min=1)
 
 
 def apply_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler=None,
