@@ -94,7 +94,7 @@ class Pretrain(JobSpec):
     job = "pretrain"
     wired = frozenset({"data", "eval-data", "storage", "run-name", "export", "init"}) | TRACKING_FLAGS
     key_metrics = ("loss", "mlm_accuracy", "nsp_accuracy", "eval_loss", "eval_mlm_accuracy", "eval_nsp_accuracy",
-                   "sequences_per_second", "mfu")
+                   "sequences_per_second", "mfu", "hfu")
 
     def stage(self, name, entry, planned):
         where, datasets = f"pretrain.{name}", planned.by_section.get("datasets", {})

@@ -14,7 +14,8 @@ Not measured yet (no GPU was lent while this was written); the commands, one lin
     python -m pytest -m gpu tests/bert_core                # the kernel tests on the compiled kernels
     python benchmarks/gpu_step.py --shapes 128x256x20      # the whole step (the LayerNorm kernel is on on CUDA)
 Whether `KernelOptions(low_precision_residual=True)` (a bf16 residual stream) keeps the fp32 loss curve needs a
-2,000-step bf16 run with and without it, which `training` has to expose as a flag first.
+2,000-step bf16 run with and without it (`jobs/pretrain.py --use-gpu --low-precision-residual` against the same
+command without the flag; docs/benchmarks.md § GPU).
 
 Looked at and not done: QKV gradients written into one buffer. Every attention backward op of torch 2.13 (schemas
 read here: `_scaled_dot_product_{cudnn,flash,efficient}_attention_backward`, `_flash_attention_backward`) returns
