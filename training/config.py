@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bert_core.config import BertConfig
+from training.guard import GuardConfig
 from training.loader import DataConfig, EvalConfig
 
 OPTIMIZERS = ("adamw", "lamb")
@@ -151,6 +152,7 @@ class PretrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import numbers
 import os
 import time
@@ -116,12 +115,13 @@ def flatten_params(value: Any, prefix: str = "") -> dict[str, str]:
 
 # ---- runs --------------------------------------------------------------------------------------------------------
 
-def _finite_metrics(metrics: Mapping[str, Any], step: int, timestamp_ms: int) -> list:
-    """The metrics MLflow gets: numbers only (not bools), finite only."""
+def _as_metrics(metrics: Mapping[str, Any], step: int, timestamp_ms: int) -> list:
+    """The metrics MLflow gets: numbers only (not bools). NaN and inf are kept: a diverged value is logged as what
+    it is (MLflow stores NaN, and +-inf as +-1.8e308), never dropped."""
     from mlflow.entities import Metric
 
     return [Metric(k, float(v), timestamp_ms, step) for k, v in metrics.items()
-            if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))]
+            if isinstance(v, numbers.Real) and not isinstance(v, bool)]
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ class Run:
             client.log_batch(self.run_id, tags=items[i:i + BATCH])
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int = 0) -> None:
-        items = _finite_metrics(metrics, step, int(time.time() * 1000))
+        items = _as_metrics(metrics, step, int(time.time() * 1000))
         client = self._client()
         for i in range(0, len(items), METRICS_BATCH):
             client.log_batch(self.run_id, metrics=items[i:i + METRICS_BATCH])
@@ -294,7 +294,9 @@ class MlflowTracker:
                 log.warning("system metrics are off: %s", e)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        batch = [m for m in _finite_metrics(metrics, step, int(time.time() * 1000))
+        """Non-finite values are logged as they are (MLflow keeps NaN, and stores +-inf as +-1.8e308), so a chart
+        shows a divergence where it happened instead of a gap or a silent 0."""
+        batch = [m for m in _as_metrics(metrics, step, int(time.time() * 1000))
                  if step > self.logged.get(m.key, -1)]
         if batch:
             self.client.log_batch(self.run_id, metrics=batch)
