@@ -130,7 +130,7 @@ class Guard:
     loss_spikes: int = 0  # in the current log window
     _nonfinite_streak: int = 0
     _spike_streak: int = 0
-    _baseline: deque = field(default_factory=deque)
+    baseline: deque = field(default_factory=deque)  # the last healthy step losses (spikes never enter)
 
     @property
     def open(self) -> bool:
@@ -139,10 +139,10 @@ class Guard:
 
     def threshold(self) -> float | None:
         """The loss above which a step is a spike (None while the baseline is too short)."""
-        if len(self._baseline) < self.config.spike_min_history:
+        if len(self.baseline) < self.config.spike_min_history:
             return None
-        med = median(self._baseline)
-        sigma = max(1.4826 * median(abs(x - med) for x in self._baseline), 0.01 * abs(med))
+        med = median(self.baseline)
+        sigma = max(1.4826 * median(abs(x - med) for x in self.baseline), 0.01 * abs(med))
         return med + self.config.spike_sigmas * sigma
 
     def review(self, steps: list[int], losses: list[float], applied: list[bool]) -> Divergence | None:
@@ -166,12 +166,12 @@ class Guard:
                 if self._spike_streak >= cfg.spike_in_a_row:
                     return Divergence(step, f"the loss spiked for {self._spike_streak} steps in a row (step {step}: "
                                             f"{loss:.4g}, above {limit:.4g} = median + {cfg.spike_sigmas:g} robust "
-                                            f"sigmas of the last {len(self._baseline)} healthy steps)")
+                                            f"sigmas of the last {len(self.baseline)} healthy steps)")
                 continue
             self._spike_streak = 0
-            self._baseline.append(loss)
-            if len(self._baseline) > cfg.spike_window:
-                self._baseline.popleft()
+            self.baseline.append(loss)
+            if len(self.baseline) > cfg.spike_window:
+                self.baseline.popleft()
         return None
 
     def window_metrics(self) -> dict[str, float]:

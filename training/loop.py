@@ -198,12 +198,13 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
                 divergence = run.guard.review(*run.step_log.read())
                 if divergence is None and save:
                     divergence = _nonfinite_state(run)
-                if metrics or divergence:
-                    metrics.update(run.guard.window_metrics())
                 if divergence is not None:
-                    _record(run, result, metrics)
-                    _roll_back(run, divergence)  # or raise TrainingDiverged
+                    at = run.step
+                    _roll_back(run, divergence, lambda: _record(run, result, {**metrics, **run.guard.window_metrics()},
+                                                                at))
                     continue
+                if metrics:
+                    metrics.update(run.guard.window_metrics())
             if run.eval_rows is not None and ((eval_every and run.step % eval_every == 0) or last):
                 metrics.update(_evaluate(run))
             if metrics:
@@ -356,14 +357,14 @@ def _evaluate(run: _Run) -> dict[str, float]:
 QUIET_WHEN_ZERO = ("nonfinite_batches", "nonfinite_steps", "loss_spikes", "rollbacks", "skipped_batches")
 
 
-def _record(run: _Run, result: FitResult, metrics: dict[str, float]) -> None:
+def _record(run: _Run, result: FitResult, metrics: dict[str, float], step: int | None = None) -> None:
     """Log line and tracker on rank 0 (the guard's counters always go to the tracker, into the line when not 0)."""
+    step = run.step if step is None else step
     if run.worker.rank == 0:
         shown = {k: v for k, v in metrics.items() if not (k in QUIET_WHEN_ZERO and v == 0)}
-        log.info("%s %s", run.progress.describe(run.step),
-                 " ".join(f"{k}={v:.4g}" for k, v in sorted(shown.items())))
-        run.tracker.log(metrics, run.step)
-        result.history.append((run.step, metrics))
+        log.info("%s %s", run.progress.describe(step), " ".join(f"{k}={v:.4g}" for k, v in sorted(shown.items())))
+        run.tracker.log(metrics, step)
+        result.history.append((step, metrics))
     result.metrics = metrics
 
 
@@ -377,11 +378,13 @@ def _nonfinite_state(run: _Run) -> Divergence | None:
     return Divergence(run.step, f"NaN or inf in {len(bad)} weight or optimizer tensors ({', '.join(bad[:3])}...)")
 
 
-def _roll_back(run: _Run, divergence: Divergence) -> None:
-    """Back to the last checkpoint (or the initial weights), the batches since then skipped; or give up."""
+def _roll_back(run: _Run, divergence: Divergence, record: Callable[[], None]) -> None:
+    """Back to the last checkpoint (or the initial weights), the batches since then skipped; or give up. `record`
+    logs the window that diverged, with the guard's counters after this verdict."""
     cfg, opt = run.config, run.config.optimizer
     tips = advice(opt.lr, opt.max_grad_norm, opt.warmup_steps)
     if run.guard.rollbacks >= cfg.guard.max_rollbacks:
+        record()
         message = (f"training diverged at step {divergence.step}: {divergence.reason}, after {run.guard.rollbacks} "
                    f"rollbacks that skipped {run.guard.skipped_batches} steps' batches; {tips}")
         run.tracker.set_tag("guard.diverged", message[:5000])
@@ -397,6 +400,8 @@ def _roll_back(run: _Run, divergence: Divergence) -> None:
     if run.worker.rank == 0:
         log.warning("%s", what)
     run.tracker.set_tag(f"guard.rollback.{run.guard.rollbacks}", what[:5000])
+    record()
+    run.tracker.rewind(run.step)
     _new_window(run)  # the stream goes on: its position is already past every batch seen since the checkpoint
 
 

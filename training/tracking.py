@@ -6,7 +6,8 @@ the pre-training run name), in an experiment created with an explicit artifact l
 UI opens it in its model-training view. The job's driver logs the params (`flatten_params` of its typed config)
 and ends the run (`Run.ending`); rank 0 of the loop logs metrics into it through `MlflowTracker`. After a
 worker-group restart, or a rerun with the same run name, training replays the steps since the last checkpoint;
-their metrics are already in the run, so each (metric, step) is logged once: what is there is skipped.
+their metrics are already in the run, so each (metric, step) is logged once: what is there is skipped. A rollback
+of the guard is different: it redoes steps on other batches, so it rewinds that rule (`MlflowTracker.rewind`).
 
 mlflow is imported inside the functions: importing the trainer (`fit` without tracking) never loads it.
 """
@@ -252,6 +253,7 @@ def run_metrics(tracking_uri: str, run_id: str) -> dict[str, float]:
 
 class Tracker(Protocol):
     def log(self, metrics: dict[str, float], step: int) -> None: ...
+    def rewind(self, step: int) -> None: ...
     def set_tag(self, key: str, value: str) -> None: ...
     def close(self) -> None: ...
 
@@ -265,6 +267,9 @@ class NullTracker:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.history.append((step, dict(metrics)))
+
+    def rewind(self, step: int) -> None:
+        pass
 
     def set_tag(self, key: str, value: str) -> None:
         self.tags[key] = value
@@ -302,6 +307,11 @@ class MlflowTracker:
             self.client.log_batch(self.run_id, metrics=batch)
             for m in batch:
                 self.logged[m.key] = step
+
+    def rewind(self, step: int) -> None:
+        """The run went back to `step` (the guard's rollback) and redoes the steps after it on other batches: their
+        metrics are new, so they are logged again (a second point at the same step), not skipped as a replay."""
+        self.logged = {k: min(v, step) for k, v in self.logged.items()}
 
     def set_tag(self, key: str, value: str) -> None:
         self.client.set_tag(self.run_id, key, value)
