@@ -28,12 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from training.checkpoint import LocalCheckpoints, checkpoint_name
+from training.guard import TrainingDiverged
 from training.loop import Worker
 
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 START_ATTEMPTS = 3
+VERDICTS = (TrainingDiverged,)  # the settings' fault, the same on every rank: not worth a restart
 
 
 @dataclass(frozen=True)
@@ -241,6 +243,7 @@ def _on_ray(fit: Callable, config, launch: LaunchConfig, datasets: dict | None =
     )
     log.info("training on %d Ray worker(s) x %s CPU%s", launch.num_workers, cpus, " + GPU" if launch.use_gpu else "")
     result = trainer.fit()
+    _raise_verdict(result.return_value)
     if result.checkpoint is None:
         raise RuntimeError("training finished without a checkpoint; see the worker logs above")
     with result.checkpoint.as_directory() as d:
@@ -254,9 +257,16 @@ class RayCheckpoints:
 
     @contextlib.contextmanager
     def latest(self) -> Iterator[Path | None]:
+        """The latest checkpoint persisted, the same on every rank: Ray updates `get_checkpoint()` after a report
+        only on the rank that reported one (rank 0), so a guard's rollback takes rank 0's, broadcast."""
         import ray.train
+        import torch
 
         checkpoint = ray.train.get_checkpoint()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            shared = [checkpoint]
+            torch.distributed.broadcast_object_list(shared, src=0)
+            checkpoint = shared[0]
         if checkpoint is None:
             yield None
             return
@@ -302,8 +312,11 @@ def _dataset_rows(drop: int):
             drop = 0
 
 
-def ray_worker(loop_config: dict[str, Any]) -> None:
-    """The Ray Train entry point of both kinds of run: `{"fit", "config", "threads", "ray_data"}`."""
+def ray_worker(loop_config: dict[str, Any]) -> dict[str, str]:
+    """The Ray Train entry point of both kinds of run: `{"fit", "config", "threads", "ray_data"}`.
+
+    Returns (rank 0's is `Result.return_value`) `{}`, or `{"error": message, "kind": ...}` when the settings cannot
+    work (a run the guard gave up on; every rank reaches such a verdict at the same point): raised, it would make Ray Train restart the group (`max_failures` times) into the same failure."""
     import ray.train
     import ray.train.torch
     import torch
@@ -316,4 +329,16 @@ def ray_worker(loop_config: dict[str, Any]) -> None:
     worker = Worker(rank=ctx.get_world_rank(), world_size=world, device=ray.train.torch.get_device(),
                     wrap=ray.train.torch.prepare_model if world > 1 else (lambda m: m),
                     checkpoints=RayCheckpoints(), rows=_dataset_rows if loop_config["ray_data"] else None)
-    loop_config["fit"](loop_config["config"], worker)
+    try:
+        loop_config["fit"](loop_config["config"], worker)
+    except VERDICTS as e:
+        logging.getLogger(__name__).error("%s", e)
+        return {"error": str(e), "kind": type(e).__name__}
+    return {}
+
+
+def _raise_verdict(return_value: dict | None) -> None:
+    """The workers' verdict, raised in the driver as the error the loop raised."""
+    if return_value and return_value.get("error"):
+        kind = {cls.__name__: cls for cls in VERDICTS}.get(return_value.get("kind"), ValueError)
+        raise kind(return_value["error"])

@@ -1,7 +1,7 @@
 """`fit(config)`: the whole pre-training loop in one process. `_fit` reads as its parts: set-up (build or resume the
 model, stream this rank's batches), the step loop (step; at log steps the window's reduction and the log line with
 progress and ETA; the guard's review, which may roll back; evaluation; checkpoint writing). Runs without Ray on a
-CPU or one GPU; the Ray Train worker (`training.ray_worker`) calls the same function with its rank, DDP wrapper,
+CPU or one GPU; the Ray Train worker (`training.launch.ray_worker`) calls the same function with its rank, DDP wrapper,
 checkpoint hooks and row source.
 
 Reproducibility on resume: the data position is the step plus the batches rollbacks skipped (every rank has

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from training import DataConfig
-from training.data import train_batches
+from training.loader import train_batches
 
 
 def fingerprint(input_ids) -> str:
@@ -46,3 +46,26 @@ class Poisoned(nn.Module):
             self.hits += 1
             out.mlm_loss = out.mlm_loss * float("nan")
         return out
+
+
+def ray_loop(loop_config: dict) -> dict:
+    """A Ray Train loop: pretrain_worker's Worker, with the poison (`loop_config["marks"]`) around rank 0's DDP
+    model. The test registers this module with cloudpickle by value, so it reaches the workers."""
+    import ray.train
+    import ray.train.torch
+
+    from training import Worker, fit
+    from training.launch import RayCheckpoints
+
+    cfg, ctx = loop_config["config"], ray.train.get_context()
+    rank = ctx.get_world_rank()
+    wrapped: list = []
+
+    def wrap(model):
+        ddp = ray.train.torch.prepare_model(model)
+        wrapped.append(Poisoned(ddp, loop_config["marks"] if rank == 0 else set()))
+        return wrapped[-1]
+
+    result = fit(cfg, Worker(rank=rank, world_size=ctx.get_world_size(), device=ray.train.torch.get_device(),
+                             wrap=wrap, checkpoints=RayCheckpoints()))
+    return {"step": result.step, "hits": wrapped[0].hits}

@@ -20,7 +20,8 @@ from bert_core import bert_tiny
 from poison import Poisoned, step_fingerprints
 from training import (CheckpointConfig, DataConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig,
                       TrackingConfig, Worker, fit)
-from training.data import read_shard_set
+from pipeline.schema import read_manifest
+from training.loader import ShardSet
 from training.guard import TrainingDiverged
 from training.tracking import make_tracker
 
@@ -32,7 +33,7 @@ def config(dataset: str, work: Path, steps: int = 40, lr: float = 3e-3, tracking
     vocab = Path(dataset, "vocab.txt").read_text().splitlines()
     return PretrainConfig(
         model=ModelConfig(bert=bert_tiny(vocab_size=len(vocab), max_position_embeddings=64)),
-        data=DataConfig(train=read_shard_set(dataset), micro_batch_size=8, mask_id=vocab.index("[MASK]")),
+        data=DataConfig(train=ShardSet.from_manifest(read_manifest(dataset)), micro_batch_size=8, mask_id=vocab.index("[MASK]")),
         max_steps=steps,
         optimizer=OptimizerConfig(lr=lr, warmup_steps=2),
         checkpoint=CheckpointConfig(every=every, keep=5, directory=str(work / "ckpt")),
