@@ -15,6 +15,7 @@ from pathlib import Path
 from bert_core.config import BertConfig
 from training.guard import GuardConfig
 from training.loader import DataConfig, EvalConfig
+from training.memory import MemoryConfig
 
 OPTIMIZERS = ("adamw", "lamb")
 DECAYS = ("linear", "poly")
@@ -153,6 +154,7 @@ class PretrainConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:

@@ -30,12 +30,13 @@ from typing import Any
 from training.checkpoint import LocalCheckpoints, checkpoint_name
 from training.guard import TrainingDiverged
 from training.loop import Worker
+from training.memory import DoesNotFit
 
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 START_ATTEMPTS = 3
-VERDICTS = (TrainingDiverged,)  # the settings' fault, the same on every rank: not worth a restart
+VERDICTS = (TrainingDiverged, DoesNotFit)  # the settings' fault, the same on every rank: not worth a restart
 
 
 @dataclass(frozen=True)
@@ -316,7 +317,8 @@ def ray_worker(loop_config: dict[str, Any]) -> dict[str, str]:
     """The Ray Train entry point of both kinds of run: `{"fit", "config", "threads", "ray_data"}`.
 
     Returns (rank 0's is `Result.return_value`) `{}`, or `{"error": message, "kind": ...}` when the settings cannot
-    work (a run the guard gave up on; every rank reaches such a verdict at the same point): raised, it would make Ray Train restart the group (`max_failures` times) into the same failure."""
+    work (a micro-batch that does not fit, a run the guard gave up on; every rank reaches such a verdict at the same
+    point): raised, it would make Ray Train restart the group (`max_failures` times) into the same failure."""
     import ray.train
     import ray.train.torch
     import torch
@@ -326,7 +328,8 @@ def ray_worker(loop_config: dict[str, Any]) -> dict[str, str]:
     torch.set_num_threads(loop_config["threads"])
     ctx = ray.train.get_context()
     world = ctx.get_world_size()
-    worker = Worker(rank=ctx.get_world_rank(), world_size=world, device=ray.train.torch.get_device(),
+    worker = Worker(rank=ctx.get_world_rank(), world_size=world, local_world_size=ctx.get_local_world_size(),
+                    device=ray.train.torch.get_device(),
                     wrap=ray.train.torch.prepare_model if world > 1 else (lambda m: m),
                     checkpoints=RayCheckpoints(), rows=_dataset_rows if loop_config["ray_data"] else None)
     try:

@@ -36,6 +36,7 @@ from pipeline.rng import derive_seed as seed_for
 from training import compile as compile_mod
 from training import kernels
 from training import loader as data_mod
+from training import memory
 from training.checkpoint import LocalCheckpoints, load_train_state, write_checkpoint
 from training.config import PretrainConfig
 from training.guard import (Divergence, Guard, StepLog, TrainingDiverged, advice, model_and_optimizer_tensors,
@@ -61,6 +62,7 @@ class Worker:
 
     rank: int = 0
     world_size: int = 1
+    local_world_size: int = 1  # workers on this machine (they share its RAM)
     device: torch.device | None = None
     wrap: Callable[[nn.Module], nn.Module] = lambda m: m
     checkpoints: Checkpoints | None = None
@@ -108,13 +110,14 @@ def _read_vocab(config: PretrainConfig) -> str | None:
     return read_bytes(config.checkpoint.vocab_url, config.data.train.endpoint_url).decode("utf-8")
 
 
-def _all_reduce_host(t: torch.Tensor) -> torch.Tensor:
+def _all_reduce_host(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return t
     dev = (torch.device("cuda", torch.cuda.current_device()) if torch.distributed.get_backend() == "nccl"
            else torch.device("cpu"))
     t = t.to(dev)
-    torch.distributed.all_reduce(t)
+    ops = {"sum": torch.distributed.ReduceOp.SUM, "min": torch.distributed.ReduceOp.MIN}
+    torch.distributed.all_reduce(t, op=ops[op])
     return t.cpu()
 
 
@@ -239,6 +242,7 @@ def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> _Ru
     bf16 = rt.precision == "bf16" or (rt.precision == "auto" and device.type == "cuda")
     autocast_dtype = torch.bfloat16 if bf16 else None
     compile_model = rt.compile if rt.compile is not None else device.type == "cuda"
+    _check_memory(config, worker, device)
     guard = Guard(config.guard)
     step, packed_position = 0, None
     latest = worker.checkpoints.latest() if worker.checkpoints is not None else contextlib.nullcontext(None)
@@ -291,6 +295,20 @@ def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> _Ru
                                          pin_memory=device.type == "cuda", start_position=packed_position)
     _new_window(run)
     return run
+
+
+def _check_memory(config: PretrainConfig, worker: Worker, device: torch.device) -> None:
+    """Fail in seconds, naming the flag, when the micro-batch cannot fit in this worker's memory (the smallest
+    budget of all ranks, so every rank reaches the same verdict)."""
+    data = config.data
+    budget = (int(config.memory.budget_gb * memory.GIB) if config.memory.budget_gb else
+              memory.available_bytes(device, worker.local_world_size))
+    budget = int(_all_reduce_host(torch.tensor([float(budget)], dtype=torch.float64), op="min")[0])
+    est = memory.check(config.model.bert, data.micro_batch_size, data.length_buckets[-1], data.train.max_predictions,
+                       budget, device.type)
+    if worker.rank == 0:
+        log.info("memory: a step of %d x %d tokens needs ~%s of the %s free per worker", data.micro_batch_size,
+                 data.length_buckets[-1], est.describe(), memory.gib(budget))
 
 
 def _new_window(run: _Run) -> None:

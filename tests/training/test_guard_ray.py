@@ -74,7 +74,7 @@ def test_a_divergent_learning_rate_returns_the_verdict_without_restarts(ray_loca
                    "divergent")
 
     assert result.error is None
-    verdict = result.return_value["diverged"]
+    verdict = result.return_value["error"]
     assert verdict.startswith("training diverged at step ") and "--lr (now 10000" in verdict
     assert checkpoints(tmp_path / "ray" / "divergent")  # the early ones, finite
     assert client.get_run(run_id).data.tags["guard.diverged"] == verdict
