@@ -37,7 +37,9 @@ from bert_core.config import BertConfig
 GIB = 2**30
 HEADROOM = 0.8  # plan for this share of the free memory: the allocator, the data thread, Python and Ray take some
 TRANSIENT = 0.5  # gradients in flight during backward, as a share of the saved activations
-RUNTIME_BYTES = {"cpu": 400 * 2**20, "cuda": 1 * GIB}  # torch's own footprint per process (CUDA context, kernels)
+# torch's own footprint per process (CPU: the library, its thread pools and allocator arenas, ~300 MiB after import
+# here, more once threads have run; CUDA: the context and kernels)
+RUNTIME_BYTES = {"cpu": 512 * 2**20, "cuda": 1 * GIB}
 
 
 class DoesNotFit(ValueError):
