@@ -24,6 +24,7 @@ import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from statistics import median
 
 import torch
@@ -76,6 +77,16 @@ def nonfinite_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
         return []
     flags = torch.stack([torch.isfinite(t).all().to("cpu", non_blocking=True) for _, t in named]).tolist()
     return [n for (n, _), ok in zip(named, flags) if not ok]
+
+
+def safetensors_tensors(directory: str | Path):
+    """(file:name, tensor) of every tensor in a directory's *.safetensors files, one at a time."""
+    from safetensors import safe_open
+
+    for path in sorted(Path(directory).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                yield f"{path.name}:{name}", f.get_tensor(name)
 
 
 def model_and_optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer):

@@ -94,7 +94,7 @@ def _build_model(config: PretrainConfig, checkpoint_dir: Path | None) -> BertFor
     if checkpoint_dir is not None:
         return BertForPreTraining.from_pretrained(checkpoint_dir / "model")
     if config.model.init:
-        model, info = BertForPreTraining.from_pretrained(config.model.init, output_loading_info=True)
+        model, info = BertForPreTraining.from_pretrained(config.model.init_dir(), output_loading_info=True)
         if info["missing_keys"]:
             log.warning("init %s lacked %s (freshly initialised)", config.model.init, info["missing_keys"])
         return model

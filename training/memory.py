@@ -19,12 +19,15 @@ attention keeps no probabilities); the logits of the static MLM path (B x P x V,
 gradient) are added there. Unmeasured on a GPU in this repository.
 
 `plan` picks the largest micro-batch that divides the per-rank batch and fits in `HEADROOM` of the budget
-(gradient accumulation keeps the global batch), or says which flag to change. `check` is what `training.fit`
-runs at set-up: it fails only when the micro-batch cannot fit at all, so a run planned by its job (with headroom)
-does not fail because Ray's own processes took some memory since.
+(gradient accumulation keeps the global batch), or says which flag to change; a job runs it (`fit_to_memory`)
+before it starts any worker, when it can know their memory (`local_budget`). `check` is what `training.fit` runs at
+set-up on every worker: it fails only when the micro-batch cannot fit at all, so a run planned by its job (with
+headroom) does not fail because Ray's own processes took some memory since.
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -33,6 +36,8 @@ from pathlib import Path
 import torch
 
 from bert_core.config import BertConfig
+
+log = logging.getLogger(__name__)
 
 GIB = 2**30
 HEADROOM = 0.8  # plan for this share of the free memory: the allocator, the data thread, Python and Ray take some
@@ -48,11 +53,10 @@ class DoesNotFit(ValueError):
 
 @dataclass(frozen=True)
 class MemoryConfig:
-    """How the micro-batch is sized: `budget_gb` per worker (None: what the machine or GPU has free), and whether
-    the micro-batch was fixed by the user (`--micro-batch-size`) or may be chosen to fit."""
+    """The memory per worker a micro-batch is checked against (`--memory-gb`; None: what the machine or GPU has
+    free when the worker starts)."""
 
     budget_gb: float | None = None
-    fixed_micro_batch: bool = False
 
     def __post_init__(self) -> None:
         if self.budget_gb is not None and self.budget_gb <= 0:
@@ -210,3 +214,28 @@ def check(bert: BertConfig, micro_batch: int, seq_len: int, predictions: int, bu
                          f"this worker has {gib(budget)} free: lower --micro-batch-size (or leave it out: the job "
                          "then picks one that fits), or see --memory-gb")
     return est
+
+
+def local_budget(use_gpu: bool, workers: int, budget_gb: float | None) -> int | None:
+    """The memory each worker will have, as far as the job can tell before it starts them: the user's figure, else
+    this machine's free RAM shared by its workers when they run here on CPUs (a local Ray, or this process); None
+    when they run elsewhere or on GPUs (then each worker checks at its start)."""
+    if budget_gb:
+        return int(budget_gb * GIB)
+    if use_gpu or os.environ.get("RAY_ADDRESS"):
+        return None
+    return available_bytes(torch.device("cpu"), workers)
+
+
+def fit_to_memory(config, per_rank_batch: int, requested_micro: int | None, budget: int, model_name: str):
+    """A `PretrainConfig` whose micro-batch and accumulation are `plan`'s for `budget` (the global batch kept)."""
+    data = config.data
+    chosen = plan(config.model.bert, per_rank_batch, data.length_buckets[-1], data.train.max_predictions, budget,
+                  requested_micro, config.runtime.device, model_name)
+    if chosen.micro_batch != data.micro_batch_size:
+        log.warning("a micro-batch of %d sequences of %d tokens would not fit in the %s free per worker: training "
+                    "with micro-batches of %d and %d accumulation steps (the same --batch-size); set "
+                    "--micro-batch-size to choose", data.micro_batch_size, data.length_buckets[-1], gib(budget),
+                    chosen.micro_batch, chosen.accum)
+    return dataclasses.replace(config, data=dataclasses.replace(data, micro_batch_size=chosen.micro_batch,
+                                                                accum=chosen.accum))
