@@ -202,6 +202,8 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
                 if divergence is None and save:
                     divergence = _nonfinite_state(run)
                 if divergence is not None:
+                    if not metrics:  # a checkpoint's review: the window that diverged is logged all the same
+                        metrics, _ = _reduce_window(run, out)
                     at = run.step
                     _roll_back(run, divergence, lambda: _record(run, result, {**metrics, **run.guard.window_metrics()},
                                                                 at))
