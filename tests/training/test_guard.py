@@ -155,3 +155,20 @@ def test_config_is_checked():
         GuardConfig(nonfinite_in_a_row=0)
     with pytest.raises(ValueError, match="spike_min_history"):
         GuardConfig(spike_min_history=300, spike_window=200)
+
+
+def test_an_export_refuses_non_finite_weights(tmp_path, mlflow_uri):
+    """The last line of defence: a model directory holding a NaN is never published (nor logged as the artifact)."""
+    from bert_core import BertForPreTraining, bert_tiny
+    from training.export import export_model
+    from training.tracking import open_run
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(bert_tiny(vocab_size=50))
+    with torch.no_grad():
+        model.bert.embeddings.word_embeddings.weight[3, 0] = float("nan")
+    model.save_pretrained(tmp_path / "model")
+    run = open_run(mlflow_uri, "guard-export", "x")
+    with pytest.raises(RuntimeError, match=r"refusing to export .*model.safetensors:.*word_embeddings"):
+        export_model(tmp_path / "model", str(tmp_path / "out"), run, "lineage.json")
+    assert not (tmp_path / "out").exists()
