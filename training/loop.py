@@ -204,9 +204,7 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
                 if divergence is not None:
                     if not metrics:  # a checkpoint's review: the window that diverged is logged all the same
                         metrics, _ = _reduce_window(run, out)
-                    at = run.step
-                    _roll_back(run, divergence, lambda: _record(run, result, {**metrics, **run.guard.window_metrics()},
-                                                                at))
+                    _roll_back(run, result, divergence, metrics)  # or raise TrainingDiverged
                     continue
                 if metrics:
                     metrics.update(run.guard.window_metrics())
@@ -398,18 +396,22 @@ def _nonfinite_state(run: _Run) -> Divergence | None:
     return Divergence(run.step, f"NaN or inf in {len(bad)} weight or optimizer tensors ({', '.join(bad[:3])}...)")
 
 
-def _roll_back(run: _Run, divergence: Divergence, record: Callable[[], None]) -> None:
-    """Back to the last checkpoint (or the initial weights), the batches since then skipped; or give up. `record`
-    logs the window that diverged, with the guard's counters after this verdict."""
+def _roll_back(run: _Run, result: FitResult, divergence: Divergence, metrics: dict[str, float]) -> None:
+    """Back to the last checkpoint (or the initial weights), the batches since then skipped; or give up. Either way
+    the window that diverged is logged (`metrics`, at this step) with the guard's counters after the verdict."""
     cfg, opt = run.config, run.config.optimizer
     tips = advice(opt.lr, opt.max_grad_norm, opt.warmup_steps)
+    at = run.step
+
+    def record() -> None:
+        _record(run, result, {**metrics, **run.guard.window_metrics()}, at)
+
     if run.guard.rollbacks >= cfg.guard.max_rollbacks:
         record()
         message = (f"training diverged at step {divergence.step}: {divergence.reason}, after {run.guard.rollbacks} "
                    f"rollbacks that skipped {run.guard.skipped_batches} steps' batches; {tips}")
         run.tracker.set_tag("guard.diverged", message[:5000])
         raise TrainingDiverged(message)
-    at = run.step
     latest = run.worker.checkpoints.latest() if run.worker.checkpoints is not None else contextlib.nullcontext(None)
     with latest as ckpt_dir:
         _restore(run, Path(ckpt_dir) if ckpt_dir is not None else None)
