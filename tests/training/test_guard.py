@@ -67,7 +67,8 @@ class _Out:
 
 
 def test_metric_sums_count_a_nonfinite_batch_and_keep_it_out_of_the_mean():
-    batch = {"input_ids": torch.zeros(2, 8, dtype=torch.int64), "attention_mask": torch.ones(2, 8)}
+    batch = {"input_ids": torch.zeros(2, 8, dtype=torch.int64), "attention_mask": torch.ones(2, 8),
+             "masked_lm_positions": torch.ones(2, 3, dtype=torch.int64)}
     sums = MetricSums()
     sums.add(_Out(2.0), batch)
     sums.add(_Out(float("nan")), batch)
