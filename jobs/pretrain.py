@@ -11,6 +11,8 @@ the export destination, opens the run and launches `training.fit` on Ray Train w
 in this process. The last line on stdout is a JSON object: the run, where the checkpoints and export are, the
 final metrics.
 
+The micro-batch is sized to the workers' memory (`training.memory`); a diverging run rolls back, then fails in one
+line naming the step and what to try, its MLflow run FAILED (`training.guard`).
 Fault tolerance: checkpoints go to STORAGE/RUN_NAME every `--checkpoint-every` steps (the last `--keep-checkpoints`
 kept). A dead worker makes Ray Train restart the group from the last checkpoint (`--max-failures`); running the same
 command again with the same `--run-name` resumes from there too, into the same MLflow run (found by its
@@ -36,11 +38,9 @@ from jobs._common import setup_logging
 from pipeline.schema import read_manifest
 from training.config import (CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig,
                              TrackingConfig)
-from pipeline.storage import is_url
-from training import memory
 from training.launch import LaunchConfig
 from training.loader import DataConfig, EvalConfig, ShardSet, batch_geometry
-from training.memory import MemoryConfig
+from training.memory import MemoryConfig, fit_to_memory
 from training.pretrain_job import PretrainJob, run_pretraining
 from training.tracking import resolve_tracking_uri
 
@@ -142,10 +142,12 @@ def job_from(args: argparse.Namespace) -> PretrainJob:
     data = read_manifest(args.data, args.endpoint_url)
     eval_data = read_manifest(args.eval_data, args.endpoint_url) if args.eval_data else None
     micro, accum = batch_geometry(args.batch_size, args.num_workers, args.micro_batch_size)
-    local_storage = not is_url(args.storage)
-    init_cache = (Path(args.storage.removeprefix("file://")) if local_storage else Path.cwd()) / ".init-cache"
+    launch = LaunchConfig(num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker, use_gpu=args.use_gpu,
+                          no_ray=args.no_ray, storage=args.storage, name=args.run_name,
+                          keep_checkpoints=args.keep_checkpoints, max_failures=args.max_failures,
+                          endpoint_url=args.endpoint_url)
     config = PretrainConfig(
-        model=ModelConfig.resolve(args.preset, args.init, data.vocab.size, str(init_cache), args.endpoint_url),
+        model=ModelConfig.resolve(args.preset, args.init, data.vocab.size, launch.init_cache, args.endpoint_url),
         data=DataConfig(train=ShardSet.from_manifest(data, args.endpoint_url), micro_batch_size=micro, accum=accum,
                         loader=args.data_loader, length_bucketing=args.length_bucketing,
                         length_buckets=args.length_buckets or (), dynamic_masking=args.dynamic_masking,
@@ -170,14 +172,7 @@ def job_from(args: argparse.Namespace) -> PretrainJob:
                               max_seconds=args.max_minutes * 60 if args.max_minutes else None, seed=args.seed),
         memory=MemoryConfig(budget_gb=args.memory_gb),
     )
-    budget = memory.local_budget(args.use_gpu, args.num_workers, args.memory_gb)
-    if budget is not None:  # sized before any worker starts (else each worker checks its own memory)
-        config = memory.fit_to_memory(config, args.batch_size // args.num_workers, args.micro_batch_size, budget,
-                                      args.init or args.preset)
-    launch = LaunchConfig(num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker, use_gpu=args.use_gpu,
-                          no_ray=args.no_ray, storage=args.storage, name=args.run_name,
-                          keep_checkpoints=args.keep_checkpoints, max_failures=args.max_failures,
-                          endpoint_url=args.endpoint_url)
+    config = fit_to_memory(config, args.num_workers, args.use_gpu, args.micro_batch_size, args.init or args.preset)
     return PretrainJob(config, launch, resolve_tracking_uri(args.mlflow_tracking_uri), args.experiment,
                        args.parent_run_id, args.export, flags=vars(args))
 

@@ -68,6 +68,13 @@ class LaunchConfig:
                              "local disk; give a local path, or drop --no-ray to use Ray Train's storage")
 
     @property
+    def init_cache(self) -> str:
+        """Where a URL `--init` is fetched on each machine: beside the runs of a local storage, else under the
+        working directory (never the system's /tmp)."""
+        local = "://" not in self.storage or self.storage.startswith("file://")
+        return str((Path(self.storage.removeprefix("file://")) if local else Path.cwd()).resolve() / ".init-cache")
+
+    @property
     def local_directory(self) -> Path:
         """The run's folder on local disk, where a run in this process (`no_ray`) keeps its checkpoints."""
         return Path(self.storage.removeprefix("file://")).resolve() / self.name

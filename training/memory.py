@@ -13,8 +13,8 @@ that probe), in bytes:
     the MLM head:                    per masked slot 3 H, plus 4 V H (the fused loss' decoder gradient)
 
 A step's peak also holds the gradients flowing back through one layer while the saved tensors of the layers below
-are still alive; `TRANSIENT` adds that as a fraction of the activations (measured peak RSS over the estimate is in
-docs/local.md). On a GPU the same fp32 formula is an upper bound (bf16 autocast halves most activations, flash
+are still alive; `TRANSIENT` adds that as a fraction of the activations (the estimate against measured peak RSS:
+`benchmarks/memory_fit.py`, figures in docs/benchmarks.md). On a GPU the same fp32 formula is an upper bound (bf16 autocast halves most activations, flash
 attention keeps no probabilities); the logits of the static MLM path (B x P x V, bf16 plus the fp32 loss' copy and
 gradient) are added there. Unmeasured on a GPU in this repository.
 
@@ -227,11 +227,16 @@ def local_budget(use_gpu: bool, workers: int, budget_gb: float | None) -> int | 
     return available_bytes(torch.device("cpu"), workers)
 
 
-def fit_to_memory(config, per_rank_batch: int, requested_micro: int | None, budget: int, model_name: str):
-    """A `PretrainConfig` whose micro-batch and accumulation are `plan`'s for `budget` (the global batch kept)."""
+def fit_to_memory(config, workers: int, use_gpu: bool, requested_micro: int | None, model_name: str):
+    """A `PretrainConfig` whose micro-batch and accumulation are `plan`'s for the memory its workers will have, as
+    far as the job can tell before starting them (`local_budget`; unchanged when it cannot: each worker then checks
+    its own at the start). The per-worker batch (micro-batch x accumulation) is kept."""
+    budget = local_budget(use_gpu, workers, config.memory.budget_gb)
+    if budget is None:
+        return config
     data = config.data
-    chosen = plan(config.model.bert, per_rank_batch, data.length_buckets[-1], data.train.max_predictions, budget,
-                  requested_micro, config.runtime.device, model_name)
+    chosen = plan(config.model.bert, data.micro_batch_size * data.accum, data.length_buckets[-1],
+                  data.train.max_predictions, budget, requested_micro, config.runtime.device, model_name)
     if chosen.micro_batch != data.micro_batch_size:
         log.warning("a micro-batch of %d sequences of %d tokens would not fit in the %s free per worker: training "
                     "with micro-batches of %d and %d accumulation steps (the same --batch-size); set "
