@@ -81,7 +81,7 @@ def run_finetuning(job: FinetuneJob) -> FinetuneResult:
     t0 = time.perf_counter()
     config, launch = job.config, job.launch
     check_tracking_reachable(job.tracking_uri)
-    check_destination(job.output)
+    check_destination(job.output, launch.endpoint_url)
     if config.schedule.batch_size % launch.num_workers:
         raise ValueError(f"--batch-size {config.schedule.batch_size} (global) must divide evenly over "
                          f"--num-workers {launch.num_workers}")
@@ -99,7 +99,7 @@ def run_finetuning(job: FinetuneJob) -> FinetuneResult:
         with run.ending():
             with launcher.finetune(config, launch, fit) as best:
                 metrics = json.loads((best / BEST_METRICS_FILE).read_text())
-                export_model(best / MODEL_DIR, job.output, run, FINETUNE_LINEAGE)
+                export_model(best / MODEL_DIR, job.output, run, FINETUNE_LINEAGE, launch.endpoint_url)
             final = {k.removeprefix("eval_"): v for k, v in metrics.items() if k.startswith("eval_")}
             final.update(best_epoch=int(metrics["epoch"]), job_seconds=round(time.perf_counter() - t0, 1))
             run.log_metrics({f"final_{k}": v for k, v in final.items()})

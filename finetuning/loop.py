@@ -30,6 +30,8 @@ from finetuning.prepare import prepare
 from training.checkpoint import MODEL_DIR
 from training.loop import FitResult, Worker
 from training.optim import build_optimizer, build_scheduler
+from training.guard import TrainingDiverged, nonfinite_tensors
+from training.progress import Progress
 from training.step import finetune_step
 from training.tracking import NullTracker, make_tracker
 
@@ -144,6 +146,7 @@ def fit(config: FinetuneConfig, worker: Worker | None = None) -> FitResult:
     best = -math.inf
     eval_idx = rank_indices(len(prepared.eval.features), world, rank, None)
     result = FitResult(0, {}, None)
+    progress = Progress(total)
 
     def write(directory: Path, metrics: dict[str, float]) -> None:
         core.save_pretrained(directory / MODEL_DIR, vocab_file=tokenizer.vocab_file,
@@ -159,10 +162,13 @@ def fit(config: FinetuneConfig, worker: Worker | None = None) -> FitResult:
                 batch = to_tensors(collate_features(prepared.train.features, idx[b : b + per_worker],
                                                     tokenizer.pad_id), device)
                 losses.append(finetune_step(model, batch, optimizer, scheduler))
+                progress.advance()
                 step = (epoch - 1) * steps_per_epoch + len(losses)
                 if rank == 0 and step % LOG_EVERY == 0:
+                    # A non-finite loss (its update was skipped: training.step) shows as NaN, never hidden.
                     recent = float(torch.stack(losses[-LOG_EVERY:]).float().mean())
-                    log.info("epoch %d step %d/%d loss %.4f (%.1f examples/s)", epoch, step, total, recent,
+                    log.info("epoch %d/%d %s loss %.4f (%.1f examples/s)", epoch, sched.epochs,
+                             progress.describe(step), recent,
                              min(b + per_worker, len(idx)) * world / (time.perf_counter() - t0))
                     tracker.log({"train_loss_step": recent}, step)
             train_s = time.perf_counter() - t0
@@ -174,14 +180,22 @@ def fit(config: FinetuneConfig, worker: Worker | None = None) -> FitResult:
             if rank == 0:
                 scores = score(task, prepared.eval, prepared.label_map, gathered, sched.max_answer_length)
                 metrics.update({f"eval_{k}": v for k, v in scores.items()})
-                metrics.update(train_loss=float(torch.stack(losses).float().mean()) if losses else math.nan,
+                stacked = torch.stack(losses).float() if losses else torch.full((1,), math.nan)
+                metrics.update(train_loss=float(stacked.mean()),
+                               train_nonfinite_steps=float((~torch.isfinite(stacked)).sum()) if losses else 0.0,
                                train_seconds=train_s, train_examples_per_s=len(idx) * world / max(train_s, 1e-9),
                                epoch_seconds=time.perf_counter() - t0, lr=float(scheduler.get_last_lr()[0]))
                 tracker.log({k: v for k, v in metrics.items() if k != "epoch"}, epoch)
-                log.info("epoch %d: %s", epoch, {k: float(f"{v:.4g}") for k, v in metrics.items()})
+                log.info("epoch %d/%d done, %s: %s", epoch, sched.epochs,
+                         progress.describe(epoch * steps_per_epoch),
+                         {k: float(f"{v:.4g}") for k, v in metrics.items()})
                 value = metrics[main_key]
                 improved = not math.isnan(value) and (value > best or best == -math.inf)
                 if improved:
+                    bad = nonfinite_tensors(core.state_dict().items())
+                    if bad:  # never a non-finite checkpoint, even one whose metric looks fine
+                        raise TrainingDiverged(f"epoch {epoch}: the weights hold NaN or inf ({', '.join(bad[:3])}); "
+                                               f"try a lower --lr (now {sched.lr:g})")
                     best = value
                 result.history.append((epoch, metrics))
             if worker.checkpoints is not None:

@@ -51,7 +51,15 @@ def _open_text(url: str, storage_options: dict | None) -> io.TextIOBase:
 
 
 def read_records(url: str, fmt: str | None = None, storage_options: dict | None = None) -> list[dict[str, Any]]:
-    """All records of one task file. SQuAD JSON is flattened to one record per question (see ``read_squad``)."""
+    """All records of one task file (a file without any is an error). SQuAD JSON is flattened to one record per
+    question (see ``read_squad``)."""
+    records = _read_records(url, fmt, storage_options)
+    if not records:
+        raise ValueError(f"{url} holds no records (an empty file?): give a file with one example per line or row")
+    return records
+
+
+def _read_records(url: str, fmt: str | None, storage_options: dict | None) -> list[dict[str, Any]]:
     fmt = fmt or detect_format(url)
     if fmt not in FORMATS:
         raise ValueError(f"unknown data format {fmt!r} for {url}; use one of {', '.join(FORMATS)}")

@@ -2,7 +2,7 @@
 preset's architecture), the tokenizer of that model's vocabulary, and the head built on top.
 
 The head is new (seeded); the encoder comes from `init`: an HF BERT directory, our export or a pre-training
-checkpoint. The label map travels in config.json (HF's id2label/label2id).
+checkpoint, local or at a URL (`training.model_fetch`). The label map travels in config.json (HF's id2label/label2id).
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from bert_core.finetuning import BertForQuestionAnswering, BertForSequenceClassi
 from bert_core.hf import resolve_model_dir
 from finetuning.features import TaskTokenizer
 from finetuning.prepare import PreparedTask
+from pipeline.storage import is_url
+from training.model_fetch import fetch_model
 
 HEADS = {
     "classification": BertForSequenceClassification,
@@ -31,9 +33,13 @@ DEFAULT_VOCAB = Path(__file__).resolve().parent.parent / "data" / "sample" / "re
 
 @dataclass(frozen=True)
 class HeadConfig:
-    init: str  # an HF BERT directory, our export or checkpoint directory, or "random"
+    # An HF BERT directory, our export or checkpoint directory (a local path, or a URL such as s3://... that every
+    # worker fetches into `cache_dir`), or "random".
+    init: str
     preset: str | None = None  # --init random: a preset name or a model directory whose config.json gives the shape
     vocab: str | None = None  # --init random: the vocab.txt (default: bert-base-uncased's)
+    cache_dir: str | None = None  # a local folder (beside the job's output) for a URL init
+    endpoint_url: str | None = None  # S3-compatible endpoint of an s3:// init
 
     def __post_init__(self) -> None:
         if self.init == "random":
@@ -42,14 +48,20 @@ class HeadConfig:
                                  "whose config.json gives the architecture")
         elif self.preset is not None:
             raise ValueError("--preset only applies to --init random (a pre-trained model brings its own config)")
+        elif is_url(self.init):
+            if not self.cache_dir:
+                raise ValueError(f"--init {self.init}: a URL needs a local folder to fetch it into (cache_dir)")
         elif not Path(self.init).exists():
-            raise ValueError(f"--init {self.init}: no such directory; pass an HF BERT dir, our export/checkpoint, "
-                             "or random")
+            raise ValueError(f"--init {self.init}: no such directory; pass an HF BERT dir, our export/checkpoint "
+                             "(a path or a URL such as s3://bucket/model), or random")
 
     @property
     def model_dir(self) -> Path | None:
-        """The directory holding config.json and the weights (inside a checkpoint: its model/), None for random."""
-        return None if self.init == "random" else resolve_model_dir(self.init)
+        """The directory holding config.json and the weights (inside a checkpoint: its model/), None for random. A
+        URL is fetched first (once per machine and version of the model there)."""
+        if self.init == "random":
+            return None
+        return resolve_model_dir(fetch_model(self.init, self.cache_dir or ".", self.endpoint_url))
 
 
 def tokenizer_for(head: HeadConfig) -> tuple[TaskTokenizer, int]:

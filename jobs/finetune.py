@@ -42,7 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--split-eval-from-train", type=float, metavar="FRACTION",
                    help="hold out this seeded fraction of --train for evaluation (tasks shipped without a split)")
     p.add_argument("--data-format", choices=FORMATS, help="force the file format (default: from the file name)")
-    p.add_argument("--init", required=True, help="HF BERT dir, our export or checkpoint dir, or 'random'")
+    p.add_argument("--init", required=True, help="HF BERT dir, our export or checkpoint dir (a path or a URL such as "
+                   "s3://bucket/model, fetched beside --output into .init-cache), or 'random'")
+    p.add_argument("--endpoint-url", help="S3-compatible endpoint of an s3:// --init or --output (MinIO, Ceph, ...)")
     p.add_argument("--preset", help="architecture for --init random: bert_tiny, bert_mini, ... or a model dir")
     p.add_argument("--vocab", help=f"vocab.txt for --init random (default: bert-base-uncased's, {DEFAULT_VOCAB.name})")
     p.add_argument("--text-column")
@@ -87,8 +89,8 @@ def job_from(a: argparse.Namespace) -> FinetuneJob:
     source = f"random-{Path(a.preset or 'none').name}" if a.init == "random" else Path(a.init.rstrip("/")).name
     name = f"finetune-{a.task}-{source}-{time.strftime('%Y%m%d-%H%M%S')}"  # task, weights, time: tell runs apart
     output = a.output or str(Path.cwd() / "finetune_output" / name)
-    storage = a.storage_path or str((Path.cwd() if is_url(output) else Path(output).resolve().parent)
-                                    / ".finetune-checkpoints")
+    beside = Path.cwd() if is_url(output) else Path(output).resolve().parent  # the job's local folders
+    storage = a.storage_path or str(beside / ".finetune-checkpoints")
     columns = TaskColumns(text_column=a.text_column, text_pair_column=a.text_pair_column,
                           label_column=a.label_column, tokens_column=a.tokens_column, tags_column=a.tags_column)
     config = FinetuneConfig(
@@ -97,14 +99,16 @@ def job_from(a: argparse.Namespace) -> FinetuneJob:
                         max_eval_examples=a.max_eval_examples, columns=columns,
                         features=FeatureConfig(max_seq_length=a.max_seq_length, doc_stride=a.doc_stride,
                                                max_query_length=a.max_query_length)),
-        model=HeadConfig(init=a.init, preset=a.preset, vocab=a.vocab),
+        model=HeadConfig(init=a.init, preset=a.preset, vocab=a.vocab, cache_dir=str(beside / ".init-cache"),
+                         endpoint_url=a.endpoint_url),
         schedule=ScheduleConfig(epochs=a.epochs, batch_size=a.batch_size, eval_batch_size=a.eval_batch_size,
                                 lr=a.lr, warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay,
                                 max_answer_length=a.max_answer_length),
         seed=a.seed)
     # Only the best epoch writes a checkpoint, so keeping one keeps the best.
     launch = LaunchConfig(num_workers=a.num_workers, cpus_per_worker=a.cpus_per_worker, use_gpu=a.use_gpu,
-                          no_ray=a.no_ray, storage=storage, name=name, keep_checkpoints=1, max_failures=0)
+                          no_ray=a.no_ray, storage=storage, name=name, keep_checkpoints=1, max_failures=0,
+                          endpoint_url=a.endpoint_url)
     return FinetuneJob(config, launch, resolve_tracking_uri(a.mlflow_tracking_uri), output, a.experiment,
                        a.parent_run_id, keep_checkpoints=bool(a.storage_path), flags=vars(a))
 

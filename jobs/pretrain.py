@@ -11,6 +11,8 @@ the export destination, opens the run and launches `training.fit` on Ray Train w
 in this process. The last line on stdout is a JSON object: the run, where the checkpoints and export are, the
 final metrics.
 
+The micro-batch is sized to the workers' memory (`training.memory`); a diverging run rolls back, then fails in one
+line naming the step and what to try, its MLflow run FAILED (`training.guard`).
 Fault tolerance: checkpoints go to STORAGE/RUN_NAME every `--checkpoint-every` steps (the last `--keep-checkpoints`
 kept). A dead worker makes Ray Train restart the group from the last checkpoint (`--max-failures`); running the same
 command again with the same `--run-name` resumes from there too, into the same MLflow run (found by its
@@ -38,6 +40,7 @@ from training.config import (CheckpointConfig, ModelConfig, OptimizerConfig, Pre
                              TrackingConfig)
 from training.launch import LaunchConfig
 from training.loader import DataConfig, EvalConfig, ShardSet, batch_geometry
+from training.memory import MemoryConfig, fit_to_memory
 from training.pretrain_job import PretrainJob, run_pretraining
 from training.tracking import resolve_tracking_uri
 
@@ -66,10 +69,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     d.add_argument("--pack-sequences", type=int, default=3, help="at most this many sequences per packed row")
     m = p.add_argument_group("model and optimisation")
     m.add_argument("--preset", default="bert_base", help="bert_tiny|bert_mini|bert_small|bert_medium|bert_base|...")
-    m.add_argument("--init", help="start from an export, a checkpoint directory or any HF BERT directory")
+    m.add_argument("--init", help="start from an export, a checkpoint directory or any HF BERT directory: a local "
+                   "path or a URL (s3://, gs://; fetched into STORAGE/.init-cache, or ./.init-cache)")
     m.add_argument("--max-steps", type=int, required=True)
     m.add_argument("--batch-size", type=int, default=256, help="GLOBAL sequences per optimizer step")
-    m.add_argument("--micro-batch-size", type=int, help="sequences per forward per worker (default: all of them)")
+    m.add_argument("--micro-batch-size", type=int, help="sequences per forward per worker (default: as many as "
+                   "fit in memory, up to all of them; gradient accumulation keeps --batch-size)")
     m.add_argument("--optimizer", choices=("adamw", "lamb"), default="adamw")
     m.add_argument("--lr", type=float, default=1e-4)
     m.add_argument("--warmup-steps", type=int, default=0)
@@ -93,6 +98,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     r.add_argument("--cpus-per-worker", type=float, default=1.0,
                    help="Ray CPUs per worker; fractions are fine (the data thread needs no Ray slot)")
     r.add_argument("--threads", type=int, help="torch threads per CPU worker (default: round(cpus-per-worker))")
+    r.add_argument("--memory-gb", type=float, help="memory per worker to size the micro-batch for (default: the "
+                   "free RAM of this machine shared by its workers, or the GPU's free memory at the worker's start)")
     r.add_argument("--peak-tflops", type=float, help="accelerator peak for mfu (default: known GPUs' bf16 peak)")
     r.add_argument("--no-ray", action="store_true", help="run training.fit in this process (one worker: CPU, or "
                    "one GPU with --use-gpu); checkpoints go to STORAGE/RUN_NAME, which must be local")
@@ -135,8 +142,12 @@ def job_from(args: argparse.Namespace) -> PretrainJob:
     data = read_manifest(args.data, args.endpoint_url)
     eval_data = read_manifest(args.eval_data, args.endpoint_url) if args.eval_data else None
     micro, accum = batch_geometry(args.batch_size, args.num_workers, args.micro_batch_size)
+    launch = LaunchConfig(num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker, use_gpu=args.use_gpu,
+                          no_ray=args.no_ray, storage=args.storage, name=args.run_name,
+                          keep_checkpoints=args.keep_checkpoints, max_failures=args.max_failures,
+                          endpoint_url=args.endpoint_url)
     config = PretrainConfig(
-        model=ModelConfig.resolve(args.preset, args.init, data.vocab.size),
+        model=ModelConfig.resolve(args.preset, args.init, data.vocab.size, launch.init_cache, args.endpoint_url),
         data=DataConfig(train=ShardSet.from_manifest(data, args.endpoint_url), micro_batch_size=micro, accum=accum,
                         loader=args.data_loader, length_bucketing=args.length_bucketing,
                         length_buckets=args.length_buckets or (), dynamic_masking=args.dynamic_masking,
@@ -159,11 +170,9 @@ def job_from(args: argparse.Namespace) -> PretrainJob:
                               threads=args.threads or max(1, round(args.cpus_per_worker)),
                               peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
                               max_seconds=args.max_minutes * 60 if args.max_minutes else None, seed=args.seed),
+        memory=MemoryConfig(budget_gb=args.memory_gb),
     )
-    launch = LaunchConfig(num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker, use_gpu=args.use_gpu,
-                          no_ray=args.no_ray, storage=args.storage, name=args.run_name,
-                          keep_checkpoints=args.keep_checkpoints, max_failures=args.max_failures,
-                          endpoint_url=args.endpoint_url)
+    config = fit_to_memory(config, args.num_workers, args.use_gpu, args.micro_batch_size, args.init or args.preset)
     return PretrainJob(config, launch, resolve_tracking_uri(args.mlflow_tracking_uri), args.experiment,
                        args.parent_run_id, args.export, flags=vars(args))
 

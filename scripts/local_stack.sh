@@ -24,8 +24,15 @@ mlflow_port="${MLFLOW_PORT:-5000}"
 # Ray's temp dir holds Unix sockets (paths limited to ~107 bytes): keep it short, and distinct from /tmp/ray so
 # that a later `ray.init()` elsewhere never discovers this head through /tmp/ray/ray_current_cluster.
 ray_tmp="/tmp/ray-stack-$(printf '%s' "$state" | sha256sum | cut -c1-8)"
+venv_bin=""
 if [ -x "$root/.venv/bin/python" ] && [ -z "${VIRTUAL_ENV:-}" ]; then
-  export PATH="$root/.venv/bin:$PATH"
+  venv_bin="$root/.venv/bin"
+  export PATH="$venv_bin:$PATH"
+fi
+if ! command -v ray >/dev/null || ! command -v mlflow >/dev/null; then
+  echo "error: ray and mlflow are not installed here: run ./scripts/test.sh --co -q (or ./scripts/quickstart.sh) once" \
+       "to create .venv/, or activate the virtualenv that has the project" >&2
+  exit 1
 fi
 # Keep every Ray listener on loopback (Ray otherwise advertises the external interface; see docs/local.md).
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
@@ -62,6 +69,32 @@ stop_session() {  # stop_session FILE NAME: SIGTERM the session's processes, SIG
   rm -f "$file"
 }
 
+port_free() {  # port_free PORT: can we listen on 127.0.0.1:PORT?
+  python - "$1" <<'EOF' 2>/dev/null
+import socket, sys
+with socket.socket() as s:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+EOF
+}
+
+check_port() {  # check_port PORT NAME VARIABLE: fail before starting anything when another process holds it
+  local free
+  if ! port_free "$1"; then
+    free="$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    echo "error: port $1 is taken by another process, so the stack's $2 cannot listen there: choose a free port" \
+         "with $3 (e.g. $3=$free $0 start), or stop what holds it" >&2
+    exit 1
+  fi
+}
+
+still_ours() {  # still_ours SIDFILE NAME LOG: the server that answered must be the one we started, alive
+  if ! session_alive "$1"; then
+    echo "error: the stack's $2 exited (what answered is another process, or nothing); its log: $3" >&2
+    tail -20 "$3" >&2 || true
+    exit 1
+  fi
+}
+
 wait_http() {  # wait_http URL SECONDS NAME LOG
   local i
   for i in $(seq "$2"); do
@@ -83,6 +116,8 @@ EOF
 # RAY_API_SERVER_ADDRESS is where `ray job submit` goes; RAY_ADDRESS (the GCS) is what `python jobs/X.py`
 # joins when run directly in the same shell (an http:// RAY_ADDRESS would make ray.init() fail).
 print_env() {
+  # The venv's bin first, so that `ray job submit` and `mlflow ui` work in a fresh shell after `source`.
+  if [ -n "$venv_bin" ]; then echo "export PATH=$venv_bin:\$PATH"; fi
   cat <<EOF
 export RAY_API_SERVER_ADDRESS=$api_address
 export RAY_ADDRESS=$gcs_address
@@ -94,6 +129,12 @@ EOF
 }
 
 start() {
+  # A port held by someone else would make our server exit while theirs answers the health check: refuse first.
+  if ! session_alive "$state/mlflow.sid"; then check_port "$mlflow_port" "MLflow server" MLFLOW_PORT; fi
+  if ! session_alive "$state/ray.sid"; then
+    check_port "$ray_port" "Ray GCS" RAY_PORT
+    check_port "$dash_port" "Ray dashboard" RAY_DASHBOARD_PORT
+  fi
   if ! session_alive "$state/mlflow.sid"; then
     mkdir -p "$state/mlflow/artifacts"
     echo ">> starting MLflow on $mlflow_uri (store: $state/mlflow/mlflow.db)"
@@ -143,13 +184,15 @@ print(*[s.getsockname()[1] for s in ss])')
   wait_http "$api_address/api/version" 120 "Ray job server" "$state/ray.log"
   # Jobs are handed to the dashboard agent: until it listens, `ray job submit` fails with "No available agent".
   wait_http "http://127.0.0.1:$(cat "$state/agent_port")/" 120 "Ray dashboard agent" "$state/ray.log"
+  still_ours "$state/mlflow.sid" "MLflow server" "$state/mlflow.log"
+  still_ours "$state/ray.sid" "Ray head" "$state/ray.log"
   print_env >"$state/env.sh"
   echo
   echo "Local stack is up. In your shell:"
   echo
   print_env | sed 's/^/  /'
   echo
-  echo "  (or: source $state/env.sh)   MLflow UI: $mlflow_uri   Ray dashboard: $api_address"
+  echo "  (or, in any shell: source $state/env.sh)   MLflow UI: $mlflow_uri   Ray dashboard: $api_address"
   echo "  then e.g.: ray job submit --working-dir . -- python jobs/build_dataset.py --input data/sample/corpus ..."
   echo "  stop with: scripts/local_stack.sh stop"
 }

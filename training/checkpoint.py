@@ -22,6 +22,8 @@ from typing import Iterator
 
 import torch
 
+from training.guard import model_and_optimizer_tensors, nonfinite_tensors
+
 log = logging.getLogger(__name__)
 
 TRAIN_STATE_TENSORS = "train_state.safetensors"
@@ -85,7 +87,11 @@ def load_train_state(directory, optimizer: torch.optim.Optimizer | None = None, 
 
 def write_checkpoint(directory, model, optimizer, scheduler, extra: dict, vocab_text: str | None = None,
                      do_lower_case: bool = True) -> None:
-    """Model (HF layout, with vocab.txt when given) + train state into `directory` (created)."""
+    """Model (HF layout, with vocab.txt when given) + train state into `directory` (created). Refuses a model or
+    optimizer holding a NaN or inf: no checkpoint (and so no export, a copy of one) is ever non-finite."""
+    bad = nonfinite_tensors(model_and_optimizer_tensors(model, optimizer))
+    if bad:
+        raise RuntimeError(f"refusing to write checkpoint {directory}: NaN or inf in {', '.join(bad[:5])}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     vocab = None

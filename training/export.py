@@ -13,7 +13,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import torch
+
 from pipeline.storage import check_writable, is_url, upload_tree
+from training.guard import safetensors_tensors
 from training.tracking import Run
 
 log = logging.getLogger(__name__)
@@ -36,7 +39,11 @@ def check_destination(dest: str, endpoint_url: str | None = None) -> None:
 def export_model(model_dir: Path, dest: str | None, run: Run, lineage: str,
                  endpoint_url: str | None = None) -> None:
     """Copy `model_dir` (config.json, model.safetensors, vocab.txt, ...) with `lineage` naming `run`, log it as the
-    run's `model` artifact, and publish it to `dest` (None: the artifact only)."""
+    run's `model` artifact, and publish it to `dest` (None: the artifact only). A model holding a NaN or inf is
+    refused: no export is ever non-finite (checkpoints are checked when written; this checks the files)."""
+    bad = [name for name, tensor in safetensors_tensors(model_dir) if not torch.isfinite(tensor).all()]
+    if bad:
+        raise RuntimeError(f"refusing to export {model_dir}: NaN or inf in {', '.join(bad[:5])}")
     local = dest is not None and not is_url(dest)
     target = Path(dest.removeprefix("file://")).resolve() if local else None
     if target is not None:

@@ -28,12 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from training.checkpoint import LocalCheckpoints, checkpoint_name
+from training.guard import TrainingDiverged
 from training.loop import Worker
+from training.memory import DoesNotFit
 
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 START_ATTEMPTS = 3
+VERDICTS = (TrainingDiverged, DoesNotFit)  # the settings' fault, the same on every rank: not worth a restart
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,13 @@ class LaunchConfig:
         if self.no_ray and "://" in self.storage and not self.storage.startswith("file://"):
             raise ValueError(f"--storage {self.storage}: a run in this process (--no-ray) keeps checkpoints on "
                              "local disk; give a local path, or drop --no-ray to use Ray Train's storage")
+
+    @property
+    def init_cache(self) -> str:
+        """Where a URL `--init` is fetched on each machine: beside the runs of a local storage, else under the
+        working directory (never the system's /tmp)."""
+        local = "://" not in self.storage or self.storage.startswith("file://")
+        return str((Path(self.storage.removeprefix("file://")) if local else Path.cwd()).resolve() / ".init-cache")
 
     @property
     def local_directory(self) -> Path:
@@ -241,6 +251,7 @@ def _on_ray(fit: Callable, config, launch: LaunchConfig, datasets: dict | None =
     )
     log.info("training on %d Ray worker(s) x %s CPU%s", launch.num_workers, cpus, " + GPU" if launch.use_gpu else "")
     result = trainer.fit()
+    _raise_verdict(result.return_value)
     if result.checkpoint is None:
         raise RuntimeError("training finished without a checkpoint; see the worker logs above")
     with result.checkpoint.as_directory() as d:
@@ -254,9 +265,16 @@ class RayCheckpoints:
 
     @contextlib.contextmanager
     def latest(self) -> Iterator[Path | None]:
+        """The latest checkpoint persisted, the same on every rank: Ray updates `get_checkpoint()` after a report
+        only on the rank that reported one (rank 0), so a guard's rollback takes rank 0's, broadcast."""
         import ray.train
+        import torch
 
         checkpoint = ray.train.get_checkpoint()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            shared = [checkpoint]
+            torch.distributed.broadcast_object_list(shared, src=0)
+            checkpoint = shared[0]
         if checkpoint is None:
             yield None
             return
@@ -302,8 +320,12 @@ def _dataset_rows(drop: int):
             drop = 0
 
 
-def ray_worker(loop_config: dict[str, Any]) -> None:
-    """The Ray Train entry point of both kinds of run: `{"fit", "config", "threads", "ray_data"}`."""
+def ray_worker(loop_config: dict[str, Any]) -> dict[str, str]:
+    """The Ray Train entry point of both kinds of run: `{"fit", "config", "threads", "ray_data"}`.
+
+    Returns (rank 0's is `Result.return_value`) `{}`, or `{"error": message, "kind": ...}` when the settings cannot
+    work (a micro-batch that does not fit, a run the guard gave up on; every rank reaches such a verdict at the same
+    point): raised, it would make Ray Train restart the group (`max_failures` times) into the same failure."""
     import ray.train
     import ray.train.torch
     import torch
@@ -313,7 +335,20 @@ def ray_worker(loop_config: dict[str, Any]) -> None:
     torch.set_num_threads(loop_config["threads"])
     ctx = ray.train.get_context()
     world = ctx.get_world_size()
-    worker = Worker(rank=ctx.get_world_rank(), world_size=world, device=ray.train.torch.get_device(),
+    worker = Worker(rank=ctx.get_world_rank(), world_size=world, local_world_size=ctx.get_local_world_size(),
+                    device=ray.train.torch.get_device(),
                     wrap=ray.train.torch.prepare_model if world > 1 else (lambda m: m),
                     checkpoints=RayCheckpoints(), rows=_dataset_rows if loop_config["ray_data"] else None)
-    loop_config["fit"](loop_config["config"], worker)
+    try:
+        loop_config["fit"](loop_config["config"], worker)
+    except VERDICTS as e:
+        logging.getLogger(__name__).error("%s", e)
+        return {"error": str(e), "kind": type(e).__name__}
+    return {}
+
+
+def _raise_verdict(return_value: dict | None) -> None:
+    """The workers' verdict, raised in the driver as the error the loop raised."""
+    if return_value and return_value.get("error"):
+        kind = {cls.__name__: cls for cls in VERDICTS}.get(return_value.get("kind"), ValueError)
+        raise kind(return_value["error"])

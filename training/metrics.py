@@ -5,6 +5,11 @@ positions, attention pairs, last-layer rows, head slots) in one float64 vector o
 batch launches a few small kernels and never reads a value on the host (no GPU sync inside a step); the vector is
 all-reduced across ranks and copied to the host only when the loop logs (every `log_every` steps), which is also
 one collective per log instead of one per step.
+
+A micro-batch whose loss is NaN or inf (a diverging or poisoned step, which the guard skips) is counted in
+`nonfinite` and kept out of the loss and accuracy sums: one poisoned batch neither turns a window's mean loss into
+NaN nor silently into a 0 (as `nan_to_num` in the sums did). A window without a finite batch has NaN losses, and
+the loop logs them as NaN.
 """
 from __future__ import annotations
 
@@ -17,7 +22,8 @@ FIELDS = ("mlm_loss_sum", "mlm_correct", "mlm_count", "nsp_loss_sum", "nsp_corre
           "sequences", "tokens", "positions",  # positions: padded B x T, so padding = 1 - tokens / positions
           # what bert_core executes (`bert_core.flops.executed_flops`'s arguments), as its static head and, for
           # packed rows, variable-length attention run it
-          "attention_pairs", "query_rows", "query_pairs", "head_slots", "pooled_rows")
+          "attention_pairs", "query_rows", "query_pairs", "head_slots", "pooled_rows",
+          "nonfinite")  # micro-batches whose loss was NaN or inf (left out of the loss and accuracy sums)
 EXECUTED = ("positions", "attention_pairs", "query_rows", "query_pairs", "head_slots", "pooled_rows")
 
 
@@ -49,8 +55,14 @@ class MetricSums:
 
     def add(self, out, batch: dict[str, torch.Tensor]) -> None:
         """Accumulate one pre-training forward's output (`BertForPreTrainingOutput`) on its batch."""
-        mlm_count = out.mlm_count.detach().double()
-        nsp_count = out.nsp_count.detach().double()
+        mlm_loss, nsp_loss = out.mlm_loss.detach().double(), out.nsp_loss.detach().double()
+        finite = torch.isfinite(mlm_loss) & torch.isfinite(nsp_loss)
+        zero = torch.zeros((), dtype=torch.float64, device=mlm_loss.device)
+
+        def kept(x: torch.Tensor) -> torch.Tensor:  # torch.where, not a product: NaN * 0 is NaN
+            return torch.where(finite, x.detach().double(), zero)
+
+        mlm_count, nsp_count = kept(out.mlm_count), kept(out.nsp_count)
         device = mlm_count.device
         # torch.full is a fill kernel on the device; torch.tensor(python_float, device=cuda) would be a host copy.
         if "sequence_lengths" in batch:  # packed rows: the real sequences are the used places
@@ -59,10 +71,9 @@ class MetricSums:
             sequences = torch.full((), float(batch["input_ids"].shape[0]), dtype=torch.float64, device=device)
         executed = executed_counts(batch, device)
         update = torch.stack([
-            torch.nan_to_num(out.mlm_loss.detach().double()) * mlm_count,
-            out.mlm_correct.detach().double(), mlm_count,
-            out.nsp_loss.detach().double() * nsp_count, out.nsp_correct.detach().double(), nsp_count,
-            sequences, batch["attention_mask"].detach().sum().double(), *executed,
+            kept(mlm_loss) * mlm_count, kept(out.mlm_correct), mlm_count,
+            kept(nsp_loss) * nsp_count, kept(out.nsp_correct), nsp_count,
+            sequences, batch["attention_mask"].detach().sum().double(), *executed, (~finite).double(),
         ])
         if self.values.device != device:
             self.values = self.values.to(device)
@@ -110,6 +121,11 @@ class MetricSums:
         out = {k: v[k] for k in EXECUTED}
         out["sequences"] = out.pop("pooled_rows")
         return out
+
+    @property
+    def nonfinite(self) -> float:
+        """Micro-batches whose loss was NaN or inf."""
+        return float(self.values[FIELDS.index("nonfinite")])
 
     @property
     def masked(self) -> float:

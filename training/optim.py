@@ -44,6 +44,8 @@ class Lamb(torch.optim.Optimizer):
     the trust ratio (trust = 1) unless `adapt_all=True`.
     """
 
+    _step_supports_amp_scaling = True  # honours `found_inf` like torch's fused Adam (see training.step)
+
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-6, weight_decay: float = 0.01, adapt_all: bool = False) -> None:
         if lr < 0 or eps < 0 or weight_decay < 0 or not all(0.0 <= b < 1.0 for b in betas):
@@ -56,6 +58,9 @@ class Lamb(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # `found_inf` (a 0-d tensor, 1 = skip; set by training.step for a non-finite gradient) makes this step a
+        # no-op on the device: moments, step count and weights untouched, with no host read of the flag.
+        found_inf = getattr(self, "found_inf", None)
         for group in self.param_groups:
             b1, b2 = group["betas"]
             wd, lr, eps = group["weight_decay"], group["lr"], group["eps"]
@@ -66,15 +71,26 @@ class Lamb(torch.optim.Optimizer):
                     raise TypeError("Lamb does not support sparse gradients")
                 state = self.state[p]
                 if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                t = state["step"].item()
+                if state["step"].device != p.device:  # a checkpoint's step is loaded on the CPU
+                    state["step"] = state["step"].to(p.device)
                 g = p.grad.float() if p.dtype != torch.float32 else p.grad
                 m, v = state["exp_avg"], state["exp_avg_sq"]
-                m.mul_(b1).add_(g, alpha=1 - b1)
-                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                if found_inf is None:
+                    state["step"] += 1
+                    m.mul_(b1).add_(g, alpha=1 - b1)
+                    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                else:
+                    ok = 1.0 - found_inf.to(device=p.device, dtype=torch.float32)
+                    g = torch.where(ok > 0, g, torch.zeros_like(g))  # a skipped step's NaNs must not reach lerp
+                    state["step"] += ok
+                    m.lerp_(g, ok * (1 - b1))  # = b1 m + (1 - b1) g when ok, m when skipped
+                    v.lerp_(g * g, ok * (1 - b2))
+                # Bias corrections as tensors (the step count stays on the device), in float64: 1 - 0.999 ** t loses
+                # ~1e-5 of relative precision in float32.
+                t = state["step"].double().clamp(min=1)
                 update = (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt_().add_(eps))
                 if wd != 0:
                     update.add_(p, alpha=wd)
@@ -84,6 +100,8 @@ class Lamb(torch.optim.Optimizer):
                     # torch.where keeps this on-device (no host sync per parameter on GPU).
                     trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
                     update.mul_(trust)
+                if found_inf is not None:
+                    update.mul_(ok)
                 p.add_(update.to(p.dtype), alpha=-lr)
         return loss
 

@@ -68,7 +68,8 @@ def tags_of(job: PretrainJob, checkpoints: str) -> dict[str, str]:
         tags.update({"eval_dataset.url": ev.data.url, "eval_dataset.manifest_sha256": ev.data.manifest_sha256})
     if init:
         tags["init"] = init
-        lineage = read_lineage(init)
+        init_dir = job.config.model.init_dir()  # a URL's local copy: the lineage file travels with the model
+        lineage = read_lineage(init_dir, init_dir.parent)
         if lineage:
             tags["lineage.init_run_id"] = lineage["mlflow_run_id"]
     return tags

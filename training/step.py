@@ -11,6 +11,11 @@ rounding), whatever the number of masks per row. Across ranks DDP averages, as u
 No host reads of device tensors inside a step: the MLM weights are computed as tensors on the device (the masked
 counts are data, reading them with int() would wait for the GPU every micro-batch), metrics accumulate into
 `MetricSums` on the device, and the gradient norm is returned as a tensor for the caller to read when it logs.
+
+The non-finite guard: a step whose gradient norm is NaN or inf (a non-finite loss gives one too) does not update
+the weights. The optimizer skips on the device (`found_inf`, the AMP grad scaler's protocol, which torch's fused
+Adam/AdamW and our Lamb honour), so the flag is never read on the host; the step returns it (`finite`) for the
+loop to count and act on at log time (`training.guard`).
 """
 from __future__ import annotations
 
@@ -55,17 +60,33 @@ def micro_weights(micro_batches: Sequence[dict[str, torch.Tensor]]) -> tuple[tor
     return mlm / mlm.sum().clamp(min=1), nsp / nsp.sum().clamp(min=1)
 
 
+def step_if_finite(optimizer: torch.optim.Optimizer, finite: torch.Tensor) -> None:
+    """`optimizer.step()` unless `finite` (a bool tensor) is False: weights and optimizer state stay untouched."""
+    if getattr(optimizer, "_step_supports_amp_scaling", False):
+        # Fused Adam/AdamW and Lamb skip on the device when found_inf is 1 (their step counts are not advanced).
+        optimizer.grad_scale, optimizer.found_inf = None, (~finite).float()
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.grad_scale, optimizer.found_inf
+    elif bool(finite):  # other optimizers: a host read (a sync on a GPU; none is built for one by this trainer)
+        optimizer.step()
+
+
 def apply_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler=None,
                     max_grad_norm: float = 1.0) -> dict[str, float | torch.Tensor]:
-    """Clip (max_grad_norm <= 0: measure only), step, schedule. Returns the lr used and the pre-clip norm (a tensor).
-    Shared by pre-training and fine-tuning."""
+    """Clip (max_grad_norm <= 0: measure only), step unless the gradient is non-finite, schedule. Returns the lr
+    used, the pre-clip norm and whether the update was applied (`finite`), as tensors. Shared by pre-training and
+    fine-tuning. The schedule advances on a skipped step too: the lr stays a function of the step number."""
     params = [p for p in model.parameters() if p.grad is not None]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else math.inf)
+    # Under DDP the gradients are already averaged over ranks, so every rank sees the same norm and skips alike.
+    finite = torch.isfinite(grad_norm)
     lr = optimizer.param_groups[0]["lr"]
-    optimizer.step()
+    step_if_finite(optimizer, finite)
     if scheduler is not None:
         scheduler.step()
-    return {"learning_rate": lr, "grad_norm": grad_norm}
+    return {"learning_rate": lr, "grad_norm": grad_norm, "finite": finite}
 
 
 def train_step(
@@ -79,23 +100,28 @@ def train_step(
     sums: MetricSums | None = None,
 ) -> dict[str, float | torch.Tensor]:
     """One pre-training step: forward/backward over the micro-batches (DDP gradient sync only on the last), clip,
-    step, schedule. `sums`, when given, accumulates the micro-batches' metrics (on the device)."""
+    step (skipped when the gradient is non-finite), schedule. `sums`, when given, accumulates the micro-batches'
+    metrics (on the device). Returns `apply_gradients`'s values plus `loss`, this rank's loss of the step (a
+    tensor, for the guard's spike detection)."""
     if not micro_batches:
         raise ValueError("train_step needs at least one micro-batch")
     model.train()
     optimizer.zero_grad(set_to_none=True)
     no_sync = getattr(model, "no_sync", None)  # DDP: all-reduce gradients once, on the last micro-batch
     w_mlm, w_nsp = micro_weights(micro_batches)
+    step_loss = torch.zeros((), device=w_mlm.device)
     for i, batch in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
         with (no_sync() if no_sync is not None and not last else contextlib.nullcontext()):
             out = forward(model, batch, autocast_dtype)
-            # A micro-batch without masked tokens has mlm_loss NaN (0/0); it carries no MLM weight either.
-            loss = torch.nan_to_num(out.mlm_loss) * w_mlm[i] + out.nsp_loss * w_nsp[i]
+            # No nan_to_num: the MLM loss of a micro-batch without masks is 0, never NaN (bert_core.losses), so a
+            # NaN here is a diverged loss, and zeroing it would hide it (and its gradient) from the guard.
+            loss = out.mlm_loss * w_mlm[i] + out.nsp_loss * w_nsp[i]
             loss.backward()
+        step_loss = step_loss + loss.detach().float()
         if sums is not None:
             sums.add(out, batch)
-    return apply_gradients(model, optimizer, scheduler, max_grad_norm)
+    return {**apply_gradients(model, optimizer, scheduler, max_grad_norm), "loss": step_loss}
 
 
 def finetune_step(model: nn.Module, batch: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer,

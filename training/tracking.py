@@ -6,7 +6,8 @@ the pre-training run name), in an experiment created with an explicit artifact l
 UI opens it in its model-training view. The job's driver logs the params (`flatten_params` of its typed config)
 and ends the run (`Run.ending`); rank 0 of the loop logs metrics into it through `MlflowTracker`. After a
 worker-group restart, or a rerun with the same run name, training replays the steps since the last checkpoint;
-their metrics are already in the run, so each (metric, step) is logged once: what is there is skipped.
+their metrics are already in the run, so each (metric, step) is logged once: what is there is skipped. A rollback
+of the guard is different: it redoes steps on other batches, so it rewinds that rule (`MlflowTracker.rewind`).
 
 mlflow is imported inside the functions: importing the trainer (`fit` without tracking) never loads it.
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import numbers
 import os
 import time
@@ -116,12 +116,13 @@ def flatten_params(value: Any, prefix: str = "") -> dict[str, str]:
 
 # ---- runs --------------------------------------------------------------------------------------------------------
 
-def _finite_metrics(metrics: Mapping[str, Any], step: int, timestamp_ms: int) -> list:
-    """The metrics MLflow gets: numbers only (not bools), finite only."""
+def _as_metrics(metrics: Mapping[str, Any], step: int, timestamp_ms: int) -> list:
+    """The metrics MLflow gets: numbers only (not bools). NaN and inf are kept: a diverged value is logged as what
+    it is (MLflow stores NaN, and +-inf as +-1.8e308), never dropped."""
     from mlflow.entities import Metric
 
     return [Metric(k, float(v), timestamp_ms, step) for k, v in metrics.items()
-            if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))]
+            if isinstance(v, numbers.Real) and not isinstance(v, bool)]
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ class Run:
             client.log_batch(self.run_id, tags=items[i:i + BATCH])
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int = 0) -> None:
-        items = _finite_metrics(metrics, step, int(time.time() * 1000))
+        items = _as_metrics(metrics, step, int(time.time() * 1000))
         client = self._client()
         for i in range(0, len(items), METRICS_BATCH):
             client.log_batch(self.run_id, metrics=items[i:i + METRICS_BATCH])
@@ -252,6 +253,7 @@ def run_metrics(tracking_uri: str, run_id: str) -> dict[str, float]:
 
 class Tracker(Protocol):
     def log(self, metrics: dict[str, float], step: int) -> None: ...
+    def rewind(self, step: int) -> None: ...
     def set_tag(self, key: str, value: str) -> None: ...
     def close(self) -> None: ...
 
@@ -265,6 +267,9 @@ class NullTracker:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.history.append((step, dict(metrics)))
+
+    def rewind(self, step: int) -> None:
+        pass
 
     def set_tag(self, key: str, value: str) -> None:
         self.tags[key] = value
@@ -294,12 +299,19 @@ class MlflowTracker:
                 log.warning("system metrics are off: %s", e)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        batch = [m for m in _finite_metrics(metrics, step, int(time.time() * 1000))
+        """Non-finite values are logged as they are (MLflow keeps NaN, and stores +-inf as +-1.8e308), so a chart
+        shows a divergence where it happened instead of a gap or a silent 0."""
+        batch = [m for m in _as_metrics(metrics, step, int(time.time() * 1000))
                  if step > self.logged.get(m.key, -1)]
         if batch:
             self.client.log_batch(self.run_id, metrics=batch)
             for m in batch:
                 self.logged[m.key] = step
+
+    def rewind(self, step: int) -> None:
+        """The run went back to `step` (the guard's rollback) and redoes the steps after it on other batches: their
+        metrics are new, so they are logged again (a second point at the same step), not skipped as a replay."""
+        self.logged = {k: min(v, step) for k, v in self.logged.items()}
 
     def set_tag(self, key: str, value: str) -> None:
         self.client.set_tag(self.run_id, key, value)

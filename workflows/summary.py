@@ -2,6 +2,7 @@
 lines for the console and as WORKDIR/summary.json."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,9 @@ def summary_lines(name: str, stages: list[JobStage], results: dict[str, dict[str
     if tracking_uri.startswith(("http://", "https://")):
         lines.append(f"  open {tracking_uri}  to compare the runs")
     else:
-        lines.append(f"  open the UI:  mlflow ui --backend-store-uri {tracking_uri} --port 5000   then "
+        # The mlflow beside this interpreter: a fresh shell (no venv activated) can run the line as printed.
+        mlflow = Path(sys.executable).parent / "mlflow"
+        lines.append(f"  open the UI:  {mlflow} ui --backend-store-uri {tracking_uri} --port 5000   then "
                      "http://127.0.0.1:5000")
     lines.append(f"  done-markers and stage logs: {workdir / STATE_DIR}; this summary: {workdir / 'summary.json'}")
     return lines

@@ -56,12 +56,13 @@ def _fit_fixed_batch() -> None:
     assert (pred[keep] == feats.labels[0][keep]).mean() >= 0.66
 
 
-def test_fit_has_pretrainings_shape(sample_dir, tmp_path):
+def test_fit_has_pretrainings_shape(sample_dir, tmp_path, caplog):
     """`finetuning.fit(config, worker)` takes the launcher's Worker like `training.fit`: it prepares its task from
     the config, reports each epoch through the tracker, and the best epoch's model is the last checkpoint written
     (model/ in the HF layout beside its evaluation)."""
     import inspect
     import json
+    import logging
 
     import training
     from finetuning import FinetuneConfig, fit
@@ -84,9 +85,15 @@ def test_fit_has_pretrainings_shape(sample_dir, tmp_path):
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        result = fit(config, Worker(checkpoints=LocalCheckpoints(tmp_path / "ckpt", keep=1), tracker=tracker))
+        with caplog.at_level(logging.INFO, logger="finetuning.loop"):
+            result = fit(config, Worker(checkpoints=LocalCheckpoints(tmp_path / "ckpt", keep=1), tracker=tracker))
     finally:
         torch.set_num_threads(before)
+    # What an operator sees: progress with percentage, rate and ETA (3 steps per epoch, 6 in all).
+    lines = [r.getMessage() for r in caplog.records if "ETA" in r.getMessage()]
+    assert any(line.startswith("epoch 1/2 done, step 3/6 (50.0%)") for line in lines), lines
+    assert any(line.startswith("epoch 2/2 done, step 6/6 (100.0%)") for line in lines), lines
+    assert all(m["train_nonfinite_steps"] == 0 for _, m in result.history)
     assert [epoch for epoch, _ in result.history] == [1, 2] and [s for s, _ in tracker.history][-1] == 2
     assert result.step == 2 * 3  # 48 training rows in batches of 16: 3 steps per epoch
     best = json.loads((tmp_path / "ckpt" / Path(result.checkpoint).name / BEST_METRICS_FILE).read_text())

@@ -186,6 +186,12 @@ def test_bad_inputs_fail_before_training(data, tmp_path, mlflow_uri, caplog):
                      error_of(["--task", "classification", "--eval", str(bad_eval), *base]))
     assert "--preset" in error_of(["--task", "classification", "--eval", str(bad_eval), "--train", "x", "--init",
                                    "random"])
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert re.search(r"empty.jsonl holds no records \(an empty file\?\)", error_of(
+        ["--task", "classification", "--split-eval-from-train", "0.1", *base[:1], str(empty), *base[2:]]))
+    assert re.search(r"task data file not found: .*nowhere.jsonl", error_of(
+        ["--task", "classification", "--eval", str(tmp_path / "nowhere.jsonl"), *base]))
     assert MlflowClient(mlflow_uri).search_experiments(filter_string="name = 'finetune'") == []
 
 
@@ -194,7 +200,7 @@ def test_output_to_s3_writes_the_model_there(data, mlflow_uri, s3_bucket, capsys
     import boto3
 
     endpoint, bucket = s3_bucket
-    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)  # botocore's standard variable (the job has no --endpoint-url)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)  # botocore's standard variable (--endpoint-url works too)
     rc = finetune.main(["--task", "regression", "--train", data["regression"]["train"], "--eval",
                         data["regression"]["eval"], *QUICK, "--init", "random", "--preset", "bert_tiny",
                         "--label-column", "rating", "--no-ray", "--epochs", "1", "--output", f"s3://{bucket}/ft",
@@ -203,3 +209,33 @@ def test_output_to_s3_writes_the_model_there(data, mlflow_uri, s3_bucket, capsys
     keys = {o["Key"] for o in boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
             .list_objects_v2(Bucket=bucket, Prefix="ft/")["Contents"]}
     assert {"ft/config.json", "ft/model.safetensors", "ft/vocab.txt"} <= keys
+
+
+def test_init_from_s3_fetches_the_model_beside_the_output(data, mlflow_uri, s3_bucket, tmp_path, capsys, sample_dir):
+    """--init s3://...: a pre-trained export on the loopback S3 server is fetched into .init-cache beside --output
+    (no shared volume between the stages), trained from, and its lineage file read from the fetched copy."""
+    import torch
+    from mlflow.tracking import MlflowClient
+
+    from bert_core import BertForPreTraining, bert_tiny
+    from pipeline.storage import upload_tree
+
+    endpoint, bucket = s3_bucket
+    torch.manual_seed(0)
+    export = tmp_path / "phase1"
+    BertForPreTraining(bert_tiny()).save_pretrained(export, vocab_file=sample_dir / "reference" /
+                                                    "bert-base-uncased-vocab.txt")
+    (export / "bert_pretrain_run.json").write_text(json.dumps({"mlflow_run_id": "pre123", "tracking_uri": "x"}))
+    upload_tree(export, f"s3://{bucket}/models/phase1", endpoint)
+
+    out = tmp_path / "out" / "model"
+    rc = finetune.main(["--task", "classification", "--train", data["classification"]["train"], "--eval",
+                        data["classification"]["eval"], *QUICK, "--init", f"s3://{bucket}/models/phase1",
+                        "--endpoint-url", endpoint, "--no-ray", "--epochs", "1", "--output", str(out),
+                        "--mlflow-tracking-uri", mlflow_uri])
+    assert rc == 0
+    final = _last_json(capsys)
+    (cached,) = (tmp_path / "out" / ".init-cache").iterdir()
+    assert (cached / "model.safetensors").is_file() and (out / "config.json").is_file()
+    tags = MlflowClient(mlflow_uri).get_run(final["mlflow_run_id"]).data.tags
+    assert tags["lineage.init"] == f"s3://{bucket}/models/phase1" and tags["lineage.pretrain_run_id"] == "pre123"

@@ -39,10 +39,11 @@ def _stack(cmd: str, env: dict, timeout: int = 300) -> subprocess.CompletedProce
 
 
 def _env_file(state: Path) -> dict[str, str]:
+    """env.sh as a shell that sources it sees it (its PATH line extends the current $PATH)."""
     out = {}
     for line in (state / "env.sh").read_text().splitlines():
         k, v = line.removeprefix("export ").split("=", 1)
-        out[k] = v
+        out[k] = v.replace("$PATH", os.environ.get("PATH", ""))
     return out
 
 
@@ -100,3 +101,4 @@ def test_ray_job_submit_to_the_local_stack(tmp_path):
     ray_tmp = next(line for line in started.stdout.splitlines() if "temp /tmp/ray-stack-" in line)
     ray_tmp = ray_tmp.split("temp ")[1].rstrip(")")
     assert _processes_naming(ray_tmp) == []
+

@@ -3,6 +3,7 @@ the model-training view, a run is resumed by its tag, params are the one flatten
 of what happened, and rank 0's tracker logs each (metric, step) once."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import pytest
@@ -105,7 +106,8 @@ def test_run_ending_records_what_happened(tmp_path):
     with ok.ending():
         ok.log_metrics({"final_accuracy": 0.75, "nan": float("nan"), "label": "x", "flag": True}, step=0)
     assert client.get_run(ok.run_id).info.status == "FINISHED"
-    assert tracking.run_metrics(uri, ok.run_id) == {"final_accuracy": 0.75}
+    logged = tracking.run_metrics(uri, ok.run_id)  # numbers only; a NaN is logged as NaN, never dropped (issue 17)
+    assert set(logged) == {"final_accuracy", "nan"} and logged["final_accuracy"] == 0.75 and math.isnan(logged["nan"])
     failed = tracking.open_run(uri, "e", "failed")
     with pytest.raises(RuntimeError), failed.ending():
         raise RuntimeError("diverged")

@@ -1,0 +1,19 @@
+"""configs/quickstart.yaml as the workflow plans it: the pre-training stage evaluates on the held-out book during
+training (several points under the step and time budgets), so the quickstart's eval_* charts are curves."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from jobs import pretrain
+from workflows.config import load_config
+from workflows.plan import plan
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_quickstart_pretraining_evaluates_during_training(tmp_path):
+    stages = {s.name: s for s in plan(load_config(REPO / "configs" / "quickstart.yaml"), str(tmp_path))}
+    args = pretrain.parse_args(stages["pretrain phase1"].argv)
+    assert args.eval_data and args.eval_every > 0
+    assert args.max_steps // args.eval_every >= 5  # a curve, not a dot: 5+ held-out points over the full --max-steps
+    assert args.eval_every % args.log_every == 0  # each eval point lands beside a training point
