@@ -127,7 +127,9 @@ class RayCluster:
                 self._init()
             elif not ray.is_initialized():
                 ray.init()
-            self._ready.set_result(self._wait_for_cpus())
+            cpus = self._wait_for_cpus()
+            log.info("Ray is up with %d CPUs", cpus)
+            self._ready.set_result(cpus)
             # The driver's own set-up after: the worker processes (``warm``), the longest path of a small build,
             # can be started in the meantime.
             self._configure()
