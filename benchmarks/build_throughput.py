@@ -1,8 +1,9 @@
 """Data build throughput and fixed cost: the whole job, attached to a running Ray (the default) and with a fresh
 local Ray started by the job, side by side, against the machine's own ceiling measured in the same run.
 
-    python benchmarks/build_throughput.py                                          # a 2-core box: ~50 MB, 1 and 2 CPUs
-    python benchmarks/build_throughput.py --scales 16,64 --cpus 1,16 --cpus-at-max-scale 16   # 16 cores: 419 MB, 1.67 GB
+    python benchmarks/build_throughput.py                                  # a 2-core box: ~50 MB, 1 and 2 CPUs
+    python benchmarks/build_throughput.py --scales 16,64 --cpus 1,16       # 16 cores: 419 MB and 1.67 GB
+    python benchmarks/build_throughput.py --scales '' --cpus 2             # the fixed cost only
 
 Each run is `python jobs/build_dataset.py` in a fresh process, seq 128, dupe factor 5, the bert-base-uncased vocab,
 the default --num-shards, and an MLflow run on a sqlite store (``--no-mlflow``: none), as a user runs it:
@@ -18,7 +19,8 @@ of every process involved (the job's tree and, attached, the head's tree: daemon
 workers), split by kind; MB per CPU-second of all of them; the driver's CPU-seconds; the largest RSS of any one Ray
 worker. Per CPU count: the machine's ceiling, what N busy processes give relative to one (pure-Python loops, in
 this invocation; shared cores, turbo and neighbours all show up in it). Fixed cost: a ~1 MB build (whole documents
-of the corpus), attached at the largest CPU count, repeated (median and best). Then issue 18's targets, met or not.
+of the corpus), attached at the largest CPU count, repeated (median and best), with the time at which each phase
+ended (read off the job's own log lines, stamped in ms by a thin launcher). Then issue 18's targets, met or not.
 """
 from __future__ import annotations
 
@@ -221,11 +223,44 @@ def small_corpus(src: Path, work: Path, nbytes: int) -> tuple[Path, float]:
 
 # --- one run of the job
 
+# The job as `python jobs/build_dataset.py` runs it, with each log line stamped in ms since the process started,
+# so that a run's phases can be read off its own log (``phases``).
+LAUNCH = ("import logging, sys, time; logging.basicConfig(level=logging.INFO, "
+          "format='%(relativeCreated)d ms %(name)s: %(message)s'); sys.argv[0] = 'build_dataset'; "
+          "from jobs import build_dataset; logging.getLogger('bench').info('job imported'); "
+          "rc = build_dataset.main(sys.argv[1:]); logging.getLogger('bench').info('main returned'); sys.exit(rc)")
+STAGES = ("pool_parts", "pool", "instances", "shards")
+PHASES = (  # (phase, a test of the log line that ends it), in the order they happen
+    ("imports", lambda m: m == "job imported"),
+    ("ray_up", lambda m: m.startswith("Ray is up")),
+    ("first_stage_starts", lambda m: m.startswith("pool_parts: ") and " to run" in m),
+    *((s, lambda m, s=s: m.startswith(f"{s}: ") and " done in " in m) for s in STAGES),
+    ("manifest", lambda m: m.startswith("built ")),
+    ("after_build", lambda m: m == "main returned"),
+)
 
-def run(corpus: Path, mb: float, cpus: int, out: Path, args, head: Head | None, engine: str = "data") -> dict:
-    cmd = [sys.executable, str(REPO / "jobs" / "build_dataset.py"), "--input", str(corpus), "--output", str(out),
+
+def phases(log_text: str, wall: float) -> dict[str, float]:
+    """Seconds since the process started at which each phase ended, read off the job's own log lines; 'exit' is
+    the process's end as the benchmark saw it."""
+    out: dict[str, float] = {}
+    for line in log_text.splitlines():
+        ms, _, rest = line.partition(" ms ")
+        msg = rest.partition(": ")[2]
+        for name, ends in PHASES:
+            if ms.isdigit() and name not in out and ends(msg):
+                out[name] = int(ms) / 1e3
+    out["exit"] = wall
+    return out
+
+
+def run(corpus: Path, mb: float, cpus: int, out: Path, args, head: Head | None, engine: str = "data",
+        no_ray: bool = False) -> dict:
+    cmd = [sys.executable, "-c", LAUNCH, "--input", str(corpus), "--output", str(out),
            "--vocab", str(VOCAB), "--dupe-factor", str(args.dupe_factor), "--max-seq-length", "128",
-           "--num-cpus", str(cpus), "--log-level", "WARNING", "--engine", engine]
+           "--num-cpus", str(cpus), "--log-level", "INFO", "--engine", engine, "--progress", "lines"]
+    if no_ray:
+        cmd.append("--no-ray")
     if args.mlflow:
         cmd += ["--mlflow-tracking-uri", f"sqlite:///{out.parent / 'mlflow' / 'mlflow.db'}"]
     env = head.job_env() if head else dict(os.environ, **BASE_ENV)
@@ -235,7 +270,7 @@ def run(corpus: Path, mb: float, cpus: int, out: Path, args, head: Head | None, 
     err = open(out.parent / f"{out.name}.stderr", "w+")
     watch = Watch([head.proc.pid] if head else [])
     t0 = time.time()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO)
     watch.roots.append(proc.pid)
     load = []
     while proc.poll() is None:
@@ -248,13 +283,15 @@ def run(corpus: Path, mb: float, cpus: int, out: Path, args, head: Head | None, 
         err.seek(0)
         raise RuntimeError(f"{' '.join(cmd)} failed with {proc.returncode}:\n{err.read()[-3000:]}")
     manifest = json.loads((out / "manifest.json").read_text())
+    err.seek(0)
+    steps = phases(err.read(), wall)
     by_kind = watch.cpu_by_kind(proc.pid)
     cpu = sum(by_kind.values())
     shutil.rmtree(out, ignore_errors=True)
     return {"wall_s": wall, "cpu_s": cpu, "cpu_s_by_kind": by_kind, "mb": mb, "e2e_mb_s_cpu": mb / wall / cpus,
             "mb_per_cpu_s": mb / cpu, "peak_worker_rss_mb": watch.worker_peak_mb(proc.pid),
             "driver_peak_rss_mb": watch.rss_peak.get(proc.pid, 0) / 1e6, "load_avg": statistics.fmean(load or [0]),
-            "instances": manifest["totals"]["instances"], "shards": len(manifest["shards"])}
+            "instances": manifest["totals"]["instances"], "shards": len(manifest["shards"]), "phases_s": steps}
 
 
 def _busy_loop(n: int) -> float:
@@ -342,7 +379,7 @@ def main() -> None:
     ap.add_argument("--engine", default="data", choices=("data", "tasks"), help="the job's --engine")
     ap.add_argument("--no-mlflow", dest="mlflow", action="store_false", help="no MLflow run (default: sqlite store)")
     args = ap.parse_args()
-    scales = sorted(int(s) for s in args.scales.split(","))
+    scales = sorted(int(s) for s in args.scales.split(",") if s)  # --scales '': the fixed cost only
     cpus = sorted(int(c) for c in args.cpus.split(","))
     modes = [m for m in args.modes.split(",") if m]
     # The ceiling first, on an idle machine: what N busy processes give here, for every N run below.
@@ -356,6 +393,8 @@ def main() -> None:
     heads: dict[int, Head] = {}
     try:
         small, small_mb = small_corpus(args.corpus, work, int(args.fixed_mb * 1e6))
+        if args.mlflow:  # the store exists before the timed runs (a user's store does): its creation is not timed
+            run(small, small_mb, 1, work / "out-mlflow-prime", args, None, "data", no_ray=True)
 
         def head_for(c: int) -> Head:
             if c not in heads:
@@ -387,6 +426,8 @@ def main() -> None:
                         head_for(top) if mode == "attached" else None, args.engine)
                 fixed[mode].append(r)
                 print(_line(f"fixed/{top}cpu/{mode}", r), flush=True)
+                print(" " * 23 + "s since start: " + "  ".join(f"{k} {v:.2f}" for k, v in r["phases_s"].items()),
+                      flush=True)
     finally:
         for h in heads.values():
             h.stop()

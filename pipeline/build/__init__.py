@@ -110,8 +110,8 @@ def build(cfg: BuildConfig, executor: Executor | None = None) -> dict[str, Any]:
     # The vocabulary goes to the workers once (the object store on Ray); each builds its encoder once, ahead of the
     # first stage that tokenizes.
     shared = executor.share(vocab_sha, tokens)
-    executor.warm(PoolPartStep(ctx, shared).setup)
     num_shards = cfg.num_shards or default_num_shards(planned, cfg.dupe_factor, vocab.vocab_size)
+    executor.warm(PoolPartStep(ctx, shared).setup, max(len(units), num_shards))
     if cfg.num_shards is None:
         log.info("%d shards of at most about %d MiB (from the planned size; --num-shards to choose)", num_shards,
                  SHARD_BYTES >> 20)

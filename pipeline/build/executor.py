@@ -50,9 +50,9 @@ class Executor(Protocol):
 
     def share(self, key: str, obj: Any) -> Shared: ...
 
-    def warm(self, setup: Callable[[], None]) -> None:
-        """Run ``setup`` (loading per-process state: the tokenizer) once in each worker process, ahead of the
-        stages and without waiting for it."""
+    def warm(self, setup: Callable[[], None], items: int) -> None:
+        """Start the worker processes that stages of at most ``items`` items will use and run ``setup`` (loading
+        per-process state: the tokenizer) once in each, ahead of the stages and without waiting for it."""
 
     def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker]:
         """Run ``step`` on every item; the markers as they come, in any order."""
@@ -72,7 +72,7 @@ class LocalExecutor:
     def share(self, key: str, obj: Any) -> Shared:
         return LocalShared(key, obj)
 
-    def warm(self, setup: Callable[[], None]) -> None:
+    def warm(self, setup: Callable[[], None], items: int) -> None:
         pass  # the first item loads what it needs
 
     def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker]:

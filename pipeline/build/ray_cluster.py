@@ -1,13 +1,14 @@
 """What both Ray executors share: bringing Ray up early, the worker processes started and warmed ahead of the
 stages, the vocabulary in the object store, users' errors carried back as values, and never a hang for CPUs.
 
-- ``begin`` brings Ray up (``init``: ``training.launch.init_ray`` attaches to RAY_ADDRESS, as ``ray job submit`` sets,
-  or starts a local Ray capped at ``--num-cpus``) in a background thread while the driver lists and plans, then
-  starts one worker process per CPU by handing each a task that imports what the steps use. Worker processes are
-  the expensive part of a job on Ray (an interpreter, Ray, Arrow, NumPy, the tokenizer: a second or more each, see
-  docs/benchmarks.md); started early, they are ready when the first stage comes.
-- ``warm(setup)`` loads per-process state (the tokenizer) into each of those processes, not waited for; the stages'
-  tasks run in the same processes (Ray reuses a job's task workers), whose caches (``work.cached``) keep it.
+- ``begin`` brings Ray up (``init``: ``training.launch.init_ray`` attaches to RAY_ADDRESS, as ``ray job submit``
+  sets, or starts a local Ray capped at ``--num-cpus``) in a background thread while the driver lists and plans.
+- ``warm(setup, items)`` starts the worker processes the stages will use (one per CPU, fewer when no stage has that
+  many items) by handing each a task that imports what the steps use and runs ``setup`` (loads the tokenizer),
+  not waited for. Worker processes are the expensive part of a job on Ray (an interpreter, Ray, Arrow, NumPy, the
+  tokenizer: a second or more each, see docs/benchmarks.md); started as soon as the driver knows its units, they
+  are ready when the first stage comes, and the stages' tasks run in them (Ray reuses a job's task workers), whose
+  caches (``work.cached``) keep the tokenizer for the rest of the build.
 - ``share`` puts a large read-only object (the vocabulary) in the object store once.
 - ``--num-cpus`` below 1 is refused before Ray starts, and a cluster without a CPU for the build's one-CPU tasks is
   waited for a bounded time (an autoscaler may be adding nodes), then refused: a clear error, never a hang.
@@ -71,8 +72,8 @@ def raise_users(out: Marker | UserError) -> Marker:
     return out
 
 
-def _prestart() -> int:
-    """A worker's first task: import what the steps and Ray Data's tasks use, so a stage's first item does not."""
+def _warm(setup: Callable[[], None]) -> int:
+    """A worker's first task: import what the steps and Ray Data's tasks use, load the per-process state."""
     import numpy  # noqa: F401
     import pyarrow.compute  # noqa: F401
     import ray.data  # noqa: F401
@@ -81,10 +82,6 @@ def _prestart() -> int:
     import pipeline.build.shards  # noqa: F401
     import pipeline.sentences  # noqa: F401
     import pipeline.tokenize  # noqa: F401
-    return os.getpid()
-
-
-def _warm(setup: Callable[[], None], *_prestarted: int) -> int:
     setup()
     return os.getpid()
 
@@ -105,10 +102,10 @@ class RayCluster:
         check_num_cpus(num_cpus)
         self.width = num_cpus
         self._init = init  # None: the caller's Ray (or a default ray.init())
-        self._ready: concurrent.futures.Future | None = None
+        self._ready: concurrent.futures.Future | None = None  # Ray is up: the cluster's CPUs
+        self._configured: concurrent.futures.Future = concurrent.futures.Future()  # the driver's set-up is done
         self._owns_ray = False
-        self._prestarted: list = []  # refs of the prestart tasks (their workers' pids)
-        self._warming: list = []  # refs of the warm-up tasks; kept so that they are not cancelled
+        self._warming: list = []  # refs of the warm-up tasks (their workers' pids); kept so they are not cancelled
 
     def begin(self) -> concurrent.futures.Future:
         """Start (once) bringing Ray up in a background thread; the future is done when the stages can run.
@@ -131,15 +128,17 @@ class RayCluster:
             elif not ray.is_initialized():
                 ray.init()
             cpus = self._wait_for_cpus()
-            # Worker processes first (the longest path of a small build: process, imports, tokenizer), then the
-            # driver's own set-up while they start.
-            remote = ray.remote(_prestart).options(**self._options())
-            self._prestarted = [remote.remote() for _ in range(self._workers(cpus))]
+            log.info("Ray is up with %d CPUs", cpus)
+            self._ready.set_result(cpus)
+            # The driver's own set-up after: the worker processes (``warm``), the longest path of a small build,
+            # can be started in the meantime.
             self._configure()
         except BaseException as e:  # noqa: BLE001 - handed to the stages, which re-raise it
-            self._ready.set_exception(e)
+            for f in (self._ready, self._configured):
+                if not f.done():
+                    f.set_exception(e)
             return
-        self._ready.set_result(None)
+        self._configured.set_result(None)
         threading.Event().wait()  # never returns: see begin
 
     def _configure(self) -> None:
@@ -159,16 +158,17 @@ class RayCluster:
             time.sleep(5)
         return cpus
 
-    def _workers(self, cpus: int) -> int:
-        return min(cpus, self.width or cpus)
-
-    def _wait(self) -> None:
-        ready, t0 = self.begin(), time.perf_counter()
-        while True:  # no silent minute while a local Ray starts on a busy machine
-            try:
-                return ready.result(timeout=5.0)  # re-raises a failed start
-            except concurrent.futures.TimeoutError:
-                log.info("waiting for Ray to come up (%.0f s wall)", time.perf_counter() - t0)
+    def _wait(self, configured: bool = True) -> int:
+        """The cluster's CPUs once Ray is up (and, by default, the driver's set-up done)."""
+        cpus, t0 = self.begin(), time.perf_counter()
+        for f in (cpus, self._configured) if configured else (cpus,):
+            while True:  # no silent minute while a local Ray starts on a busy machine
+                try:
+                    f.result(timeout=5.0)  # re-raises a failed start
+                    break
+                except concurrent.futures.TimeoutError:
+                    log.info("waiting for Ray to come up (%.0f s wall)", time.perf_counter() - t0)
+        return cpus.result()
 
     def _cluster_cpus(self) -> int:
         """The cluster's CPUs now (an autoscaling cluster's count changes between stages)."""
@@ -190,18 +190,16 @@ class RayCluster:
     def share(self, key: str, obj: Any) -> RayShared:
         import ray
 
-        self._wait()
+        self._wait(configured=False)
         return RayShared(key, ray.put(obj))
 
-    def warm(self, setup: Callable[[], None]) -> None:
+    def warm(self, setup: Callable[[], None], items: int) -> None:
         import ray
 
-        self._wait()
+        cpus = self._wait(configured=False)
         remote = ray.remote(_warm).options(**self._options())
-        # Each warm-up task waits for every prestart task: then all the workers are up and idle at once, and the
-        # warm-up tasks (each busy for the tokenizer's load) land one per worker instead of queueing on the first
-        # worker that finished its imports.
-        self._warming += [remote.remote(setup, *self._prestarted) for _ in self._prestarted]
+        # All at once, each busy for a second or more: Ray gives every one its own worker process (idle ones first).
+        self._warming += [remote.remote(setup) for _ in range(max(1, min(cpus, self.width or cpus, items)))]
 
     def end(self) -> None:
         """Disconnect from Ray (stopping a local Ray this process started) now, if ``begin`` brought it up; a Ray the

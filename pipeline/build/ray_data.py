@@ -45,7 +45,7 @@ class RayDataExecutor(RayCluster):
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = self.bars
         # Each execution is one map operator: reserving resources per operator (against starving a later one) only
-        # holds CPUs back (16 tasks of 50 ms on 2 CPUs: 1.04 s with it, 0.72 s without; build_overheads.py).
+        # holds CPUs back (16 tasks of 50 ms on 2 CPUs: 1.13 s with it, 0.66 s without; build_overheads.py).
         ctx.op_resource_reservation_enabled = False
         if not self.bars:
             # Ray Data announces every execution at INFO ("Starting execution of Dataset ...") and warns once that

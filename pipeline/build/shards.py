@@ -12,8 +12,8 @@ fixed by the seed and the plan alone:
 Shard ``i`` of ``S`` takes global rows ``[i*N//S, (i+1)*N//S)`` (row counts differ by at most one). The driver turns
 the per-unit row counts into each item's slice list (prefix sums: O(units x passes x chunks) integers, no data),
 so a shard item opens only the chunks its range covers and is handed only its own slices. It orders its rows by
-key within groups of at most ``ROWS_PER_GROUP`` rows (one group for a shard of ordinary size): a document's pairs
-end up spread among the rows of every other document of the group, and memory stays bounded by the group.
+key within groups of at most ``ROWS_PER_GROUP`` rows (a default shard of ~128 MiB holds 4-5 groups): a document's
+pairs end up spread among the rows of every other document of the group, and memory stays bounded by the group.
 
 ``chunks_per_pass`` cuts each unit's pass into enough chunks that a shard draws on ~``CHUNKS_PER_SHARD`` of them:
 a small corpus (few units per shard) gets its shards mixed from many units, a large one keeps one chunk per pass
@@ -40,7 +40,14 @@ from pipeline.rng import derive_seed
 from pipeline.schema import instance_schema, shard_name
 from pipeline.storage import filesystem_for, join, open_atomic
 
-ROWS_PER_GROUP = 1 << 18  # ~100 MB of seq-128 rows: what one shard writer sorts at a time
+# What one shard writer sorts at a time (~40 MB of seq-128 rows, ~30 pieces of units mixed): a process building two
+# shards of 331k rows peaked at 804 MB with groups of 2**18, 616 MB with 2**17, 493 MB with 2**16 (the plain loop
+# on the 2x shared corpora, ru_maxrss, 2026-11-25); 2**17 keeps a worker well under 1 GB with its tokenizer and pool.
+ROWS_PER_GROUP = 1 << 17
+# Parquet row groups of a shard: the writer encodes one at a time, so a group of sorted rows is written in pieces
+# (a shard item's peak for 2**18 rows of seq 128: +519 MB written as one row group, +403 MB in row groups of 2**16;
+# /proc RSS, synthetic rows, 2026-11-25). Readers read a shard whole or by row group either way.
+PARQUET_ROW_GROUP = 1 << 16
 CHUNKS_PER_SHARD = 32  # pieces of units a shard should mix, when the corpus has fewer units than that per shard
 MAX_CHUNKS = 64  # chunks per unit and pass at most: each is one small read for a shard item
 _READ_THREADS = 8
@@ -152,7 +159,7 @@ def write_shard(item: ShardItem, url: str, source: Callable[[str], str], schema:
                 # Stable: equal keys (a 64-bit collision) keep the global order, which is fixed.
                 order = np.argsort(table.column("key").to_numpy(), kind="stable")
                 part = table.take(pa.array(order)).select(schema.names).cast(schema)
-                w.write_table(part)
+                w.write_table(part, row_group_size=PARQUET_ROW_GROUP)
                 rows += part.num_rows
                 del table, part
             if rows == 0:

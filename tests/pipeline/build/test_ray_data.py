@@ -24,7 +24,7 @@ def test_warm_up_loads_the_tokenizer_once_per_worker_before_any_item(ray_local, 
     executor = RayDataExecutor(num_cpus=2)
     executor.begin()
     vocab = executor.share("vocab-test-warm", tokens)
-    executor.warm(PoolPartStep(_ctx(tmp_path), vocab).setup)
+    executor.warm(PoolPartStep(_ctx(tmp_path), vocab).setup, items=16)
     # The build never waits for the warm-up (a stage's first items may overtake it and load the tokenizer
     # themselves, once); here we wait, to see where it went: one warm-up per worker process.
     warmed = ray_local.get(executor._warming)
