@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any, TypeVar
@@ -154,14 +155,16 @@ def map_threads(fn: Callable[[T], R], items: Iterable[T], threads: int = METADAT
 # an .xml dump, a .zip) is listed as skipped: ingesting it would put non-corpus text in the dataset. A file named
 # directly, or by a glob that spells out its extension (``*.md``), is read whatever its name: the user chose it.
 CORPUS_EXTENSIONS = (".txt", ".text", ".jsonl", ".json", ".ndjson", ".parquet", ".pq")
-NOT_CORPUS_STEMS = ("readme", "license", "licence", "copying", "notice", "authors", "changelog", "changes")
+# ... and these names, as the first or last word of a file's name (README, LICENSE-MIT, vim-license.txt).
+NOT_CORPUS_WORDS = ("readme", "license", "licence", "copying", "notice", "authors", "changelog")
 _SHOWN = 5  # skipped names listed in the warning; the rest are counted
 
 
 def is_corpus_file(path: str) -> bool:
     """Whether a file found in an input folder or glob is taken as corpus (see CORPUS_EXTENSIONS)."""
     stem, ext = posixpath.splitext(strip_compression(posixpath.basename(path.rstrip("/"))).lower())
-    if stem in NOT_CORPUS_STEMS:
+    words = [w for w in re.split(r"[^a-z0-9]+", stem) if w]
+    if words and (words[0] in NOT_CORPUS_WORDS or words[-1] in NOT_CORPUS_WORDS):
         return False
     return ext in CORPUS_EXTENSIONS or ext == ""
 
