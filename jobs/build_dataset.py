@@ -119,9 +119,17 @@ def log_mlflow(tracking_uri: str, args: argparse.Namespace, cfg: BuildConfig, ma
         return run.info.run_id
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """The flags no config owns (how the build runs, not what it makes)."""
+    if args.num_cpus is not None and args.num_cpus < 1:
+        raise ValueError(f"--num-cpus {args.num_cpus}: use at least 1 (it caps the CPUs the build uses), or leave it"
+                         " out to use every CPU of this machine or of the cluster")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     _common.setup_logging(args.log_level)
+    check_args(args)
     cfg = config_from(args)
     tracking_uri = args.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if tracking_uri:
