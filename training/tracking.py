@@ -313,3 +313,52 @@ def make_tracker(tracking_uri: str | None, run_id: str | None, system_metrics: b
     if tracking_uri is None or run_id is None:
         return NullTracker()
     return MlflowTracker(tracking_uri, run_id, system_metrics)
+
+
+# ---- datasets: a build's output and a training run's input are the same MLflow dataset -------------------------
+
+def built_dataset(url: str, manifest: dict[str, Any]):
+    """The MLflow dataset of a finished build: named after its folder, its source the folder's URL, its digest the
+    manifest's (``pipeline.schema.manifest_digest``), its profile the totals, its schema the shards' columns."""
+    import json
+    import warnings
+
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.types import DataType
+    from mlflow.types.schema import Array, ColSpec, Schema
+
+    from pipeline.schema import instance_schema, manifest_digest
+
+    class BuiltDataset(MetaDataset):
+        @property
+        def profile(self) -> dict[str, Any]:
+            t = manifest["totals"]
+            return {"instances": t["instances"], "shards": len(manifest["shards"]), "documents": t["documents"],
+                    "tokens": t["tokens"], "max_seq_length": manifest["max_seq_length"],
+                    "vocab_size": manifest["vocab"]["size"]}
+
+        def to_dict(self) -> dict[str, str]:
+            return super().to_dict() | {"profile": json.dumps(self.profile)}
+
+    source_url = url if "://" in url else os.path.abspath(url)
+    with warnings.catch_warnings():  # a local path "can be interpreted in multiple ways": all of them local
+        warnings.simplefilter("ignore", UserWarning)
+        source = resolve_dataset_source(source_url)
+    schema = Schema([ColSpec(Array(DataType.integer) if str(f.type).startswith("list") else DataType.integer, f.name)
+                     for f in instance_schema(manifest["vocab"]["size"])])
+    name = os.path.basename(url.rstrip("/")) or url
+    return BuiltDataset(source, name=name, digest=manifest_digest(manifest), schema=schema)
+
+
+def log_dataset(tracking_uri: str, run_id: str, url: str, manifest: dict[str, Any], context: str) -> None:
+    """Record the dataset at ``url`` on a run: ``context="output"`` on the build's run, ``"training"`` / ``"eval"``
+    on a pre-training run (MLflow 3 has dataset inputs only, so the build's output is an input tagged "output").
+    Same name and digest on both, so the UI's Datasets column shows which build a model was trained on."""
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.tracking import MlflowClient
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    entity = built_dataset(url, manifest)._to_mlflow_entity()
+    MlflowClient(tracking_uri).log_inputs(run_id, datasets=[
+        DatasetInput(entity, tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])])
