@@ -85,7 +85,7 @@ def build(cfg: BuildConfig, executor: Executor | None = None) -> dict[str, Any]:
     ident = cfg.identity() | {"vocab_sha256": hashlib.sha256(vocab_bytes).hexdigest() if vocab_bytes else None}
     chash = config_hash(ident)
     check_writable(out, ep)
-    done = finished_manifest(cfg, chash)
+    done = finished_manifest(cfg, chash, inputs)
     if done is not None:
         return done
     check_state(cfg, chash, inputs)
