@@ -163,8 +163,10 @@ class Run:
     def log_artifacts(self, local_dir: str | os.PathLike, artifact_path: str | None = None) -> None:
         self._client().log_artifacts(self.run_id, str(local_dir), artifact_path=artifact_path)
 
-    def end(self, status: str) -> None:
-        self._client().set_terminated(self.run_id, status=status)
+    def end(self, status: str, end_time: float | None = None) -> None:
+        """``end_time`` (epoch seconds, default now): when what the run tracks ended, if the writes come later."""
+        self._client().set_terminated(self.run_id, status=status,
+                                      end_time=None if end_time is None else int(end_time * 1000))
 
     @contextlib.contextmanager
     def ending(self) -> Iterator["Run"]:
@@ -182,10 +184,11 @@ class Run:
 
 def open_run(tracking_uri: str, experiment: str, run_name: str, *, params: Mapping[str, Any] | None = None,
              tags: Mapping[str, str] | None = None, parent_run_id: str | None = None,
-             resume_by: str | None = None) -> Run:
+             resume_by: str | None = None, start_time: float | None = None) -> Run:
     """The job's run: a new one, or (`resume_by` a tag key) the latest run of the experiment whose tag `resume_by`
     has the value given in `tags`, reopened as RUNNING. A resumed run keeps the params it was first logged with
-    (a changed one is warned about) and gets the ones it lacks; tags are set either way."""
+    (a changed one is warned about) and gets the ones it lacks; tags are set either way. `start_time` (epoch
+    seconds, default now) dates a new run from when its work began, when it is opened later (in a thread)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
@@ -214,7 +217,9 @@ def open_run(tracking_uri: str, experiment: str, run_name: str, *, params: Mappi
         params = {k: v for k, v in params.items() if k not in old}
         log.info("resuming MLflow run %s (%s)", run.run_id, run_name)
     else:
-        run = Run(tracking_uri, client.create_run(exp_id, run_name=run_name, tags=tags).info.run_id, exp_id)
+        started = None if start_time is None else int(start_time * 1000)
+        run = Run(tracking_uri, client.create_run(exp_id, start_time=started, run_name=run_name, tags=tags).info.run_id,
+                  exp_id)
         log.info("MLflow run %s (%s) in experiment %r at %s", run.run_id, run_name, experiment, tracking_uri)
     run.log_params(params)
     run.set_tags(tags)
