@@ -49,7 +49,7 @@ def test_a_build_with_a_trained_vocabulary_logs_a_report_a_dataset_and_a_vocabul
     m = run.data.metrics
     assert m["instances"] == manifest["totals"]["instances"] > 0 and m["unk_fraction"] == 0.0
     assert 0.3 < m["random_next_fraction"] < 0.7
-    assert {"stage_seconds.docs", "stage_seconds.shards", "stage_seconds.vocab"} <= m.keys()
+    assert {f"stage_seconds.{s}" for s in ("vocab", "pool_parts", "instances", "shards")} <= m.keys()
     assert f"{manifest['totals']['instances']:,} sequences" in run.data.tags["mlflow.note.content"]
 
     report = [f.path for f in client.list_artifacts(run_id, "report")]
@@ -111,3 +111,19 @@ def test_a_failed_build_leaves_a_failed_run_saying_why(tmp_path, sample_dir, mlf
     [run] = client.search_runs([client.get_experiment_by_name("builds").experiment_id])
     assert run.info.status == "FAILED" and run.data.tags["error"] == error
     assert run.info.run_name == "build zh seq128"
+
+
+def test_on_ray_the_run_hears_every_stage_and_the_callers_ray_stays_up(ray_local, tmp_path, sample_dir, mlflow_uri,
+                                                                       capsys):
+    from mlflow.tracking import MlflowClient
+
+    out = tmp_path / "moby-ray"
+    assert build_dataset.main(["--input", corpus(tmp_path, sample_dir, "m.jsonl", 1, 5), "--output", str(out),
+                               "--vocab", str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"),
+                               "--dupe-factor", "1", "--num-shards", "2", "--mlflow-tracking-uri", mlflow_uri,
+                               "--experiment", "builds", "--progress", "lines"]) == 0
+    run = MlflowClient(mlflow_uri).get_run(last_json(capsys.readouterr().out)["mlflow_run_id"])
+    assert run.info.status == "FINISHED" and run.data.params["executor"] == "ray data"
+    assert {f"stage_seconds.{s}" for s in ("pool_parts", "pool", "instances", "shards")} <= run.data.metrics.keys()
+    assert run.inputs.dataset_inputs[0].dataset.digest == manifest_digest(read_manifest(str(out)))
+    assert ray_local.is_initialized()  # the job leaves a Ray it did not start
