@@ -58,9 +58,9 @@ def finished_manifest(cfg: BuildConfig, chash: str, inputs: list[dict[str, Any]]
                          f"{str(m.get('config_hash'))[:12]} vs {chash[:12]}): use another --output")
     changes = input_changes(m.get("inputs", []), inputs)
     if changes:
-        raise ValueError(f"{out} holds a finished dataset built from other versions of the inputs ({_listing(changes)}),"
-                         " so it is not this command's dataset and was left as it is. Use another --output, or delete"
-                         f" {out} to rebuild it there")
+        raise ValueError(f"{out} holds a finished dataset built from other versions of the inputs"
+                         f" ({_listing(changes)}), so it is not this command's dataset and was left as it is. Use"
+                         f" another --output, or delete {out} to rebuild it there")
     log.info("%s is already complete with this config and these inputs: nothing to do", out)
     remove_tree(join(out, WORK_DIR), ep)  # a kill between manifest and clean-up leaves it behind
     return m

@@ -1,0 +1,69 @@
+"""What the build's MLflow run adds to the job's wall time: the same ~1.2 MB build (Moby Dick, the bundled
+bert-base-uncased vocabulary) with no tracking, with a fresh sqlite store (the first run ever: the store's tables
+are created) and with an existing store, interleaved, each a fresh process as a user runs it; as a plain loop
+(--no-ray: nothing to hide MLflow's start-up behind) and with the local Ray the job starts (the laptop default).
+
+    python benchmarks/build_tracking_cost.py [--repeats 3] [--modes no-ray,local-ray]
+
+Prints the median wall time of each and the difference to the untracked job. The run opens in a background thread
+at the job's start and renders its figures while Ray (when there is one) shuts down, so what remains on the critical
+path is waiting for that thread at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE = REPO / "data" / "sample"
+
+
+def run(out: Path, tracking: str | None, mode: str) -> float:
+    cmd = [sys.executable, str(REPO / "jobs" / "build_dataset.py"), "--input",
+           str(SAMPLE / "corpus" / "mobydick.jsonl.gz"), "--output", str(out), "--vocab",
+           str(SAMPLE / "reference" / "bert-base-uncased-vocab.txt"), "--dupe-factor", "1", "--num-shards", "2",
+           "--log-level", "WARNING", "--progress", "lines"] + (["--no-ray"] if mode == "no-ray" else [])
+    if tracking:
+        cmd += ["--mlflow-tracking-uri", tracking]
+    env = os.environ | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # loopback only
+    env.pop("RAY_ADDRESS", None)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True, cwd=REPO, env=env)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--modes", default="no-ray,local-ray")
+    args = p.parse_args()
+    for mode in args.modes.split(","):
+        times: dict[str, list[float]] = {"no tracking": [], "fresh sqlite store": [], "existing sqlite store": []}
+        with tempfile.TemporaryDirectory(prefix="tracking-cost-") as d:
+            root = Path(d)
+            existing = f"sqlite:///{root / 'existing.db'}"
+            run(root / "warm", existing, mode)  # creates the store (and warms the page cache), not timed
+            for i in range(args.repeats):
+                times["no tracking"].append(run(root / f"plain-{i}", None, mode))
+                fresh = f"sqlite:///{root / f'fresh-{i}.db'}"
+                times["fresh sqlite store"].append(run(root / f"fresh-{i}", fresh, mode))
+                times["existing sqlite store"].append(run(root / f"existing-{i}", existing, mode))
+                for name in (f"plain-{i}", f"fresh-{i}", f"existing-{i}"):
+                    shutil.rmtree(root / name)
+        base = statistics.median(times["no tracking"])
+        print(f"{mode}: job wall time, median of {args.repeats} (one process each, ~1.2 MB build):")
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            print(f"  {name:24s} {med:6.2f} s  ({med - base:+.2f} s, {med / base:.2f}x)   runs: "
+                  + ", ".join(f"{t:.2f}" for t in ts))
+
+
+if __name__ == "__main__":
+    main()
