@@ -35,7 +35,9 @@ def run(out: Path, tracking: str | None, mode: str) -> float:
     env = os.environ | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # loopback only
     env.pop("RAY_ADDRESS", None)
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, capture_output=True, cwd=REPO, env=env)
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
+    if p.returncode != 0:
+        raise SystemExit(f"the job failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-3000:]}")
     return time.perf_counter() - t0
 
 

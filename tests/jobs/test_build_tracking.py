@@ -41,6 +41,7 @@ def test_a_build_with_a_trained_vocabulary_logs_a_report_a_dataset_and_a_vocabul
     run = client.get_run(run_id)
 
     assert run.info.run_name == "build moby-64 seq64" and run.info.status == "FINISHED"
+    assert run.data.tags["job"] == "build_dataset"  # what the workflow finds its stages' runs by
     p = run.data.params
     assert p["inputs"] == f"{a}, {b}"
     assert p["vocab"] == "trained on the input" and p["vocab.asked_size"] == "800"
