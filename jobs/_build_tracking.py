@@ -28,7 +28,7 @@ REPORT_DIR = "report"  # artifact folder of the figures
 
 class BuildRun:
     def __init__(self, tracking_uri: str, experiment: str, cfg: Any, args: Any, started: float) -> None:
-        self.uri, self.experiment = tracking_uri, experiment
+        self.uri, self.experiment, self.endpoint_url = tracking_uri, experiment, cfg.endpoint_url
         self.label = os.path.basename(cfg.output.rstrip("/")) or cfg.output  # names the runs, titles the figures
         self.name = args.run_name or f"build {self.label} seq{cfg.instances.max_seq_length}"
         self.vocab_params = None if cfg.vocab else {
@@ -72,7 +72,7 @@ class BuildRun:
 
     def _finish(self, output: str, manifest: dict[str, Any], ended: float, nothing_done: bool) -> None:
         from pipeline import report
-        from pipeline.schema import VOCAB_FILE
+        from pipeline.schema import VOCAB_FILE, read_manifest
         from pipeline.storage import join, read_bytes
         from training.tracking import log_dataset
 
@@ -93,9 +93,10 @@ class BuildRun:
             run.log_artifacts(d)
             if self.vocab_run is not None:  # the trained vocabulary, beside the run that trained it
                 (Path(d) / "vocab").mkdir()
-                (Path(d) / "vocab" / VOCAB_FILE).write_bytes(read_bytes(join(output, VOCAB_FILE)))
+                (Path(d) / "vocab" / VOCAB_FILE).write_bytes(read_bytes(join(output, VOCAB_FILE), self.endpoint_url))
                 self.vocab_run.log_artifacts(Path(d) / "vocab")
-        log_dataset(self.uri, run.run_id, output, m, "output")
+        # The dataset as its consumers read it back (pre-training logs the same one as its input).
+        log_dataset(self.uri, run.run_id, read_manifest(output, self.endpoint_url), "output")
         run.end("FINISHED", end_time=ended)
 
     def _fail(self, error: BaseException, ended: float) -> None:
@@ -141,7 +142,7 @@ def _note(output: str, m: dict[str, Any], nothing_done: bool) -> str:
              f"from {t['documents']:,} documents ({t['tokens']:,} tokens) of {len(m['inputs'])} input file(s); "
              f"vocabulary of {m['vocab']['size']:,} entries" + (" trained on the input." if m["vocab"]["trained"]
                                                                  else "."),
-             f"Figures: Artifacts > {REPORT_DIR}/. The dataset (Datasets column) carries the manifest's digest."]
+             f"Figures: Artifacts > {REPORT_DIR}/. The dataset (Dataset column) carries the manifest's sha256 (first 16 hex digits)."]
     for w in m.get("warnings", []):
         lines.append(f"**Warning:** {w}")
     return "\n\n".join(lines)

@@ -67,12 +67,6 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def manifest_digest(m: dict[str, Any]) -> str:
-    """The dataset's fingerprint (16 hex digits, MLflow's dataset digest): the sha256 of its manifest without the
-    build's wall time, so that two builds of the same config and inputs, whatever the CPUs, have the same one."""
-    return config_hash({k: v for k, v in m.items() if k != "build_seconds"})[:16]
-
-
 def validate_manifest(m: dict[str, Any], where: str = "manifest") -> dict[str, Any]:
     """Check the keys and the invariants consumers rely on; raises ValueError saying what is wrong."""
     missing = [k for k in REQUIRED_MANIFEST_KEYS if k not in m]

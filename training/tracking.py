@@ -322,10 +322,13 @@ def make_tracker(tracking_uri: str | None, run_id: str | None, system_metrics: b
 
 # ---- datasets: a build's output and a training run's input are the same MLflow dataset -------------------------
 
-def built_dataset(url: str, manifest: dict[str, Any]):
-    """The MLflow dataset of a finished build: named after its folder, its source the folder's URL, its digest the
-    manifest's (``pipeline.schema.manifest_digest``), its profile the totals, its schema the shards' columns."""
-    import json
+DATASET_DIGEST_CHARS = 16  # of the manifest's sha256 (MLflow keeps at most 36 characters of a digest)
+
+
+def built_dataset(manifest: Any):
+    """The MLflow dataset of a finished build (a ``pipeline.schema.Manifest``): named after its folder, its source
+    the folder's URL, its digest the manifest's sha256 (what pre-training tags as ``dataset.manifest_sha256``), a
+    profile of its size and the shards' columns as its schema."""
     import warnings
 
     from mlflow.data.dataset_source_registry import resolve_dataset_source
@@ -333,37 +336,41 @@ def built_dataset(url: str, manifest: dict[str, Any]):
     from mlflow.types import DataType
     from mlflow.types.schema import Array, ColSpec, Schema
 
-    from pipeline.schema import instance_schema, manifest_digest
+    from pipeline.schema import instance_schema
+
+    profile = {"instances": manifest.instances, "shards": len(manifest.shards),
+               "max_seq_length": manifest.max_seq_length, "vocab_size": manifest.vocab.size,
+               "config_hash": manifest.config_hash[:12]}
 
     class BuiltDataset(MetaDataset):
         @property
         def profile(self) -> dict[str, Any]:
-            t = manifest["totals"]
-            return {"instances": t["instances"], "shards": len(manifest["shards"]), "documents": t["documents"],
-                    "tokens": t["tokens"], "max_seq_length": manifest["max_seq_length"],
-                    "vocab_size": manifest["vocab"]["size"]}
+            return profile
 
         def to_dict(self) -> dict[str, str]:
-            return super().to_dict() | {"profile": json.dumps(self.profile)}
+            import json
 
-    source_url = url if "://" in url else os.path.abspath(url)
+            return super().to_dict() | {"profile": json.dumps(profile)}
+
+    url = manifest.url if "://" in manifest.url else os.path.abspath(manifest.url)
     with warnings.catch_warnings():  # a local path "can be interpreted in multiple ways": all of them local
         warnings.simplefilter("ignore", UserWarning)
-        source = resolve_dataset_source(source_url)
+        source = resolve_dataset_source(url)
     schema = Schema([ColSpec(Array(DataType.integer) if str(f.type).startswith("list") else DataType.integer, f.name)
-                     for f in instance_schema(manifest["vocab"]["size"])])
-    name = os.path.basename(url.rstrip("/")) or url
-    return BuiltDataset(source, name=name, digest=manifest_digest(manifest), schema=schema)
+                     for f in instance_schema(manifest.vocab.size)])
+    return BuiltDataset(source, name=os.path.basename(url.rstrip("/")) or url,
+                        digest=manifest.sha256[:DATASET_DIGEST_CHARS], schema=schema)
 
 
-def log_dataset(tracking_uri: str, run_id: str, url: str, manifest: dict[str, Any], context: str) -> None:
-    """Record the dataset at ``url`` on a run: ``context="output"`` on the build's run, ``"training"`` / ``"eval"``
-    on a pre-training run (MLflow 3 has dataset inputs only, so the build's output is an input tagged "output").
-    Same name and digest on both, so the UI's Datasets column shows which build a model was trained on."""
+def log_dataset(tracking_uri: str, run_id: str, manifest: Any, context: str) -> None:
+    """Record a finished build (a ``pipeline.schema.Manifest``) on a run: ``context="output"`` on the build's run,
+    ``"training"`` / ``"eval"`` on a pre-training run (MLflow 3 has dataset inputs only, so the build's output is an
+    input tagged "output"). Same name and digest on both, so the UI's Dataset column shows which build a model was
+    trained on."""
     from mlflow.entities import DatasetInput, InputTag
     from mlflow.tracking import MlflowClient
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-    entity = built_dataset(url, manifest)._to_mlflow_entity()
+    entity = built_dataset(manifest)._to_mlflow_entity()
     MlflowClient(tracking_uri).log_inputs(run_id, datasets=[
         DatasetInput(entity, tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])])
