@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -124,10 +125,13 @@ class BuildRun:
 
     def wait(self, timeout: float = 600.0) -> str:
         """The run's id once every queued write is done; raises the first error of the thread."""
+        t0 = time.perf_counter()
         try:
             run = self._opened.result(timeout)
             for f in self._pending:
                 f.result(timeout)
+            log.info("MLflow run %s written; the job waited %.1f s (wall) for it after the build", run.run_id,
+                     time.perf_counter() - t0)
             return run.run_id
         finally:
             self._thread.shutdown(wait=False)
@@ -142,7 +146,8 @@ def _note(output: str, m: dict[str, Any], nothing_done: bool) -> str:
              f"from {t['documents']:,} documents ({t['tokens']:,} tokens) of {len(m['inputs'])} input file(s); "
              f"vocabulary of {m['vocab']['size']:,} entries" + (" trained on the input." if m["vocab"]["trained"]
                                                                  else "."),
-             f"Figures: Artifacts > {REPORT_DIR}/. The dataset (Dataset column) carries the manifest's sha256 (first 16 hex digits)."]
+             f"Figures: Artifacts > {REPORT_DIR}/. The dataset (Dataset column) carries the manifest's sha256 (first 16"
+             " hex digits)."]
     for w in m.get("warnings", []):
         lines.append(f"**Warning:** {w}")
     return "\n\n".join(lines)

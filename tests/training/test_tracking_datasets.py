@@ -19,6 +19,7 @@ def test_a_built_dataset_logged_as_output_and_as_training_input_reads_back_as_on
     train_run = client.create_run(exp, run_name="pretrain").info.run_id
     log_dataset(mlflow_uri, build_run, manifest, "output")
     log_dataset(mlflow_uri, train_run, manifest, "training")
+    log_dataset(mlflow_uri, train_run, manifest, "training")  # a resumed pre-training run logs it again: once
 
     seen = {}
     for run_id in (build_run, train_run):
