@@ -114,10 +114,12 @@ def test_a_failed_build_leaves_a_failed_run_saying_why(tmp_path, sample_dir, mlf
     assert run.info.run_name == "build zh seq128"
 
 
-def test_on_ray_the_run_hears_every_stage_and_the_callers_ray_stays_up(ray_local, tmp_path, sample_dir, mlflow_uri,
-                                                                       capsys):
+def test_on_ray_the_run_hears_every_stage_and_the_callers_ray_stays_up(ray_shutdown, ray_tmpdir, tmp_path, sample_dir,
+                                                                       mlflow_uri, capsys):
+    import ray
     from mlflow.tracking import MlflowClient
 
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _temp_dir=ray_tmpdir, log_to_driver=False)
     out = tmp_path / "moby-ray"
     assert build_dataset.main(["--input", corpus(tmp_path, sample_dir, "m.jsonl", 1, 5), "--output", str(out),
                                "--vocab", str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"),
@@ -127,4 +129,4 @@ def test_on_ray_the_run_hears_every_stage_and_the_callers_ray_stays_up(ray_local
     assert run.info.status == "FINISHED" and run.data.params["executor"] == "ray data"
     assert {f"stage_seconds.{s}" for s in ("pool_parts", "pool", "instances", "shards")} <= run.data.metrics.keys()
     assert run.inputs.dataset_inputs[0].dataset.digest == read_manifest(str(out)).sha256[:16]
-    assert ray_local.is_initialized()  # the job leaves a Ray it did not start
+    assert ray.is_initialized()  # the job leaves a Ray it did not start
