@@ -3,28 +3,32 @@
     python jobs/build_dataset.py --input URL [--input URL ...] --output URL [--vocab PATH_OR_URL] [options]
     ray job submit --working-dir . -- python jobs/build_dataset.py ...        # same flags, on a cluster
 
-Runs its stages as Ray tasks: on the cluster it is attached to (``ray job submit`` sets RAY_ADDRESS), else on a local
-Ray on loopback capped at ``--num-cpus``; ``--no-ray`` runs the same steps as a plain loop. Prints a one-line JSON summary at the end. An MLflow run is logged only when a tracking URI is set
-(--mlflow-tracking-uri or MLFLOW_TRACKING_URI).
+Runs its stages on Ray (Ray Data; ``--engine tasks``: plain Ray tasks): on the cluster it is attached to (``ray job
+submit`` sets RAY_ADDRESS), else on a local Ray on loopback capped at ``--num-cpus``; ``--no-ray`` runs the same steps
+as a plain loop. Prints a one-line JSON summary at the end (with the build's warnings). Users' mistakes end the job with one line on stderr and status 2.
+
+With a tracking URI (--mlflow-tracking-uri or MLFLOW_TRACKING_URI) the build has an MLflow run that spans it
+(``jobs/_build_tracking.py``): named ``build <output folder> seq<length>``, the report's figures, the dataset as its
+output, and a child run for the vocabulary stage when one is trained.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
 import sys
-import tempfile
-from pathlib import Path
+import time
 
 from jobs import _common
+from jobs._build_tracking import BuildRun
 from pipeline.build import BuildConfig, build
 from pipeline.build.executor import LocalExecutor
+from pipeline.checks import DEFAULT_MAX_UNK_FRACTION, CheckConfig
 from pipeline.instances import InstanceConfig
 from pipeline.readers import FORMATS, ON_ERROR, ReadOptions
 from training.launch import init_ray
-from training.tracking import check_tracking_reachable, get_or_create_experiment
+from training.tracking import check_tracking_reachable
 
 log = logging.getLogger("build_dataset")
 
@@ -57,6 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="token budget of the random-next pool (a seeded sample of the whole corpus)")
     p.add_argument("--num-cpus", type=int, default=None, help="caps parallelism: a local Ray's CPUs, or the tasks in flight on a cluster")
     p.add_argument("--on-error", choices=ON_ERROR, default="fail")
+    p.add_argument("--max-unk-fraction", type=float, default=DEFAULT_MAX_UNK_FRACTION,
+                   help="stop when more than this share of the corpus's tokens are [UNK] (the vocabulary does not fit"
+                        " the text); 1 builds anyway. A share above 1%% is a warning")
     p.add_argument("--endpoint-url", help="S3-compatible endpoint (MinIO, Ceph, a test server)")
     p.add_argument("--no-ray", action="store_true", help="run the steps as a plain loop (debugging)")
     p.add_argument("--engine", choices=("data", "tasks"), default="data",
@@ -67,6 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mlflow-tracking-uri")
     p.add_argument("--experiment", default="bert-dataset")
     p.add_argument("--parent-run-id")
+    p.add_argument("--run-name", help="the MLflow run's name (default: build <output folder> seq<max-seq-length>)")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -83,49 +91,29 @@ def config_from(args: argparse.Namespace) -> BuildConfig:
         vocab=args.vocab, vocab_size=args.vocab_size, vocab_sample_bytes=args.vocab_sample_bytes,
         do_lower_case=args.do_lower_case,
         dupe_factor=args.dupe_factor, num_shards=args.num_shards, pool_tokens=args.pool_tokens,
-        endpoint_url=args.endpoint_url,
+        endpoint_url=args.endpoint_url, checks=CheckConfig(max_unk_fraction=args.max_unk_fraction),
     )
 
 
-def _flat(d: dict, prefix: str = "") -> dict[str, object]:
-    out: dict[str, object] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out |= _flat(v, f"{prefix}{k}.")
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def log_mlflow(tracking_uri: str, args: argparse.Namespace, cfg: BuildConfig, manifest: dict) -> str:
-    """One MLflow run for the build: params (the config), counts as metrics, the manifest as an artifact."""
-    import mlflow
-
-    mlflow.set_tracking_uri(tracking_uri)
-    exp_id = get_or_create_experiment(args.experiment, tracking_uri)
-    tags = {"mlflow.parentRunId": args.parent_run_id} if args.parent_run_id else {}
-    with mlflow.start_run(experiment_id=exp_id, run_name="build_dataset", tags=tags) as run:
-        params = _flat(dataclasses.asdict(cfg)) | {"vocab_sha256": manifest["vocab"]["sha256"]}
-        mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
-        t = manifest["totals"]
-        metrics = {k: t[k] for k in ("documents", "sentences", "tokens", "instances", "random_next")}
-        metrics |= {f"dropped.{k}": v for k, v in t["dropped"].items()}
-        metrics |= {"shards": len(manifest["shards"]), "build_seconds": manifest.get("build_seconds", 0.0)}
-        mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
-        with tempfile.TemporaryDirectory() as d:
-            path = Path(d) / "manifest.json"
-            path.write_text(json.dumps(manifest, indent=1))
-            mlflow.log_artifact(str(path))
-        return run.info.run_id
+def check_args(args: argparse.Namespace) -> None:
+    """The flags no config owns (how the build runs, not what it makes)."""
+    if args.num_cpus is not None and args.num_cpus < 1:
+        raise ValueError(f"--num-cpus {args.num_cpus}: use at least 1 (it caps the CPUs the build uses), or leave it"
+                         " out to use every CPU of this machine or of the cluster")
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.time()
     args = parse_args(argv)
     _common.setup_logging(args.log_level)
+    check_args(args)
     cfg = config_from(args)
     tracking_uri = args.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    run = None
     if tracking_uri:
         check_tracking_reachable(tracking_uri)
+        # Opened now (in its own thread): the run spans the build, and the store's start-up overlaps the build's.
+        run = BuildRun(tracking_uri, args.experiment, cfg, args, started)
     if args.no_ray:
         executor = LocalExecutor()
     elif args.engine == "tasks":
@@ -139,17 +127,33 @@ def main(argv: list[str] | None = None) -> int:
         bars = args.progress == "bars" or (args.progress == "auto" and sys.stderr.isatty())
         executor = RayDataExecutor(args.num_cpus, init=lambda: init_ray(args.num_cpus), bars=bars)
     try:
-        manifest = build(cfg, executor)
-    finally:
-        executor.end()  # Ray's own exit handler takes longer (measured in docs/benchmarks.md)
-    run_id = log_mlflow(tracking_uri, args, cfg, manifest) if tracking_uri else None
+        manifest = build(cfg, executor, on_stage=run.on_stage if run else None)
+    except BaseException as e:
+        if run is not None:
+            run.fail(e, time.time())
+        executor.end()
+        if run is not None:
+            _wait_quietly(run)
+        raise
+    if run is not None:
+        run.finish(cfg.output, manifest, time.time())  # drawn and written while Ray shuts down
+    executor.end()  # Ray's own exit handler takes longer (measured in docs/benchmarks.md)
+    run_id = run.wait() if run is not None else None
     t = manifest["totals"]
     summary = {"output": cfg.output, "instances": t["instances"], "documents": t["documents"],
                "tokens": t["tokens"], "shards": len(manifest["shards"]), "dropped": t["dropped"],
                "config_hash": manifest["config_hash"][:12], "wall_seconds": manifest.get("build_seconds"),
-               "mlflow_run_id": run_id}
+               "warnings": manifest.get("warnings", []), "mlflow_run_id": run_id}
     print(json.dumps(summary))
     return 0
+
+
+def _wait_quietly(run: BuildRun) -> None:
+    """Record the failure on the run; a tracking error then must not hide the build's own."""
+    try:
+        run.wait()
+    except Exception as e:  # noqa: BLE001 - the build's error is the one the user needs
+        log.warning("could not record the failure in MLflow: %s", e)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ __all__ = ["InstanceConfig", "RandomDocPool", "VocabInfo", "create_instances", "
            "create_instances_flat", "COLUMNS"]
 
 COLUMNS = SHARD_COLUMNS + ("key",)  # the shards' columns plus the hash key that orders rows in _work
+# 13 tokens of text: about one short sentence per segment, the least that still makes a next-sentence pair.
+MIN_SEQ_LENGTH = 16
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,11 @@ class InstanceConfig:
     seed: int = 12345
 
     def __post_init__(self) -> None:
-        if not 5 <= self.max_seq_length <= 65535:
+        if not MIN_SEQ_LENGTH <= self.max_seq_length <= 65535:
             raise ValueError(
-                f"max_seq_length={self.max_seq_length}: use 5..65535 ([CLS] A [SEP] B [SEP] needs at least 5 "
-                "tokens; positions are stored as uint16)"
+                f"--max-seq-length {self.max_seq_length}: use {MIN_SEQ_LENGTH}..65535 (BERT uses 128, then 512). "
+                f"[CLS] A [SEP] B [SEP] leaves max_seq_length - 3 tokens for two segments; below {MIN_SEQ_LENGTH} "
+                "they are scraps of one sentence, not a pair. Positions are stored as uint16."
             )
         if self.max_predictions_per_seq < 1:
             raise ValueError(f"max_predictions_per_seq={self.max_predictions_per_seq}: use at least 1 (20 at 128, 80 at 512)")

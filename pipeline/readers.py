@@ -151,10 +151,10 @@ def _bad_file(opts: ReadOptions, report: ReadReport | None, path: str, reason: s
 
 
 def _bad_record(opts: ReadOptions, report: ReadReport, unit: Unit, offset: int, lineno: int | None,
-                reason: str, what: str) -> None:
+                reason: str, what: str, fix: str = "Fix the record or pass --on-error skip.") -> None:
     if opts.on_error == "fail":
         where = f"line {lineno} (byte offset {offset})" if lineno is not None else f"byte offset {offset}"
-        raise InputError(f"input {unit.path}, {where}: {what} [{reason}]. Fix the record or pass --on-error skip.")
+        raise InputError(f"input {unit.path}, {where}: {what} [{reason}]. {fix}")
     report.dropped[reason] += 1
 
 
@@ -247,7 +247,6 @@ _WHAT = {
     "undecodable": "bytes that are not UTF-8",
     "record_too_long": "a record longer than max_record_bytes",
     "bad_json": "not valid JSON",
-    "missing_text_field": "no string text field",
 }
 
 
@@ -300,11 +299,26 @@ def _text_docs(f: IO[bytes], unit: Unit, opts: ReadOptions, report: ReadReport, 
             yield doc
 
 
+def _missing_field(rec: object, field: str) -> tuple[str, str, str]:
+    """(what is wrong, how to fix it, what the record holds) for a JSON record without a string ``field``: the
+    fields it has, so that a corpus keyed ``body`` or ``content`` is one flag away."""
+    if not isinstance(rec, dict):
+        has = f"a JSON {type(rec).__name__}, not an object"
+        return (f"{has} with a {field!r} field",
+                "Each line must be an object holding the text; fix the file or pass --on-error skip.", has)
+    fields = ", ".join(repr(k) for k in list(rec)[:12]) + (", ..." if len(rec) > 12 else "")
+    has = f"fields {fields}" if rec else "no fields"
+    return (f"no string {field!r} field (the record has {has})",
+            "Pass --text-field NAME to read the text from another field, or --on-error skip to drop such records.",
+            has)
+
+
 def _jsonl_docs(f: IO[bytes], unit: Unit, opts: ReadOptions, report: ReadReport, seekable: bool) -> Iterator[Doc]:
     s, e = unit.start, unit.end
     base = max(unit.base, s - 1)  # a line starting exactly at s has its newline at s-1 (a piece starts at a line)
     _position(f, base - unit.base, seekable)
     lineno = 0 if s == 0 else None
+    missing, first_missing = 0, ""
     for off, line in _lines(f, base, opts.max_record_bytes, s, e):
         if lineno is not None:
             lineno += 1
@@ -326,12 +340,19 @@ def _jsonl_docs(f: IO[bytes], unit: Unit, opts: ReadOptions, report: ReadReport,
             else:
                 text = rec.get(opts.text_field) if isinstance(rec, dict) else None
                 if not isinstance(text, str):
-                    reason = "missing_text_field"
+                    what, fix, has = _missing_field(rec, opts.text_field)
+                    missing += 1
+                    first_missing = first_missing or has
+                    _bad_record(opts, report, unit, off, lineno, "missing_text_field", what, fix)
+                    continue
         if reason:
-            _bad_record(opts, report, unit, off, lineno, reason,
-                        _WHAT[reason].replace("text field", f"{opts.text_field!r} field"))
+            _bad_record(opts, report, unit, off, lineno, reason, _WHAT[reason])
             continue
         yield Doc(f"{unit.key}:{off}", text.split("\n") if opts.presplit else [text])
+    if missing:  # skipped as asked, but a wrong --text-field drops everything: say what the records hold
+        log.warning("input %s: dropped %d record(s) without a string %r field (the first has %s); pass"
+                    " --text-field NAME if the text is in another field", unit.path, missing, opts.text_field,
+                    first_missing)
 
 
 def _parquet_docs(fs, path: str, unit: Unit, opts: ReadOptions, report: ReadReport) -> Iterator[Doc]:

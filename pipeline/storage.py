@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any, TypeVar
@@ -148,19 +149,46 @@ def map_threads(fn: Callable[[T], R], items: Iterable[T], threads: int = METADAT
         return list(pool.map(fn, items))
 
 
-def _list_url(url: str, endpoint_url: str | None) -> tuple[str, dict[str, dict]]:
-    """(root the keys are relative to, {path: info}) of the files one input URL names."""
+# What a folder or a glob contributes: files whose name says they hold corpus text in a format the readers know
+# (before any .gz/.bz2/.xz/.zst suffix), and files with no extension at all, the usual names of corpus dumps
+# (WikiExtractor's ``AA/wiki_00``, Spark's ``part-00000``). Anything else found there (a README.md, a licence,
+# an .xml dump, a .zip) is listed as skipped: ingesting it would put non-corpus text in the dataset. A file named
+# directly, or by a glob that spells out its extension (``*.md``), is read whatever its name: the user chose it.
+CORPUS_EXTENSIONS = (".txt", ".text", ".jsonl", ".json", ".ndjson", ".parquet", ".pq")
+# ... and these names, as the first or last word of a file's name (README, LICENSE-MIT, vim-license.txt).
+NOT_CORPUS_WORDS = ("readme", "license", "licence", "copying", "notice", "authors", "changelog")
+_SHOWN = 5  # skipped names listed in the warning; the rest are counted
+
+
+def is_corpus_file(path: str) -> bool:
+    """Whether a file found in an input folder or glob is taken as corpus (see CORPUS_EXTENSIONS)."""
+    stem, ext = posixpath.splitext(strip_compression(posixpath.basename(path.rstrip("/"))).lower())
+    words = [w for w in re.split(r"[^a-z0-9]+", stem) if w]
+    if words and (words[0] in NOT_CORPUS_WORDS or words[-1] in NOT_CORPUS_WORDS):
+        return False
+    return ext in CORPUS_EXTENSIONS or ext == ""
+
+
+def _names_extension(pattern: str) -> bool:
+    """True when a glob's last part spells out an extension (``*.md``): what it matches was asked for."""
+    _, ext = posixpath.splitext(strip_compression(posixpath.basename(pattern)))
+    return bool(ext) and not any(c in ext for c in "*?[")
+
+
+def _list_url(url: str, endpoint_url: str | None) -> tuple[str, dict[str, dict], list[str]]:
+    """(root the keys are relative to, {path: info}, skipped non-corpus paths) of the files one input URL names."""
     fs, path = filesystem_for(url, endpoint_url)
     try:
         if any(c in path for c in "*?["):
             infos = fs.glob(path, detail=True)  # one listing, not one stat per match
             root = path[: min(path.find(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
+            chosen = _names_extension(path)
         elif (info := fs.info(path)).get("type") == "directory":  # one round trip tells a file from a folder
             infos = fs.find(path, detail=True)
-            root = path
+            root, chosen = path, False
         else:
             infos = {path: info}
-            root = posixpath.dirname(path.rstrip("/"))
+            root, chosen = posixpath.dirname(path.rstrip("/")), True
     except FileNotFoundError as e:
         raise ValueError(f"input {_describe(url)} does not exist ({e}); fix --input") from e
     except Exception as e:  # botocore/aiohttp errors have no common base worth importing here
@@ -168,17 +196,33 @@ def _list_url(url: str, endpoint_url: str | None) -> tuple[str, dict[str, dict]]
     files = {p: info for p, info in infos.items() if info.get("type", "file") != "directory"}
     files = {p: info for p, info in files.items()
              if not any(part.startswith((".", "_")) for part in p[len(root):].split("/") if part)}
+    skipped = [] if chosen else sorted(unstrip(fs, p, url) for p in files if not is_corpus_file(p))
+    files = {p: info for p, info in files.items() if chosen or is_corpus_file(p)}
     if not files:
-        raise ValueError(f"input {_describe(url)} matches no files; fix --input")
-    return root, files
+        found = f" (it holds only files that are not corpus files: {_listing(skipped)})" if skipped else ""
+        raise ValueError(f"input {_describe(url)} matches no corpus files{found}; fix --input"
+                         + (", or name a file directly to read it anyway" if skipped else ""))
+    if skipped:
+        log.warning("input %s: skipped %d file(s) that are not corpus files by their names: %s. A folder or glob"
+                    " contributes %s files (optionally compressed) and files with no extension; name a file"
+                    " directly to read it anyway", url, len(skipped), _listing(skipped), "/".join(CORPUS_EXTENSIONS))
+    return root, files, skipped
 
 
-def expand_inputs(urls: list[str], endpoint_url: str | None = None) -> list[FileInfo]:
+def _listing(paths: list[str]) -> str:
+    names = ", ".join(posixpath.basename(p) for p in paths[:_SHOWN])
+    return names + (f" and {len(paths) - _SHOWN} more" if len(paths) > _SHOWN else "")
+
+
+def expand_inputs(urls: list[str], endpoint_url: str | None = None,
+                  skipped: list[str] | None = None) -> list[FileInfo]:
     """Files named by ``urls`` (files, directories walked recursively, globs), sorted, with size and version.
 
     Raises ValueError naming the URL when nothing is there or the store refuses us (missing bucket, credentials),
     so the build fails before any work is scheduled. Hidden files (``.``/``_`` prefixes) inside directories are
-    skipped, as Spark and Ray do. The URLs are listed in parallel (``map_threads``); globs take one listing.
+    skipped, as Spark and Ray do; so are files that are not corpus files by their names (``is_corpus_file``),
+    with a warning, their URLs appended to ``skipped``. The URLs are listed in parallel (``map_threads``); globs
+    take one listing.
 
     A file's key (what names it in document ids) is its path relative to the input, *without* a compression
     suffix, so that ``corpus.txt.gz`` and ``corpus.txt`` give the same document ids and the same dataset. Two
@@ -189,7 +233,9 @@ def expand_inputs(urls: list[str], endpoint_url: str | None = None) -> list[File
     listed = map_threads(lambda url: _list_url(url, endpoint_url), urls)
     entries: list[tuple[str, str, int, dict]] = []  # (URL, relative name, input index, info)
     seen: set[str] = set()
-    for i, (url, (root, files)) in enumerate(zip(urls, listed)):
+    for i, (url, (root, files, ignored)) in enumerate(zip(urls, listed)):
+        if skipped is not None:
+            skipped.extend(p for p in ignored if p not in skipped)
         fs, _ = filesystem_for(url, endpoint_url)
         for p in sorted(files):
             full = unstrip(fs, p, url)

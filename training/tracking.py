@@ -164,8 +164,10 @@ class Run:
     def log_artifacts(self, local_dir: str | os.PathLike, artifact_path: str | None = None) -> None:
         self._client().log_artifacts(self.run_id, str(local_dir), artifact_path=artifact_path)
 
-    def end(self, status: str) -> None:
-        self._client().set_terminated(self.run_id, status=status)
+    def end(self, status: str, end_time: float | None = None) -> None:
+        """``end_time`` (epoch seconds, default now): when what the run tracks ended, if the writes come later."""
+        self._client().set_terminated(self.run_id, status=status,
+                                      end_time=None if end_time is None else int(end_time * 1000))
 
     @contextlib.contextmanager
     def ending(self) -> Iterator["Run"]:
@@ -183,10 +185,11 @@ class Run:
 
 def open_run(tracking_uri: str, experiment: str, run_name: str, *, params: Mapping[str, Any] | None = None,
              tags: Mapping[str, str] | None = None, parent_run_id: str | None = None,
-             resume_by: str | None = None) -> Run:
+             resume_by: str | None = None, start_time: float | None = None) -> Run:
     """The job's run: a new one, or (`resume_by` a tag key) the latest run of the experiment whose tag `resume_by`
     has the value given in `tags`, reopened as RUNNING. A resumed run keeps the params it was first logged with
-    (a changed one is warned about) and gets the ones it lacks; tags are set either way."""
+    (a changed one is warned about) and gets the ones it lacks; tags are set either way. `start_time` (epoch
+    seconds, default now) dates a new run from when its work began, when it is opened later (in a thread)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
@@ -215,7 +218,9 @@ def open_run(tracking_uri: str, experiment: str, run_name: str, *, params: Mappi
         params = {k: v for k, v in params.items() if k not in old}
         log.info("resuming MLflow run %s (%s)", run.run_id, run_name)
     else:
-        run = Run(tracking_uri, client.create_run(exp_id, run_name=run_name, tags=tags).info.run_id, exp_id)
+        started = None if start_time is None else int(start_time * 1000)
+        run = Run(tracking_uri, client.create_run(exp_id, start_time=started, run_name=run_name, tags=tags).info.run_id,
+                  exp_id)
         log.info("MLflow run %s (%s) in experiment %r at %s", run.run_id, run_name, experiment, tracking_uri)
     run.log_params(params)
     run.set_tags(tags)
@@ -325,3 +330,59 @@ def make_tracker(tracking_uri: str | None, run_id: str | None, system_metrics: b
     if tracking_uri is None or run_id is None:
         return NullTracker()
     return MlflowTracker(tracking_uri, run_id, system_metrics)
+
+
+# ---- datasets: a build's output and a training run's input are the same MLflow dataset -------------------------
+
+DATASET_DIGEST_CHARS = 16  # of the manifest's sha256 (MLflow keeps at most 36 characters of a digest)
+
+
+def built_dataset(manifest: Any):
+    """The MLflow dataset of a finished build (a ``pipeline.schema.Manifest``): named after its folder, its source
+    the folder's URL, its digest the manifest's sha256 (what pre-training tags as ``dataset.manifest_sha256``), a
+    profile of its size and the shards' columns as its schema."""
+    import warnings
+
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.types import DataType
+    from mlflow.types.schema import Array, ColSpec, Schema
+
+    from pipeline.schema import instance_schema
+
+    profile = {"instances": manifest.instances, "shards": len(manifest.shards),
+               "max_seq_length": manifest.max_seq_length, "vocab_size": manifest.vocab.size,
+               "config_hash": manifest.config_hash[:12]}
+
+    class BuiltDataset(MetaDataset):
+        @property
+        def profile(self) -> dict[str, Any]:
+            return profile
+
+        def to_dict(self) -> dict[str, str]:
+            import json
+
+            return super().to_dict() | {"profile": json.dumps(profile)}
+
+    url = manifest.url if "://" in manifest.url else os.path.abspath(manifest.url)
+    with warnings.catch_warnings():  # a local path "can be interpreted in multiple ways": all of them local
+        warnings.simplefilter("ignore", UserWarning)
+        source = resolve_dataset_source(url)
+    schema = Schema([ColSpec(Array(DataType.integer) if str(f.type).startswith("list") else DataType.integer, f.name)
+                     for f in instance_schema(manifest.vocab.size)])
+    return BuiltDataset(source, name=os.path.basename(url.rstrip("/")) or url,
+                        digest=manifest.sha256[:DATASET_DIGEST_CHARS], schema=schema)
+
+
+def log_dataset(tracking_uri: str, run_id: str, manifest: Any, context: str) -> None:
+    """Record a finished build (a ``pipeline.schema.Manifest``) on a run: ``context="output"`` on the build's run,
+    ``"training"`` / ``"eval"`` on a pre-training run (MLflow 3 has dataset inputs only, so the build's output is an
+    input tagged "output"). Same name and digest on both, so the UI's Dataset column shows which build a model was
+    trained on."""
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.tracking import MlflowClient
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    entity = built_dataset(manifest)._to_mlflow_entity()
+    MlflowClient(tracking_uri).log_inputs(run_id, datasets=[
+        DatasetInput(entity, tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])])

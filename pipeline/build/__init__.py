@@ -46,6 +46,7 @@ from pipeline.build.pool import (COMPRESSED_RATIO, PoolMarker, PoolPartStep, pla
                                  pool_stage, pool_threshold)
 from pipeline.build.shards import SHARD_BYTES, default_num_shards, shards_stage
 from pipeline.build.vocab import VocabContext, VocabSample, train_vocab
+from pipeline.checks import settings_warnings, unk_check, vocab_size_warning
 from pipeline.instances import VocabInfo
 from pipeline.readers import ReadReport
 from pipeline.schema import (FORMAT, FORMAT_VERSION, MANIFEST, SHARDS_DIR, VOCAB_FILE, config_hash, token_dtype,
@@ -59,6 +60,9 @@ log = logging.getLogger(__name__)
 
 STAGES: tuple[Callable[[BuildState], Stage], ...] = (pool_parts_stage, pool_stage, instances_stage, shards_stage)
 
+# Told when a stage has finished: (stage name, its markers, wall start, wall end). The job's MLflow run uses it.
+OnStage = Callable[[str, list, float, float], None]
+
 
 def _tokens_of(data: bytes) -> list[str]:
     tokens = [line.rstrip("\r") for line in data.decode("utf-8").split("\n")]
@@ -67,13 +71,37 @@ def _tokens_of(data: bytes) -> list[str]:
     return tokens
 
 
-def build(cfg: BuildConfig, executor: Executor | None = None) -> dict[str, Any]:
-    """Run (or resume, or confirm) the build; returns the manifest."""
+def _unk_check(cfg: BuildConfig, markers: list, of: str) -> str | None:
+    """What the tokenized text says about the vocabulary: [UNK] per file, warned or refused (pipeline/checks.py).
+    ``markers``: per-unit markers with ``path``, ``unk_tokens`` and ``tokens``."""
+    per_file: dict[str, tuple[int, int]] = {}
+    for m in markers:
+        u, t = per_file.get(m.path, (0, 0))
+        per_file[m.path] = (u + m.unk_tokens, t + m.tokens)
+    vocab = f"--vocab {cfg.vocab}" if cfg.vocab else "the vocabulary trained on the input"
+    return unk_check(sum(m.unk_tokens for m in markers), sum(m.tokens for m in markers), per_file, vocab,
+                     cfg.checks.max_unk_fraction, of)
+
+
+def _histogram(markers: list, field: str) -> dict[str, int]:
+    hist: Counter = Counter()
+    for m in markers:
+        hist.update(getattr(m, field))
+    return dict(sorted(hist.items(), key=lambda kv: int(kv[0])))
+
+
+def build(cfg: BuildConfig, executor: Executor | None = None, on_stage: OnStage | None = None) -> dict[str, Any]:
+    """Run (or resume, or confirm) the build; returns the manifest. ``on_stage`` hears of every finished stage."""
     executor = executor or LocalExecutor()
     out, ep = cfg.output, cfg.endpoint_url
     t0 = time.time()
+    told = on_stage or (lambda *a: None)
+    warnings = settings_warnings(cfg.instances)
+    for w in warnings:
+        log.warning("%s", w)
     # Everything that can fail cheaply fails here, before any work: inputs, vocab, output, config clashes.
-    files = expand_inputs(list(cfg.inputs), ep)
+    ignored: list[str] = []
+    files = expand_inputs(list(cfg.inputs), ep, skipped=ignored)
     inputs = [{"path": f.path, "size": f.size, "etag": f.etag, "mtime": f.mtime} for f in files]
     vocab_bytes = None
     if cfg.vocab:
@@ -85,19 +113,24 @@ def build(cfg: BuildConfig, executor: Executor | None = None) -> dict[str, Any]:
     ident = cfg.identity() | {"vocab_sha256": hashlib.sha256(vocab_bytes).hexdigest() if vocab_bytes else None}
     chash = config_hash(ident)
     check_writable(out, ep)
-    done = finished_manifest(cfg, chash)
+    done = finished_manifest(cfg, chash, inputs)
     if done is not None:
         return done
     check_state(cfg, chash, inputs)
 
     executor.begin()  # a cluster comes up while the driver plans
     report = ReadReport()
+    started = time.time()
     units = input_units(files, cfg.read, cfg.unit_bytes, cfg.work, executor, report, ep)
+    told("pieces", [], started, time.time())
     if vocab_bytes is None:
         # Without --vocab: one item trains WordPiece on a seeded sample of bounded size (pipeline/build/vocab.py).
         vctx = VocabContext(cfg.read, cfg.vocab_size, cfg.min_frequency, cfg.do_lower_case, ep, cfg.work)
         sample = VocabSample(cfg.unit_bytes, cfg.vocab_sample_bytes, cfg.instances.seed)
+        started = time.time()
         marker = train_vocab(files, units, vctx, sample, join(cfg.work, VOCAB_FILE), executor)
+        told("vocab", [marker], started, time.time())
+        warnings += [w for w in [vocab_size_warning(cfg.vocab_size, marker.vocab_size, marker.documents)] if w]
         vocab_bytes = read_bytes(marker.file, ep)
     vocab_sha = hashlib.sha256(vocab_bytes).hexdigest()
     tokens = _tokens_of(vocab_bytes)
@@ -119,19 +152,25 @@ def build(cfg: BuildConfig, executor: Executor | None = None) -> dict[str, Any]:
                        num_shards)
     for plan in STAGES:
         stage = plan(state)
+        started = time.time()
         state.markers[stage.name] = run_stage(stage, executor, ctx.work, ep)
+        told(stage.name, state.markers[stage.name], started, time.time())
+        if stage.name == "pool_parts":  # the pool is a seeded sample of the corpus: refuse before the heavy stage
+            _unk_check(cfg, state.markers["pool_parts"], "of the random-next pool's tokens (a seeded sample of the"
+                       " corpus)")
+        if stage.name == "instances":  # every token counted: the figure the manifest keeps
+            if (w := _unk_check(cfg, state.markers["instances"], "of the corpus's tokens")) is not None:
+                log.warning("%s", w)
+                warnings.append(w)
 
     inst_markers: list[InstancesMarker] = state.markers["instances"]  # type: ignore[assignment]
     pool: PoolMarker = state.markers["pool"][0]  # type: ignore[assignment]
     dropped, bad_files = doc_totals(inst_markers, report, cfg.read.on_error)
-    totals = {k: sum(getattr(m, k) for m in inst_markers) for k in ("documents", "sentences", "tokens")}
+    totals = {k: sum(getattr(m, k) for m in inst_markers) for k in ("documents", "sentences", "tokens", "unk_tokens")}
     shards = [{"file": m.file, "rows": m.rows} for m in state.markers["shards"]]  # type: ignore[attr-defined]
 
     write_bytes_atomic(join(out, VOCAB_FILE), vocab_bytes, ep)
     remove_stale_temps(join(out, SHARDS_DIR), ep)
-    hist: Counter = Counter()
-    for m in inst_markers:
-        hist.update(m.seq_len_histogram)
     totals |= {
         "instances": sum(sum(m.rows) for m in inst_markers),
         "random_next": sum(m.random_next for m in inst_markers),
@@ -146,7 +185,10 @@ def build(cfg: BuildConfig, executor: Executor | None = None) -> dict[str, Any]:
         "token_dtype": str(token_dtype(vocab.vocab_size)), "max_seq_length": cfg.instances.max_seq_length,
         "inputs": inputs, "skipped_files": bad_files,
         "shards": shards, "totals": totals,
-        "seq_len_histogram": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
+        "seq_len_histogram": _histogram(inst_markers, "seq_len_histogram"),
+        "masked_per_seq_histogram": _histogram(inst_markers, "masked_per_seq_histogram"),
+        "tokens_per_document_histogram": _histogram(inst_markers, "tokens_per_document"),
+        "ignored_files": ignored, "warnings": warnings,
         "random_pool": {"documents": pool.documents, "tokens": pool.tokens, "planned_tokens": planned,
                         "sample_fraction": min(1.0, ctx.pool_threshold / (1 << 64))},
         "build_seconds": round(time.time() - t0, 2),

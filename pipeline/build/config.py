@@ -7,6 +7,7 @@ from typing import Any
 from pipeline.build.executor import Shared
 from pipeline.build.markers import Marker
 from pipeline.build.work import StepContext
+from pipeline.checks import CheckConfig
 from pipeline.instances import InstanceConfig
 from pipeline.readers import ReadOptions, ReadReport, Unit
 from pipeline.schema import WORK_DIR
@@ -33,6 +34,7 @@ class BuildConfig:
     pool_tokens: int = 4_000_000
     unit_bytes: int = 4 << 20
     endpoint_url: str | None = None
+    checks: CheckConfig = CheckConfig()
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -59,6 +61,7 @@ class BuildConfig:
         d = dataclasses.asdict(self)
         d.pop("output")
         d.pop("endpoint_url")
+        d.pop("checks")  # they decide whether the build goes on, not what it makes
         return d
 
     def step_context(self, vocab_size: int, pool_threshold: int, build_id: str) -> StepContext:

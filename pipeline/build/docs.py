@@ -129,6 +129,16 @@ def doc_arrays(table: pa.Table) -> tuple[list[str], np.ndarray, np.ndarray, np.n
             inner.values.to_numpy())
 
 
+def power_of_two_histogram(counts: Sequence[int]) -> dict[str, int]:
+    """{lower bound 2**k: how many counts fall in [2**k, 2**(k+1))} of positive integers: mergeable across units
+    by adding, and readable from a line to a book."""
+    if not len(counts):
+        return {}
+    _, exp = np.frexp(np.asarray(counts, dtype=np.float64))  # count = m * 2**exp, m in [0.5, 1): exact for ints
+    lows, n = np.unique(np.left_shift(1, exp.astype(np.int64) - 1), return_counts=True)
+    return {str(int(k)): int(v) for k, v in zip(lows, n)}
+
+
 def doc_totals(markers: list, report: ReadReport, on_error: str) -> tuple[Counter, dict[str, str]]:
     """Records dropped by reason and files skipped, from per-unit markers (``path``, ``read_documents``,
     ``dropped``, ``bad_files``); fails on (or, with on_error=skip, counts) files that gave nothing at all

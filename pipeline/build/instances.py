@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.build.config import BuildState
-from pipeline.build.docs import encoder_for, pool_members, read_docs, split, tokenize_docs
+from pipeline.build.docs import encoder_for, pool_members, power_of_two_histogram, read_docs, split, tokenize_docs
 from pipeline.build.executor import Shared, Stage
 from pipeline.build.markers import Marker, write_marker
 from pipeline.build.pool import pool_doc, pool_for
@@ -57,6 +57,9 @@ class InstancesMarker(Marker):
     random_next: int
     masked: int
     seq_len_histogram: dict[str, int]
+    unk_tokens: int  # tokens that are [UNK]: a vocabulary that does not fit the text (pipeline/checks.py)
+    tokens_per_document: dict[str, int]  # documents by tokens, in power-of-two bins keyed by their lower bound
+    masked_per_seq_histogram: dict[str, int]  # sequences by their number of masked positions
 
     @property
     def key(self) -> str:
@@ -106,7 +109,9 @@ def unit_docs(unit: Unit, ctx: StepContext, encoder, pool: RandomDocPool) -> tup
     counts = {"path": unit.path, "read_documents": len(text.doc_ids), "documents": len(docs),
               "sentences": sum(len(d.sent_offsets) - 1 for _, d in docs),
               "tokens": sum(len(d.tokens) for _, d in docs), "dropped": dict(dropped),
-              "bad_files": dict(text.report.bad_files)}
+              "bad_files": dict(text.report.bad_files),
+              "unk_tokens": sum(int(np.count_nonzero(d.tokens == encoder.unk_id)) for _, d in docs),
+              "tokens_per_document": power_of_two_histogram([len(d.tokens) for _, d in docs])}
     return docs, counts
 
 
@@ -139,7 +144,7 @@ def instances_step(unit: Unit, ctx: StepContext, encoder, pool: RandomDocPool, v
     if block:
         flush()
     schema = work_instance_schema(ctx.vocab_size)
-    rows, hist, random_next, masked = [], Counter(), 0, 0
+    rows, hist, masked_hist, random_next, masked = [], Counter(), Counter(), 0, 0
     with open_atomic(ctx.url("instances", uid + WORK_SUFFIX), ctx.endpoint_url) as f:
         with pa.ipc.new_file(f, schema) as w:
             for p in passes:
@@ -153,11 +158,14 @@ def instances_step(unit: Unit, ctx: StepContext, encoder, pool: RandomDocPool, v
                 if parts[p]:
                     lengths = np.concatenate([np.diff(x["input_ids"][1]) for x in parts[p]])
                     hist.update({k: v for k, v in enumerate(np.bincount(lengths).tolist()) if v})
+                    per_seq = np.concatenate([np.diff(x["masked_lm_positions"][1]) for x in parts[p]])
+                    masked_hist.update({k: v for k, v in enumerate(np.bincount(per_seq).tolist()) if v})
                 random_next += int(sum(int(x["next_sentence_label"].sum()) for x in parts[p]))
                 masked += int(sum(len(x["masked_lm_positions"][0]) for x in parts[p]))
                 parts[p] = []
     marker = InstancesMarker(uid=uid, **counts, rows=tuple(rows), chunks=chunks, random_next=random_next, masked=masked,
-                             seq_len_histogram={str(k): int(v) for k, v in sorted(hist.items()) if v})
+                             seq_len_histogram={str(k): int(v) for k, v in sorted(hist.items()) if v},
+                             masked_per_seq_histogram={str(k): int(v) for k, v in sorted(masked_hist.items())})
     write_marker(ctx.work, marker, ctx.endpoint_url)
     return marker
 

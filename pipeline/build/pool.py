@@ -52,6 +52,7 @@ class PoolPartMarker(Marker):
     bad_files: dict[str, str]
     documents: int  # members with at least one token
     tokens: int
+    unk_tokens: int  # the members' [UNK]: an early, sampled look at how the vocabulary fits (pipeline/checks.py)
 
     @property
     def key(self) -> str:
@@ -100,7 +101,8 @@ def pool_part_step(unit: Unit, ctx: StepContext, encoder) -> PoolPartMarker:
         write_table(ctx.pool_part_url(unit.uid), docs_table(members, ctx.vocab_size), ctx)
     marker = PoolPartMarker(uid=unit.uid, path=unit.path, read_documents=len(text.doc_ids),
                             dropped=dict(text.report.dropped), bad_files=dict(text.report.bad_files),
-                            documents=len(members), tokens=int(sum(len(d.tokens) for _, d in members)))
+                            documents=len(members), tokens=int(sum(len(d.tokens) for _, d in members)),
+                            unk_tokens=sum(int(np.count_nonzero(d.tokens == encoder.unk_id)) for _, d in members))
     write_marker(ctx.work, marker, ctx.endpoint_url)
     return marker
 

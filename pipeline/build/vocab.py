@@ -29,6 +29,7 @@ from pipeline.build.config import DEFAULT_SAMPLE_BYTES
 from pipeline.build.executor import Executor, Stage, run_stage
 from pipeline.build.markers import Marker, write_marker
 from pipeline.build.pieces import worker_id
+from pipeline.checks import vocab_size_warning
 from pipeline.readers import ReadOptions, ReadReport, Unit, read_unit
 from pipeline.rng import derive_seed
 from pipeline.storage import FileInfo, write_bytes_atomic
@@ -177,4 +178,6 @@ def train_vocab(files: list[FileInfo], units: list[Unit], ctx: VocabContext, sam
     stage = Stage("vocab", VocabStep(ctx), {"vocab": VocabItem(blocks, output, nbytes)}, VocabMarker,
                   {"vocab": nbytes}, "sample")
     (marker,) = run_stage(stage, executor, ctx.work, ctx.endpoint_url)
+    if (shortfall := vocab_size_warning(ctx.vocab_size, marker.vocab_size, marker.documents)) is not None:
+        log.warning("%s", shortfall)
     return marker  # type: ignore[return-value]

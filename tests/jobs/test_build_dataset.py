@@ -41,7 +41,7 @@ def test_faithful_to_the_reference_on_moby_dick_and_logged_to_mlflow(tmp_path, s
     assert run.info.status == "FINISHED"
     assert run.data.params["dupe_factor"] == "5" and run.data.params["read.presplit"] == "True"
     assert run.data.metrics["instances"] == got["instances"]
-    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["manifest.json"]
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["manifest.json", "report"]
 
 
 def test_unknown_and_bad_flags_fail(tmp_path):

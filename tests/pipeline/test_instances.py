@@ -42,6 +42,7 @@ def test_config_validation() -> None:
     InstanceConfig()
     for bad in (
         dict(max_seq_length=4),
+        dict(max_seq_length=15),
         dict(max_predictions_per_seq=0),
         dict(masked_lm_prob=0.0),
         dict(masked_lm_prob=1.5),

@@ -135,6 +135,26 @@ def test_bad_json_rows(tmp_path):
     assert report.dropped == {"bad_json": 1, "missing_text_field": 2}
 
 
+def test_jsonl_without_the_text_field_lists_the_fields_it_has_and_names_the_flag(tmp_path, sample_dir, caplog):
+    """Moby Dick's chapters keyed "body" instead of "text": the error names the record's fields and --text-field;
+    skipped, the records are dropped with one warning per unit that says the same."""
+    with gzip.open(sample_dir / "corpus" / "mobydick.jsonl.gz", "rt") as f:
+        docs = [json.loads(line) for line in f][:6]
+    p = tmp_path / "moby.jsonl"
+    p.write_text("".join(json.dumps({"id": d["id"], "body": d["text"]}) + "\n" for d in docs))
+    with pytest.raises(InputError, match=r"moby\.jsonl, line 1 .*no string 'text' field \(the record has fields"
+                                         r" 'id', 'body'\).*--text-field NAME"):
+        _read_all([p])
+    report = ReadReport()
+    with caplog.at_level("WARNING", logger="pipeline.readers"):
+        assert _read_all([p], ReadOptions(on_error="skip"), report=report) == []
+    assert report.dropped == {"missing_text_field": 6}
+    assert any("dropped 6 record(s) without a string 'text' field (the first has fields 'id', 'body')" in r.getMessage()
+               and "--text-field" in r.getMessage() for r in caplog.records)
+    assert [d.lines[0][:20] for d in _read_all([p], ReadOptions(text_field="body"))] == \
+        [d["text"][:20] for d in docs]
+
+
 def test_huge_line_is_never_held_and_is_reported(tmp_path):
     p = tmp_path / "huge.txt"
     with open(p, "wb") as f:

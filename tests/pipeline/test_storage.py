@@ -75,3 +75,31 @@ def test_open_atomic_commits_nothing_on_error(tmp_path):
 def test_gs_input_without_gcsfs_says_what_to_install():
     with pytest.raises(ValueError, match=r"gs://bucket/corpus.txt.*install gcsfs"):
         expand_inputs(["gs://bucket/corpus.txt"])
+
+
+def test_a_folder_contributes_corpus_files_only_and_lists_what_it_skipped(tmp_path, caplog):
+    d = tmp_path / "corpus"
+    (d / "AA").mkdir(parents=True)
+    for name in ("a.txt", "b.jsonl.gz", "c.parquet", "AA/wiki_00", "README.md", "LICENSE", "notes.pdf",
+                 "dump.xml.bz2", "vim-license.txt", "climate.txt"):
+        (d / name).write_bytes(b"x")
+    skipped: list[str] = []
+    with caplog.at_level("WARNING", logger="pipeline.storage"):
+        got = expand_inputs([str(d)], skipped=skipped)
+    assert sorted(f.key for f in got) == ["AA/wiki_00", "a.txt", "b.jsonl", "c.parquet", "climate.txt"]
+    assert [os.path.basename(p) for p in skipped] == ["LICENSE", "README.md", "dump.xml.bz2", "notes.pdf",
+                                                      "vim-license.txt"]
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "skipped 5 file(s)" in warning and "README.md" in warning and "name a file directly" in warning
+    # Named directly, or by a glob that spells out the extension, a file is read whatever its name.
+    assert [f.key for f in expand_inputs([str(d / "README.md")])] == ["README.md"]
+    assert [f.key for f in expand_inputs([str(d / "*.md")])] == ["README.md"]
+    # A bare glob filters like a folder.
+    assert sorted(f.key for f in expand_inputs([str(d / "*")])) == ["a.txt", "b.jsonl", "c.parquet", "climate.txt"]
+
+
+def test_a_folder_of_no_corpus_files_fails_listing_them(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "README.md").write_text("# hello")
+    with pytest.raises(ValueError, match=r"docs.*no corpus files.*README\.md.*name a file directly"):
+        expand_inputs([str(tmp_path / "docs")])

@@ -26,13 +26,14 @@ def test_markers_round_trip_and_are_read_back_concurrently(tmp_path):
     work = str(tmp_path / "_work")
     written = [InstancesMarker(uid=f"{i:05d}-00000", path="p", read_documents=i + 1, documents=i, sentences=2 * i,
                                tokens=9 * i, dropped={"no_tokens": 1}, bad_files={}, rows=(i, i + 1), chunks=2,
-                               random_next=i, masked=3 * i, seq_len_histogram={"64": i}) for i in range(40)]
+                               random_next=i, masked=3 * i, seq_len_histogram={"64": i}, unk_tokens=i,
+                               tokens_per_document={"8": i}, masked_per_seq_histogram={"3": i}) for i in range(40)]
     for m in written:
         write_marker(work, m)
     got = read_markers(work, InstancesMarker)
     assert got == {m.uid: m for m in written}
     d = PoolPartMarker(uid="u", path="p", read_documents=1, dropped={"bad_json": 1}, bad_files={}, documents=1,
-                       tokens=3)
+                       tokens=3, unk_tokens=1)
     assert PoolPartMarker.from_json(d.to_json()) == d
     assert read_markers(str(tmp_path / "nothing"), PoolPartMarker) == {}
 

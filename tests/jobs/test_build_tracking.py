@@ -1,0 +1,132 @@
+"""The build's MLflow run, read back from a real store: named after its output, readable params (the inputs as a
+list, the real vocabulary size), the report's figures, the dataset as the run's output, the vocabulary stage's own
+child run, and a run that spans the build."""
+from __future__ import annotations
+
+import gzip
+import json
+
+from jobs import build_dataset
+from pipeline.report import FIGURES
+from pipeline.schema import read_manifest
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def corpus(tmp_path, sample_dir, name: str, first: int, last: int) -> str:
+    with gzip.open(sample_dir / "corpus" / "mobydick.jsonl.gz", "rt", encoding="utf-8") as f:
+        lines = [line for line in f if line.strip()][first:last]
+    path = tmp_path / name
+    path.write_text("".join(lines))
+    return str(path)
+
+
+def last_json(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_a_build_with_a_trained_vocabulary_logs_a_report_a_dataset_and_a_vocabulary_run(tmp_path, sample_dir,
+                                                                                        mlflow_uri, capsys):
+    from mlflow.tracking import MlflowClient
+
+    a, b = corpus(tmp_path, sample_dir, "a.jsonl", 1, 4), corpus(tmp_path, sample_dir, "b.jsonl", 4, 6)
+    out = tmp_path / "moby-64"
+    assert build_dataset.main(["--input", a, "--input", b, "--output", str(out), "--vocab-size", "800",
+                               "--max-seq-length", "64", "--max-predictions-per-seq", "10", "--dupe-factor", "2",
+                               "--num-shards", "2", "--no-ray", "--mlflow-tracking-uri", mlflow_uri,
+                               "--experiment", "builds"]) == 0
+    run_id = last_json(capsys.readouterr().out)["mlflow_run_id"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    client = MlflowClient(mlflow_uri)
+    run = client.get_run(run_id)
+
+    assert run.info.run_name == "build moby-64 seq64" and run.info.status == "FINISHED"
+    assert run.data.tags["job"] == "build_dataset"  # what the workflow finds its stages' runs by
+    p = run.data.params
+    assert p["inputs"] == f"{a}, {b}"
+    assert p["vocab"] == "trained on the input" and p["vocab.asked_size"] == "800"
+    assert p["vocab.size"] == str(manifest["vocab"]["size"]) and int(p["vocab.size"]) <= 800
+    assert p["instances.max_seq_length"] == "64" and p["dupe_factor"] == "2" and p["input_files"] == "2"
+    m = run.data.metrics
+    assert m["instances"] == manifest["totals"]["instances"] > 0 and m["unk_fraction"] == 0.0
+    assert 0.3 < m["random_next_fraction"] < 0.7
+    assert {f"stage_seconds.{s}" for s in ("vocab", "pool_parts", "instances", "shards")} <= m.keys()
+    assert f"{manifest['totals']['instances']:,} sequences" in run.data.tags["mlflow.note.content"]
+
+    report = [f.path for f in client.list_artifacts(run_id, "report")]
+    assert report == sorted(f"report/{name}" for name in FIGURES)
+    for path in report:
+        assert open(client.download_artifacts(run_id, path, str(tmp_path)), "rb").read(8) == PNG
+
+    [inp] = run.inputs.dataset_inputs
+    assert inp.dataset.name == "moby-64" and inp.dataset.digest == read_manifest(str(out)).sha256[:16]
+    assert {t.key: t.value for t in inp.tags}["mlflow.data.context"] == "output"
+
+    [vocab_run] = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
+    assert vocab_run.info.run_name == "vocab moby-64" and vocab_run.info.status == "FINISHED"
+    assert vocab_run.data.metrics["vocab_size"] == manifest["vocab"]["size"]
+    assert vocab_run.data.params["vocab_size"] == "800"
+    vocab = open(client.download_artifacts(vocab_run.info.run_id, "vocab.txt", str(tmp_path / "v"))).read()
+    assert vocab == (out / "vocab.txt").read_text()
+    # The build's run spans its stages: opened at the job's start, closed at the build's end.
+    assert run.info.start_time <= vocab_run.info.start_time <= vocab_run.info.end_time <= run.info.end_time
+    assert run.info.end_time - run.info.start_time >= 1000 * sum(v for k, v in m.items()
+                                                                   if k.startswith("stage_seconds.")) - 50
+
+
+def test_a_given_vocabulary_is_logged_with_its_real_size_and_two_builds_read_apart(tmp_path, sample_dir,
+                                                                                   mlflow_uri, capsys):
+    from mlflow.tracking import MlflowClient
+
+    vocab = str(sample_dir / "reference" / "bert-base-uncased-vocab.txt")
+    common = ["--vocab", vocab, "--dupe-factor", "1", "--num-shards", "1", "--no-ray", "--mlflow-tracking-uri",
+              mlflow_uri, "--experiment", "builds"]
+    ids = {}
+    for name, first, last in (("train", 1, 4), ("eval", 4, 5)):
+        assert build_dataset.main(["--input", corpus(tmp_path, sample_dir, f"{name}.jsonl", first, last),
+                                   "--output", str(tmp_path / name), *common]) == 0
+        ids[name] = last_json(capsys.readouterr().out)["mlflow_run_id"]
+    client = MlflowClient(mlflow_uri)
+    runs = {k: client.get_run(v) for k, v in ids.items()}
+    assert {k: r.info.run_name for k, r in runs.items()} == {"train": "build train seq128", "eval": "build eval seq128"}
+    for r in runs.values():
+        assert r.data.params["vocab"] == vocab and r.data.params["vocab.size"] == "30522"
+        assert "vocab.asked_size" not in r.data.params
+        assert "stage_seconds.vocab" not in r.data.metrics  # no vocabulary stage, so no child run either
+        assert not client.search_runs([r.info.experiment_id], f"tags.mlflow.parentRunId = '{r.info.run_id}'")
+
+
+def test_a_failed_build_leaves_a_failed_run_saying_why(tmp_path, sample_dir, mlflow_uri):
+    from mlflow.tracking import MlflowClient
+
+    zh = str(sample_dir / "other" / "vimtutor.zh_cn.txt.gz")
+    vocab = str(sample_dir / "reference" / "bert-base-uncased-vocab.txt")
+    try:
+        build_dataset.main(["--input", zh, "--output", str(tmp_path / "zh"), "--vocab", vocab, "--no-ray",
+                            "--mlflow-tracking-uri", mlflow_uri, "--experiment", "builds"])
+    except ValueError as e:
+        error = str(e)
+    else:
+        raise AssertionError("a 40% [UNK] build must stop")
+    client = MlflowClient(mlflow_uri)
+    [run] = client.search_runs([client.get_experiment_by_name("builds").experiment_id])
+    assert run.info.status == "FAILED" and run.data.tags["error"] == error
+    assert run.info.run_name == "build zh seq128"
+
+
+def test_on_ray_the_run_hears_every_stage_and_the_callers_ray_stays_up(ray_shutdown, ray_tmpdir, tmp_path, sample_dir,
+                                                                       mlflow_uri, capsys):
+    import ray
+    from mlflow.tracking import MlflowClient
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _temp_dir=ray_tmpdir, log_to_driver=False)
+    out = tmp_path / "moby-ray"
+    assert build_dataset.main(["--input", corpus(tmp_path, sample_dir, "m.jsonl", 1, 5), "--output", str(out),
+                               "--vocab", str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"),
+                               "--dupe-factor", "1", "--num-shards", "2", "--mlflow-tracking-uri", mlflow_uri,
+                               "--experiment", "builds", "--progress", "lines"]) == 0
+    run = MlflowClient(mlflow_uri).get_run(last_json(capsys.readouterr().out)["mlflow_run_id"])
+    assert run.info.status == "FINISHED" and run.data.params["executor"] == "ray data"
+    assert {f"stage_seconds.{s}" for s in ("pool_parts", "pool", "instances", "shards")} <= run.data.metrics.keys()
+    assert run.inputs.dataset_inputs[0].dataset.digest == read_manifest(str(out)).sha256[:16]
+    assert ray.is_initialized()  # the job leaves a Ray it did not start
