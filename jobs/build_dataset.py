@@ -25,7 +25,7 @@ from jobs._build_tracking import BuildRun
 from pipeline.build import BuildConfig, build
 from pipeline.build.executor import LocalExecutor
 from pipeline.checks import DEFAULT_MAX_UNK_FRACTION, CheckConfig
-from pipeline.instances import InstanceConfig
+from pipeline.create_instances import InstanceConfig
 from pipeline.readers import FORMATS, ON_ERROR, ReadOptions
 from training.launch import init_ray
 from training.tracking import check_tracking_reachable

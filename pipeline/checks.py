@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipeline.instances import InstanceConfig
+from pipeline.create_instances import InstanceConfig
 
 UNK_WARN_FRACTION = 0.01
 DEFAULT_MAX_UNK_FRACTION = 0.10

@@ -47,7 +47,7 @@ from pipeline.build.pool import (COMPRESSED_RATIO, PoolMarker, PoolPartStep, pla
 from pipeline.build.shards import SHARD_BYTES, default_num_shards, shards_stage
 from pipeline.build.vocab import VocabContext, VocabSample, train_vocab
 from pipeline.checks import settings_warnings, unk_check, vocab_size_warning
-from pipeline.instances import VocabInfo
+from pipeline.create_instances import VocabInfo
 from pipeline.readers import ReadReport
 from pipeline.schema import (FORMAT, FORMAT_VERSION, MANIFEST, SHARDS_DIR, VOCAB_FILE, config_hash, token_dtype,
                              validate_manifest)

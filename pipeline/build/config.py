@@ -8,7 +8,7 @@ from pipeline.build.executor import Shared
 from pipeline.build.markers import Marker
 from pipeline.build.work import StepContext
 from pipeline.checks import CheckConfig
-from pipeline.instances import InstanceConfig
+from pipeline.create_instances import InstanceConfig
 from pipeline.readers import ReadOptions, ReadReport, Unit
 from pipeline.schema import WORK_DIR
 from pipeline.storage import join

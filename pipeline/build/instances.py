@@ -6,7 +6,7 @@
 Reading and tokenizing (``docs.py``) and making instances were two stages until issue 18, with the unit's tokens
 stored in between and a barrier after the last unit; fused, a unit's tokens never leave the process. The pool's
 members are not tokenized again: their tokens come from the merged pool, which this stage loads anyway for the
-random-next segments. The algorithm is ``pipeline.instances.create_instances_flat`` (pure numpy over token ids),
+random-next segments. The algorithm is ``pipeline.create_instances.create_instances_flat`` (pure numpy over token ids),
 fed a block of documents at a time; each pass's rows are cut into ``chunks`` record batches
 (``shards.chunk_bounds``) so that a shard can read just its slices. The encoder, the pool and the vocabulary's ids
 are loaded once per worker process.
@@ -27,7 +27,7 @@ from pipeline.build.markers import Marker, write_marker
 from pipeline.build.pool import pool_doc, pool_for
 from pipeline.build.shards import chunk_bounds, chunks_per_pass
 from pipeline.build.work import WORK_SUFFIX, StepContext, cached
-from pipeline.instances import RandomDocPool, VocabInfo, create_instances_flat
+from pipeline.create_instances import RandomDocPool, VocabInfo, create_instances_flat
 from pipeline.pairs import PackedDoc
 from pipeline.readers import Unit
 from pipeline.schema import token_dtype, work_instance_schema

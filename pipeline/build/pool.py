@@ -25,7 +25,7 @@ from pipeline.build.docs import (doc_arrays, doc_totals, docs_table, encoder_for
 from pipeline.build.executor import Shared, Stage
 from pipeline.build.markers import Marker, write_marker
 from pipeline.build.work import StepContext, cached, read_table, write_table
-from pipeline.instances import RandomDocPool
+from pipeline.create_instances import RandomDocPool
 from pipeline.pairs import PackedDoc
 from pipeline.readers import ReadOptions, Unit, detect_format
 from pipeline.schema import work_docs_schema

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.instances import InstanceConfig
+from pipeline.create_instances import InstanceConfig
 from pipeline.readers import ReadOptions
 from pipeline.storage import filesystem_for, join, open_atomic
 

@@ -6,7 +6,7 @@ import json
 
 from jobs import train_tokenizer
 from pipeline.build import BuildConfig, build
-from pipeline.instances import InstanceConfig
+from pipeline.create_instances import InstanceConfig
 
 UNIT = 64 << 10
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.checks import CheckConfig, settings_warnings, unk_check, vocab_size_warning
-from pipeline.instances import InstanceConfig
+from pipeline.create_instances import InstanceConfig
 
 FILES = {"a.txt": (1, 1000), "b.txt": (30, 1000), "c.txt": (0, 1000)}
 

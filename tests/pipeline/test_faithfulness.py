@@ -15,7 +15,7 @@ import random
 import numpy as np
 import pytest
 
-from pipeline.instances import COLUMNS, InstanceConfig, RandomDocPool, create_instances, create_instances_batch
+from pipeline.create_instances import COLUMNS, InstanceConfig, RandomDocPool, create_instances, create_instances_batch
 from pipeline.stats import instance_stats
 from pipeline.tokenize import WordPieceEncoder
 

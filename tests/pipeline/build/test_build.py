@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.build import BuildConfig, build
-from pipeline.instances import InstanceConfig
+from pipeline.create_instances import InstanceConfig
 from pipeline.readers import ReadOptions
 from pipeline.schema import REQUIRED_MANIFEST_KEYS, instance_schema
 

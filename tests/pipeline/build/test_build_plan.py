@@ -16,7 +16,7 @@ from pipeline.build.markers import read_markers, write_marker
 from pipeline.build.pool import BYTES_PER_TOKEN, PoolPartMarker, pool_threshold
 from pipeline.build.shards import (SHARD_BYTES, ShardItem, chunk_bounds, chunks_per_pass, default_num_shards, plan_shards,
                                    unit_order, write_shard)
-from pipeline.instances import InstanceConfig
+from pipeline.create_instances import InstanceConfig
 from pipeline.readers import ReadOptions, ReadReport, plan_units, read_unit
 from pipeline.rng import derive_seed
 from pipeline.storage import expand_inputs

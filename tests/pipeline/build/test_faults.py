@@ -21,7 +21,7 @@ import pipeline.build.instances
 import pipeline.build.pool
 import pipeline.build.shards
 from pipeline.build import BuildConfig, build
-from pipeline.instances import InstanceConfig
+from pipeline.create_instances import InstanceConfig
 from pipeline.readers import InputError, ReadOptions
 
 REPO = str(Path(__file__).resolve().parents[3])

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.build import BuildConfig, build
 from pipeline.build.identity import input_changes
-from pipeline.instances import InstanceConfig
+from pipeline.create_instances import InstanceConfig
 from pipeline.readers import ReadOptions
 from pipeline.storage import filesystem_for
 

@@ -13,7 +13,7 @@ import pytest
 import pipeline.build.pieces as pieces_mod
 import pipeline.build.vocab as vocab_mod
 from pipeline.build import BuildConfig, build
-from pipeline.instances import InstanceConfig
+from pipeline.create_instances import InstanceConfig
 from pipeline.build.pieces import CHUNK, PieceContext, PieceItem, PieceMarker, pieces_step, plan_pieces
 from pipeline.readers import InputError, ReadOptions
 from pipeline.storage import expand_inputs

@@ -41,7 +41,7 @@ def test_lines_keep_coming_while_no_item_finishes(caplog, monkeypatch):
 
 def test_a_build_says_what_each_stage_did_in_wall_and_cpu_seconds(caplog, tmp_path, sample_dir):
     from pipeline.build import BuildConfig, build
-    from pipeline.instances import InstanceConfig
+    from pipeline.create_instances import InstanceConfig
 
     caplog.set_level(logging.INFO)
     build(BuildConfig(inputs=(str(sample_dir / "corpus" / "austen.jsonl.gz"),), output=str(tmp_path / "out"),

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.build import BuildConfig, build
 from pipeline.build.executor import LocalExecutor
-from pipeline.instances import InstanceConfig
+from pipeline.create_instances import InstanceConfig
 
 
 def _corpus(path, n_docs=24):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.build.work import StepContext, process_state
-from pipeline.instances import InstanceConfig
+from pipeline.create_instances import InstanceConfig
 from pipeline.readers import ReadOptions
 
 

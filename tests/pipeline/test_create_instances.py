@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.instances import COLUMNS, InstanceConfig, RandomDocPool, VocabInfo, create_instances, create_instances_batch
+from pipeline.create_instances import COLUMNS, InstanceConfig, RandomDocPool, VocabInfo, create_instances, create_instances_batch
 from pipeline.rng import instance_keys
 
 V = 30522
