@@ -24,11 +24,8 @@ THIRD_PARTY_FORBIDDEN = {
     "training": {"ray", "mlflow"},
     "finetuning": {"ray", "mlflow"},
     "workflows": {"ray", "mlflow"},
-    # Jobs are flags -> configs -> one call: Ray and MLflow live in training. The build's MLflow run moves to
-    # training.tracking with issue 18's work on the build job; until then it is the one exception.
-    "jobs": {"ray", "mlflow"},
+    "jobs": {"ray", "mlflow"},  # jobs are flags -> configs -> one call: Ray and MLflow live in training
 }
-PENDING = {"jobs/build_dataset.py": {"mlflow"}}
 # The one module of training/ that may import each of these.
 ONLY_IN = {"ray": "training/launch.py", "mlflow": "training/tracking.py"}
 
@@ -53,7 +50,7 @@ def test_imports_point_one_way(package):
         roots = imported_roots(f)
         wrong = (roots & OURS) - ALLOWED[package]
         forbidden = roots & THIRD_PARTY_FORBIDDEN.get(package, set())
-        wrong |= {m for m in forbidden if ONLY_IN.get(m) != rel and m not in PENDING.get(rel, set())}
+        wrong |= {m for m in forbidden if ONLY_IN.get(m) != rel}
         if wrong:
             bad[rel] = sorted(wrong)
     assert not bad
