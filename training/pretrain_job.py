@@ -13,12 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.schema import read_manifest
 from training import launch as launcher
 from training.checkpoint import MODEL_DIR
 from training.config import PretrainConfig
 from training.export import PRETRAIN_LINEAGE, check_destination, export_model, read_lineage
 from training.launch import LaunchConfig
-from training.tracking import RUN_NAME_TAG, check_tracking_reachable, flatten_params, open_run, run_metrics
+from training.tracking import (RUN_NAME_TAG, check_tracking_reachable, flatten_params, log_dataset, open_run,
+                               run_metrics)
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,19 @@ def tags_of(job: PretrainJob, checkpoints: str) -> dict[str, str]:
     return tags
 
 
+def log_inputs(job: PretrainJob, run_id: str) -> None:
+    """The datasets the run reads, as MLflow dataset inputs ("training", "eval"): the same name and digest as the
+    build's run logged for its output, so the UI shows which build a model was trained on."""
+    sets = {"training": job.config.data.train, "eval": job.config.eval.data if job.config.eval else None}
+    for context, shards in sets.items():
+        if shards is not None and shards.url:
+            manifest = read_manifest(shards.url, shards.endpoint_url)
+            if manifest.sha256 != shards.manifest_sha256:
+                raise ValueError(f"{shards.url}: the dataset changed after this job read it (its manifest's "
+                                 "digest differs); run the job again")
+            log_dataset(job.tracking_uri, run_id, manifest, context)
+
+
 def run_pretraining(job: PretrainJob) -> JobResult:
     """The whole job. ValueError (before any work: an unreachable tracking server, an export that cannot be
     written, a bad --parent-run-id) says what to fix."""
@@ -90,6 +105,7 @@ def run_pretraining(job: PretrainJob) -> JobResult:
     config = dataclasses.replace(job.config, tracking=dataclasses.replace(
         job.config.tracking, tracking_uri=job.tracking_uri, run_id=run.run_id, run_name=job.launch.name))
     with run.ending():
+        log_inputs(job, run.run_id)
         with launcher.pretrain(config, job.launch) as final_checkpoint:
             export_model(final_checkpoint / MODEL_DIR, job.export, run, PRETRAIN_LINEAGE, job.launch.endpoint_url)
     metrics = run_metrics(job.tracking_uri, run.run_id)

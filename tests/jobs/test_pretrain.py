@@ -12,9 +12,10 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
+
+from pipeline.schema import read_manifest
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -68,6 +69,10 @@ def test_two_workers_learn_and_mlflow_has_one_complete_run(baseline, tiny_pretra
     t = run.data.tags
     assert t["dataset.url"] == tiny_pretrain_data["train"] and len(t["dataset.manifest_sha256"]) == 64
     assert t["eval_dataset.url"] == tiny_pretrain_data["eval"] and t["bert.run_name"] == "base"
+    inputs = {i.dataset.digest: {x.key: x.value for x in i.tags}["mlflow.data.context"]
+              for i in run.inputs.dataset_inputs}
+    assert inputs == {read_manifest(tiny_pretrain_data["train"]).sha256[:16]: "training",
+                      read_manifest(tiny_pretrain_data["eval"]).sha256[:16]: "eval"}  # the builds' own datasets
 
     names = set(run.data.metrics)
     assert REQUIRED | EVAL <= names and "mfu" not in names  # mfu only on GPU
