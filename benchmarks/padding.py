@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     from pipeline.schema import read_manifest
-    from training import DataConfig, ShardSet
+    from training.loader import DataConfig, ShardSet
 
     shards = ShardSet.from_manifest(read_manifest(a.data))
     total = sum(shards.shard_rows)

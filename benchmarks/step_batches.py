@@ -100,7 +100,7 @@ def dataset_steps(cfg: BertConfig, data: str, batch_size: int, micro_batch: int,
     """The first `n` steps the training loader (rank 0 of 1) yields from the dataset at `data`: padded to its
     length buckets with length bucketing, or packed."""
     from pipeline.schema import read_manifest
-    from training import DataConfig, ShardSet
+    from training.loader import DataConfig, ShardSet
     from training.loader import train_batches
 
     shards = ShardSet.from_manifest(read_manifest(data))

@@ -1,4 +1,4 @@
-"""The real pre-training loop, `training.fit` without Ray, on real shards: seq/s, MFU of real tokens, data wait.
+"""The real pre-training loop, `training.loop.fit` without Ray, on real shards: seq/s, MFU of real tokens, data wait.
 
     python benchmarks/train_loop.py                                   # CPU: bert_tiny on a seq-128 Moby Dick build
     python benchmarks/train_loop.py --device cuda --preset bert_base --batch-size 256 --compile   # one GPU
@@ -100,8 +100,9 @@ def main() -> int:
     a.micro_batch_size = micro
 
     from bert_core import PRESETS
-    from training import (DataConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig, TrackingConfig,
-                          fit)
+    from training.config import ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig, TrackingConfig
+    from training.loader import DataConfig
+    from training.loop import fit
     from pipeline.schema import read_manifest
     from training.loader import ShardSet
 

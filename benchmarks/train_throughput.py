@@ -37,7 +37,8 @@ def main() -> int:
 
     from bert_core import PRESETS, BertForPreTraining
     from training.optim import build_optimizer, build_scheduler
-    from training import MetricSums, to_device, train_step
+    from training.metrics import MetricSums
+    from training.step import to_device, train_step
     from pipeline.schema import read_manifest
     from training.loader import DataConfig, ShardSet, train_batches
 

@@ -1,4 +1,4 @@
-"""Fine-tuning's loop, `fit(config, worker)`: the same shape and pieces as pre-training's `training.fit` (the
+"""Fine-tuning's loop, `fit(config, worker)`: the same shape and pieces as pre-training's `training.loop.fit` (the
 launcher's `training.loop.Worker`, the tracker, the optimizer step, checkpoints through `worker.checkpoints`).
 
 Each worker prepares the task from the config (`finetuning.prepare`: task files are small and the preparation is

@@ -7,7 +7,7 @@
 
 Flags -> `training.PretrainConfig` (checked: dataset manifests against the model, one vocabulary for train, eval
 and `--init`, the batch geometry) -> `training.pretrain_job.run_pretraining`, which checks the MLflow store and
-the export destination, opens the run and launches `training.fit` on Ray Train workers (DDP) or, with `--no-ray`,
+the export destination, opens the run and launches `training.loop.fit` on Ray Train workers (DDP) or, with `--no-ray`,
 in this process. The last line on stdout is a JSON object: the run, where the checkpoints and export are, the
 final metrics.
 
@@ -101,7 +101,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     r.add_argument("--memory-gb", type=float, help="memory per worker to size the micro-batch for (default: the "
                    "free RAM of this machine shared by its workers, or the GPU's free memory at the worker's start)")
     r.add_argument("--peak-tflops", type=float, help="accelerator peak for mfu (default: known GPUs' bf16 peak)")
-    r.add_argument("--no-ray", action="store_true", help="run training.fit in this process (one worker: CPU, or "
+    r.add_argument("--no-ray", action="store_true", help="run training.loop.fit in this process (one worker: CPU, or "
                    "one GPU with --use-gpu); checkpoints go to STORAGE/RUN_NAME, which must be local")
     c = p.add_argument_group("checkpoints and tracking")
     c.add_argument("--storage", default="./runs", help="where checkpoints go (local path or s3://bucket/prefix)")

@@ -1,7 +1,7 @@
 """The one module of `training` that imports Ray (tests/test_layering.py holds it to that): how a training run is
 launched, for either kind of run, and the Ray Train worker that runs the Ray-free loop.
 
-`pretrain(config, launch)` and `finetune(config, launch, fit)` run the loop (`training.fit`, or fine-tuning's
+`pretrain(config, launch)` and `finetune(config, launch, fit)` run the loop (`training.loop.fit`, or fine-tuning's
 `finetuning.fit`, which the caller hands in: training never imports finetuning) on `launch.num_workers` Ray Train
 workers (DDP), or in this process with `launch.no_ray`, and yield the final checkpoint's directory. Each worker
 gets a `training.loop.Worker`: its rank, world size and device, DDP (`prepare_model`), Ray's checkpoint hooks
@@ -11,7 +11,8 @@ for pre-training's `--data-loader ray-data`, its rows of the Ray Data shard.
 A local Ray (no RAY_ADDRESS) listens on 127.0.0.1 only, whatever the environment: Ray decides at import time
 whether to advertise the machine's external address, so `init_ray` sets RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before
 importing it (and corrects Ray's constant when something imported Ray earlier) and passes the node address.
-Ray is imported inside the functions, so `fit` without Ray never loads it.
+Ray is imported inside the functions, so `fit` without Ray never loads it; so are the trainer's modules (torch), so
+a job that only starts Ray (the dataset build) does not load torch.
 """
 from __future__ import annotations
 
@@ -25,18 +26,15 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from training.checkpoint import LocalCheckpoints, checkpoint_name
-from training.guard import TrainingDiverged
-from training.loop import Worker
-from training.memory import DoesNotFit
+if TYPE_CHECKING:
+    from training.loop import Worker
 
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 START_ATTEMPTS = 3
-VERDICTS = (TrainingDiverged, DoesNotFit)  # the settings' fault, the same on every rank: not worth a restart
 
 
 @dataclass(frozen=True)
@@ -144,7 +142,7 @@ def storage_filesystem(url: str, endpoint_url: str | None):
 
 @contextlib.contextmanager
 def pretrain(config, launch: LaunchConfig) -> Iterator[Path]:
-    """Pre-train (`training.fit`); yields the final checkpoint's directory."""
+    """Pre-train (`training.loop.fit`); yields the final checkpoint's directory."""
     from training.loop import fit
 
     if launch.no_ray:
@@ -165,6 +163,8 @@ def pretrain(config, launch: LaunchConfig) -> Iterator[Path]:
 def finetune(config, launch: LaunchConfig, fit: Callable) -> Iterator[Path]:
     """Fine-tune with `fit(config, worker)` (finetuning.fit: only the best epoch reports a checkpoint, so the last
     one kept is the best); yields its directory."""
+    from training.checkpoint import LocalCheckpoints
+
     if launch.no_ray:
         worker_checkpoints = LocalCheckpoints(launch.local_directory, keep=launch.keep_checkpoints)
         with _in_process(launch, worker_checkpoints) as worker:
@@ -186,6 +186,8 @@ def _in_process(launch: LaunchConfig, checkpoints=None) -> Iterator[Worker]:
     """Rank 0 of 1 in this process; its torch threads are the launch's CPUs (restored after: the caller's process,
     a test session or a notebook, keeps its own)."""
     import torch
+
+    from training.loop import Worker
 
     before = torch.get_num_threads()
     if launch.cpus_per_worker:
@@ -284,6 +286,8 @@ class RayCheckpoints:
     def save(self, step: int, metrics: dict[str, float], write: Callable[[Path], None] | None) -> str | None:
         import ray.train
 
+        from training.checkpoint import checkpoint_name
+
         tmp = Path(tempfile.mkdtemp(prefix=f"ckpt-{step:08d}-")) if write is not None else None
         try:
             if tmp is not None:
@@ -330,6 +334,8 @@ def ray_worker(loop_config: dict[str, Any]) -> dict[str, str]:
     import ray.train.torch
     import torch
 
+    from training.loop import Worker
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     torch.set_num_threads(loop_config["threads"])
@@ -341,14 +347,22 @@ def ray_worker(loop_config: dict[str, Any]) -> dict[str, str]:
                     checkpoints=RayCheckpoints(), rows=_dataset_rows if loop_config["ray_data"] else None)
     try:
         loop_config["fit"](loop_config["config"], worker)
-    except VERDICTS as e:
+    except _verdicts() as e:
         logging.getLogger(__name__).error("%s", e)
         return {"error": str(e), "kind": type(e).__name__}
     return {}
 
 
+def _verdicts() -> tuple[type[Exception], ...]:
+    """The errors that are the settings' fault, the same on every rank: not worth a restart."""
+    from training.guard import TrainingDiverged
+    from training.memory import DoesNotFit
+
+    return TrainingDiverged, DoesNotFit
+
+
 def _raise_verdict(return_value: dict | None) -> None:
     """The workers' verdict, raised in the driver as the error the loop raised."""
     if return_value and return_value.get("error"):
-        kind = {cls.__name__: cls for cls in VERDICTS}.get(return_value.get("kind"), ValueError)
+        kind = {cls.__name__: cls for cls in _verdicts()}.get(return_value.get("kind"), ValueError)
         raise kind(return_value["error"])

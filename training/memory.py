@@ -20,7 +20,7 @@ gradient) are added there. Unmeasured on a GPU in this repository.
 
 `plan` picks the largest micro-batch that divides the per-rank batch and fits in `HEADROOM` of the budget
 (gradient accumulation keeps the global batch), or says which flag to change; a job runs it (`fit_to_memory`)
-before it starts any worker, when it can know their memory (`local_budget`). `check` is what `training.fit` runs at
+before it starts any worker, when it can know their memory (`local_budget`). `check` is what `training.loop.fit` runs at
 set-up on every worker: it fails only when the micro-batch cannot fit at all, so a run planned by its job (with
 headroom) does not fail because Ray's own processes took some memory since.
 """

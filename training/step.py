@@ -1,6 +1,6 @@
 """The optimisation steps, free of any launcher: pre-training (MLM + NSP, gradient accumulation) and fine-tuning.
 
-The Ray Train worker and `training.fit` call these once per optimizer step; tests call them on CPU with a tiny
+The Ray Train worker and `training.loop.fit` call these once per optimizer step; tests call them on CPU with a tiny
 config and no process group. Nothing here knows about Ray, MLflow or storage.
 
 Loss weighting under accumulation: the MLM loss of the step is the mean over *all* masked tokens of the rank's

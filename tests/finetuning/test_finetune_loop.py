@@ -57,14 +57,13 @@ def _fit_fixed_batch() -> None:
 
 
 def test_fit_has_pretrainings_shape(sample_dir, tmp_path, caplog):
-    """`finetuning.fit(config, worker)` takes the launcher's Worker like `training.fit`: it prepares its task from
+    """`finetuning.fit(config, worker)` takes the launcher's Worker like `training.loop.fit`: it prepares its task from
     the config, reports each epoch through the tracker, and the best epoch's model is the last checkpoint written
     (model/ in the HF layout beside its evaluation)."""
     import inspect
     import json
     import logging
 
-    import training
     from finetuning import FinetuneConfig, fit
     from finetuning.examples import TaskColumns
     from finetuning.loop import BEST_METRICS_FILE, ScheduleConfig
@@ -72,9 +71,10 @@ def test_fit_has_pretrainings_shape(sample_dir, tmp_path, caplog):
     from finetuning.prepare import FeatureConfig, TaskConfig
     from training.checkpoint import LocalCheckpoints
     from training.loop import Worker
+    from training.loop import fit as pretrain_fit
     from training.tracking import NullTracker
 
-    assert list(inspect.signature(fit).parameters) == list(inspect.signature(training.fit).parameters)
+    assert list(inspect.signature(fit).parameters) == list(inspect.signature(pretrain_fit).parameters)
     config = FinetuneConfig(
         data=TaskConfig(task="classification", train=str(sample_dir / "tasks" / "rt_sentiment.jsonl.gz"),
                         split_eval_from_train=0.25, max_train_examples=48, max_eval_examples=16,

@@ -1,5 +1,5 @@
 """Run by tests/training/test_compile_cache.py in a fresh interpreter (Inductor's in-memory caches must be empty):
-`training.fit` with torch.compile (inductor) on real shards, checkpointing, resuming from any checkpoint found.
+`training.loop.fit` with torch.compile (inductor) on real shards, checkpointing, resuming from any checkpoint found.
 
     python tests/training/compile_cache_scenario.py DATASET_DIR CHECKPOINT_DIR STEPS  -> one JSON line on stdout
 
@@ -15,10 +15,12 @@ from pathlib import Path
 import torch
 
 from bert_core import BertConfig
-from training import (CheckpointConfig, DataConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig,
-                      TrackingConfig, fit)
+from training.config import (CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig,
+                             TrackingConfig)
+from training.loader import DataConfig
+from training.loop import fit
 from pipeline.schema import read_manifest
-from training import ShardSet
+from training.loader import ShardSet
 
 
 def main(dataset: str, checkpoints: str, steps: int) -> None:

@@ -1,5 +1,5 @@
 """Run by tests/training/test_fit.py in a fresh interpreter, so that "no Ray, no MLflow" can be checked on
-sys.modules: `training.fit` on real shards, then a resume from a kept checkpoint into the same folder.
+sys.modules: `training.loop.fit` on real shards, then a resume from a kept checkpoint into the same folder.
 
     python tests/training/fit_scenario.py DATASET_DIR WORK_DIR   -> one JSON line on stdout
 """
@@ -13,8 +13,10 @@ from pathlib import Path
 import torch
 
 from bert_core import bert_tiny
-from training import (CheckpointConfig, DataConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig,
-                      TrackingConfig, fit)
+from training.config import (CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig,
+                             TrackingConfig)
+from training.loader import DataConfig
+from training.loop import fit
 from pipeline.schema import read_manifest
 from training.loader import ShardSet
 

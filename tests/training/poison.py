@@ -8,7 +8,7 @@ import hashlib
 import torch
 from torch import nn
 
-from training import DataConfig
+from training.loader import DataConfig
 from training.loader import train_batches
 
 
@@ -54,7 +54,7 @@ def ray_loop(loop_config: dict) -> dict:
     import ray.train
     import ray.train.torch
 
-    from training import Worker, fit
+    from training.loop import Worker, fit
     from training.launch import RayCheckpoints
 
     cfg, ctx = loop_config["config"], ray.train.get_context()

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from bert_core import bert_tiny
-from training import DataConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig, TrackingConfig, Worker, fit
+from training.config import ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig, TrackingConfig
+from training.loader import DataConfig
+from training.loop import Worker, fit
 from pipeline.schema import read_manifest
 from training.loader import ShardSet, train_batches
 from training.tracking import NullTracker

@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from bert_core import bert_tiny
-from training import DataConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig, TrackingConfig, Worker, fit
+from training.config import ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig, TrackingConfig
+from training.loader import DataConfig
+from training.loop import Worker, fit
 from training.compile import compile_model, present_widths, synthetic_batch
 from pipeline.schema import read_manifest
-from training import ShardSet
+from training.loader import ShardSet
 from training.loader import train_batches
 from training.tracking import NullTracker
 

@@ -1,4 +1,4 @@
-"""`training.fit` without Ray on real shards (CPU, bert_tiny): it learns, checkpoints, and a second fit resumes
+"""`training.loop.fit` without Ray on real shards (CPU, bert_tiny): it learns, checkpoints, and a second fit resumes
 from the kept checkpoint on exactly the batch sequence of the first (same losses step for step).
 
 The scenario runs in a fresh interpreter (fit_scenario.py) so that the absence of Ray and MLflow is a fact about

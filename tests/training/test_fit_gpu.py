@@ -1,4 +1,4 @@
-"""training.fit on one CUDA GPU: bf16 autocast and torch.compile on by default, pinned asynchronous copies, and the
+"""training.loop.fit on one CUDA GPU: bf16 autocast and torch.compile on by default, pinned asynchronous copies, and the
 run's MFU of real tokens and data wait reported with the compile warm-up left out. Skipped without a GPU."""
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from bert_core import bert_tiny
-from training import DataConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig, TrackingConfig, fit
+from training.config import ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig, TrackingConfig
+from training.loader import DataConfig
+from training.loop import fit
 from pipeline.schema import read_manifest
 from training.loader import ShardSet
 

@@ -1,4 +1,4 @@
-"""`training.fit` guards itself (CPU, bert_tiny, real shards, real MLflow store read back with MlflowClient):
+"""`training.loop.fit` guards itself (CPU, bert_tiny, real shards, real MLflow store read back with MlflowClient):
 
 - one poisoned batch (NaN loss through the real backward): its update is skipped and counted, the run finishes;
 - five poisoned batches in a row: the run rolls back to its last checkpoint, skips the batches since then (the
@@ -18,8 +18,10 @@ from safetensors.torch import load_file
 
 from bert_core import bert_tiny
 from poison import Poisoned, step_fingerprints
-from training import (CheckpointConfig, DataConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig,
-                      TrackingConfig, Worker, fit)
+from training.config import (CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig,
+                             TrackingConfig)
+from training.loader import DataConfig
+from training.loop import Worker, fit
 from pipeline.schema import read_manifest
 from training.loader import ShardSet
 from training.guard import TrainingDiverged

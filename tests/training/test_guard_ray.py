@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 import poison
 from test_fit_guard import config, mlflow_run
-from training import TrackingConfig
+from training.config import TrackingConfig
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
 ray.cloudpickle.register_pickle_by_value(poison)  # the test's helpers travel to the workers with the function

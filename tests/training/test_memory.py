@@ -123,7 +123,9 @@ def test_available_memory_is_known_on_this_machine():
 
 
 def test_fit_fails_in_seconds_when_the_micro_batch_cannot_fit(tiny_pretrain_data, tmp_path):
-    from training import DataConfig, ModelConfig, PretrainConfig, RuntimeConfig, fit
+    from training.config import ModelConfig, PretrainConfig, RuntimeConfig
+    from training.loader import DataConfig
+    from training.loop import fit
     from pipeline.schema import read_manifest
     from training.loader import ShardSet
     from training.memory import MemoryConfig

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from bert_core import bert_tiny
-from training import (CheckpointConfig, DataConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig,
-                      TrackingConfig, fit)
+from training.config import (CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig,
+                             TrackingConfig)
+from training.loader import DataConfig
+from training.loop import fit
 from pipeline.schema import read_manifest
-from training import ShardSet
+from training.loader import ShardSet
 from training.loader import RankStream
 from training.rows import Rows, read_shard
 from training.packing import PackConfig, collate_packed, pack

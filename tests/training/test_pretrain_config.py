@@ -8,8 +8,9 @@ import json
 import pytest
 
 from bert_core import bert_tiny
-from training import (CheckpointConfig, DataConfig, EvalConfig, ModelConfig, OptimizerConfig, PretrainConfig,
-                      RuntimeConfig, ShardSet, TrackingConfig, default_length_buckets)
+from training.config import (CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig,
+                             TrackingConfig)
+from training.loader import DataConfig, EvalConfig, ShardSet, default_length_buckets
 from training.tracking import flatten_params
 
 SHARDS = ShardSet(shard_urls=("a.parquet", "b.parquet"), shard_rows=(5, 5), max_seq_length=128, max_predictions=20)

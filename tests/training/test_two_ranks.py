@@ -19,8 +19,9 @@ import pytest
 import torch
 
 from bert_core import bert_tiny
-from training import DataConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig, ShardSet, \
-    TrackingConfig, Worker, fit
+from training.config import ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig, TrackingConfig
+from training.loader import DataConfig, ShardSet
+from training.loop import Worker, fit
 from training.rows import Rows
 
 pytestmark = pytest.mark.timeout(600)
