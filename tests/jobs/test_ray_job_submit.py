@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,24 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from _local_stack import free_ports, local_stack
+
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "data" / "sample"
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _stack(cmd: str, env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(REPO / "scripts" / "local_stack.sh"), cmd], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+def _stack(cmd: str, env: dict) -> subprocess.CompletedProcess:
+    return local_stack(cmd, env, timeout=300)
 
 
 def _env_file(state: Path) -> dict[str, str]:
@@ -62,7 +52,7 @@ def _processes_naming(text: str) -> list[str]:
 
 def test_ray_job_submit_to_the_local_stack(tmp_path):
     state = Path(tempfile.mkdtemp(prefix="stack-", dir=tmp_path))
-    ray_port, dash_port, mlflow_port = _free_ports(3)
+    ray_port, dash_port, mlflow_port = free_ports(3)
     env = dict(os.environ, LOCAL_STACK_DIR=str(state), RAY_PORT=str(ray_port), RAY_DASHBOARD_PORT=str(dash_port),
                MLFLOW_PORT=str(mlflow_port), LOCAL_STACK_CPUS="2", RAY_worker_niceness="0",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")  # `ray`, `mlflow`

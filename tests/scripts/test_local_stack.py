@@ -3,27 +3,17 @@ tests/jobs/test_ray_job_submit.py)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from _local_stack import free_ports, local_stack
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _stack(cmd: str, env: dict, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(REPO / "scripts" / "local_stack.sh"), cmd], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+def _stack(cmd: str, env: dict) -> subprocess.CompletedProcess:
+    return local_stack(cmd, env, timeout=120)
 
 
 def test_start_refuses_a_port_another_server_holds(tmp_path):
@@ -33,7 +23,7 @@ def test_start_refuses_a_port_another_server_holds(tmp_path):
     import http.server
     import threading
 
-    ray_port, dash_port = _free_ports(2)
+    ray_port, dash_port = free_ports(2)
     other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
     threading.Thread(target=other.serve_forever, daemon=True).start()
     state = tmp_path / "stack"
