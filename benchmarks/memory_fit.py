@@ -4,7 +4,7 @@
     python benchmarks/memory_fit.py bert_base 32 128   # one case: preset, micro-batch, sequence length
 
 Each case runs two AdamW steps (`training.step.train_step`, eager fp32, 30,522-entry vocabulary, 15% of the
-tokens masked) in a subprocess and prints the process's peak RSS (ru_maxrss, torch's own footprint included), the
+tokens masked) in a subprocess and prints the process's peak RSS (VmHWM, torch's own footprint included), the
 estimate, and estimate / measured: above 1 means the planner is on the safe side.
 """
 from __future__ import annotations
@@ -19,12 +19,13 @@ CASES = [("bert_mini", 32, 128), ("bert_mini", 8, 512), ("bert_small", 32, 128),
          ("bert_base", 32, 128), ("bert_base", 64, 128)]
 
 CHILD = """
-import json, resource, sys
+import json, sys
 import torch
 torch.set_num_threads(2)
 from bert_core import PRESETS, BertForPreTraining
 from training.optim import build_optimizer
 from training.step import train_step
+from training.memory import peak_rss
 name, b, t = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 p, v = max(1, round(0.15 * t)), 30522
 config = PRESETS[name](vocab_size=v)
@@ -36,7 +37,7 @@ model = BertForPreTraining(config).train()
 optimizer = build_optimizer(model)
 for _ in range(2):
     train_step(model, optimizer, [batch])
-print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "predictions": p}))
+print(json.dumps({"peak": peak_rss(), "predictions": p}))
 """
 
 

@@ -128,6 +128,13 @@ def available_bytes(device: torch.device, local_workers: int = 1) -> int:
     return int(free / max(1, local_workers))
 
 
+def peak_rss() -> int:
+    """This process's peak resident set in bytes (VmHWM). Not getrusage's ru_maxrss: Linux keeps that across exec,
+    so a child started from a large process reports its parent's size."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+
+
 def _meminfo_available() -> int:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

@@ -70,12 +70,14 @@ def test_parameter_count_is_exact():
 def test_estimate_covers_a_measured_step_peak():
     """Real AdamW steps of bert_small (30,522-entry vocab) in a fresh process: the estimate is at most 10% under
     the peak RSS (the planner keeps 20% of the free memory in reserve) and not far over it (an estimate 1.5x too
-    high would shrink micro-batches for nothing). The allocator makes the peak vary by a few percent per run."""
+    high would shrink micro-batches for nothing). The allocator makes the peak vary by a few percent per run. The peak
+is the process's own (VmHWM): getrusage's ru_maxrss survives exec, so it would report pytest's size."""
     code = (
-        "import json, resource, sys, torch\n"
+        "import json, sys, torch\n"
         "sys.path.insert(0, '.')\n"
         "torch.set_num_threads(1)\n"
         "from bert_core import BertForPreTraining, bert_small\n"
+        "from training.memory import peak_rss\n"
         "from training.optim import build_optimizer\n"
         "from training.step import train_step\n"
         "b, t, p, v = 16, 128, 20, 30522\n"
@@ -88,7 +90,7 @@ def test_estimate_covers_a_measured_step_peak():
         "opt = build_optimizer(model)\n"
         "for _ in range(2):\n"
         "    train_step(model, opt, [batch])\n"
-        "print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))\n")
+        "print(json.dumps(peak_rss()))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=240,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr[-2000:]
