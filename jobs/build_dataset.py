@@ -131,14 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:
         if run is not None:
             run.fail(e, time.time())
-        executor.end()
-        if run is not None:
             _wait_quietly(run)
+        executor.end()
         raise
+    run_id = None
     if run is not None:
-        run.finish(cfg.output, manifest, time.time())  # drawn and written while Ray shuts down
+        run.finish(cfg.output, manifest, time.time())
+        # Written before Ray shuts down: a thread busy while it does can free Ray objects after it (the process then
+        # ends with exit code 1; pipeline.build.ray_cluster.RayCluster.end).
+        run_id = run.wait()
     executor.end()  # Ray's own exit handler takes longer (measured in docs/benchmarks.md)
-    run_id = run.wait() if run is not None else None
     t = manifest["totals"]
     summary = {"output": cfg.output, "instances": t["instances"], "documents": t["documents"],
                "tokens": t["tokens"], "shards": len(manifest["shards"]), "dropped": t["dropped"],

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import gc
 import logging
 import os
 import threading
@@ -207,6 +208,10 @@ class RayCluster:
         import ray
 
         if self._owns_ray and ray.is_initialized():
+            # Reference cycles holding Ray objects (Ray Data's plans and their ObjectRefs) are freed now, while Ray is
+            # up: freed after the shutdown, by a collection in whichever thread allocates then (the job's MLflow
+            # writer), an ObjectRef reaches the shut-down core worker, which ends the process with exit code 1.
+            gc.collect()
             ray.shutdown()
 
     def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker]:
