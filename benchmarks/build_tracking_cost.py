@@ -8,7 +8,8 @@ are created) and with an existing store, interleaved, each a fresh process as a 
 Prints the median wall time of each and the difference to the untracked job, and the job's own figure: how long it
 waited for the MLflow thread after the build ("the job waited X s (wall) for it after the build"), which does not
 depend on how busy the machine was before that. The run opens in a background thread at the job's start and draws
-its figures while Ray (when there is one) shuts down, so what remains on the critical path is that wait.
+its figures after the build, before Ray (when there is one) shuts down, so what remains on the critical path is that
+wait.
 """
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
 """The dataset build's MLflow run: opened when the job starts, written by one background thread, closed with the
-build's own start and end times, so that its duration is the build's and tracking adds nothing to its critical path.
+build's own start and end times, so that its duration is the build's; what it adds to the job's critical path is
+its end (figures, artifacts, the dataset), written after the build.
 
     run = BuildRun(tracking_uri, experiment, cfg, args, started)   # returns at once
     build(cfg, executor, on_stage=run.on_stage)     # a child run for the vocabulary stage, stage times as metrics
     run.finish(output, manifest, ended)             # metrics, the report's figures, manifest, dataset (queued)
-    run_id = run.wait()                             # while Ray shuts down; raises what the thread raised
+    run_id = run.wait()                             # before Ray shuts down; raises what the thread raised
 
 Writes are queued on one thread (in order); ``on_stage`` raises at once if the run could not be opened, so a bad
 tracking store stops the build at its next stage rather than after it. The run is opened by
