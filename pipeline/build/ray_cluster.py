@@ -17,6 +17,7 @@ stages, the vocabulary in the object store, users' errors carried back as values
 """
 from __future__ import annotations
 
+import abc
 import concurrent.futures
 import dataclasses
 import gc
@@ -93,7 +94,7 @@ def check_num_cpus(num_cpus: int | None) -> None:
                          "it out to use every CPU of the cluster")
 
 
-class RayCluster:
+class RayCluster(abc.ABC):
     """The Ray side of an executor; subclasses give ``map``. ``num_cpus`` caps the concurrent tasks of every stage
     (None: as many as the cluster's CPUs, which is what an autoscaling cluster wants)."""
 
@@ -214,5 +215,6 @@ class RayCluster:
             gc.collect()
             ray.shutdown()
 
+    @abc.abstractmethod
     def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker]:
-        raise NotImplementedError
+        """Run ``step`` on every item on the cluster; the markers, in completion order."""
