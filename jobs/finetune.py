@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ from finetuning.task_model import DEFAULT_VOCAB, HeadConfig
 from finetuning.prepare import FeatureConfig, TaskConfig
 from finetuning.records import FORMATS
 from jobs._common import setup_logging
-from pipeline.storage import is_url
+from pipeline.storage import absolute, is_url
 from training.launch import LaunchConfig
 from training.tracking import resolve_tracking_uri
 
@@ -94,12 +95,15 @@ def job_from(a: argparse.Namespace) -> FinetuneJob:
     columns = TaskColumns(text_column=a.text_column, text_pair_column=a.text_pair_column,
                           label_column=a.label_column, tokens_column=a.tokens_column, tags_column=a.tags_column)
     config = FinetuneConfig(
-        data=TaskConfig(task=a.task, train=a.train, eval=a.eval, split_eval_from_train=a.split_eval_from_train,
+        data=TaskConfig(task=a.task, train=absolute(a.train), eval=a.eval and absolute(a.eval),
+                        split_eval_from_train=a.split_eval_from_train,
                         data_format=a.data_format, split_seed=a.split_seed, max_train_examples=a.max_train_examples,
                         max_eval_examples=a.max_eval_examples, columns=columns,
                         features=FeatureConfig(max_seq_length=a.max_seq_length, doc_stride=a.doc_stride,
                                                max_query_length=a.max_query_length)),
-        model=HeadConfig(init=a.init, preset=a.preset, vocab=a.vocab, cache_dir=str(beside / ".init-cache"),
+        model=HeadConfig(init=a.init if a.init == "random" else absolute(a.init),
+                         preset=absolute(a.preset) if a.preset and os.path.isdir(a.preset) else a.preset,
+                         vocab=a.vocab and absolute(a.vocab), cache_dir=str(beside / ".init-cache"),
                          endpoint_url=a.endpoint_url),
         schedule=ScheduleConfig(epochs=a.epochs, batch_size=a.batch_size, eval_batch_size=a.eval_batch_size,
                                 lr=a.lr, warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay,

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.storage import join, read_bytes, read_json
+from pipeline.storage import absolute, join, read_bytes, read_json
 
 FORMAT = "bert-pretrain-dataset"
 FORMAT_VERSION = 1
@@ -131,7 +131,7 @@ class Manifest:
 
 def read_manifest(url: str, endpoint_url: str | None = None) -> Manifest:
     """The dataset at ``url`` (the folder, or its manifest.json): its manifest validated, its vocabulary checked."""
-    folder = url.rstrip("/")
+    folder = absolute(url.rstrip("/"))  # its shards are read by workers, which have another working directory
     if folder.endswith(MANIFEST):
         folder = folder[: -len(MANIFEST)].rstrip("/")
     path = join(folder, MANIFEST)

@@ -58,6 +58,12 @@ def is_url(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
 
+def absolute(path: str) -> str:
+    """A local path made absolute; URLs (file:// included) as they are. Jobs resolve what the user typed where it was
+    typed: a Ray worker's working directory is not the job's (Ray Train runs each in its run's artifact folder)."""
+    return path if "://" in path else os.path.abspath(path)
+
+
 def storage_options(url: str, endpoint_url: str | None = None) -> dict[str, Any]:
     if protocol_of(url) in ("s3", "s3a") and endpoint_url:
         return {"endpoint_url": endpoint_url}

@@ -364,13 +364,12 @@ def built_dataset(manifest: Any):
 
             return super().to_dict() | {"profile": json.dumps(profile)}
 
-    url = manifest.url if "://" in manifest.url else os.path.abspath(manifest.url)
     with warnings.catch_warnings():  # a local path "can be interpreted in multiple ways": all of them local
         warnings.simplefilter("ignore", UserWarning)
-        source = resolve_dataset_source(url)
+        source = resolve_dataset_source(manifest.url)  # absolute: read_manifest resolves a local path
     schema = Schema([ColSpec(Array(DataType.integer) if str(f.type).startswith("list") else DataType.integer, f.name)
                      for f in instance_schema(manifest.vocab.size)])
-    return BuiltDataset(source, name=os.path.basename(url.rstrip("/")) or url,
+    return BuiltDataset(source, name=os.path.basename(manifest.url.rstrip("/")) or manifest.url,
                         digest=manifest.sha256[:DATASET_DIGEST_CHARS], schema=schema)
 
 

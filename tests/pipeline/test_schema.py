@@ -66,6 +66,17 @@ def test_read_manifest_gives_one_frozen_object(tmp_path):
         m.max_seq_length = 64
 
 
+def test_a_relative_dataset_path_is_read_as_an_absolute_one(tmp_path, monkeypatch):
+    """Training workers (Ray Train's) run in another working directory than the job that read the manifest."""
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]) + "\n")
+    write_json_atomic(str(tmp_path / "ds" / "manifest.json"), _manifest([2], vocab_size=5))
+    monkeypatch.chdir(tmp_path)
+    m = read_manifest("ds")
+    assert m.url == str(tmp_path / "ds") and m.vocab.url == str(tmp_path / "ds" / "vocab.txt")
+    assert m.shard_urls == (str(tmp_path / "ds" / "shards/part-00000-of-00001.parquet"),)
+
+
 def test_read_manifest_checks_the_vocabulary(tmp_path):
     write_json_atomic(str(tmp_path / "manifest.json"), _manifest([2, 2], vocab_size=7))
     (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n")
