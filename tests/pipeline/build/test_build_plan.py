@@ -2,7 +2,6 @@
 random-next pool as a seeded hash sample of the whole corpus."""
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -10,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from _corpus import ships_corpus
 from pipeline.build import BuildConfig, build
 from pipeline.build.instances import InstancesMarker
 from pipeline.build.markers import read_markers, write_marker
@@ -125,12 +125,7 @@ def test_pool_threshold():
 
 
 def _corpus(path, n_docs=400):
-    words = "apple river house music water garden silver winter doctor castle forest engine".split()
-    with open(path, "w") as f:
-        for i in range(n_docs):
-            w = words[i % len(words)]
-            f.write(json.dumps({"text": " ".join(f"A {w} saw {i} ships on day {j}." for j in range(4))}) + "\n")
-    return str(path)
+    return ships_corpus(path, n_docs, sentences=4)
 
 
 def test_pool_is_the_seeded_hash_sample_of_the_whole_corpus(tmp_path, sample_dir):

@@ -8,18 +8,14 @@ import os
 import pyarrow.parquet as pq
 import pytest
 
+from _corpus import ships_corpus
 from pipeline.build import BuildConfig, build
 from pipeline.build.executor import LocalExecutor
 from pipeline.create_instances import InstanceConfig
 
 
 def _corpus(path, n_docs=24):
-    words = "apple river house music water garden silver winter doctor castle forest engine".split()
-    with open(path, "w") as f:
-        for i in range(n_docs):
-            w = words[i % len(words)]
-            f.write(json.dumps({"text": " ".join(f"A {w} saw {i} ships on day {j}." for j in range(10))}) + "\n")
-    return str(path)
+    return ships_corpus(path, n_docs, sentences=10)
 
 
 def _shards(out):
