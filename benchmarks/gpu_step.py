@@ -49,7 +49,7 @@ import torch  # noqa: E402
 import bert_core  # noqa: E402
 from bert_core.hf import to_hf_state_dict  # noqa: E402
 from step_batches import Step, dataset_steps, synthetic_steps  # noqa: E402
-from training import kernels  # noqa: E402
+from pretraining import kernel_options  # noqa: E402
 from training.optim import build_optimizer  # noqa: E402
 
 VARIANTS = ("bert_core", "bert_core_compiled", "transformers", "transformers_compiled")
@@ -156,7 +156,7 @@ def build(variant: str, cfg: bert_core.BertConfig, hf_weights: dict, args: argpa
         model = bert_core.BertForPreTraining(cfg)
         model.load_state_dict(bert_core.hf.from_hf_state_dict(hf_weights, with_prefix=True), strict=False)
         model.tie_weights()
-        kernels.apply(model, args.fused)
+        kernel_options.apply(model, args.fused)
 
         def loss_fn(m, b):
             return m(input_ids=b["input_ids"], attention_mask=b["attention_mask"],

@@ -1,4 +1,4 @@
-"""training.memory's estimate against the measured peak RSS of real CPU training steps, one fresh process per case.
+"""pretraining.memory's estimate against the measured peak RSS of real CPU training steps, one fresh process per case.
 
     python benchmarks/memory_fit.py                    # the default cases (bert_mini .. bert_base)
     python benchmarks/memory_fit.py bert_base 32 128   # one case: preset, micro-batch, sequence length
@@ -24,8 +24,8 @@ import torch
 torch.set_num_threads(2)
 from bert_core import PRESETS, BertForPreTraining
 from training.optim import build_optimizer
-from training.step import train_step
-from training.memory import peak_rss
+from pretraining.step import train_step
+from pretraining.memory import peak_rss
 name, b, t = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 p, v = max(1, round(0.15 * t)), 30522
 config = PRESETS[name](vocab_size=v)
@@ -43,7 +43,7 @@ print(json.dumps({"peak": peak_rss(), "predictions": p}))
 
 def measure(name: str, micro: int, seq: int) -> None:
     from bert_core import PRESETS
-    from training.memory import estimate
+    from pretraining.memory import estimate
 
     out = subprocess.run([sys.executable, "-c", CHILD, name, str(micro), str(seq)], cwd=REPO, capture_output=True,
                          text=True, env={"PYTHONPATH": str(REPO), "PATH": ""})

@@ -63,7 +63,7 @@ def make_batch(args: argparse.Namespace, gen: torch.Generator) -> dict[str, torc
     dense_labels = torch.full((b, t), -100, dtype=torch.long)
     dense_labels.scatter_(1, positions, labels)
     pad = (args.max_predictions or n_pred) - n_pred
-    if pad > 0:  # as training/loader.py collates: position 0, label -100
+    if pad > 0:  # as pretraining/loader.py collates: position 0, label -100
         positions = torch.cat([positions, torch.zeros(b, pad, dtype=torch.long)], dim=1)
         labels = torch.cat([labels, torch.full((b, pad), -100, dtype=torch.long)], dim=1)
     return dict(input_ids=ids, attention_mask=torch.ones(b, t, dtype=torch.long), token_type_ids=types,

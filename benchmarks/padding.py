@@ -3,7 +3,7 @@
     python benchmarks/padding.py --data DIR                       # e.g. a seq-512 build of ../shared/data/corpora
     python benchmarks/padding.py --data DIR --micro-batch-size 32 --pack-sequences 3
 
-Runs the training loader itself (`training.loader.train_batches`, rank 0 of 1, no model) over the first epoch's
+Runs the training loader itself (`pretraining.loader.train_batches`, rank 0 of 1, no model) over the first epoch's
 rows and counts real tokens against the positions a model would compute on:
 
 - `pad to max`: every batch padded to max_seq_length (what a loader without bucketing pays);
@@ -25,8 +25,8 @@ import torch
 
 def measure(data_config, rows_total: int, vocab_size: int) -> dict[str, float]:
     from bert_core import bert_base, executed_flops, flops_per_sequence
-    from training.loader import train_batches
-    from training.metrics import FIELDS, MetricSums
+    from pretraining.loader import train_batches
+    from pretraining.metrics import FIELDS, MetricSums
 
     class Out:  # what MetricSums.add reads from a model output: only counts here
         def __init__(self, batch):
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     from pipeline.schema import read_manifest
-    from training.loader import DataConfig, ShardSet
+    from pretraining.loader import DataConfig, ShardSet
 
     shards = ShardSet.from_manifest(read_manifest(a.data))
     total = sum(shards.shard_rows)

@@ -87,7 +87,7 @@ def train(out: Path, args: argparse.Namespace) -> int:
 def baselines(out: Path, seq: int) -> dict[str, float]:
     import numpy as np
 
-    from training.rows import read_shard
+    from pretraining.rows import read_shard
     from pipeline.schema import read_manifest
 
     def load(folder: Path):

@@ -38,7 +38,7 @@ def _dense_labels(batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def _work(cfg: BertConfig, batches: list[dict[str, torch.Tensor]]) -> tuple[int, int, float, float, float]:
     """(sequences, tokens, model FLOPs, executed by bert_core, executed by transformers) of CPU micro-batches."""
-    from training.metrics import EXECUTED, executed_counts
+    from pretraining.metrics import EXECUTED, executed_counts
 
     seqs = tokens = 0
     model = ours = theirs = 0.0
@@ -100,8 +100,8 @@ def dataset_steps(cfg: BertConfig, data: str, batch_size: int, micro_batch: int,
     """The first `n` steps the training loader (rank 0 of 1) yields from the dataset at `data`: padded to its
     length buckets with length bucketing, or packed."""
     from pipeline.schema import read_manifest
-    from training.loader import DataConfig, ShardSet
-    from training.loader import train_batches
+    from pretraining.loader import DataConfig, ShardSet
+    from pretraining.loader import train_batches
 
     shards = ShardSet.from_manifest(read_manifest(data))
     config = DataConfig(train=shards, micro_batch_size=micro_batch, accum=batch_size // micro_batch,

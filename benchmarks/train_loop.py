@@ -1,4 +1,4 @@
-"""The real pre-training loop, `training.loop.fit` without Ray, on real shards: seq/s, MFU of real tokens, data wait.
+"""The real pre-training loop, `pretraining.loop.fit` without Ray, on real shards: seq/s, MFU of real tokens, data wait.
 
     python benchmarks/train_loop.py                                   # CPU: bert_tiny on a seq-128 Moby Dick build
     python benchmarks/train_loop.py --device cuda --preset bert_base --batch-size 256 --compile   # one GPU
@@ -100,11 +100,12 @@ def main() -> int:
     a.micro_batch_size = micro
 
     from bert_core import PRESETS
-    from training.config import ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig, TrackingConfig
-    from training.loader import DataConfig
-    from training.loop import fit
+    from pretraining.config import ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
+    from tracking.config import TrackingConfig
+    from pretraining.loader import DataConfig
+    from pretraining.loop import fit
     from pipeline.schema import read_manifest
-    from training.loader import ShardSet
+    from pretraining.loader import ShardSet
 
     with tempfile.TemporaryDirectory() as tmp:
         data = a.data or build_sample(Path(tmp) / "data", a.seq)

@@ -37,10 +37,11 @@ def main() -> int:
 
     from bert_core import PRESETS, BertForPreTraining
     from training.optim import build_optimizer, build_scheduler
-    from training.metrics import MetricSums
-    from training.step import to_device, train_step
+    from pretraining.metrics import MetricSums
+    from training.step import to_device
+    from pretraining.step import train_step
     from pipeline.schema import read_manifest
-    from training.loader import DataConfig, ShardSet, train_batches
+    from pretraining.loader import DataConfig, ShardSet, train_batches
 
     torch.set_num_threads(a.threads)
     shards = ShardSet.from_manifest(read_manifest(a.data))

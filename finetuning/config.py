@@ -1,7 +1,7 @@
 """The typed, frozen configuration of a fine-tuning run, composed like pre-training's `PretrainConfig` from the
 configs of the modules that use them: the task and its data (`finetuning.prepare.TaskConfig`), the model it starts
 from (`finetuning.task_model.HeadConfig`), the schedule (`finetuning.loop.ScheduleConfig`) and where metrics go
-(`training.config.TrackingConfig`). Where the workers run is the launcher's (`training.launch.LaunchConfig`).
+(`tracking.config.TrackingConfig`). Where the workers run is the launcher's (`training.launch.LaunchConfig`).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from finetuning.loop import ScheduleConfig
 from finetuning.task_model import HeadConfig
 from finetuning.prepare import TaskConfig
-from training.config import TrackingConfig
+from tracking.config import TrackingConfig
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""One fine-tuning job, as `jobs/finetune.py` and the workflow run it, shaped like `training.pretrain_job`: check
+"""One fine-tuning job, as `jobs/finetune.py` and the workflow run it, shaped like `pretraining.pretrain_job`: check
 everything that can be wrong with the inputs before any worker starts, open the job's MLflow run (nested under the
 pre-training run its weights came from), launch `finetuning.fit` (Ray Train workers or this process), export the
 best epoch's model in the Hugging Face layout with its label map, log the final metrics, end the run.
@@ -25,7 +25,9 @@ from training import launch as launcher
 from training.checkpoint import MODEL_DIR
 from training.export import FINETUNE_LINEAGE, check_destination, export_model, read_lineage
 from training.launch import LaunchConfig
-from training.tracking import check_tracking_reachable, flatten_params, open_run, run_exists
+from tracking.store import check_tracking_reachable
+from tracking.params import flatten_params
+from tracking.runs import open_run, run_exists
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""Fine-tuning's loop, `fit(config, worker)`: the same shape and pieces as pre-training's `training.loop.fit` (the
-launcher's `training.loop.Worker`, the tracker, the optimizer step, checkpoints through `worker.checkpoints`).
+"""Fine-tuning's loop, `fit(config, worker)`: the same shape and pieces as pre-training's `pretraining.loop.fit` (the
+launcher's `training.worker.Worker`, the tracker, the optimizer step, checkpoints through `worker.checkpoints`).
 
 Each worker prepares the task from the config (`finetuning.prepare`: task files are small and the preparation is
 deterministic, so every rank holds the same rows), builds the head model, trains, and evaluates every epoch. Every
@@ -28,12 +28,12 @@ from finetuning.features import Features, collate_features
 from finetuning.task_model import build_model, tokenizer_for
 from finetuning.prepare import prepare
 from training.checkpoint import MODEL_DIR
-from training.loop import FitResult, Worker
+from training.worker import FitResult, Worker
 from training.optim import build_optimizer, build_scheduler
 from training.guard import TrainingDiverged, nonfinite_tensors
 from training.progress import Progress
-from training.step import finetune_step
-from training.tracking import NullTracker, make_tracker
+from finetuning.step import finetune_step
+from tracking.tracker import NullTracker, make_tracker
 
 if TYPE_CHECKING:
     from finetuning.config import FinetuneConfig

@@ -8,7 +8,7 @@ submit`` sets RAY_ADDRESS), else on a local Ray on loopback capped at ``--num-cp
 as a plain loop. Prints a one-line JSON summary at the end (with the build's warnings). Users' mistakes end the job with one line on stderr and status 2.
 
 With a tracking URI (--mlflow-tracking-uri or MLFLOW_TRACKING_URI) the build has an MLflow run that spans it
-(``jobs/_build_tracking.py``): named ``build <output folder> seq<length>``, the report's figures, the dataset as its
+(``tracking/build_run.py``): named ``build <output folder> seq<length>``, the report's figures, the dataset as its
 output, and a child run for the vocabulary stage when one is trained.
 """
 from __future__ import annotations
@@ -21,14 +21,14 @@ import sys
 import time
 
 from jobs import _common
-from jobs._build_tracking import BuildRun
+from tracking.build_run import BuildRun
 from pipeline.build import BuildConfig, build
 from pipeline.build.executor import LocalExecutor
 from pipeline.checks import DEFAULT_MAX_UNK_FRACTION, CheckConfig
 from pipeline.create_instances import InstanceConfig
 from pipeline.readers import FORMATS, ON_ERROR, ReadOptions
-from training.launch import init_ray
-from training.tracking import check_tracking_reachable
+from pipeline.build.ray_start import init_ray
+from tracking.store import check_tracking_reachable
 
 log = logging.getLogger("build_dataset")
 

@@ -30,7 +30,7 @@ from finetuning.records import FORMATS
 from jobs._common import setup_logging
 from pipeline.storage import absolute, is_url
 from training.launch import LaunchConfig
-from training.tracking import resolve_tracking_uri
+from tracking.store import resolve_tracking_uri
 
 log = logging.getLogger("finetune")
 

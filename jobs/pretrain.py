@@ -6,12 +6,12 @@
     ray job submit --working-dir . -- python jobs/pretrain.py ...          # the same flags, on a cluster
 
 Flags -> `training.PretrainConfig` (checked: dataset manifests against the model, one vocabulary for train, eval
-and `--init`, the batch geometry) -> `training.pretrain_job.run_pretraining`, which checks the MLflow store and
-the export destination, opens the run and launches `training.loop.fit` on Ray Train workers (DDP) or, with `--no-ray`,
+and `--init`, the batch geometry) -> `pretraining.pretrain_job.run_pretraining`, which checks the MLflow store and
+the export destination, opens the run and launches `pretraining.loop.fit` on Ray Train workers (DDP) or, with `--no-ray`,
 in this process. The last line on stdout is a JSON object: the run, where the checkpoints and export are, the
 final metrics.
 
-The micro-batch is sized to the workers' memory (`training.memory`); a diverging run rolls back, then fails in one
+The micro-batch is sized to the workers' memory (`pretraining.memory`); a diverging run rolls back, then fails in one
 line naming the step and what to try, its MLflow run FAILED (`training.guard`).
 Fault tolerance: checkpoints go to STORAGE/RUN_NAME every `--checkpoint-every` steps (the last `--keep-checkpoints`
 kept). A dead worker makes Ray Train restart the group from the last checkpoint (`--max-failures`); running the same
@@ -19,7 +19,7 @@ command again with the same `--run-name` resumes from there too, into the same M
 `bert.run_name` tag). The data position is part of the checkpoint, so the resumed run sees the same batches.
 
 Data (`--data-loader stream`, the default): each rank reads its own deterministic part of the balanced shards in a
-background thread (`training.loader`): ranks stay exactly equal, the data position is a number, and no Ray CPU slot
+background thread (`pretraining.loader`): ranks stay exactly equal, the data position is a number, and no Ray CPU slot
 is needed (no 2-CPU starvation hang). `--data-loader ray-data` streams the same shards through Ray Data
 (`read_parquet` -> `get_dataset_shard`); its resume skips rows rather than replaying them; leave CPUs for its read
 tasks (fractional `--cpus-per-worker`). Batches are padded to a few fixed widths (`--length-buckets`) and
@@ -36,13 +36,13 @@ from pathlib import Path
 
 from jobs._common import setup_logging
 from pipeline.schema import read_manifest
-from training.config import (CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig,
-                             TrackingConfig)
+from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
+from tracking.config import TrackingConfig
 from training.launch import LaunchConfig
-from training.loader import DataConfig, EvalConfig, ShardSet, batch_geometry
-from training.memory import MemoryConfig, fit_to_memory
-from training.pretrain_job import PretrainJob, run_pretraining
-from training.tracking import resolve_tracking_uri
+from pretraining.loader import DataConfig, EvalConfig, ShardSet, batch_geometry
+from pretraining.memory import MemoryConfig, fit_to_memory
+from pretraining.pretrain_job import PretrainJob, run_pretraining
+from tracking.store import resolve_tracking_uri
 
 log = logging.getLogger("jobs.pretrain")
 
@@ -101,7 +101,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     r.add_argument("--memory-gb", type=float, help="memory per worker to size the micro-batch for (default: the "
                    "free RAM of this machine shared by its workers, or the GPU's free memory at the worker's start)")
     r.add_argument("--peak-tflops", type=float, help="accelerator peak for mfu (default: known GPUs' bf16 peak)")
-    r.add_argument("--no-ray", action="store_true", help="run training.loop.fit in this process (one worker: CPU, or "
+    r.add_argument("--no-ray", action="store_true", help="run pretraining.loop.fit in this process (one worker: CPU, or "
                    "one GPU with --use-gpu); checkpoints go to STORAGE/RUN_NAME, which must be local")
     c = p.add_argument_group("checkpoints and tracking")
     c.add_argument("--storage", default="./runs", help="where checkpoints go (local path or s3://bucket/prefix)")

@@ -7,7 +7,7 @@ A checkpoint directory holds
                                 the RNG rule and the job's config (`dataclasses.asdict`, the one MLflow logs too)
 
 Where checkpoints live is the caller's business: `LocalCheckpoints` keeps the last k in a local folder for
-`training.loop.fit` without Ray; the Ray wrapper hands the same folder to `ray.train.report` (local or S3 storage).
+`pretraining.loop.fit` without Ray; the Ray wrapper hands the same folder to `ray.train.report` (local or S3 storage).
 """
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def write_checkpoint(directory, model, optimizer, scheduler, extra: dict, vocab_
 
 
 class LocalCheckpoints:
-    """Checkpoints in a local folder, the last `keep` kept: what `training.loop.fit` uses without Ray.
+    """Checkpoints in a local folder, the last `keep` kept: what `pretraining.loop.fit` uses without Ray.
 
     A checkpoint is written under a temporary name and renamed into place, so a folder named checkpoint-N is
     always complete (a killed run leaves at most a stray temp folder, which is ignored and cleaned next time).

@@ -17,7 +17,7 @@ import torch
 
 from pipeline.storage import check_writable, is_url, upload_tree
 from training.guard import safetensors_tensors
-from training.tracking import Run
+from tracking.runs import Run
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
 """The one module of `training` that imports Ray (tests/test_layering.py holds it to that): how a training run is
 launched, for either kind of run, and the Ray Train worker that runs the Ray-free loop.
 
-`pretrain(config, launch)` and `finetune(config, launch, fit)` run the loop (`training.loop.fit`, or fine-tuning's
+`pretrain(config, launch)` and `finetune(config, launch, fit)` run the loop (`pretraining.loop.fit`, or fine-tuning's
 `finetuning.fit`, which the caller hands in: training never imports finetuning) on `launch.num_workers` Ray Train
 workers (DDP), or in this process with `launch.no_ray`, and yield the final checkpoint's directory. Each worker
-gets a `training.loop.Worker`: its rank, world size and device, DDP (`prepare_model`), Ray's checkpoint hooks
+gets a `training.worker.Worker`: its rank, world size and device, DDP (`prepare_model`), Ray's checkpoint hooks
 (resume from `get_checkpoint()`, save through `report(checkpoint=...)`, which every rank calls: it is a barrier) and,
 for pre-training's `--data-loader ray-data`, its rows of the Ray Data shard.
 
@@ -29,12 +29,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from training.loop import Worker
+    from training.worker import Worker
 
 log = logging.getLogger(__name__)
-
-LOOPBACK = "127.0.0.1"
-START_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -78,47 +75,6 @@ class LaunchConfig:
         return Path(self.storage.removeprefix("file://")).resolve() / self.name
 
 
-def init_ray(num_cpus: int | None = None, dashboard: bool = False) -> None:
-    """Join the cluster when there is one (`ray job submit` sets RAY_ADDRESS), else start a local Ray on loopback.
-
-    `num_cpus` caps a local Ray (ignored when joining a cluster, whose size the cluster decides). `dashboard` starts
-    the local dashboard (on 127.0.0.1): Ray Train needs it, because its placement-group cleaner asks the state API,
-    served by the dashboard, whether the train controller is alive (without it, it warns every second and cannot
-    clean up after a crashed controller). The data build does without it (less memory and CPU on small machines).
-    """
-    if not os.environ.get("RAY_ADDRESS"):
-        # Read by Ray when it is imported and by every process it starts: with it, a node's listeners bind to
-        # loopback and it advertises 127.0.0.1 (the node address alone does not stop the external one).
-        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    import ray
-    from ray._private import ray_constants
-
-    if ray.is_initialized():
-        log.info("using the Ray already initialised in this process (%d CPUs)",
-                 int(ray.cluster_resources().get("CPU", 0)))
-        return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
-        log.info("attached to the Ray cluster at %s (%d CPUs)", os.environ["RAY_ADDRESS"],
-                 int(ray.cluster_resources().get("CPU", 0)))
-        return
-    # Something imported Ray before the variable was set: correct what Ray read from it (pinned Ray: private name).
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    # address="local": without it, ray.init() joins any cluster already running on this machine (someone's
-    # `ray start`, another job's session) and then refuses num_cpus; we promised a fresh local Ray.
-    for attempt in range(1, START_ATTEMPTS + 1):
-        try:
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, _node_ip_address=LOOPBACK)
-            return
-        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this; anything else re-raises
-            if "timed out during startup" not in str(e) or attempt == START_ATTEMPTS:
-                raise
-            # Ray gives a new node a hard-coded 30 s to register; an overloaded machine can miss that.
-            log.warning("local Ray start timed out (attempt %d of %d, machine overloaded?); retrying",
-                        attempt, START_ATTEMPTS)
-            ray.shutdown()
-
-
 def storage_filesystem(url: str, endpoint_url: str | None):
     """(pyarrow filesystem or None, path) for Ray Train's RunConfig. Credentials are resolved here (the driver's
     environment) so that the Ray Train controller, which does not share it, can use the filesystem too."""
@@ -142,8 +98,8 @@ def storage_filesystem(url: str, endpoint_url: str | None):
 
 @contextlib.contextmanager
 def pretrain(config, launch: LaunchConfig) -> Iterator[Path]:
-    """Pre-train (`training.loop.fit`); yields the final checkpoint's directory."""
-    from training.loop import fit
+    """Pre-train (`pretraining.loop.fit`); yields the final checkpoint's directory."""
+    from pretraining.loop import fit
 
     if launch.no_ray:
         checkpoint = dataclasses.replace(config.checkpoint,
@@ -187,7 +143,7 @@ def _in_process(launch: LaunchConfig, checkpoints=None) -> Iterator[Worker]:
     a test session or a notebook, keeps its own)."""
     import torch
 
-    from training.loop import Worker
+    from training.worker import Worker
 
     before = torch.get_num_threads()
     if launch.cpus_per_worker:
@@ -230,6 +186,8 @@ def _on_ray(fit: Callable, config, launch: LaunchConfig, datasets: dict | None =
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from pipeline.storage import aws_env
+
+    from pipeline.build.ray_start import init_ray
 
     init_ray(dashboard=True)
     cpus = _cpus_per_worker(launch)
@@ -311,7 +269,7 @@ def _dataset_rows(drop: int):
     """
     import ray.train
 
-    from training.rows import Rows
+    from pretraining.rows import Rows
 
     shard = ray.train.get_dataset_shard("train")
     while True:
@@ -334,7 +292,7 @@ def ray_worker(loop_config: dict[str, Any]) -> dict[str, str]:
     import ray.train.torch
     import torch
 
-    from training.loop import Worker
+    from training.worker import Worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
@@ -356,7 +314,7 @@ def ray_worker(loop_config: dict[str, Any]) -> dict[str, str]:
 def _verdicts() -> tuple[type[Exception], ...]:
     """The errors that are the settings' fault, the same on every rank: not worth a restart."""
     from training.guard import TrainingDiverged
-    from training.memory import DoesNotFit
+    from pretraining.memory import DoesNotFit
 
     return TrainingDiverged, DoesNotFit
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training import tracking
+from tracking import params, runs, store
 from workflows.config import load_config, workdir_of
 from workflows.execute import StageFailed, run_stage
 from workflows.plan import JobStage, plan, to_run
@@ -43,7 +43,7 @@ def load_workflow(config_path: str, workdir: str | None = None) -> Workflow:
     root = workdir_of(cfg, workdir)
     mlflow_cfg = cfg.get("mlflow") or {}
     return Workflow(cfg, str(config_path), root, plan(cfg, str(root)),
-                    tracking.resolve_tracking_uri(mlflow_cfg.get("tracking_uri")),
+                    store.resolve_tracking_uri(mlflow_cfg.get("tracking_uri")),
                     mlflow_cfg.get("experiment") or cfg.get("name") or "workflow")
 
 
@@ -52,12 +52,12 @@ def stages_to_run(wf: Workflow) -> dict[str, bool]:
     return to_run(wf.stages, {s.name: finished(wf.workdir, s) is not None for s in wf.stages})
 
 
-def _parent_run(wf: Workflow) -> tracking.Run:
+def _parent_run(wf: Workflow) -> runs.Run:
     """The workflow's parent run: the one of this workdir (a rerun), else a new one. Its id is also written to
     WORKDIR/_workflow/parent_run.json, for people and tools looking at a workdir (a killed run has no summary)."""
-    run = tracking.open_run(
+    run = runs.open_run(
         wf.tracking_uri, wf.experiment, f"workflow-{wf.name}",
-        params=tracking.flatten_params({k: v for k, v in wf.config.items() if k != "mlflow"}),
+        params=params.flatten_params({k: v for k, v in wf.config.items() if k != "mlflow"}),
         tags={"job": "workflow", "workflow.config": wf.config_path, "workflow.workdir": str(wf.workdir)},
         resume_by="workflow.workdir")
     write_atomic(wf.workdir / STATE_DIR / "parent_run.json",
@@ -73,12 +73,12 @@ def run_workflow(wf: Workflow, todo: dict[str, bool], echo: Callable[[str], None
     """Run the stages `todo` marks; returns the summary (also written to WORKDIR/summary.json). StageFailed or
     KeyboardInterrupt end it, with the parent run marked FAILED or KILLED; a rerun resumes."""
     t0 = time.time()
-    tracking.check_tracking_reachable(wf.tracking_uri)
+    store.check_tracking_reachable(wf.tracking_uri)
     lock = acquire_lock(wf.workdir)
     signal.signal(signal.SIGTERM, _interrupted)  # `ray job stop`, `kill`: stop the stage, mark the runs KILLED
     try:
         parent = _parent_run(wf)
-        tracking.close_stale_children(parent)
+        runs.close_stale_children(parent)
         with parent.ending():
             results = _run_stages(wf, todo, parent.run_id, echo)
             parent.log_metrics({f"{s.key}.{k}": v for s in wf.stages

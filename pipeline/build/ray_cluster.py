@@ -1,7 +1,7 @@
 """What both Ray executors share: bringing Ray up early, the worker processes started and warmed ahead of the
 stages, the vocabulary in the object store, users' errors carried back as values, and never a hang for CPUs.
 
-- ``begin`` brings Ray up (``init``: ``training.launch.init_ray`` attaches to RAY_ADDRESS, as ``ray job submit``
+- ``begin`` brings Ray up (``init``: ``pipeline.build.ray_start.init_ray`` attaches to RAY_ADDRESS, as ``ray job submit``
   sets, or starts a local Ray capped at ``--num-cpus``) in a background thread while the driver lists and plans.
 - ``warm(setup, items)`` starts the worker processes the stages will use (one per CPU, fewer when no stage has that
   many items) by handing each a task that imports what the steps use and runs ``setup`` (loads the tokenizer),

@@ -26,7 +26,7 @@ def cfg(dropout: float = 0.0, **kw):
 
 
 def batch(n_valid, b=4, t=32, p=6, seed=0, device="cpu"):
-    """A collated batch as training/loader.py pads it: (B, P) slots, the first n_valid[i] real, the rest
+    """A collated batch as pretraining/loader.py pads it: (B, P) slots, the first n_valid[i] real, the rest
     position 0 / label -100. Some rows are also padded (attention_mask 0)."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, V, (b, t), generator=g)

@@ -10,7 +10,7 @@ from bert_core.config import bert_tiny
 from bert_core.finetuning import BertForTokenClassification
 from training.optim import build_optimizer, build_scheduler
 from finetuning.loop import predict, rank_indices, to_tensors
-from training.step import finetune_step
+from finetuning.step import finetune_step
 from bert_core.losses import IGNORE_INDEX
 from finetuning.features import Features, collate_features
 
@@ -57,7 +57,7 @@ def _fit_fixed_batch() -> None:
 
 
 def test_fit_has_pretrainings_shape(sample_dir, tmp_path, caplog):
-    """`finetuning.fit(config, worker)` takes the launcher's Worker like `training.loop.fit`: it prepares its task from
+    """`finetuning.fit(config, worker)` takes the launcher's Worker like `pretraining.loop.fit`: it prepares its task from
     the config, reports each epoch through the tracker, and the best epoch's model is the last checkpoint written
     (model/ in the HF layout beside its evaluation)."""
     import inspect
@@ -70,9 +70,9 @@ def test_fit_has_pretrainings_shape(sample_dir, tmp_path, caplog):
     from finetuning.task_model import HeadConfig
     from finetuning.prepare import FeatureConfig, TaskConfig
     from training.checkpoint import LocalCheckpoints
-    from training.loop import Worker
-    from training.loop import fit as pretrain_fit
-    from training.tracking import NullTracker
+    from training.worker import Worker
+    from pretraining.loop import fit as pretrain_fit
+    from tracking.tracker import NullTracker
 
     assert list(inspect.signature(fit).parameters) == list(inspect.signature(pretrain_fit).parameters)
     config = FinetuneConfig(

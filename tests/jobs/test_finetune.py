@@ -133,7 +133,7 @@ def test_mlflow_run_reads_back_with_lineage(data, mlflow_uri, tmp_path, capsys):
 
     from bert_core.config import bert_tiny
     from bert_core.model import BertModel
-    from training.tracking import get_or_create_experiment
+    from tracking.store import get_or_create_experiment
 
     client = MlflowClient(mlflow_uri)
     pre = client.create_run(get_or_create_experiment("pretrain", mlflow_uri)).info.run_id

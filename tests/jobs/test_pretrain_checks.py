@@ -6,7 +6,7 @@ import logging
 import pytest
 
 from jobs import pretrain
-from training.loader import batch_geometry
+from pretraining.loader import batch_geometry
 
 
 def run(args: list[str], caplog) -> tuple[int, str]:

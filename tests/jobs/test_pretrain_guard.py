@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from jobs import pretrain
-from training import memory
+from pretraining import memory
 
 pytestmark = pytest.mark.timeout(420)
 

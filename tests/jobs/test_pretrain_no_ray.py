@@ -1,4 +1,4 @@
-"""jobs/pretrain.py --no-ray: the same flags -> PretrainConfig -> training.loop.fit, in the job's process (no Ray
+"""jobs/pretrain.py --no-ray: the same flags -> PretrainConfig -> pretraining.loop.fit, in the job's process (no Ray
 started). One MLflow run per job with the config as params; checkpoints under STORAGE/RUN_NAME; a rerun with more
 steps resumes from the last checkpoint into the same run, each (metric, step) logged once; the export loads."""
 from __future__ import annotations

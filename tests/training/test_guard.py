@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from training.guard import Guard, GuardConfig, StepLog, advice, model_and_optimizer_tensors, nonfinite_tensors
-from training.metrics import MetricSums
+from pretraining.metrics import MetricSums
 from training.optim import Lamb
 from training.step import apply_gradients
 
@@ -162,7 +162,7 @@ def test_an_export_refuses_non_finite_weights(tmp_path, mlflow_uri):
     """The last line of defence: a model directory holding a NaN is never published (nor logged as the artifact)."""
     from bert_core import BertForPreTraining, bert_tiny
     from training.export import export_model
-    from training.tracking import open_run
+    from tracking.runs import open_run
 
     torch.manual_seed(0)
     model = BertForPreTraining(bert_tiny(vocab_size=50))

@@ -1,0 +1,185 @@
+"""The typed, frozen configuration of a pre-training run: one small dataclass per component, composed by
+`PretrainConfig`.
+
+Each component validates itself in `__post_init__` and says how to fix a bad value. Nothing below `fit` receives
+the whole config: the loop hands each part to the piece that owns it. The job logs it as MLflow params
+(`tracking.params.flatten_params`: dotted keys) and every checkpoint's train_state.json holds its
+`dataclasses.asdict`, so a run is reproducible from what it logged.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bert_core.config import BertConfig
+from pipeline.storage import is_url
+from training.guard import GuardConfig
+from pretraining.loader import DataConfig, EvalConfig
+from pretraining.memory import MemoryConfig
+from tracking.config import TrackingConfig
+
+OPTIMIZERS = ("adamw", "lamb")
+DECAYS = ("linear", "poly")
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture, and where the first weights come from (None: fresh, seeded by `RuntimeConfig.seed`)."""
+
+    bert: BertConfig
+    # An export, a checkpoint directory or any HF BERT directory: a local path, or a URL (s3://, gs://, ...) that
+    # every worker fetches into `init_cache` (so stages on a cluster need no shared volume).
+    init: str | None = None
+    init_vocab_sha256: str = ""  # of init's vocab.txt ("" without one): must be the dataset's
+    init_cache: str | None = None  # a local folder (under the job's storage or working directory) for a URL init
+    init_endpoint_url: str | None = None  # S3-compatible endpoint of an s3:// init
+
+    @classmethod
+    def resolve(cls, preset: str, init: str | None, vocab_size: int, init_cache: str | None = None,
+                endpoint_url: str | None = None) -> "ModelConfig":
+        """`init`'s architecture and vocabulary hash when given (a URL is fetched into `init_cache`), else the
+        preset sized to `vocab_size`."""
+        from bert_core import PRESETS
+
+        if init is None:
+            if preset not in PRESETS:
+                raise ValueError(f"unknown --preset {preset!r}; choose one of {sorted(PRESETS)}")
+            return cls(PRESETS[preset](vocab_size=vocab_size))
+        remote = is_url(init)
+        if remote and not init_cache:
+            raise ValueError(f"--init {init}: a URL needs a local folder to fetch it into (init_cache)")
+        model = cls(BertConfig(), init if remote else str(Path(init).resolve()), "",
+                    str(Path(init_cache).resolve()) if remote else None, endpoint_url if remote else None)
+        model_dir = model.init_dir()
+        vocab = model_dir / "vocab.txt"
+        sha = hashlib.sha256(vocab.read_bytes()).hexdigest() if vocab.is_file() else ""
+        return dataclasses.replace(model, bert=BertConfig.from_json_file(model_dir / "config.json"),
+                                   init_vocab_sha256=sha)
+
+    def init_dir(self) -> Path | None:
+        """The local directory of `init` holding config.json and the weights (a checkpoint's model/); a URL is
+        fetched first, once per machine and version of the model there."""
+        if self.init is None:
+            return None
+        from bert_core.hf import resolve_model_dir
+        from training.model_fetch import fetch_model
+
+        return resolve_model_dir(fetch_model(self.init, self.init_cache or ".", self.init_endpoint_url))
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    name: str = "adamw"
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    warmup_steps: int = 0
+    decay: str = "linear"
+    poly_power: float = 0.5
+    max_grad_norm: float = 1.0  # <= 0 disables clipping
+
+    def __post_init__(self) -> None:
+        if self.name not in OPTIMIZERS:
+            raise ValueError(f"optimizer {self.name!r}: use one of {', '.join(OPTIMIZERS)}")
+        if self.decay not in DECAYS:
+            raise ValueError(f"decay {self.decay!r}: use one of {', '.join(DECAYS)}")
+        if not self.lr > 0 or self.weight_decay < 0 or self.warmup_steps < 0 or self.poly_power <= 0:
+            raise ValueError("need --lr > 0, --weight-decay >= 0, --warmup-steps >= 0 and --poly-power > 0")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """How often, how many, and what goes beside the weights. `directory` is where `fit` without Ray keeps them
+    (Ray Train keeps them in its own storage: local or S3)."""
+
+    every: int = 1000
+    keep: int = 3
+    directory: str | None = None
+    vocab_url: str | None = None  # vocab.txt written beside the weights (the dataset's)
+    do_lower_case: bool = True
+
+    def __post_init__(self) -> None:
+        if self.every < 1 or self.keep < 1:
+            raise ValueError("--checkpoint-every and --keep-checkpoints must be >= 1")
+        if self.directory is not None and "://" in self.directory and not self.directory.startswith("file://"):
+            raise ValueError(f"checkpoint directory {self.directory}: fit without Ray keeps checkpoints in a local "
+                             "folder; use Ray Train (jobs/pretrain.py --storage s3://...) for object storage")
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Device, precision, compilation, threads, budget and the seed every random draw derives from."""
+
+    device: str = "auto"
+    precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    compile: bool | None = None  # None: on for CUDA, off for CPU
+    compile_backend: str = "inductor"
+    # CUDA graphs for the compiled step (pretraining.compile: reduce-overhead; accum 1 only; no effect on CPU).
+    cuda_graphs: bool = False
+    # bert_core's fused GPU kernels (pretraining.kernel_options): None = by device, True / False = always / never; and
+    # whether their LayerNorm sites keep a bf16 residual stream under autocast.
+    fused_kernels: bool | None = None
+    low_precision_residual: bool = False
+    # Compile every length bucket's graph before the first step (forward + backward on a synthetic batch of each
+    # width, gradients dropped): no bucket's first appearance stalls a measured window later in the run.
+    precompile_buckets: bool = True
+    compile_warmup_steps: int = 3  # steps kept out of throughput when compiling (their time is compilation)
+    # Steps kept out of throughput whatever the compile setting (benchmarks: allocator and cache warm-up too);
+    # None: compile_warmup_steps when compiling, else none.
+    exclude_steps: int | None = None
+    threads: int | None = None  # torch intra-op threads on CPU
+    peak_flops: float | None = None  # the accelerator's peak for mfu (default: known GPUs' bf16 peak)
+    max_seconds: float | None = None
+    seed: int = 12345
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device {self.device!r}: use one of {', '.join(DEVICES)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision {self.precision!r}: use one of {', '.join(PRECISIONS)}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError("--threads must be >= 1")
+        if self.compile_warmup_steps < 0 or (self.exclude_steps or 0) < 0:
+            raise ValueError("compile_warmup_steps and exclude_steps must be >= 0")
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            raise ValueError("--max-minutes must be > 0")
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """Everything a pre-training run needs, composed from the components above."""
+
+    model: ModelConfig
+    data: DataConfig
+    max_steps: int
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    eval: EvalConfig | None = None
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise ValueError("--max-steps must be >= 1")
+        if self.optimizer.warmup_steps > self.max_steps:
+            raise ValueError(f"--warmup-steps {self.optimizer.warmup_steps} exceeds --max-steps {self.max_steps}")
+        # The model and its data must agree, whichever flags built them (the one place this is checked).
+        train, bert, init = self.data.train, self.model.bert, self.model.init
+        if train.vocab_size is not None and train.vocab_size != bert.vocab_size:
+            raise ValueError(f"the model{f' (--init {init})' if init else ''} has vocab_size {bert.vocab_size} but "
+                             f"{train.url or 'the dataset'} was built with a {train.vocab_size}-entry vocabulary: "
+                             "rebuild the dataset with the model's vocab.txt")
+        if self.model.init_vocab_sha256 and train.vocab_sha256 and self.model.init_vocab_sha256 != train.vocab_sha256:
+            raise ValueError(f"--init {init}'s vocab.txt differs from {train.url or 'the dataset'}'s (same size, other "
+                             "tokens): the ids would mean different words; rebuild the data with that vocab")
+        if self.eval is not None and self.eval.data.vocab_sha256 != train.vocab_sha256:
+            raise ValueError(f"--eval-data {self.eval.data.url} was built with another vocabulary than --data "
+                             f"{train.url}: rebuild it with --vocab {train.url}/vocab.txt")
+        if train.max_seq_length > bert.max_position_embeddings:
+            raise ValueError(f"{train.url or 'the dataset'} has sequences of {train.max_seq_length} tokens but the "
+                             f"model has only {bert.max_position_embeddings} positions")

@@ -1,0 +1,438 @@
+"""`fit(config)`: the whole pre-training loop in one process. `_fit` reads as its parts: set-up (build or resume the
+model, stream this rank's batches), the step loop (step; at log steps the window's reduction and the log line with
+progress and ETA; the guard's review, which may roll back; evaluation; checkpoint writing). Runs without Ray on a
+CPU or one GPU; the Ray Train worker (`training.launch.ray_worker`) calls the same function with its rank, DDP wrapper,
+checkpoint hooks and row source.
+
+Reproducibility on resume: the data position is the step plus the batches rollbacks skipped (every rank has
+consumed `(step + skipped) * accum` micro-batches of its deterministic stream; a packed stream saves each rank's
+own position), dropout is re-seeded from (seed, rank, step) before each step and dynamic masking from (seed, rank,
+batch index), so a resumed run replays exactly the batches and random draws of an uninterrupted one.
+
+Nothing in a step reads a device value on the host: metrics stay in `MetricSums` on the device and are reduced
+across ranks and read only every `log_every` steps (and at the end); the guard's per-step records are read at the
+same steps and before each checkpoint (`training.guard`: a non-finite step is skipped on the device, a run of them
+or a loss spike rolls back to the last checkpoint past the offending batches, and a run that keeps diverging raises
+`TrainingDiverged`). A rollback restores the weights and optimizer but not the stream, which goes on past every
+batch seen: the skipped count (checkpointed) keeps the step and the data position apart.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ContextManager, Protocol
+
+import torch
+from torch import nn
+
+from bert_core import BertForPreTraining
+from training.optim import build_optimizer, build_scheduler
+from pipeline.rng import derive_seed as seed_for
+from pretraining import compile as compile_mod
+from pretraining import kernel_options
+from pretraining import loader as data_mod
+from pretraining import memory
+from training.checkpoint import LocalCheckpoints, load_train_state, write_checkpoint
+from pretraining.config import PretrainConfig
+from training.guard import (Divergence, Guard, StepLog, TrainingDiverged, advice, model_and_optimizer_tensors,
+                            nonfinite_tensors)
+from pretraining.metrics import MetricSums
+from pretraining.perf import RunTotals, Window, peak_flops, throughput
+from training.progress import Progress
+from pretraining.step import evaluate, train_step
+from training.step import to_device
+from tracking.tracker import NullTracker, Tracker, make_tracker
+
+log = logging.getLogger(__name__)
+
+
+def _build_model(config: PretrainConfig, checkpoint_dir: Path | None) -> BertForPreTraining:
+    if checkpoint_dir is not None:
+        return BertForPreTraining.from_pretrained(checkpoint_dir / "model")
+    if config.model.init:
+        model, info = BertForPreTraining.from_pretrained(config.model.init_dir(), output_loading_info=True)
+        if info["missing_keys"]:
+            log.warning("init %s lacked %s (freshly initialised)", config.model.init, info["missing_keys"])
+        return model
+    torch.manual_seed(config.runtime.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
+    return BertForPreTraining(config.model.bert)
+
+
+def _read_vocab(config: PretrainConfig) -> str | None:
+    if not config.checkpoint.vocab_url:
+        return None
+    from pipeline.storage import read_bytes
+
+    return read_bytes(config.checkpoint.vocab_url, config.data.train.endpoint_url).decode("utf-8")
+
+
+def _all_reduce_host(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return t
+    dev = (torch.device("cuda", torch.cuda.current_device()) if torch.distributed.get_backend() == "nccl"
+           else torch.device("cpu"))
+    t = t.to(dev)
+    ops = {"sum": torch.distributed.ReduceOp.SUM, "min": torch.distributed.ReduceOp.MIN}
+    torch.distributed.all_reduce(t, op=ops[op])
+    return t.cpu()
+
+
+def _log_first_step(device: torch.device) -> None:
+    """How long a (re)start took to its first step: the fast-restart figure (compile caches, present buckets)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    age = compile_mod.process_age()
+    if age is not None:
+        log.info("first step done %.1f s after the process started", age)
+
+
+def fit(config: PretrainConfig, worker: Worker | None = None) -> FitResult:
+    """Train for `config.max_steps` steps (or until the --max-minutes budget), resuming from the latest checkpoint.
+    Raises `TrainingDiverged` when the run keeps diverging after the guard's rollbacks."""
+    worker = worker or Worker()
+    if worker.checkpoints is None and config.checkpoint.directory:
+        worker.checkpoints = LocalCheckpoints(config.checkpoint.directory.removeprefix("file://"),
+                                              config.checkpoint.keep)
+    rt = config.runtime
+    device = worker.device or resolve_device(rt.device)
+    threads_before = torch.get_num_threads()
+    if device.type == "cpu" and rt.threads:
+        torch.set_num_threads(rt.threads)
+    try:
+        return _fit(config, worker, device)
+    finally:
+        torch.set_num_threads(threads_before)  # the caller's process (a test session, a notebook) keeps its own
+
+
+@dataclass
+class _Run:
+    """What the set-up builds and the step loop advances (and a rollback restores)."""
+
+    config: PretrainConfig
+    worker: Worker
+    device: torch.device
+    raw: BertForPreTraining
+    model: nn.Module  # raw, wrapped (DDP) and maybe compiled: what steps
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    initial_state: tuple[dict, dict] | None  # a fresh run's (optimizer, scheduler) state: a rollback to step 0
+    autocast_dtype: torch.dtype | None
+    step: int
+    resumed_from: int
+    guard: Guard
+    tracker: Tracker
+    progress: Progress
+    vocab_text: str | None
+    peak: float | None
+    eval_rows: object | None
+    warmup: int
+    compiled: bool = False
+    batches: object = None
+    executed: int = 0  # steps run by this process (the warm-up exclusion counts these)
+    step_log: StepLog = field(default_factory=StepLog)
+    sums: MetricSums = field(default_factory=MetricSums)
+    window: Window | None = None
+    totals: RunTotals = field(default_factory=RunTotals)
+    t_start: float = field(default_factory=time.perf_counter)
+
+
+def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitResult:
+    """Set-up, then the step loop: step; at log steps the window's reduction; at log and checkpoint steps the
+    guard's review (a divergence rolls back); evaluation; logging; checkpoint writing."""
+    run = _set_up(config, worker, device)
+    result = FitResult(run.step, {}, None, run.resumed_from)
+    log_every, eval_every = config.tracking.log_every, config.eval.every if config.eval else 0
+    try:
+        while run.step < config.max_steps:
+            out = _train_step(run)
+            last = run.step == config.max_steps
+            metrics: dict[str, float] = {}
+            if run.step % log_every == 0 or last:
+                metrics, time_up = _reduce_window(run, out)
+                if time_up and not last:  # every rank sees the same sum, so all stop at this step
+                    log.info("step %d: the --max-minutes budget is spent; finishing here", run.step)
+                    last = True
+            save = worker.checkpoints is not None and (run.step % config.checkpoint.every == 0 or last)
+            if metrics or save:
+                divergence = run.guard.review(*run.step_log.read())
+                if divergence is None and save:
+                    divergence = _nonfinite_state(run)
+                if divergence is not None:
+                    if not metrics:  # a checkpoint's review: the window that diverged is logged all the same
+                        metrics, _ = _reduce_window(run, out)
+                    _roll_back(run, result, divergence, metrics)  # or raise TrainingDiverged
+                    continue
+                if metrics:
+                    metrics.update(run.guard.window_metrics())
+            if run.eval_rows is not None and ((eval_every and run.step % eval_every == 0) or last):
+                metrics.update(_evaluate(run))
+            if metrics:
+                _record(run, result, metrics)
+            if save:
+                _save_checkpoint(run, result, metrics, last)
+            if last:
+                break
+        result.step = run.step
+        result.throughput = run.totals.summary(run.raw.config, run.peak, worker.world_size)
+        if worker.rank == 0 and result.throughput:
+            # The run's figures (compile warm-up excluded), once, at the last step: what a GPU run reports as its
+            # seq/s, MFU of real tokens and data wait.
+            log.info("run throughput after warm-up: %s",
+                     " ".join(f"{k}={v:.4g}" for k, v in sorted(result.throughput.items())))
+            run.tracker.log({f"run_{k}": v for k, v in result.throughput.items()
+                             if k in ("sequences_per_second", "tokens_per_second", "data_wait_fraction", "mfu",
+                                      "hfu", "padding_fraction")}, run.step)
+    finally:
+        if run.batches is not None:
+            run.batches.close()
+        run.tracker.close()
+    return result
+
+
+# ---- set-up ------------------------------------------------------------------------------------------------------
+
+def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> _Run:
+    """The model, optimizer and schedule (from the latest checkpoint when there is one), compiled if asked, and
+    this rank's batches from the data position; the tracker on rank 0."""
+    rt, opt_cfg, data = config.runtime, config.optimizer, config.data
+    bf16 = rt.precision == "bf16" or (rt.precision == "auto" and device.type == "cuda")
+    autocast_dtype = torch.bfloat16 if bf16 else None
+    compile_model = rt.compile if rt.compile is not None else device.type == "cuda"
+    _check_memory(config, worker, device)
+    guard = Guard(config.guard)
+    step, packed_position = 0, None
+    latest = worker.checkpoints.latest() if worker.checkpoints is not None else contextlib.nullcontext(None)
+    with latest as ckpt_dir:
+        ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
+        raw = _build_model(config, ckpt_dir).to(device)
+        kernel_options.apply(raw, rt.fused_kernels, rt.low_precision_residual)
+        raw.train()
+        optimizer = build_optimizer(raw, opt_cfg.name, lr=opt_cfg.lr, weight_decay=opt_cfg.weight_decay,
+                                    fused=True if device.type == "cuda" and opt_cfg.name == "adamw" else None)
+        scheduler = build_scheduler(optimizer, opt_cfg.warmup_steps, config.max_steps, decay=opt_cfg.decay,
+                                    power=opt_cfg.poly_power)
+        initial = None if ckpt_dir is not None else (optimizer.state_dict(), scheduler.state_dict())
+        if ckpt_dir is not None:
+            state = load_train_state(ckpt_dir, optimizer, scheduler)
+            step = int(state["step"])
+            guard.load_state_dict(state.get("guard", {}))
+            packed_position = data_mod.rank_position(state["data_position"], worker.rank, worker.world_size)
+            if compile_model:
+                compile_mod.load_artifacts(ckpt_dir)  # before anything compiles: a fast restart
+            if (state["world_size"], state["micro_batch_size"], state["accum"], state["seed"]) != (
+                    worker.world_size, data.micro_batch_size, data.accum, rt.seed):
+                log.warning("resuming with a different world size / batch geometry / seed than the checkpoint's: "
+                            "training continues, but not on the exact batch sequence of the original run")
+            if worker.rank == 0:
+                log.info("resumed from %s at step %d", ckpt_dir, step)
+
+    model = worker.wrap(raw)
+    if compile_model:
+        model = compile_mod.compile_model(model, rt, data, device)
+        if rt.precompile_buckets:
+            compile_mod.precompile(model, data, raw.config.vocab_size, device, autocast_dtype)
+    tracker = NullTracker()
+    if worker.rank == 0:
+        tracker = worker.tracker or make_tracker(config.tracking.tracking_uri, config.tracking.run_id,
+                                                 config.tracking.system_metrics)
+    if step:
+        tracker.set_tag("resumed_from_step", str(step))  # visible proof of a resume in the UI
+    warmup = rt.exclude_steps if rt.exclude_steps is not None else (rt.compile_warmup_steps if compile_model else 0)
+    run = _Run(config=config, worker=worker, device=device, raw=raw, model=model, optimizer=optimizer,
+               scheduler=scheduler, initial_state=initial, autocast_dtype=autocast_dtype, step=step,
+               resumed_from=step, guard=guard, tracker=tracker,
+               progress=Progress(config.max_steps, rt.max_seconds),
+               vocab_text=_read_vocab(config) if worker.rank == 0 else None, peak=peak_flops(device, rt.peak_flops),
+               eval_rows=data_mod.eval_rows(config.eval) if config.eval is not None else None, warmup=warmup,
+               compiled=compile_model)
+    # The data position: every step so far plus the batches rollbacks skipped (a packed stream: its own position).
+    run.batches = data_mod.train_batches(data, raw.config.vocab_size, rt.seed, worker.rank, worker.world_size,
+                                         (step + guard.skipped_batches) * data.accum, worker.rows,
+                                         pin_memory=device.type == "cuda", start_position=packed_position)
+    _new_window(run)
+    return run
+
+
+def _check_memory(config: PretrainConfig, worker: Worker, device: torch.device) -> None:
+    """Fail in seconds, naming the flag, when the micro-batch cannot fit in this worker's memory (the smallest
+    budget of all ranks, so every rank reaches the same verdict)."""
+    data = config.data
+    budget = (int(config.memory.budget_gb * memory.GIB) if config.memory.budget_gb else
+              memory.available_bytes(device, worker.local_world_size))
+    budget = int(_all_reduce_host(torch.tensor([float(budget)], dtype=torch.float64), op="min")[0])
+    est = memory.check(config.model.bert, data.micro_batch_size, data.length_buckets[-1], data.train.max_predictions,
+                       budget, device.type)
+    if worker.rank == 0:
+        log.info("memory: a step of %d x %d tokens needs ~%s of the %s free per worker", data.micro_batch_size,
+                 data.length_buckets[-1], est.describe(), memory.gib(budget))
+
+
+def _new_window(run: _Run) -> None:
+    run.sums = MetricSums()
+    run.window = Window(run.batches.wait_seconds, counting=run.executed >= run.warmup)
+
+
+# ---- the step and its window -------------------------------------------------------------------------------------
+
+def _train_step(run: _Run) -> dict:
+    data, rt = run.config.data, run.config.runtime
+    micro = [to_device(next(run.batches), run.device) for _ in range(data.accum)]
+    torch.manual_seed(seed_for("dropout", rt.seed, run.worker.rank, run.step) % 2**63)
+    out = train_step(run.model, run.optimizer, micro, scheduler=run.scheduler,
+                     max_grad_norm=run.config.optimizer.max_grad_norm, autocast_dtype=run.autocast_dtype,
+                     sums=run.sums)
+    run.step += 1
+    run.executed += 1
+    if run.executed == 1 and run.worker.rank == 0:
+        _log_first_step(run.device)
+    run.progress.advance()
+    run.step_log.add(run.step, out["loss"], out["finite"])
+    if run.executed == run.warmup:
+        if run.device.type == "cuda":
+            torch.cuda.synchronize()  # the warm-up's (compiled) kernels must not leak into the window
+        run.window.exclude(run.sums, run.batches.wait_seconds)
+    return out
+
+
+def _reduce_window(run: _Run, out: dict) -> tuple[dict[str, float], bool]:
+    """The log window's metrics, summed over ranks (one collective), and whether the time budget is spent."""
+    world = run.worker.world_size
+    if run.device.type == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - run.window.start
+    budget = run.config.runtime.max_seconds
+    time_up = float(bool(budget) and time.perf_counter() - run.t_start > budget)
+    counted = run.window.counted(run.sums)
+    both = MetricSums(torch.cat([run.sums.values, counted.values])).all_reduce().values
+    total, counted = MetricSums(both[:len(both) // 2]), MetricSums(both[len(both) // 2:])
+    host = _all_reduce_host(torch.tensor([run.batches.wait_seconds - run.window.wait0, elapsed, time_up],
+                                         dtype=torch.float64))
+    metrics = total.summary()
+    metrics.update(learning_rate=float(out["learning_rate"]), grad_norm=float(out["grad_norm"]),
+                   nonfinite_batches=total.nonfinite)
+    if counted.sequences > 0:  # a window of warm-up steps only has no throughput to show
+        seconds, wait = float(host[1]) / world, float(host[0]) / world
+        metrics.update(throughput(counted, seconds, wait, run.raw.config, run.peak, world))
+        run.totals.add(counted, seconds, wait)
+    _new_window(run)
+    return metrics, host[2] > 0
+
+
+def _evaluate(run: _Run) -> dict[str, float]:
+    cfg, data = run.config, run.config.data
+    t_eval = time.perf_counter()
+    batches = (to_device(b, run.device) for b in data_mod.eval_batches(
+        run.eval_rows, cfg.eval, data.micro_batch_size, run.worker.rank, run.worker.world_size, data.length_buckets))
+    metrics = evaluate(run.raw, batches, run.autocast_dtype).all_reduce().summary(prefix="eval_")
+    run.window.pause(time.perf_counter() - t_eval)  # evaluation does not count against throughput
+    return metrics
+
+
+QUIET_WHEN_ZERO = ("nonfinite_batches", "nonfinite_steps", "loss_spikes", "rollbacks", "skipped_batches")
+
+
+def _record(run: _Run, result: FitResult, metrics: dict[str, float], step: int | None = None) -> None:
+    """Log line and tracker on rank 0 (the guard's counters always go to the tracker, into the line when not 0)."""
+    step = run.step if step is None else step
+    if run.worker.rank == 0:
+        shown = {k: v for k, v in metrics.items() if not (k in QUIET_WHEN_ZERO and v == 0)}
+        log.info("%s %s", run.progress.describe(step), " ".join(f"{k}={v:.4g}" for k, v in sorted(shown.items())))
+        run.tracker.log(metrics, step)
+        result.history.append((step, metrics))
+    result.metrics = metrics
+
+
+# ---- the guard: checkpoints that are good, rollbacks -------------------------------------------------------------
+
+def _nonfinite_state(run: _Run) -> Divergence | None:
+    """A divergence when a weight or optimizer tensor holds a NaN or inf (the same verdict on every rank)."""
+    bad = nonfinite_tensors(model_and_optimizer_tensors(run.raw, run.optimizer))
+    if not int(_all_reduce_host(torch.tensor([float(len(bad))]))[0]):
+        return None
+    return Divergence(run.step, f"NaN or inf in {len(bad)} weight or optimizer tensors ({', '.join(bad[:3])}...)")
+
+
+def _roll_back(run: _Run, result: FitResult, divergence: Divergence, metrics: dict[str, float]) -> None:
+    """Back to the last checkpoint (or the initial weights), the batches since then skipped; or give up. Either way
+    the window that diverged is logged (`metrics`, at this step) with the guard's counters after the verdict."""
+    cfg, opt = run.config, run.config.optimizer
+    tips = advice(opt.lr, opt.max_grad_norm, opt.warmup_steps)
+    at = run.step
+
+    def record() -> None:
+        _record(run, result, {**metrics, **run.guard.window_metrics()}, at)
+
+    if run.guard.rollbacks >= cfg.guard.max_rollbacks:
+        record()
+        message = (f"training diverged at step {divergence.step}: {divergence.reason}, after {run.guard.rollbacks} "
+                   f"rollbacks that skipped {run.guard.skipped_batches} steps' batches; {tips}")
+        run.tracker.set_tag("guard.diverged", message[:5000])
+        raise TrainingDiverged(message)
+    latest = run.worker.checkpoints.latest() if run.worker.checkpoints is not None else contextlib.nullcontext(None)
+    with latest as ckpt_dir:
+        _restore(run, Path(ckpt_dir) if ckpt_dir is not None else None)
+    run.guard.rolled_back(run.step, at)
+    what = (f"step {divergence.step}: {divergence.reason}; rolled back to step {run.step} "
+            f"({'its checkpoint' if run.step else 'the initial weights'}), skipping the batches of steps "
+            f"{run.step + 1}-{at} (rollback {run.guard.rollbacks} of at most {cfg.guard.max_rollbacks})")
+    if run.worker.rank == 0:
+        log.warning("%s", what)
+    run.tracker.set_tag(f"guard.rollback.{run.guard.rollbacks}", what[:5000])
+    record()
+    run.tracker.rewind(run.step)
+    _new_window(run)  # the stream goes on: its position is already past every batch seen since the checkpoint
+
+
+def _restore(run: _Run, ckpt_dir: Path | None) -> None:
+    """Weights, optimizer and schedule from `ckpt_dir`, or as a fresh run starts them; in place, so the wrapped and
+    compiled model keeps its parameters. The guard's counters stay (they count the whole run)."""
+    if ckpt_dir is not None:
+        source = BertForPreTraining.from_pretrained(ckpt_dir / "model")
+        state = load_train_state(ckpt_dir, run.optimizer, run.scheduler)
+        run.step = int(state["step"])
+    elif run.initial_state is not None:
+        source = _build_model(run.config, None)
+        run.optimizer.load_state_dict(run.initial_state[0])
+        run.scheduler.load_state_dict(run.initial_state[1])
+        run.step = 0
+    else:
+        raise AssertionError("a resumed run always has a checkpoint to roll back to")
+    with torch.no_grad():
+        run.raw.load_state_dict(source.state_dict())
+    run.raw.train()
+
+
+def _save_checkpoint(run: _Run, result: FitResult, metrics: dict[str, float], last: bool) -> None:
+    """Write a checkpoint (rank 0; every rank calls `save`: under Ray it is a barrier). An intermediate one waits
+    while the guard has a run of bad steps open; the last one is written anyway (its weights are finite)."""
+    if run.guard.open and not last:
+        if run.worker.rank == 0:
+            log.warning("step %d: checkpoint deferred while the loss is non-finite or spiking", run.step)
+        return
+    cfg, data, rt, at = run.config, run.config.data, run.config.runtime, run.step
+    positions = data_mod.gather_positions(run.batches)  # every rank takes part
+
+    def write(directory: Path) -> None:
+        write_checkpoint(directory, run.raw, run.optimizer, run.scheduler, vocab_text=run.vocab_text,
+                         do_lower_case=cfg.checkpoint.do_lower_case, extra={
+            "step": at, "world_size": run.worker.world_size, "micro_batch_size": data.micro_batch_size,
+            "accum": data.accum, "seed": rt.seed,
+            "data_position": {"micro_batches_per_rank": (at + run.guard.skipped_batches) * data.accum,
+                              "skipped_batches": run.guard.skipped_batches, "packed_positions": positions,
+                              "dataset_config_hash": data.train.config_hash},
+            "guard": run.guard.state_dict(),
+            "rng": "dropout: torch.manual_seed(sha256('dropout', seed, rank, step)) before each step; dynamic "
+                   "masking: numpy Generator(sha256('remask', seed, rank, micro-batch index))",
+            "mlflow_run_id": cfg.tracking.run_id, "run_name": cfg.tracking.run_name,
+            "config": dataclasses.asdict(cfg),
+        })
+        if run.compiled:
+            compile_mod.save_artifacts(directory)
+
+    path = run.worker.checkpoints.save(at, metrics, write if run.worker.rank == 0 else None)
+    result.checkpoint = path or result.checkpoint

@@ -1,0 +1,253 @@
+"""Sizes that fit: the memory a pre-training step needs, against the memory a worker has, checked before training.
+
+`estimate` adds weights, gradients and optimizer state (fp32: 4 + 4 + 8 bytes per parameter for AdamW and LAMB)
+to the activations autograd keeps for the backward pass of one micro-batch at the widest length bucket. The
+activation formula counts what `bert_core`'s eager fp32 step saves (measured on CPU with
+`torch.autograd.graph.saved_tensors_hooks`, weights excluded; tests/pretraining/test_memory.py holds the formula to
+that probe), in bytes:
+
+    full layers (all but the last):  per token 34 H + 8 I     (8 H + 2 I fp32 tensors, 2 H one-byte dropout masks)
+                                     per head, query and key 9 (attention probabilities, their dropout mask, scores)
+    the last layer (only [CLS] and the masked slots are computed, over every key) and the embeddings:
+                                     per token 18 H + 96, per computed row 34 H + 8 I and 9 per head and key
+    the MLM head:                    per masked slot 3 H, plus 4 V H (the fused loss' decoder gradient)
+
+A step's peak also holds the gradients flowing back through one layer while the saved tensors of the layers below
+are still alive; `TRANSIENT` adds that as a fraction of the activations (the estimate against measured peak RSS:
+`benchmarks/memory_fit.py`, figures in docs/benchmarks.md). On a GPU the same fp32 formula is an upper bound (bf16 autocast halves most activations, flash
+attention keeps no probabilities); the logits of the static MLM path (B x P x V, bf16 plus the fp32 loss' copy and
+gradient) are added there. Unmeasured on a GPU in this repository.
+
+`plan` picks the largest micro-batch that divides the per-rank batch and fits in `HEADROOM` of the budget
+(gradient accumulation keeps the global batch), or says which flag to change; a job runs it (`fit_to_memory`)
+before it starts any worker, when it can know their memory (`local_budget`). `check` is what `pretraining.loop.fit` runs at
+set-up on every worker: it fails only when the micro-batch cannot fit at all, so a run planned by its job (with
+headroom) does not fail because Ray's own processes took some memory since.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bert_core.config import BertConfig
+
+log = logging.getLogger(__name__)
+
+GIB = 2**30
+HEADROOM = 0.8  # plan for this share of the free memory: the allocator, the data thread, Python and Ray take some
+TRANSIENT = 0.5  # gradients in flight during backward, as a share of the saved activations
+# torch's own footprint per process (CPU: the library, its thread pools and allocator arenas, ~300 MiB after import
+# here, more once threads have run; CUDA: the context and kernels)
+RUNTIME_BYTES = {"cpu": 512 * 2**20, "cuda": 1 * GIB}
+
+
+class DoesNotFit(ValueError):
+    """A micro-batch that cannot fit in a worker's memory (every rank reaches this verdict on the same budget)."""
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """The memory per worker a micro-batch is checked against (`--memory-gb`; None: what the machine or GPU has
+    free when the worker starts)."""
+
+    budget_gb: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.budget_gb is not None and self.budget_gb <= 0:
+            raise ValueError("--memory-gb must be > 0 (or left out: the free memory of the machine or GPU)")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    runtime: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.runtime
+
+    def describe(self) -> str:
+        return (f"{gib(self.total)} ({gib(self.weights + self.gradients + self.optimizer)} weights, gradients and "
+                f"optimizer state, {gib(self.activations)} activations)")
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def parameter_count(bert: BertConfig) -> int:
+    """BertForPreTraining's parameters (the MLM decoder is tied to the word embeddings)."""
+    h, i, v = bert.hidden_size, bert.intermediate_size, bert.vocab_size
+    embeddings = (v + bert.max_position_embeddings + bert.type_vocab_size) * h + 2 * h
+    layer = 4 * h * h + 2 * h * i + 9 * h + i
+    heads = (h * h + h) + (h * h + 3 * h) + v + (2 * h + 2)  # pooler, MLM transform + bias, NSP
+    return embeddings + bert.num_hidden_layers * layer + heads
+
+
+def activation_bytes(bert: BertConfig, micro_batch: int, seq_len: int, predictions: int) -> int:
+    """What autograd saves for one micro-batch's backward (fp32, eager), in bytes: the formula above."""
+    h, i, v, a, layers = (bert.hidden_size, bert.intermediate_size, bert.vocab_size, bert.num_attention_heads,
+                          bert.num_hidden_layers)
+    b, t, p = micro_batch, seq_len, predictions
+    rows = p + 1  # the last layer's queries: [CLS] and the masked slots
+    full = (layers - 1) * (b * t * (34 * h + 8 * i) + 9 * b * a * t * t)
+    last = b * t * 18 * h + b * rows * (34 * h + 8 * i) + 9 * b * a * rows * t
+    rest = b * t * 96 + 3 * b * p * h + 4 * v * h
+    return full + last + rest
+
+
+def estimate(bert: BertConfig, micro_batch: int, seq_len: int, predictions: int,
+             device_type: str = "cpu") -> MemoryEstimate:
+    """The peak memory of a training step of `micro_batch` sequences of `seq_len` tokens (AdamW or LAMB, fp32)."""
+    n = parameter_count(bert)
+    act = activation_bytes(bert, micro_batch, seq_len, predictions)
+    if device_type == "cuda":
+        act += micro_batch * predictions * bert.vocab_size * (2 + 4 + 4)  # static-path logits, fp32 copy, gradient
+    return MemoryEstimate(weights=4 * n, gradients=4 * n, optimizer=8 * n, activations=int(act * (1 + TRANSIENT)),
+                          runtime=RUNTIME_BYTES.get(device_type, RUNTIME_BYTES["cpu"]))
+
+
+def available_bytes(device: torch.device, local_workers: int = 1) -> int:
+    """Free memory one worker may use: the GPU's free memory, or the machine's available RAM (within the cgroup's
+    limit, as in a container) shared by the workers on this machine."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    free = _meminfo_available()
+    limit = _cgroup_free()
+    if limit is not None:
+        free = min(free, limit) if free else limit
+    return int(free / max(1, local_workers))
+
+
+def peak_rss() -> int:
+    """This process's peak resident set in bytes (VmHWM). Not getrusage's ru_maxrss: Linux keeps that across exec,
+    so a child started from a large process reports its parent's size."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+
+
+def _meminfo_available() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def _cgroup_free() -> int | None:
+    """limit - usage of this process's cgroup (v2, else v1); None without a limit."""
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            limit = Path(limit_file).read_text().strip()
+            usage = int(Path(usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or int(limit) >= 2**60:  # v1 writes "no limit" as a huge number
+            return None
+        return max(0, int(limit) - usage)
+    return None
+
+
+@dataclass(frozen=True)
+class Plan:
+    micro_batch: int
+    accum: int
+    estimate: MemoryEstimate
+    budget: int
+
+
+def plan(bert: BertConfig, per_rank_batch: int, seq_len: int, predictions: int, budget: int,
+         requested_micro: int | None = None, device_type: str = "cpu", model_name: str = "the model") -> Plan:
+    """The largest micro-batch dividing `per_rank_batch` whose step fits in HEADROOM of `budget` (only
+    `requested_micro` itself when the user fixed it); a ValueError naming the flag to change otherwise."""
+    usable = int(budget * HEADROOM)
+
+    def fits(micro: int) -> MemoryEstimate | None:
+        est = estimate(bert, micro, seq_len, predictions, device_type)
+        return est if est.total <= usable else None
+
+    if requested_micro is not None:
+        est = fits(requested_micro)
+        if est is not None:
+            return Plan(requested_micro, per_rank_batch // requested_micro, est, budget)
+        best = _largest_fitting(per_rank_batch, fits)
+        need = estimate(bert, requested_micro, seq_len, predictions, device_type)
+        hint = (f"use --micro-batch-size {best} (gradient accumulation keeps --batch-size)" if best else
+                _too_big_hint(model_name))
+        raise DoesNotFit(f"--micro-batch-size {requested_micro} needs ~{need.describe()} per worker with {model_name} "
+                         f"at {seq_len} tokens, but only {gib(usable)} of the {gib(budget)} free can be planned for: "
+                         f"{hint}")
+    best = _largest_fitting(per_rank_batch, fits)
+    if best is None:
+        need = estimate(bert, 1, seq_len, predictions, device_type)
+        raise DoesNotFit(f"{model_name} needs ~{need.describe()} per worker even at a micro-batch of 1 sequence of "
+                         f"{seq_len} tokens, but only {gib(usable)} of the {gib(budget)} free can be planned for: "
+                         f"{_too_big_hint(model_name)}")
+    return Plan(best, per_rank_batch // best, fits(best), budget)
+
+
+def _largest_fitting(per_rank_batch: int, fits) -> int | None:
+    divisors = sorted({d for k in range(1, math.isqrt(per_rank_batch) + 1) if per_rank_batch % k == 0
+                       for d in (k, per_rank_batch // k)}, reverse=True)
+    # Activations grow with the micro-batch, so the first that fits (from the largest) is the answer; a bisection
+    # over ~10-40 divisors would save nothing measurable.
+    return next((d for d in divisors if fits(d) is not None), None)
+
+
+def _too_big_hint(model_name: str) -> str:
+    return (f"use a smaller --preset than {model_name}, a GPU (--use-gpu), fewer --num-workers per machine, or "
+            "--memory-gb if more memory is really free")
+
+
+def check(bert: BertConfig, micro_batch: int, seq_len: int, predictions: int, budget: int,
+          device_type: str = "cpu") -> MemoryEstimate:
+    """At the start of `fit`: a ValueError when the micro-batch's step cannot fit in `budget` at all."""
+    est = estimate(bert, micro_batch, seq_len, predictions, device_type)
+    if est.total > budget:
+        raise DoesNotFit(f"a micro-batch of {micro_batch} sequences of {seq_len} tokens needs ~{est.describe()} but "
+                         f"this worker has {gib(budget)} free: lower --micro-batch-size (or leave it out: the job "
+                         "then picks one that fits), or see --memory-gb")
+    return est
+
+
+def local_budget(use_gpu: bool, workers: int, budget_gb: float | None) -> int | None:
+    """The memory each worker will have, as far as the job can tell before it starts them: the user's figure, else
+    this machine's free RAM shared by its workers when they run here on CPUs (a local Ray, or this process); None
+    when they run elsewhere or on GPUs (then each worker checks at its start)."""
+    if budget_gb:
+        return int(budget_gb * GIB)
+    if use_gpu or os.environ.get("RAY_ADDRESS"):
+        return None
+    return available_bytes(torch.device("cpu"), workers)
+
+
+def fit_to_memory(config, workers: int, use_gpu: bool, requested_micro: int | None, model_name: str):
+    """A `PretrainConfig` whose micro-batch and accumulation are `plan`'s for the memory its workers will have, as
+    far as the job can tell before starting them (`local_budget`; unchanged when it cannot: each worker then checks
+    its own at the start). The per-worker batch (micro-batch x accumulation) is kept."""
+    budget = local_budget(use_gpu, workers, config.memory.budget_gb)
+    if budget is None:
+        return config
+    data = config.data
+    chosen = plan(config.model.bert, data.micro_batch_size * data.accum, data.length_buckets[-1],
+                  data.train.max_predictions, budget, requested_micro, config.runtime.device, model_name)
+    if chosen.micro_batch != data.micro_batch_size:
+        log.warning("a micro-batch of %d sequences of %d tokens would not fit in the %s free per worker: training "
+                    "with micro-batches of %d and %d accumulation steps (the same --batch-size); set "
+                    "--micro-batch-size to choose", data.micro_batch_size, data.length_buckets[-1], gib(budget),
+                    chosen.micro_batch, chosen.accum)
+    return dataclasses.replace(config, data=dataclasses.replace(data, micro_batch_size=chosen.micro_batch,
+                                                                accum=chosen.accum))

@@ -1,0 +1,114 @@
+"""One pre-training job, as `jobs/pretrain.py` and the workflow run it: check where it will write, open (or resume)
+its MLflow run, launch the training (Ray Train workers, or this process), export the final model, end the run.
+
+The run is found again by its name (the `bert.run_name` tag): running the same job again with the same run name
+resumes from its last checkpoint into the same MLflow run. Its params are the command line as given plus the
+flattened `PretrainConfig` (the one `asdict` the checkpoints hold too).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.schema import read_manifest
+from training import launch as launcher
+from training.checkpoint import MODEL_DIR
+from pretraining.config import PretrainConfig
+from training.export import PRETRAIN_LINEAGE, check_destination, export_model, read_lineage
+from training.launch import LaunchConfig
+from tracking.runs import RUN_NAME_TAG, open_run, run_metrics
+from tracking.store import check_tracking_reachable
+from tracking.params import flatten_params
+from tracking.datasets import log_dataset
+
+log = logging.getLogger(__name__)
+
+# The figures a finished job reports on its last line (and the workflow puts on its summary).
+KEY_METRICS = ("loss", "mlm_accuracy", "nsp_accuracy", "eval_loss", "eval_mlm_accuracy", "eval_nsp_accuracy",
+               "sequences_per_second", "mfu")
+
+
+@dataclass(frozen=True)
+class PretrainJob:
+    config: PretrainConfig
+    launch: LaunchConfig  # its `name` is the run name: the checkpoint folder and the MLflow run
+    tracking_uri: str
+    experiment: str = "bert-pretrain"
+    parent_run_id: str | None = None
+    export: str | None = None  # where the final model goes (local folder or URL); None: the MLflow artifact only
+    flags: Mapping[str, Any] = field(default_factory=dict)  # the command line as given, logged beside the config
+
+
+@dataclass(frozen=True)
+class JobResult:
+    run_id: str
+    checkpoints: str  # the run's checkpoint folder (local or URL)
+    export: str | None
+    metrics: dict[str, float]  # the KEY_METRICS the run logged last
+
+
+def params_of(job: PretrainJob) -> dict[str, Any]:
+    config, data = job.config, job.config.data
+    params = {**{k: v for k, v in job.flags.items() if v is not None}, **flatten_params(config),
+              "micro_batch_size_resolved": data.micro_batch_size, "grad_accumulation_steps": data.accum,
+              "dataset.instances": sum(data.train.shard_rows)}
+    if config.eval is not None:
+        params["eval_dataset.instances"] = sum(config.eval.data.shard_rows)
+    # Where this run is tracked is the run itself: not a setting (and unknown before the run exists).
+    for key in ("tracking.run_id", "tracking.tracking_uri"):
+        params.pop(key, None)
+    return params
+
+
+def tags_of(job: PretrainJob, checkpoints: str) -> dict[str, str]:
+    train, ev, init = job.config.data.train, job.config.eval, job.config.model.init
+    tags = {RUN_NAME_TAG: job.launch.name, "job": "pretrain", "dataset.url": train.url,
+            "dataset.manifest_sha256": train.manifest_sha256, "dataset.config_hash": train.config_hash,
+            "dataset.vocab_sha256": train.vocab_sha256, "storage": checkpoints}
+    if ev is not None:
+        tags.update({"eval_dataset.url": ev.data.url, "eval_dataset.manifest_sha256": ev.data.manifest_sha256})
+    if init:
+        tags["init"] = init
+        init_dir = job.config.model.init_dir()  # a URL's local copy: the lineage file travels with the model
+        lineage = read_lineage(init_dir, init_dir.parent)
+        if lineage:
+            tags["lineage.init_run_id"] = lineage["mlflow_run_id"]
+    return tags
+
+
+def log_inputs(job: PretrainJob, run_id: str) -> None:
+    """The datasets the run reads, as MLflow dataset inputs ("training", "eval"): the same name and digest as the
+    build's run logged for its output, so the UI shows which build a model was trained on."""
+    sets = {"training": job.config.data.train, "eval": job.config.eval.data if job.config.eval else None}
+    for context, shards in sets.items():
+        if shards is not None and shards.url:
+            manifest = read_manifest(shards.url, shards.endpoint_url)
+            if manifest.sha256 != shards.manifest_sha256:
+                raise ValueError(f"{shards.url}: the dataset changed after this job read it (its manifest's "
+                                 "digest differs); run the job again")
+            log_dataset(job.tracking_uri, run_id, manifest, context)
+
+
+def run_pretraining(job: PretrainJob) -> JobResult:
+    """The whole job. ValueError (before any work: an unreachable tracking server, an export that cannot be
+    written, a bad --parent-run-id) says what to fix."""
+    check_tracking_reachable(job.tracking_uri)
+    if job.export:
+        check_destination(job.export, job.launch.endpoint_url)  # a missing bucket fails now, not after training
+    checkpoints = f"{job.launch.storage.rstrip('/')}/{job.launch.name}"
+    if job.launch.no_ray:  # the loop keeps them itself, in a local folder (logged as checkpoint.directory)
+        job = dataclasses.replace(job, config=dataclasses.replace(job.config, checkpoint=dataclasses.replace(
+            job.config.checkpoint, directory=str(job.launch.local_directory))))
+    run = open_run(job.tracking_uri, job.experiment, job.launch.name, params=params_of(job),
+                   tags=tags_of(job, checkpoints), parent_run_id=job.parent_run_id, resume_by=RUN_NAME_TAG)
+    config = dataclasses.replace(job.config, tracking=dataclasses.replace(
+        job.config.tracking, tracking_uri=job.tracking_uri, run_id=run.run_id, run_name=job.launch.name))
+    with run.ending():
+        log_inputs(job, run.run_id)
+        with launcher.pretrain(config, job.launch) as final_checkpoint:
+            export_model(final_checkpoint / MODEL_DIR, job.export, run, PRETRAIN_LINEAGE, job.launch.endpoint_url)
+    metrics = run_metrics(job.tracking_uri, run.run_id)
+    return JobResult(run.run_id, checkpoints, job.export, {k: metrics[k] for k in KEY_METRICS if k in metrics})

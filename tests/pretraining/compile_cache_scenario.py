@@ -1,0 +1,57 @@
+"""Run by tests/pretraining/test_compile_cache.py in a fresh interpreter (Inductor's in-memory caches must be empty):
+`pretraining.loop.fit` with torch.compile (inductor) on real shards, checkpointing, resuming from any checkpoint found.
+
+    python tests/pretraining/compile_cache_scenario.py DATASET_DIR CHECKPOINT_DIR STEPS  -> one JSON line on stdout
+
+Prints Dynamo's cache counters (Inductor's FX-graph cache, AOTAutograd's cache) for this process, the step it
+resumed from and the files of the last checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from bert_core import BertConfig
+from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
+from tracking.config import TrackingConfig
+from pretraining.loader import DataConfig
+from pretraining.loop import fit
+from pipeline.schema import read_manifest
+from pretraining.loader import ShardSet
+
+
+def main(dataset: str, checkpoints: str, steps: int) -> None:
+    from torch._dynamo.utils import counters
+
+    torch.set_num_threads(1)
+    vocab = Path(dataset, "vocab.txt").read_text().splitlines()
+    shards = ShardSet.from_manifest(read_manifest(dataset))
+    # As small as a BERT gets: Inductor's C++ code generation is what this run pays for, once.
+    bert = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      intermediate_size=64, max_position_embeddings=64)
+    config = PretrainConfig(
+        model=ModelConfig(bert=bert),
+        # One width (the dataset's max length): one graph each way is all the mechanism needs, at a quarter of the
+        # C++ compile time of the default four buckets.
+        data=DataConfig(train=shards, micro_batch_size=4, mask_id=vocab.index("[MASK]"),
+                        length_buckets=(shards.max_seq_length,)),
+        max_steps=steps, optimizer=OptimizerConfig(lr=1e-3),
+        checkpoint=CheckpointConfig(every=1, keep=1, directory=checkpoints),
+        tracking=TrackingConfig(log_every=1),
+        runtime=RuntimeConfig(device="cpu", threads=1, compile=True, compile_backend="inductor", seed=3),
+    )
+    result = fit(config)
+    last = sorted(Path(checkpoints).glob("checkpoint-*"))[-1]
+    print(json.dumps({
+        "resumed_from": result.resumed_from, "steps": [s for s, _ in result.history],
+        "inductor": {k: int(v) for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")},
+        "aot_autograd": {k: int(v) for k, v in counters["aot_autograd"].items() if "cache" in k},
+        "files": sorted(p.name for p in last.iterdir()),
+    }))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))

@@ -1,0 +1,174 @@
+"""The dataset build's MLflow run: opened when the job starts, written by one background thread, closed with the
+build's own start and end times, so that its duration is the build's; what it adds to the job's critical path is
+its end (figures, artifacts, the dataset), written after the build.
+
+    run = BuildRun(tracking_uri, experiment, cfg, args, started)   # returns at once
+    build(cfg, executor, on_stage=run.on_stage)     # a child run for the vocabulary stage, stage times as metrics
+    run.finish(output, manifest, ended)             # metrics, the report's figures, manifest, dataset (queued)
+    run_id = run.wait()                             # before Ray shuts down; raises what the thread raised
+
+Writes are queued on one thread (in order); ``on_stage`` raises at once if the run could not be opened, so a bad
+tracking store stops the build at its next stage rather than after it. The run is opened by
+``tracking.runs.open_run`` (dated from the job's start), the figures come from ``pipeline.report``, the dataset
+record from ``tracking.datasets.log_dataset`` (what pre-training calls for its input).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+REPORT_DIR = "report"  # artifact folder of the figures
+
+
+class BuildRun:
+    def __init__(self, tracking_uri: str, experiment: str, cfg: Any, args: Any, started: float) -> None:
+        self.uri, self.experiment, self.endpoint_url = tracking_uri, experiment, cfg.endpoint_url
+        self.label = os.path.basename(cfg.output.rstrip("/")) or cfg.output  # names the runs, titles the figures
+        self.name = args.run_name or f"build {self.label} seq{cfg.instances.max_seq_length}"
+        self.vocab_params = None if cfg.vocab else {
+            "vocab_size": cfg.vocab_size, "sample_bytes": cfg.vocab_sample_bytes, "min_frequency": cfg.min_frequency,
+            "do_lower_case": cfg.do_lower_case, "seed": cfg.instances.seed, "unit_bytes": cfg.unit_bytes}
+        self.vocab_run: Any = None
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mlflow")
+        self._pending: list[concurrent.futures.Future] = []
+        self._opened = self._thread.submit(self._open, readable_params(args, cfg), args.parent_run_id, started)
+        self._stages_run = 0
+
+    # --- the thread's work (queued in order) --------------------------------------------------------------------
+
+    def _open(self, params: dict[str, Any], parent: str | None, started: float):
+        from tracking.runs import open_run
+
+        run = open_run(self.uri, self.experiment, self.name, params=params, tags={"job": "build_dataset"},
+                       parent_run_id=parent, start_time=started)
+        import matplotlib.figure  # noqa: F401 - loaded while the build runs, not after it
+
+        return run
+
+    def _stage(self, name: str, markers: list, started: float, ended: float) -> None:
+        run = self._opened.result()
+        run.log_metrics({f"stage_seconds.{name}": round(ended - started, 3)})
+        if name == "vocab" and self.vocab_params is not None:
+            self._vocab_run(run.run_id, markers[0], started, ended)
+
+    def _vocab_run(self, parent: str, marker: Any, started: float, ended: float) -> None:
+        """The vocabulary stage's own run, a child of the build's: what was asked, what came out."""
+        from tracking.runs import open_run
+
+        child = open_run(self.uri, self.experiment, f"vocab {self.label}", params=self.vocab_params,
+                         tags={"job": "build_dataset", "stage": "vocab", "vocab.sha256": marker.sha256},
+                         parent_run_id=parent, start_time=started)
+        child.log_metrics({"vocab_size": marker.vocab_size, "sampled_bytes": marker.sampled_bytes,
+                           "sampled_blocks": marker.blocks, "documents": marker.documents}
+                          | {f"dropped.{k}": v for k, v in marker.dropped.items()})
+        child.end("FINISHED", end_time=ended)
+        self.vocab_run = child
+
+    def _finish(self, output: str, manifest: dict[str, Any], ended: float, nothing_done: bool) -> None:
+        from pipeline import report
+        from pipeline.schema import VOCAB_FILE, read_manifest
+        from pipeline.storage import join, read_bytes
+        from tracking.datasets import log_dataset
+
+        run = self._opened.result()
+        m = manifest
+        figures = report.figures(m, self.label)
+        run.log_metrics(report.metrics(m))
+        run.log_params({"vocab.size": m["vocab"]["size"], "vocab.sha256": m["vocab"]["sha256"],
+                        "config_hash": m["config_hash"], "input_files": len(m["inputs"]),
+                        "input_bytes": sum(i["size"] for i in m["inputs"])})
+        run.set_tags({"dataset.url": output, "dataset.result": "already complete: nothing built" if nothing_done
+                      else "built", "mlflow.note.content": _note(output, m, nothing_done)})
+        with tempfile.TemporaryDirectory(prefix="build-report-") as d:
+            (Path(d) / REPORT_DIR).mkdir()
+            for fname, png in figures.items():
+                (Path(d) / REPORT_DIR / fname).write_bytes(png)
+            (Path(d) / "manifest.json").write_text(json.dumps(m, indent=1))
+            run.log_artifacts(d)
+            if self.vocab_run is not None:  # the trained vocabulary, beside the run that trained it
+                (Path(d) / "vocab").mkdir()
+                (Path(d) / "vocab" / VOCAB_FILE).write_bytes(read_bytes(join(output, VOCAB_FILE), self.endpoint_url))
+                self.vocab_run.log_artifacts(Path(d) / "vocab")
+        # The dataset as its consumers read it back (pre-training logs the same one as its input).
+        log_dataset(self.uri, run.run_id, read_manifest(output, self.endpoint_url), "output")
+        run.end("FINISHED", end_time=ended)
+
+    def _fail(self, error: BaseException, ended: float) -> None:
+        run = self._opened.result()
+        run.set_tags({"error": str(error)[:5000] or type(error).__name__})
+        run.end("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED", end_time=ended)
+
+    # --- the build's side: every call returns at once ------------------------------------------------------------
+
+    def _submit(self, fn, *args) -> None:
+        self._pending.append(self._thread.submit(fn, *args))
+
+    def on_stage(self, name: str, markers: list, started: float, ended: float) -> None:
+        """A stage finished: its wall time as a metric; the vocabulary stage gets a child run of its own."""
+        if self._opened.done() and self._opened.exception() is not None:
+            self._opened.result()  # the store refused the run: stop the build now, not after it
+        self._stages_run += 1
+        self._submit(self._stage, name, markers, started, ended)
+
+    def finish(self, output: str, manifest: dict[str, Any], ended: float) -> None:
+        self._submit(self._finish, output, manifest, ended, self._stages_run == 0)
+
+    def fail(self, error: BaseException, ended: float) -> None:
+        self._submit(self._fail, error, ended)
+
+    def wait(self, timeout: float = 600.0) -> str:
+        """The run's id once every queued write is done; raises the first error of the thread."""
+        t0 = time.perf_counter()
+        try:
+            run = self._opened.result(timeout)
+            for f in self._pending:
+                f.result(timeout)
+            log.info("MLflow run %s written; the job waited %.1f s (wall) for it after the build", run.run_id,
+                     time.perf_counter() - t0)
+            return run.run_id
+        finally:
+            self._thread.shutdown(wait=False)
+
+
+def _note(output: str, m: dict[str, Any], nothing_done: bool) -> str:
+    """The run's description (MLflow's Overview tab): what was built, where, and where the figures are."""
+    t = m["totals"]
+    lines = [f"Dataset build of `{output}`" + (" (already complete: nothing was built by this run)."
+                                                if nothing_done else "."),
+             f"{t['instances']:,} sequences of at most {m['max_seq_length']} tokens in {len(m['shards'])} shards, "
+             f"from {t['documents']:,} documents ({t['tokens']:,} tokens) of {len(m['inputs'])} input file(s); "
+             f"vocabulary of {m['vocab']['size']:,} entries" + (" trained on the input." if m["vocab"]["trained"]
+                                                                 else "."),
+             f"Figures: Artifacts > {REPORT_DIR}/. The dataset (Dataset column) carries the manifest's sha256 (first 16"
+             " hex digits)."]
+    for w in m.get("warnings", []):
+        lines.append(f"**Warning:** {w}")
+    return "\n\n".join(lines)
+
+
+def readable_params(args: Any, cfg: Any) -> dict[str, Any]:
+    """What a person needs to tell builds apart, flat: inputs as a list, the vocabulary as given (its real size is
+    logged when known), the trained vocabulary's settings only when one is trained."""
+    from tracking.params import flatten_params
+
+    shown = list(cfg.inputs[:20]) + ([f"... ({len(cfg.inputs) - 20} more)"] if len(cfg.inputs) > 20 else [])
+    params: dict[str, Any] = {"inputs": ", ".join(shown), "output": cfg.output,
+                              "executor": "plain loop (--no-ray)" if args.no_ray else f"ray {args.engine}",
+                              "num_cpus": args.num_cpus if args.num_cpus is not None else "all"}
+    params |= flatten_params(cfg.read, "read") | flatten_params(cfg.instances, "instances")
+    params |= {k: getattr(cfg, k) for k in ("do_lower_case", "dupe_factor", "pool_tokens", "unit_bytes")}
+    params["num_shards"] = cfg.num_shards if cfg.num_shards is not None else "from the planned size"
+    if cfg.vocab:
+        params["vocab"] = cfg.vocab
+    else:
+        params |= {"vocab": "trained on the input", "vocab.asked_size": cfg.vocab_size,
+                   "vocab.sample_bytes": cfg.vocab_sample_bytes, "vocab.min_frequency": cfg.min_frequency}
+    return params

@@ -1,0 +1,160 @@
+"""A job's MLflow run: the one opener (`open_run`: new, or the run a rerun continues), and `Run`, how the driver
+logs params, tags, metrics and artifacts into it and ends it."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import numbers
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tracking.params import MAX_PARAM_LENGTH
+from tracking.store import get_or_create_experiment
+
+log = logging.getLogger(__name__)
+
+RUN_NAME_TAG = "bert.run_name"  # the tag a rerun of pre-training finds its run by
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI nests a run under its parent
+BATCH = 100  # params or tags per log_batch call (MLflow's limit)
+METRICS_BATCH = 1000  # metrics per log_batch call (MLflow's limit)
+
+
+def _as_metrics(metrics: Mapping[str, Any], step: int, timestamp_ms: int) -> list:
+    """The metrics MLflow gets: numbers only (not bools). NaN and inf are kept: a diverged value is logged as what
+    it is (MLflow stores NaN, and +-inf as +-1.8e308), never dropped."""
+    from mlflow.entities import Metric
+
+    return [Metric(k, float(v), timestamp_ms, step) for k, v in metrics.items()
+            if isinstance(v, numbers.Real) and not isinstance(v, bool)]
+
+
+@dataclass(frozen=True)
+class Run:
+    """An open MLflow run of a job, as the driver uses it."""
+
+    tracking_uri: str
+    run_id: str
+    experiment_id: str
+    resumed: bool = False
+
+    def _client(self):
+        from mlflow.tracking import MlflowClient
+
+        return MlflowClient(self.tracking_uri)
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in sorted(params.items())]
+        client = self._client()
+        for i in range(0, len(items), BATCH):
+            client.log_batch(self.run_id, params=items[i:i + BATCH])
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, str(v)) for k, v in tags.items()]
+        client = self._client()
+        for i in range(0, len(items), BATCH):
+            client.log_batch(self.run_id, tags=items[i:i + BATCH])
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int = 0) -> None:
+        items = _as_metrics(metrics, step, int(time.time() * 1000))
+        client = self._client()
+        for i in range(0, len(items), METRICS_BATCH):
+            client.log_batch(self.run_id, metrics=items[i:i + METRICS_BATCH])
+
+    def log_artifacts(self, local_dir: str | os.PathLike, artifact_path: str | None = None) -> None:
+        self._client().log_artifacts(self.run_id, str(local_dir), artifact_path=artifact_path)
+
+    def end(self, status: str, end_time: float | None = None) -> None:
+        """``end_time`` (epoch seconds, default now): when what the run tracks ended, if the writes come later."""
+        self._client().set_terminated(self.run_id, status=status,
+                                      end_time=None if end_time is None else int(end_time * 1000))
+
+    @contextlib.contextmanager
+    def ending(self) -> Iterator["Run"]:
+        """FINISHED when the block completes, KILLED on Ctrl-C / SIGTERM, FAILED on any other exception."""
+        try:
+            yield self
+        except KeyboardInterrupt:
+            self.end("KILLED")
+            raise
+        except BaseException:
+            self.end("FAILED")
+            raise
+        self.end("FINISHED")
+
+
+def open_run(tracking_uri: str, experiment: str, run_name: str, *, params: Mapping[str, Any] | None = None,
+             tags: Mapping[str, str] | None = None, parent_run_id: str | None = None,
+             resume_by: str | None = None, start_time: float | None = None) -> Run:
+    """The job's run: a new one, or (`resume_by` a tag key) the latest run of the experiment whose tag `resume_by`
+    has the value given in `tags`, reopened as RUNNING. A resumed run keeps the params it was first logged with
+    (a changed one is warned about) and gets the ones it lacks; tags are set either way. `start_time` (epoch
+    seconds, default now) dates a new run from when its work began, when it is opened later (in a thread)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    tags = dict(tags or {})
+    params = dict(params or {})
+    if parent_run_id:
+        if not run_exists(tracking_uri, parent_run_id):
+            raise ValueError(f"--parent-run-id {parent_run_id} is not a run in {tracking_uri}; pass a run id of "
+                             "that store or drop the flag")
+        tags[PARENT_TAG] = parent_run_id
+    exp_id = get_or_create_experiment(experiment, tracking_uri)
+    found = []
+    if resume_by is not None:
+        if resume_by not in tags:
+            raise ValueError(f"open_run: resume_by={resume_by!r} needs that tag's value in `tags`")
+        found = client.search_runs([exp_id], filter_string=f"tags.`{resume_by}` = '{tags[resume_by]}'",
+                                   max_results=1, order_by=["attributes.start_time DESC"])
+    if found:
+        run = Run(tracking_uri, found[0].info.run_id, exp_id, resumed=True)
+        client.update_run(run.run_id, status="RUNNING")
+        old = found[0].data.params
+        changed = {k: (old[k], str(v)[:MAX_PARAM_LENGTH]) for k, v in params.items()
+                   if k in old and old[k] != str(v)[:MAX_PARAM_LENGTH]}
+        if changed:
+            log.warning("resuming MLflow run %s with changed settings (kept as first logged): %s", run.run_id, changed)
+        params = {k: v for k, v in params.items() if k not in old}
+        log.info("resuming MLflow run %s (%s)", run.run_id, run_name)
+    else:
+        started = None if start_time is None else int(start_time * 1000)
+        run = Run(tracking_uri, client.create_run(exp_id, start_time=started, run_name=run_name, tags=tags).info.run_id,
+                  exp_id)
+        log.info("MLflow run %s (%s) in experiment %r at %s", run.run_id, run_name, experiment, tracking_uri)
+    run.log_params(params)
+    run.set_tags(tags)
+    return run
+
+
+def close_stale_children(run: Run) -> None:
+    """Child runs of `run` left RUNNING by a killed attempt are marked KILLED (a resumed job reopens its own)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(run.tracking_uri)
+    for r in client.search_runs([run.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{run.run_id}'"):
+        if r.info.status == "RUNNING":
+            client.set_terminated(r.info.run_id, status="KILLED")
+
+
+def run_exists(tracking_uri: str, run_id: str) -> bool:
+    from mlflow.tracking import MlflowClient
+
+    try:
+        MlflowClient(tracking_uri).get_run(run_id)
+    except Exception:  # noqa: BLE001 (each store raises its own type for an unknown or deleted run)
+        return False
+    return True
+
+
+def run_metrics(tracking_uri: str, run_id: str) -> dict[str, float]:
+    """The latest value of every metric of a run (a finished stage's, read by the workflow)."""
+    from mlflow.tracking import MlflowClient
+
+    return dict(MlflowClient(tracking_uri).get_run(run_id).data.metrics)

@@ -1,0 +1,54 @@
+"""What a training loop is handed by whoever runs it, and what it hands back: the contract between the launcher
+(`training.launch`: in this process or on Ray Train workers) and either trainer's `fit(config, worker)`
+(`pretraining.loop.fit`, `finetuning.loop.fit`)."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ContextManager, Protocol
+
+import torch
+from torch import nn
+
+from tracking.tracker import Tracker
+
+
+class Checkpoints(Protocol):
+    def latest(self) -> ContextManager[Path | None]: ...
+    def save(self, step: int, metrics: dict[str, float], write: Callable[[Path], None] | None) -> str | None: ...
+
+
+@dataclass
+class Worker:
+    """Where this copy of the loop runs. The defaults are one process with no launcher; the Ray wrapper fills in
+    its rank, world size, device, DDP wrapper, checkpoint storage and (for --data-loader ray-data) row source."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1  # workers on this machine (they share its RAM)
+    device: torch.device | None = None
+    wrap: Callable[[nn.Module], nn.Module] = lambda m: m
+    checkpoints: Checkpoints | None = None
+    rows: Callable[[int], Iterator[Any]] | None = None  # a row source (pre-training's `--data-loader ray-data`)
+    tracker: Tracker | None = None  # default: from config.tracking, on rank 0
+
+
+@dataclass
+class FitResult:
+    step: int
+    metrics: dict[str, float]  # the last logged ones
+    checkpoint: str | None  # the last checkpoint written (None: none, or not by this rank)
+    resumed_from: int = 0
+    # Over the whole run, compile warm-up excluded: sequences_per_second, tokens_per_second, data_wait_fraction,
+    # padding_fraction, mean_real_tokens, seconds, sequences and (with a known peak) mfu, all ranks together.
+    throughput: dict[str, float] = field(default_factory=dict)
+    history: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # every logged step, on rank 0
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda was asked for but torch sees no GPU; use --device cpu")
+    return torch.device(name)
