@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from finetuning.loop import ScheduleConfig
+from finetuning.schedule import ScheduleConfig
 from finetuning.task_model import HeadConfig
 from finetuning.prepare import TaskConfig
 from tracking.config import TrackingConfig
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FinetuneConfig:
     data: TaskConfig
     model: HeadConfig

@@ -23,7 +23,7 @@ from pathlib import Path
 from finetuning.config import FinetuneConfig
 from finetuning.examples import TASKS, TaskColumns
 from finetuning.finetune_job import FinetuneJob, run_finetuning
-from finetuning.loop import ScheduleConfig
+from finetuning.schedule import ScheduleConfig
 from finetuning.task_model import DEFAULT_VOCAB, HeadConfig
 from finetuning.prepare import FeatureConfig, TaskConfig
 from finetuning.records import FORMATS

@@ -17,7 +17,8 @@ from typing import Any
 from tracking import params, runs, store
 from workflows.config import load_config, workdir_of
 from workflows.execute import StageFailed, run_stage
-from workflows.plan import JobStage, plan, to_run
+from workflows.stage import JobStage
+from workflows.plan import plan, to_run
 from workflows.specs import SPECS
 from workflows.state import STATE_DIR, acquire_lock, finished, marker_path, write_atomic
 from workflows.summary import summary_json, summary_lines

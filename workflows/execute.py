@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workflows.plan import JobStage
+from workflows.stage import JobStage
 
 JOBS_DIR = Path(__file__).resolve().parent.parent / "jobs"
 # Ray gives a new local node 30 s (hard-coded) to come up; a loaded machine can miss it. Such a stage failed

@@ -14,7 +14,7 @@ from typing import Any
 from pipeline import storage
 from pipeline.schema import MANIFEST
 from training.export import PRETRAIN_LINEAGE
-from workflows.plan import TRACKING_FLAGS, Planned, JobStage, fingerprint, input_stamps, join, to_argv
+from workflows.stage import TRACKING_FLAGS, Planned, JobStage, fingerprint, input_stamps, join, to_argv
 
 
 class JobSpec:

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from workflows.plan import JobStage
+from workflows.stage import JobStage
 from workflows.specs import SPECS
 
 STATE_DIR = "_workflow"

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from workflows.plan import JobStage
+from workflows.stage import JobStage
 from workflows.state import STATE_DIR
 
 

@@ -66,7 +66,8 @@ def test_fit_has_pretrainings_shape(sample_dir, tmp_path, caplog):
 
     from finetuning import FinetuneConfig, fit
     from finetuning.examples import TaskColumns
-    from finetuning.loop import BEST_METRICS_FILE, ScheduleConfig
+    from finetuning.loop import BEST_METRICS_FILE
+    from finetuning.schedule import ScheduleConfig
     from finetuning.task_model import HeadConfig
     from finetuning.prepare import FeatureConfig, TaskConfig
     from training.checkpoint import LocalCheckpoints
