@@ -41,6 +41,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from pipeline.schema import read_manifest  # noqa: E402
+
 SHARED = REPO.parent / "shared" / "data" / "corpora"
 VOCAB = REPO / "data" / "sample" / "reference" / "bert-base-uncased-vocab.txt"
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -282,7 +285,7 @@ def run(corpus: Path, mb: float, cpus: int, out: Path, args, head: Head | None, 
     if proc.returncode != 0:
         err.seek(0)
         raise RuntimeError(f"{' '.join(cmd)} failed with {proc.returncode}:\n{err.read()[-3000:]}")
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = read_manifest(str(out))
     err.seek(0)
     steps = phases(err.read(), wall)
     by_kind = watch.cpu_by_kind(proc.pid)
@@ -291,7 +294,7 @@ def run(corpus: Path, mb: float, cpus: int, out: Path, args, head: Head | None, 
     return {"wall_s": wall, "cpu_s": cpu, "cpu_s_by_kind": by_kind, "mb": mb, "e2e_mb_s_cpu": mb / wall / cpus,
             "mb_per_cpu_s": mb / cpu, "peak_worker_rss_mb": watch.worker_peak_mb(proc.pid),
             "driver_peak_rss_mb": watch.rss_peak.get(proc.pid, 0) / 1e6, "load_avg": statistics.fmean(load or [0]),
-            "instances": manifest["totals"]["instances"], "shards": len(manifest["shards"]), "phases_s": steps}
+            "instances": manifest.instances, "shards": len(manifest.shards), "phases_s": steps}
 
 
 def _busy_loop(n: int) -> float:

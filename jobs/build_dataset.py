@@ -141,11 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         # ends with exit code 1; pipeline.build.ray_cluster.RayCluster.end).
         run_id = run.wait()
     executor.end()  # Ray's own exit handler takes longer (measured in docs/benchmarks.md)
-    t = manifest["totals"]
-    summary = {"output": cfg.output, "instances": t["instances"], "documents": t["documents"],
-               "tokens": t["tokens"], "shards": len(manifest["shards"]), "dropped": t["dropped"],
-               "config_hash": manifest["config_hash"][:12], "wall_seconds": manifest.get("build_seconds"),
-               "warnings": manifest.get("warnings", []), "mlflow_run_id": run_id}
+    t = manifest.totals
+    summary = {"output": cfg.output, "instances": t.instances, "documents": t.documents, "tokens": t.tokens,
+               "shards": len(manifest.shards), "dropped": manifest.dropped, "config_hash": manifest.config_hash[:12],
+               "wall_seconds": manifest.build_seconds, "warnings": list(manifest.warnings), "mlflow_run_id": run_id}
     print(json.dumps(summary))
     return 0
 

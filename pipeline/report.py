@@ -10,7 +10,8 @@ background thread the job renders them in.
 from __future__ import annotations
 
 import io
-from typing import Any
+
+from pipeline.schema import Manifest
 
 FIGURES = ("seq_length.png", "tokens_per_document.png", "masked_per_sequence.png", "next_sentence.png",
            "dropped.png")
@@ -19,9 +20,8 @@ _BAR = "#4c72b0"
 _ACCENT = "#dd8452"
 
 
-def _sorted_hist(hist: dict[str, int]) -> tuple[list[int], list[int]]:
-    items = sorted((int(k), int(v)) for k, v in hist.items())
-    return [k for k, _ in items], [v for _, v in items]
+def _hist(pairs: tuple[tuple[int, int], ...]) -> tuple[list[int], list[int]]:
+    return [k for k, _ in pairs], [v for _, v in pairs]
 
 
 def _mean(xs: list[int], ws: list[int]) -> float:
@@ -70,11 +70,11 @@ def _mark(ax, x: float, label: str) -> None:
                 color=_ACCENT, va="top", ha="right", fontsize=8)
 
 
-def seq_length_figure(m: dict[str, Any], name: str) -> bytes:
+def seq_length_figure(m: Manifest, name: str) -> bytes:
     from matplotlib.ticker import MaxNLocator
 
-    xs, ws = _sorted_hist(m["seq_len_histogram"])
-    top = m["max_seq_length"]
+    xs, ws = _hist(m.seq_len_histogram)
+    top = m.max_seq_length
     full = dict(zip(xs, ws)).get(top, 0) / max(1, sum(ws))
     fig, ax = _figure(f"{name}: sequence length, {sum(ws):,} sequences, {full:.0%} at the maximum")
     ax.bar(xs, ws, width=1.0, color=_BAR)
@@ -87,44 +87,43 @@ def seq_length_figure(m: dict[str, Any], name: str) -> bytes:
     return _png(fig)
 
 
-def tokens_per_document_figure(m: dict[str, Any], name: str) -> bytes:
+def tokens_per_document_figure(m: Manifest, name: str) -> bytes:
     # Bins are powers of two (lower bound as key): documents range from a line to a book.
-    xs, ws = _sorted_hist(m["tokens_per_document_histogram"])
-    t = m["totals"]
-    fig, ax = _figure(f"{name}: tokens per document, {t['documents']:,} documents")
+    xs, ws = _hist(m.tokens_per_document_histogram)
+    t = m.totals
+    fig, ax = _figure(f"{name}: tokens per document, {t.documents:,} documents")
     ax.bar(range(len(xs)), ws, width=0.85, color=_BAR)
     ax.set_xticks(range(len(xs)), [f"{x:,}–{2 * x - 1:,}" if x > 1 else "1" for x in xs], rotation=45,
                   ha="right", fontsize=7)
-    mean = t["tokens"] / t["documents"] if t["documents"] else 0.0
+    mean = t.tokens / t.documents if t.documents else 0.0
     ax.set_xlabel(f"WordPiece tokens per document (mean {mean:,.0f})")
     ax.set_ylabel("documents")
     _counts_axis(ax.yaxis)
     return _png(fig)
 
 
-def masked_per_sequence_figure(m: dict[str, Any], name: str) -> bytes:
+def masked_per_sequence_figure(m: Manifest, name: str) -> bytes:
     from matplotlib.ticker import MaxNLocator
 
-    xs, ws = _sorted_hist(m["masked_per_seq_histogram"])
-    inst = m["config"]["instances"]
-    cap = inst["max_predictions_per_seq"]
+    xs, ws = _hist(m.masked_per_seq_histogram)
+    cap = m.max_predictions
     fig, ax = _figure(f"{name}: masked positions per sequence (MLM targets)")
     ax.bar(xs, ws, width=0.85, color=_BAR)
     _mark(ax, cap, f"--max-predictions-per-seq {cap}")
     ax.set_xlim(-0.5, max([cap, *xs]) + 1)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel(f"masked positions (mean {_mean(xs, ws):.2f}; round({inst['masked_lm_prob']} x length), at most "
+    ax.set_xlabel(f"masked positions (mean {_mean(xs, ws):.2f}; round({m.masked_lm_prob} x length), at most "
                   f"{cap})")
     ax.set_ylabel("sequences (log scale)")
     _log_counts(ax, ws)
     return _png(fig)
 
 
-def next_sentence_figure(m: dict[str, Any], name: str) -> bytes:
-    t = m["totals"]
-    random_next = t["random_next"]
-    actual = t["instances"] - random_next
-    share = random_next / t["instances"] if t["instances"] else 0.0
+def next_sentence_figure(m: Manifest, name: str) -> bytes:
+    t = m.totals
+    random_next = t.random_next
+    actual = t.instances - random_next
+    share = random_next / t.instances if t.instances else 0.0
     fig, ax = _figure(f"{name}: next-sentence labels, {share:.1%} random next")
     bars = ax.barh(["B is the actual next (0)", "B is a random next (1)"], [actual, random_next],
                    color=[_BAR, _ACCENT])
@@ -134,11 +133,11 @@ def next_sentence_figure(m: dict[str, Any], name: str) -> bytes:
     return _png(fig)
 
 
-def dropped_figure(m: dict[str, Any], name: str) -> bytes:
-    dropped = m["totals"]["dropped"]
+def dropped_figure(m: Manifest, name: str) -> bytes:
+    dropped = m.dropped
     fig, ax = _figure(f"{name}: what the build dropped, by reason")
     if not dropped:
-        ax.text(0.5, 0.5, f"nothing dropped ({m['totals']['documents']:,} documents kept)", ha="center",
+        ax.text(0.5, 0.5, f"nothing dropped ({m.totals.documents:,} documents kept)", ha="center",
                 va="center", fontsize=11, transform=ax.transAxes)
         ax.set_axis_off()
         return _png(fig)
@@ -149,31 +148,31 @@ def dropped_figure(m: dict[str, Any], name: str) -> bytes:
     return _png(fig)
 
 
-def figures(manifest: dict[str, Any], name: str) -> dict[str, bytes]:
+def figures(manifest: Manifest, name: str) -> dict[str, bytes]:
     """Every figure of the report as PNG bytes, by file name (``FIGURES``); ``name`` titles them."""
     draw = (seq_length_figure, tokens_per_document_figure, masked_per_sequence_figure, next_sentence_figure,
             dropped_figure)
     return {f: d(manifest, name) for f, d in zip(FIGURES, draw)}
 
 
-def metrics(manifest: dict[str, Any]) -> dict[str, float]:
+def metrics(manifest: Manifest) -> dict[str, float]:
     """The manifest's statistics as flat numbers (counts, fractions, means), for a tracking store."""
-    t = manifest["totals"]
-    n = t["instances"]
-    seq_x, seq_w = _sorted_hist(manifest["seq_len_histogram"])
-    out: dict[str, float] = {k: float(t[k]) for k in ("documents", "sentences", "tokens", "instances",
-                                                       "random_next", "masked_lm_positions", "unk_tokens")}
+    t = manifest.totals
+    n = t.instances
+    seq_x, seq_w = _hist(manifest.seq_len_histogram)
+    out: dict[str, float] = {k: float(getattr(t, k)) for k in ("documents", "sentences", "tokens", "instances",
+                                                                "random_next", "masked_lm_positions", "unk_tokens")}
     out |= {
-        "random_next_fraction": t["random_next"] / n if n else 0.0,
-        "masked_per_sequence_mean": t["masked_lm_positions"] / n if n else 0.0,
+        "random_next_fraction": t.random_next / n if n else 0.0,
+        "masked_per_sequence_mean": t.masked_lm_positions / n if n else 0.0,
         "seq_length_mean": _mean(seq_x, seq_w),
-        "full_length_fraction": (dict(zip(seq_x, seq_w)).get(manifest["max_seq_length"], 0) / n) if n else 0.0,
-        "tokens_per_document_mean": t["tokens"] / t["documents"] if t["documents"] else 0.0,
-        "unk_fraction": t["unk_tokens"] / t["tokens"] if t["tokens"] else 0.0,
-        "shards": float(len(manifest["shards"])),
-        "vocab_size": float(manifest["vocab"]["size"]),
+        "full_length_fraction": (dict(zip(seq_x, seq_w)).get(manifest.max_seq_length, 0) / n) if n else 0.0,
+        "tokens_per_document_mean": t.tokens / t.documents if t.documents else 0.0,
+        "unk_fraction": t.unk_tokens / t.tokens if t.tokens else 0.0,
+        "shards": float(len(manifest.shards)),
+        "vocab_size": float(manifest.vocab.size),
     }
-    out |= {f"dropped.{k}": float(v) for k, v in t["dropped"].items()}
-    if "build_seconds" in manifest:
-        out["build_seconds"] = float(manifest["build_seconds"])
+    out |= {f"dropped.{k}": float(v) for k, v in t.dropped}
+    if manifest.build_seconds is not None:
+        out["build_seconds"] = manifest.build_seconds
     return out

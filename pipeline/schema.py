@@ -2,8 +2,9 @@
 
 See docs/architecture.md. Token ids are ``uint16`` when the vocabulary has at most 65,536 entries (ids up to 65,535), else ``uint32``;
 rows are unpadded; ``a_length`` rebuilds the segment ids (``token_type_ids[i] = 0 if i < a_length + 2 else 1``).
-The build writes ``manifest.json`` (a dict checked by ``validate_manifest``); consumers read it with
-``read_manifest`` as one frozen ``Manifest``.
+The build writes ``manifest.json`` (a dict checked by ``validate_manifest``) and returns it as one frozen
+``Manifest`` (``parse_manifest``); consumers read it with ``read_manifest``, which gives the same. Nothing outside
+this module reads the manifest's keys.
 """
 from __future__ import annotations
 
@@ -100,6 +101,33 @@ class Vocab:
     sha256: str
     do_lower_case: bool
     mask_id: int  # the id of [MASK]
+    trained: bool = False  # trained on the input (no --vocab given)
+
+
+@dataclass(frozen=True)
+class Totals:
+    """What the build counted over the whole corpus."""
+
+    documents: int
+    sentences: int
+    tokens: int
+    instances: int
+    random_next: int = 0
+    masked_lm_positions: int = 0
+    unk_tokens: int = 0
+    dropped: tuple[tuple[str, int], ...] = ()  # (reason, records or files), by reason
+
+    @classmethod
+    def from_dict(cls, t: dict[str, Any]) -> "Totals":
+        return cls(documents=int(t.get("documents", 0)), sentences=int(t.get("sentences", 0)),
+                   tokens=int(t.get("tokens", 0)), instances=int(t["instances"]),
+                   random_next=int(t.get("random_next", 0)), masked_lm_positions=int(t.get("masked_lm_positions", 0)),
+                   unk_tokens=int(t.get("unk_tokens", 0)),
+                   dropped=tuple(sorted((str(k), int(v)) for k, v in t.get("dropped", {}).items())))
+
+
+def _pairs(histogram: dict[str, Any]) -> tuple[tuple[int, int], ...]:
+    return tuple(sorted((int(k), int(v)) for k, v in histogram.items()))
 
 
 @dataclass(frozen=True)
@@ -115,6 +143,18 @@ class Manifest:
     masked_lm_prob: float
     shards: tuple[Shard, ...]
     seq_len_histogram: tuple[tuple[int, int], ...]  # (length, rows), by length
+    totals: Totals
+    config: dict[str, Any]  # the build config (its canonical dict: what `config_hash` hashes)
+    inputs: tuple[dict[str, Any], ...] = ()  # the inputs' stamps at the build's start (path, size, etag, mtime)
+    token_dtype: str = "uint16"
+    # (value, sequences or documents), by value; tokens per document in power-of-two bins keyed by their lower bound
+    masked_per_seq_histogram: tuple[tuple[int, int], ...] = ()
+    tokens_per_document_histogram: tuple[tuple[int, int], ...] = ()
+    warnings: tuple[str, ...] = ()
+    skipped_files: tuple[tuple[str, str], ...] = ()  # (path, reason) with --on-error skip
+    ignored_files: tuple[str, ...] = ()  # files of an input folder that are not corpus files by name
+    random_pool: tuple[tuple[str, float], ...] = ()  # documents, tokens, planned_tokens, sample_fraction
+    build_seconds: float | None = None
 
     @property
     def shard_urls(self) -> tuple[str, ...]:
@@ -128,6 +168,69 @@ class Manifest:
     def instances(self) -> int:
         return sum(s.rows for s in self.shards)
 
+    @property
+    def seq_lengths(self) -> tuple[int, ...]:
+        """The distinct sequence lengths the dataset holds."""
+        return tuple(n for n, rows in self.seq_len_histogram if rows)
+
+    @property
+    def input_bytes(self) -> int:
+        return sum(int(i.get("size") or 0) for i in self.inputs)
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        return dict(self.totals.dropped)
+
+
+def manifest_stamps(url: str, endpoint_url: str | None = None) -> tuple[str, list[dict[str, Any]]] | None:
+    """(config_hash, input stamps) of the finished dataset at ``url``, None when there is none: what a rerun of
+    the build compares its own against, read without the checks a complete dataset must pass."""
+    from pipeline.storage import exists
+
+    path = join(url, MANIFEST)
+    if not exists(path, endpoint_url):
+        return None
+    m = read_json(path, endpoint_url)
+    return str(m.get("config_hash")), list(m.get("inputs", []))
+
+
+def parse_manifest(m: dict[str, Any], folder: str, vocab_text: str, where: str = "manifest") -> Manifest:
+    """A manifest's dict (validated) as the typed record; ``folder`` is the dataset's, ``vocab_text`` its vocab.txt."""
+    validate_manifest(m, where)
+    tokens = vocab_text.splitlines()
+    vocab_url = join(folder, m["vocab"]["file"])
+    if len(tokens) != m["vocab"]["size"]:
+        raise ValueError(f"{vocab_url} has {len(tokens)} entries, the manifest says {m['vocab']['size']}: "
+                         "the dataset folder is damaged; rebuild it")
+    if "[MASK]" not in tokens:
+        raise ValueError(f"{vocab_url} has no [MASK] token: not a BERT vocabulary; rebuild with one")
+    instances = m.get("config", {}).get("instances", {})
+    return Manifest(
+        url=folder,
+        sha256=hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest(),
+        config_hash=m["config_hash"],
+        vocab=Vocab(url=vocab_url, size=int(m["vocab"]["size"]),
+                    sha256=m["vocab"].get("sha256") or hashlib.sha256(vocab_text.encode()).hexdigest(),
+                    do_lower_case=bool(m["vocab"].get("do_lower_case", True)), mask_id=tokens.index("[MASK]"),
+                    trained=bool(m["vocab"].get("trained", False))),
+        max_seq_length=int(m["max_seq_length"]),
+        max_predictions=int(instances.get("max_predictions_per_seq", 20)),
+        masked_lm_prob=float(instances.get("masked_lm_prob", 0.15)),
+        shards=tuple(Shard(s["file"], join(folder, s["file"]), int(s["rows"])) for s in m["shards"]),
+        seq_len_histogram=_pairs(m["seq_len_histogram"]),
+        totals=Totals.from_dict(m["totals"]),
+        config=m["config"],
+        inputs=tuple(m.get("inputs", [])),
+        token_dtype=str(m["token_dtype"]),
+        masked_per_seq_histogram=_pairs(m.get("masked_per_seq_histogram", {})),
+        tokens_per_document_histogram=_pairs(m.get("tokens_per_document_histogram", {})),
+        warnings=tuple(m.get("warnings", [])),
+        skipped_files=tuple(sorted(m.get("skipped_files", {}).items())),
+        ignored_files=tuple(m.get("ignored_files", [])),
+        random_pool=tuple(sorted((k, float(v)) for k, v in m.get("random_pool", {}).items())),
+        build_seconds=float(m["build_seconds"]) if m.get("build_seconds") is not None else None,
+    )
+
 
 def read_manifest(url: str, endpoint_url: str | None = None) -> Manifest:
     """The dataset at ``url`` (the folder, or its manifest.json): its manifest validated, its vocabulary checked."""
@@ -136,30 +239,11 @@ def read_manifest(url: str, endpoint_url: str | None = None) -> Manifest:
         folder = folder[: -len(MANIFEST)].rstrip("/")
     path = join(folder, MANIFEST)
     try:
-        m = validate_manifest(read_json(path, endpoint_url), path)
+        m = read_json(path, endpoint_url)
     except FileNotFoundError as e:
         raise ValueError(f"{path} not found: the dataset is missing or its build did not finish") from e
-    vocab_url = join(folder, m["vocab"]["file"])
-    vocab_text = read_bytes(vocab_url, endpoint_url).decode("utf-8")
-    tokens = vocab_text.splitlines()
-    if len(tokens) != m["vocab"]["size"]:
-        raise ValueError(f"{vocab_url} has {len(tokens)} entries, the manifest says {m['vocab']['size']}: "
-                         "the dataset folder is damaged; rebuild it")
-    if "[MASK]" not in tokens:
-        raise ValueError(f"{vocab_url} has no [MASK] token: not a BERT vocabulary; rebuild with one")
+    validate_manifest(m, path)
+    vocab_text = read_bytes(join(folder, m["vocab"]["file"]), endpoint_url).decode("utf-8")
     if sum(s["rows"] for s in m["shards"]) == 0:
         raise ValueError(f"{path} lists no rows: rebuild the dataset from a larger corpus")
-    instances = m.get("config", {}).get("instances", {})
-    return Manifest(
-        url=folder,
-        sha256=hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest(),
-        config_hash=m["config_hash"],
-        vocab=Vocab(url=vocab_url, size=int(m["vocab"]["size"]),
-                    sha256=m["vocab"].get("sha256") or hashlib.sha256(vocab_text.encode()).hexdigest(),
-                    do_lower_case=bool(m["vocab"].get("do_lower_case", True)), mask_id=tokens.index("[MASK]")),
-        max_seq_length=int(m["max_seq_length"]),
-        max_predictions=int(instances.get("max_predictions_per_seq", 20)),
-        masked_lm_prob=float(instances.get("masked_lm_prob", 0.15)),
-        shards=tuple(Shard(s["file"], join(folder, s["file"]), int(s["rows"])) for s in m["shards"]),
-        seq_len_histogram=tuple(sorted((int(k), int(v)) for k, v in m["seq_len_histogram"].items())),
-    )
+    return parse_manifest(m, folder, vocab_text, path)

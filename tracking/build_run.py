@@ -15,13 +15,15 @@ record from ``tracking.datasets.log_dataset`` (what pre-training calls for its i
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import logging
 import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.schema import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -72,33 +74,31 @@ class BuildRun:
         child.end("FINISHED", end_time=ended)
         self.vocab_run = child
 
-    def _finish(self, output: str, manifest: dict[str, Any], ended: float, nothing_done: bool) -> None:
+    def _finish(self, output: str, m: Manifest, ended: float, nothing_done: bool) -> None:
         from pipeline import report
-        from pipeline.schema import VOCAB_FILE, read_manifest
+        from pipeline.schema import MANIFEST, VOCAB_FILE
         from pipeline.storage import join, read_bytes
         from tracking.datasets import log_dataset
 
         run = self._opened.result()
-        m = manifest
         figures = report.figures(m, self.label)
         run.log_metrics(report.metrics(m))
-        run.log_params({"vocab.size": m["vocab"]["size"], "vocab.sha256": m["vocab"]["sha256"],
-                        "config_hash": m["config_hash"], "input_files": len(m["inputs"]),
-                        "input_bytes": sum(i["size"] for i in m["inputs"])})
+        run.log_params({"vocab.size": m.vocab.size, "vocab.sha256": m.vocab.sha256, "config_hash": m.config_hash,
+                        "input_files": len(m.inputs), "input_bytes": m.input_bytes})
         run.set_tags({"dataset.url": output, "dataset.result": "already complete: nothing built" if nothing_done
                       else "built", "mlflow.note.content": _note(output, m, nothing_done)})
         with tempfile.TemporaryDirectory(prefix="build-report-") as d:
             (Path(d) / REPORT_DIR).mkdir()
             for fname, png in figures.items():
                 (Path(d) / REPORT_DIR / fname).write_bytes(png)
-            (Path(d) / "manifest.json").write_text(json.dumps(m, indent=1))
+            (Path(d) / MANIFEST).write_bytes(read_bytes(join(output, MANIFEST), self.endpoint_url))
             run.log_artifacts(d)
             if self.vocab_run is not None:  # the trained vocabulary, beside the run that trained it
                 (Path(d) / "vocab").mkdir()
                 (Path(d) / "vocab" / VOCAB_FILE).write_bytes(read_bytes(join(output, VOCAB_FILE), self.endpoint_url))
                 self.vocab_run.log_artifacts(Path(d) / "vocab")
-        # The dataset as its consumers read it back (pre-training logs the same one as its input).
-        log_dataset(self.uri, run.run_id, read_manifest(output, self.endpoint_url), "output")
+        # The dataset as its consumers read it (pre-training logs the same one as its input).
+        log_dataset(self.uri, run.run_id, m, "output")
         run.end("FINISHED", end_time=ended)
 
     def _fail(self, error: BaseException, ended: float) -> None:
@@ -118,7 +118,7 @@ class BuildRun:
         self._stages_run += 1
         self._submit(self._stage, name, markers, started, ended)
 
-    def finish(self, output: str, manifest: dict[str, Any], ended: float) -> None:
+    def finish(self, output: str, manifest: Manifest, ended: float) -> None:
         self._submit(self._finish, output, manifest, ended, self._stages_run == 0)
 
     def fail(self, error: BaseException, ended: float) -> None:
@@ -138,18 +138,17 @@ class BuildRun:
             self._thread.shutdown(wait=False)
 
 
-def _note(output: str, m: dict[str, Any], nothing_done: bool) -> str:
+def _note(output: str, m: Manifest, nothing_done: bool) -> str:
     """The run's description (MLflow's Overview tab): what was built, where, and where the figures are."""
-    t = m["totals"]
+    t = m.totals
     lines = [f"Dataset build of `{output}`" + (" (already complete: nothing was built by this run)."
                                                 if nothing_done else "."),
-             f"{t['instances']:,} sequences of at most {m['max_seq_length']} tokens in {len(m['shards'])} shards, "
-             f"from {t['documents']:,} documents ({t['tokens']:,} tokens) of {len(m['inputs'])} input file(s); "
-             f"vocabulary of {m['vocab']['size']:,} entries" + (" trained on the input." if m["vocab"]["trained"]
-                                                                 else "."),
+             f"{t.instances:,} sequences of at most {m.max_seq_length} tokens in {len(m.shards)} shards, "
+             f"from {t.documents:,} documents ({t.tokens:,} tokens) of {len(m.inputs)} input file(s); "
+             f"vocabulary of {m.vocab.size:,} entries" + (" trained on the input." if m.vocab.trained else "."),
              f"Figures: Artifacts > {REPORT_DIR}/. The dataset (Dataset column) carries the manifest's sha256 (first 16"
              " hex digits)."]
-    for w in m.get("warnings", []):
+    for w in m.warnings:
         lines.append(f"**Warning:** {w}")
     return "\n\n".join(lines)
 

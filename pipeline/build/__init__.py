@@ -34,12 +34,11 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 from pipeline.build.config import BuildConfig, BuildState
 from pipeline.build.docs import doc_totals
 from pipeline.build.executor import Executor, LocalExecutor, Stage, run_stage
-from pipeline.build.identity import check_state, finished_manifest
+from pipeline.build.identity import check_state, finished
 from pipeline.build.instances import InstancesMarker, instances_stage
 from pipeline.build.pieces import input_units, unit_sizes
 from pipeline.build.pool import (COMPRESSED_RATIO, PoolMarker, PoolPartStep, planned_tokens, pool_parts_stage,
@@ -49,10 +48,10 @@ from pipeline.build.vocab import VocabContext, VocabSample, train_vocab
 from pipeline.checks import settings_warnings, unk_check, vocab_size_warning
 from pipeline.create_instances import VocabInfo
 from pipeline.readers import ReadReport
-from pipeline.schema import (FORMAT, FORMAT_VERSION, MANIFEST, SHARDS_DIR, VOCAB_FILE, config_hash, token_dtype,
-                             validate_manifest)
-from pipeline.storage import (check_writable, expand_inputs, join, read_bytes, remove_stale_temps, remove_tree,
-                              write_bytes_atomic, write_json_atomic)
+from pipeline.schema import (FORMAT, FORMAT_VERSION, MANIFEST, SHARDS_DIR, VOCAB_FILE, Manifest, config_hash,
+                             parse_manifest, read_manifest, token_dtype, validate_manifest)
+from pipeline.storage import (absolute, check_writable, expand_inputs, join, read_bytes, remove_stale_temps,
+                              remove_tree, write_bytes_atomic, write_json_atomic)
 
 __all__ = ["BuildConfig", "STAGES", "build"]
 
@@ -90,8 +89,8 @@ def _histogram(markers: list, field: str) -> dict[str, int]:
     return dict(sorted(hist.items(), key=lambda kv: int(kv[0])))
 
 
-def build(cfg: BuildConfig, executor: Executor | None = None, on_stage: OnStage | None = None) -> dict[str, Any]:
-    """Run (or resume, or confirm) the build; returns the manifest. ``on_stage`` hears of every finished stage."""
+def build(cfg: BuildConfig, executor: Executor | None = None, on_stage: OnStage | None = None) -> Manifest:
+    """Run (or resume, or confirm) the build; returns its manifest. ``on_stage`` hears of every finished stage."""
     executor = executor or LocalExecutor()
     out, ep = cfg.output, cfg.endpoint_url
     t0 = time.time()
@@ -113,9 +112,8 @@ def build(cfg: BuildConfig, executor: Executor | None = None, on_stage: OnStage 
     ident = cfg.identity() | {"vocab_sha256": hashlib.sha256(vocab_bytes).hexdigest() if vocab_bytes else None}
     chash = config_hash(ident)
     check_writable(out, ep)
-    done = finished_manifest(cfg, chash, inputs)
-    if done is not None:
-        return done
+    if finished(cfg, chash, inputs):
+        return read_manifest(out, ep)
     check_state(cfg, chash, inputs)
 
     executor.begin()  # a cluster comes up while the driver plans
@@ -198,4 +196,4 @@ def build(cfg: BuildConfig, executor: Executor | None = None, on_stage: OnStage 
     write_json_atomic(join(out, MANIFEST), manifest, ep)  # last: its presence means the dataset is complete
     remove_tree(cfg.work, ep)
     log.info("built %s: %d instances in %d shards", out, totals["instances"], len(shards))
-    return manifest
+    return parse_manifest(manifest, absolute(out), vocab_bytes.decode("utf-8"), "the new manifest")

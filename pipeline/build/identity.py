@@ -19,7 +19,7 @@ from typing import Any
 
 from pipeline.build.config import BuildConfig
 from pipeline.build.markers import SUFFIX
-from pipeline.schema import MANIFEST, SHARDS_DIR, WORK_DIR
+from pipeline.schema import SHARDS_DIR, WORK_DIR, manifest_stamps
 from pipeline.storage import exists, join, list_names, map_threads, read_json, remove_tree, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -45,25 +45,25 @@ def _listing(changes: list[str]) -> str:
     return "; ".join(changes[:_SHOWN]) + (f"; and {len(changes) - _SHOWN} more" if len(changes) > _SHOWN else "")
 
 
-def finished_manifest(cfg: BuildConfig, chash: str, inputs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The manifest of a finished build of this config and these inputs in ``cfg.output``, None when there is no
-    finished build; refuses one of another config or of other versions of the inputs."""
+def finished(cfg: BuildConfig, chash: str, inputs: list[dict[str, Any]]) -> bool:
+    """Whether ``cfg.output`` holds a finished build of this config and these inputs (False: no finished build);
+    refuses one of another config or of other versions of the inputs."""
     out, ep = cfg.output, cfg.endpoint_url
-    manifest_url = join(out, MANIFEST)
-    if not exists(manifest_url, ep):
-        return None
-    m = read_json(manifest_url, ep)
-    if m.get("config_hash") != chash:
+    stamps = manifest_stamps(out, ep)
+    if stamps is None:
+        return False
+    their_hash, their_inputs = stamps
+    if their_hash != chash:
         raise ValueError(f"{out} already holds a finished dataset built with a different config (hash "
-                         f"{str(m.get('config_hash'))[:12]} vs {chash[:12]}): use another --output")
-    changes = input_changes(m.get("inputs", []), inputs)
+                         f"{their_hash[:12]} vs {chash[:12]}): use another --output")
+    changes = input_changes(their_inputs, inputs)
     if changes:
         raise ValueError(f"{out} holds a finished dataset built from other versions of the inputs"
                          f" ({_listing(changes)}), so it is not this command's dataset and was left as it is. Use"
                          f" another --output, or delete {out} to rebuild it there")
     log.info("%s is already complete with this config and these inputs: nothing to do", out)
     remove_tree(join(out, WORK_DIR), ep)  # a kill between manifest and clean-up leaves it behind
-    return m
+    return True
 
 
 def committed_items(work: str, endpoint_url: str | None = None) -> int:

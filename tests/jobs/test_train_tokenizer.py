@@ -26,7 +26,7 @@ def test_train_tokenizer_job_uses_the_builds_sample(tmp_path, sample_dir, capsys
                       vocab_sample_bytes=300_000, unit_bytes=UNIT, dupe_factor=1, num_shards=2,
                       instances=InstanceConfig(max_seq_length=32, max_predictions_per_seq=5, seed=3))
     m = build(cfg)
-    assert m["vocab"]["trained"] and m["vocab"]["size"] == 300
+    assert m.vocab.trained and m.vocab.size == 300
     assert train_tokenizer.main(["--input", str(gz), "--output", str(tmp_path / "v.txt"), "--vocab-size", "300",
                                  "--sample-bytes", "300000", "--unit-bytes", str(UNIT), "--seed", "3"]) == 0
     assert (tmp_path / "v.txt").read_bytes() == (tmp_path / "ds" / "vocab.txt").read_bytes()

@@ -8,23 +8,17 @@ import threading
 from PIL import Image
 
 from pipeline.report import FIGURES, figures, metrics
-from pipeline.schema import MANIFEST
-from pipeline.storage import join, read_json
-
-
-def read_manifest(url: str) -> dict:
-    """The manifest as the build wrote it (the report reads every statistic, not just what consumers need)."""
-    return read_json(join(url, MANIFEST))
+from pipeline.schema import read_manifest
 
 
 def test_figures_are_pngs_and_the_histograms_add_up(tiny_pretrain_data):
     m = read_manifest(tiny_pretrain_data["train"])
-    t = m["totals"]
-    assert sum(m["tokens_per_document_histogram"].values()) == t["documents"]
-    assert all(int(k) & (int(k) - 1) == 0 for k in m["tokens_per_document_histogram"])  # powers of two
-    assert sum(m["masked_per_seq_histogram"].values()) == t["instances"]
-    assert sum(int(k) * v for k, v in m["masked_per_seq_histogram"].items()) == t["masked_lm_positions"]
-    assert max(int(k) for k in m["masked_per_seq_histogram"]) <= m["config"]["instances"]["max_predictions_per_seq"]
+    t = m.totals
+    assert sum(n for _, n in m.tokens_per_document_histogram) == t.documents
+    assert all(k & (k - 1) == 0 for k, _ in m.tokens_per_document_histogram)  # powers of two
+    assert sum(n for _, n in m.masked_per_seq_histogram) == t.instances
+    assert sum(k * n for k, n in m.masked_per_seq_histogram) == t.masked_lm_positions
+    assert max(k for k, _ in m.masked_per_seq_histogram) <= m.max_predictions
 
     figs = figures(m, "train")
     assert list(figs) == list(FIGURES)
@@ -49,12 +43,12 @@ def test_figures_drawn_in_threads_at_once_are_the_same(tiny_pretrain_data):
 
 def test_metrics_are_the_manifests_statistics(tiny_pretrain_data):
     m = read_manifest(tiny_pretrain_data["train"])
-    t = m["totals"]
+    t = m.totals
     got = metrics(m)
-    assert got["instances"] == t["instances"] and got["shards"] == len(m["shards"])
-    assert got["random_next_fraction"] == t["random_next"] / t["instances"]
-    assert got["masked_per_sequence_mean"] == t["masked_lm_positions"] / t["instances"]
-    assert got["unk_fraction"] == t["unk_tokens"] / t["tokens"]
-    seq = {int(k): v for k, v in m["seq_len_histogram"].items()}
-    assert got["full_length_fraction"] == seq.get(m["max_seq_length"], 0) / t["instances"]
-    assert got["vocab_size"] == m["vocab"]["size"] == 600
+    assert got["instances"] == t.instances and got["shards"] == len(m.shards)
+    assert got["random_next_fraction"] == t.random_next / t.instances
+    assert got["masked_per_sequence_mean"] == t.masked_lm_positions / t.instances
+    assert got["unk_fraction"] == t.unk_tokens / t.tokens
+    seq = dict(m.seq_len_histogram)
+    assert got["full_length_fraction"] == seq.get(m.max_seq_length, 0) / t.instances
+    assert got["vocab_size"] == m.vocab.size == 600

@@ -13,7 +13,7 @@ import pytest
 from pipeline.build import BuildConfig, build
 from pipeline.create_instances import InstanceConfig
 from pipeline.readers import ReadOptions
-from pipeline.schema import REQUIRED_MANIFEST_KEYS, instance_schema
+from pipeline.schema import REQUIRED_MANIFEST_KEYS, instance_schema, read_manifest
 
 # One distinct, single-piece word per document: a row's document is the most common word of its segment A.
 WORDS = ("apple river house music water garden silver winter doctor castle forest engine market summer "
@@ -50,19 +50,19 @@ def test_balanced_shards_and_complete_manifest(tmp_path):
     corpus = write_corpus(tmp_path / "c.jsonl")
     m = build(config(tmp_path, corpus, num_shards=7))
     out = tmp_path / "out"
-    m2, tables = shard_tables(out)
-    assert m == m2 and set(REQUIRED_MANIFEST_KEYS) <= set(m)
+    written, tables = shard_tables(out)
+    assert m == read_manifest(str(out)) and set(REQUIRED_MANIFEST_KEYS) <= set(written)  # what a reader sees
     rows = [t.num_rows for t in tables]
-    assert max(rows) - min(rows) <= 1 and sum(rows) == m["totals"]["instances"] > 50
-    assert [s["rows"] for s in m["shards"]] == rows
+    assert max(rows) - min(rows) <= 1 and sum(rows) == m.totals.instances > 50
+    assert list(m.shard_rows) == rows
     assert all(t.schema.equals(instance_schema(30522)) for t in tables)
-    t = m["totals"]
-    assert (t["documents"], t["dropped"]) == (len(WORDS), {})
-    assert t["sentences"] == 12 * len(WORDS) and t["tokens"] > 0
-    assert sum(m["seq_len_histogram"].values()) == t["instances"]
-    assert max(int(k) for k in m["seq_len_histogram"]) <= 64
-    assert m["inputs"][0]["path"] == corpus and m["inputs"][0]["size"] == os.path.getsize(corpus)
-    assert m["vocab"]["size"] == 30522 and len(m["vocab"]["sha256"]) == 64
+    t = m.totals
+    assert (t.documents, m.dropped) == (len(WORDS), {})
+    assert t.sentences == 12 * len(WORDS) and t.tokens > 0
+    assert sum(n for _, n in m.seq_len_histogram) == t.instances
+    assert max(m.seq_lengths) <= 64
+    assert m.inputs[0]["path"] == corpus and m.input_bytes == os.path.getsize(corpus)
+    assert m.vocab.size == 30522 and len(m.vocab.sha256) == 64
     assert (out / "vocab.txt").read_bytes() == open(os.environ["BERT_TEST_VOCAB"], "rb").read()
     assert not (out / "_work").exists()
     # Manifest written last: nothing in the output is newer.
@@ -135,8 +135,8 @@ def test_presplit_text_input_and_trained_vocab(tmp_path):
     p.write_text("\n\n".join("\n".join(f"The {w} sat by the {w} on day {j}." for j in range(8)) for w in WORDS) + "\n")
     cfg = config(tmp_path, str(p), vocab=None, vocab_size=200, read=ReadOptions(presplit=True))
     m = build(cfg)
-    assert m["vocab"]["trained"] and 100 < m["vocab"]["size"] <= 200
-    assert m["totals"]["documents"] == len(WORDS) and m["totals"]["sentences"] == 8 * len(WORDS)
+    assert m.vocab.trained and 100 < m.vocab.size <= 200
+    assert m.totals.documents == len(WORDS) and m.totals.sentences == 8 * len(WORDS)
     vocab = (tmp_path / "out" / "vocab.txt").read_text().split("\n")
     assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    assert build(cfg)["config_hash"] == m["config_hash"]  # a trained vocab is part of a resumable, stable build
+    assert build(cfg).config_hash == m.config_hash  # a trained vocab is part of a resumable, stable build

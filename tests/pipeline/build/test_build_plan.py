@@ -116,7 +116,7 @@ def test_a_build_without_num_shards_plans_them_from_its_size(tmp_path, sample_di
                       vocab=str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"), dupe_factor=1,
                       instances=InstanceConfig(max_seq_length=64, max_predictions_per_seq=10))
     m = build(cfg)
-    assert len(m["shards"]) == 1 and m["config"]["num_shards"] is None  # ~3 MB of text: far below one shard
+    assert len(m.shards) == 1 and m.config["num_shards"] is None  # ~3 MB of text: far below one shard
 
 
 def test_pool_threshold():
@@ -140,7 +140,7 @@ def test_pool_is_the_seeded_hash_sample_of_the_whole_corpus(tmp_path, sample_dir
                                                                                       ReadReport())]
     threshold = pool_threshold(cfg.pool_tokens, planned)
     members = [d for d in ids if derive_seed(cfg.instances.seed, d, "pool") < threshold]
-    pool = m["random_pool"]
+    pool = dict(m.random_pool)
     assert pool["documents"] == len(members) and pool["planned_tokens"] == planned
     assert abs(len(members) / len(ids) - 0.25) < 0.07  # a Bernoulli(1/4) sample of 400 documents
     assert pool["sample_fraction"] == pytest.approx(0.25, rel=1e-3)
