@@ -61,9 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     from pipeline.schema import read_manifest
-    from pretraining.loader import DataConfig, ShardSet
+    from pretraining.loader import DataConfig
 
-    shards = ShardSet.from_manifest(read_manifest(a.data))
+    shards = read_manifest(a.data)
     total = sum(shards.shard_rows)
     ways = {
         "pad to max": DataConfig(train=shards, micro_batch_size=a.micro_batch_size, length_bucketing=False,

@@ -100,10 +100,10 @@ def dataset_steps(cfg: BertConfig, data: str, batch_size: int, micro_batch: int,
     """The first `n` steps the training loader (rank 0 of 1) yields from the dataset at `data`: padded to its
     length buckets with length bucketing, or packed."""
     from pipeline.schema import read_manifest
-    from pretraining.loader import DataConfig, ShardSet
+    from pretraining.loader import DataConfig
     from pretraining.loader import train_batches
 
-    shards = ShardSet.from_manifest(read_manifest(data))
+    shards = read_manifest(data)
     config = DataConfig(train=shards, micro_batch_size=micro_batch, accum=batch_size // micro_batch,
                         packing=packing, pack_sequences=pack_sequences)
     batches = train_batches(config, cfg.vocab_size, seed=0, rank=0, world=1, start_batch=0)

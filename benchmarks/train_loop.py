@@ -105,11 +105,10 @@ def main() -> int:
     from pretraining.loader import DataConfig
     from pretraining.loop import fit
     from pipeline.schema import read_manifest
-    from pretraining.loader import ShardSet
 
     with tempfile.TemporaryDirectory() as tmp:
         data = a.data or build_sample(Path(tmp) / "data", a.seq)
-        shards = ShardSet.from_manifest(read_manifest(data))
+        shards = read_manifest(data)
         vocab = Path(data, "vocab.txt").read_text().splitlines() if "://" not in data else None
         config = PretrainConfig(
             model=ModelConfig(bert=PRESETS[a.preset](vocab_size=len(vocab),

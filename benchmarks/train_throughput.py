@@ -41,10 +41,10 @@ def main() -> int:
     from training.step import to_device
     from pretraining.step import train_step
     from pipeline.schema import read_manifest
-    from pretraining.loader import DataConfig, ShardSet, train_batches
+    from pretraining.loader import DataConfig, train_batches
 
     torch.set_num_threads(a.threads)
-    shards = ShardSet.from_manifest(read_manifest(a.data))
+    shards = read_manifest(a.data)
     vocab = Path(a.data, "vocab.txt").read_text().splitlines() if "://" not in a.data else None
     vocab_size = len(vocab)
     data = DataConfig(train=shards, micro_batch_size=a.micro_batch_size, accum=a.accum,

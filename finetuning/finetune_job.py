@@ -6,7 +6,6 @@ best epoch's model in the Hugging Face layout with its label map, log the final 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import shutil
@@ -25,6 +24,7 @@ from training import launch as launcher
 from training.checkpoint import MODEL_DIR
 from training.export import FINETUNE_LINEAGE, check_destination, export_model, read_lineage
 from training.launch import LaunchConfig
+from tracking.config import RunRef
 from tracking.store import check_tracking_reachable
 from tracking.params import flatten_params
 from tracking.runs import open_run, run_exists
@@ -92,14 +92,11 @@ def run_finetuning(job: FinetuneJob) -> FinetuneResult:
     parent, tags = _parent_and_tags(job)
     params = {**{k: v for k, v in job.flags.items() if v is not None}, **flatten_params(config),
               **_facts(job, prepared)}
-    for key in ("tracking.run_id", "tracking.tracking_uri"):
-        params.pop(key, None)
     run = open_run(job.tracking_uri, job.experiment, launch.name, params=params, tags=tags, parent_run_id=parent)
-    config = dataclasses.replace(config, tracking=dataclasses.replace(
-        config.tracking, tracking_uri=job.tracking_uri, run_id=run.run_id, run_name=launch.name))
     try:
         with run.ending():
-            with launcher.finetune(config, launch, fit) as best:
+            with launcher.run(fit, config, launch, inputs=prepared,
+                              tracking=RunRef(job.tracking_uri, run.run_id, launch.name)) as best:
                 metrics = json.loads((best / BEST_METRICS_FILE).read_text())
                 export_model(best / MODEL_DIR, job.output, run, FINETUNE_LINEAGE, launch.endpoint_url)
             final = {k.removeprefix("eval_"): v for k, v in metrics.items() if k.startswith("eval_")}

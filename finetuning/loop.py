@@ -1,8 +1,9 @@
 """Fine-tuning's loop, `fit(config, worker)`: the same shape and pieces as pre-training's `pretraining.loop.fit` (the
 launcher's `training.worker.Worker`, the tracker, the optimizer step, checkpoints through `worker.checkpoints`).
 
-Each worker prepares the task from the config (`finetuning.prepare`: task files are small and the preparation is
-deterministic, so every rank holds the same rows), builds the head model, trains, and evaluates every epoch. Every
+The job prepares the task once, on the driver, where every check of the data runs (`finetuning.prepare`), and the
+launcher hands the prepared task to every worker (`worker.inputs`: every rank holds the same rows); `fit` without
+a job prepares it itself. Each worker builds the head model, trains, and evaluates every epoch. Every
 rank walks the same seeded permutation and takes its strided share, padded so all ranks run the same number of
 steps (an uneven count hangs DDP's all-reduce). Evaluation is sharded the same way; rank 0 gathers the per-row
 outputs, scores them (``finetuning.evaluation``), logs the epoch and, when the main metric improved, writes the model
@@ -15,7 +16,6 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,26 +42,6 @@ log = logging.getLogger(__name__)
 
 BEST_METRICS_FILE = "eval_metrics.json"  # beside the model in a checkpoint: the epoch's evaluation
 LOG_EVERY = 50  # optimizer steps between progress lines (and MLflow train_loss_step points)
-
-
-@dataclass(frozen=True)
-class ScheduleConfig:
-    """How long and how fast: epochs, the global batch, the optimizer's rate and decay, evaluation batch size."""
-
-    epochs: int = 3
-    batch_size: int = 32  # global: split over the workers
-    eval_batch_size: int = 64
-    lr: float = 5e-5
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    max_answer_length: int = 30  # QA: the longest answer span scored, in word pieces
-
-    def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "eval_batch_size", "max_answer_length"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be positive")
-        if not self.lr > 0 or not 0 <= self.warmup_ratio <= 1 or self.weight_decay < 0:
-            raise ValueError("need --lr > 0, 0 <= --warmup-ratio <= 1 and --weight-decay >= 0")
 
 
 def rank_indices(n: int, world: int, rank: int, rng: np.random.Generator | None) -> np.ndarray:
@@ -125,7 +105,7 @@ def fit(config: FinetuneConfig, worker: Worker | None = None) -> FitResult:
     device = worker.device or torch.device("cpu")
     sched = config.schedule
     tokenizer, vocab_size = tokenizer_for(config.model)
-    prepared = prepare(config.data, tokenizer)
+    prepared = worker.inputs if worker.inputs is not None else prepare(config.data, tokenizer)
     task = prepared.task
     # Same seed on every rank for the weights (DDP also broadcasts rank 0's); a per-rank one for dropout.
     torch.manual_seed(config.seed)
@@ -133,8 +113,7 @@ def fit(config: FinetuneConfig, worker: Worker | None = None) -> FitResult:
     torch.manual_seed(config.seed + 1000 * rank)
     core = model.to(device)
     model = worker.wrap(model)
-    tracker = (worker.tracker or make_tracker(config.tracking.tracking_uri, config.tracking.run_id)
-               ) if rank == 0 else NullTracker()
+    tracker = (worker.tracker or make_tracker(worker.tracking)) if rank == 0 else NullTracker()
 
     per_worker = max(1, sched.batch_size // world)
     n_train = len(prepared.train.features)

@@ -18,11 +18,9 @@ kept). A dead worker makes Ray Train restart the group from the last checkpoint 
 command again with the same `--run-name` resumes from there too, into the same MLflow run (found by its
 `bert.run_name` tag). The data position is part of the checkpoint, so the resumed run sees the same batches.
 
-Data (`--data-loader stream`, the default): each rank reads its own deterministic part of the balanced shards in a
-background thread (`pretraining.loader`): ranks stay exactly equal, the data position is a number, and no Ray CPU slot
-is needed (no 2-CPU starvation hang). `--data-loader ray-data` streams the same shards through Ray Data
-(`read_parquet` -> `get_dataset_shard`); its resume skips rows rather than replaying them; leave CPUs for its read
-tasks (fractional `--cpus-per-worker`). Batches are padded to a few fixed widths (`--length-buckets`) and
+Data: each rank reads its own deterministic part of the balanced shards in a background thread
+(`pretraining.loader`): ranks stay exactly equal, the data position is a number, and no Ray CPU slot is needed (no
+2-CPU starvation hang). Batches are padded to a few fixed widths (`--length-buckets`) and
 `--compile` is on by default on CUDA; compile warm-up steps are kept out of the throughput metrics.
 """
 from __future__ import annotations
@@ -39,8 +37,8 @@ from pipeline.schema import read_manifest
 from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
 from tracking.config import TrackingConfig
 from training.launch import LaunchConfig
-from pretraining.loader import DataConfig, EvalConfig, ShardSet, batch_geometry
-from pretraining.memory import MemoryConfig, fit_to_memory
+from pretraining.loader import DataConfig, EvalConfig, batch_geometry
+from pretraining.memory import MemoryConfig, micro_batch_for
 from pretraining.pretrain_job import PretrainJob, run_pretraining
 from tracking.store import resolve_tracking_uri
 
@@ -55,9 +53,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     d.add_argument("--eval-data", help="held-out dataset (same vocabulary) for eval_* metrics")
     d.add_argument("--eval-sequences", type=int, default=2048, help="eval on the first N sequences (0 = all)")
     d.add_argument("--endpoint-url", help="S3-compatible endpoint for s3:// data and storage (MinIO, Ceph, ...)")
-    d.add_argument("--data-loader", choices=("stream", "ray-data"), default="stream",
-                   help="stream: each rank reads its deterministic part of the shards (exact resume); ray-data: "
-                        "Ray Data read_parquet + get_dataset_shard (equal rows per rank, order not reproducible)")
     d.add_argument("--length-bucketing", action=argparse.BooleanOptionalAction, default=True,
                    help="batch rows of similar length together (little padding at the bucket widths)")
     d.add_argument("--length-buckets", type=_widths, help="comma-separated widths batches are padded to, e.g. "
@@ -125,8 +120,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if a.cpus_per_worker <= 0:
         p.error("--cpus-per-worker must be > 0")
-    if a.no_ray and (a.num_workers != 1 or a.data_loader != "stream"):
-        p.error("--no-ray runs one worker with the stream loader: drop --num-workers / --data-loader ray-data")
+    if a.no_ray and a.num_workers != 1:
+        p.error("--no-ray runs one worker in this process: drop --num-workers")
     return a
 
 
@@ -141,15 +136,20 @@ def job_from(args: argparse.Namespace) -> PretrainJob:
     """The flags as typed configs (each validates itself; the config checks the model against its data)."""
     data = read_manifest(args.data, args.endpoint_url)
     eval_data = read_manifest(args.eval_data, args.endpoint_url) if args.eval_data else None
-    micro, accum = batch_geometry(args.batch_size, args.num_workers, args.micro_batch_size)
     launch = LaunchConfig(num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker, use_gpu=args.use_gpu,
                           no_ray=args.no_ray, storage=args.storage, name=args.run_name,
                           keep_checkpoints=args.keep_checkpoints, max_failures=args.max_failures,
                           endpoint_url=args.endpoint_url)
+    model = ModelConfig.resolve(args.preset, args.init, data.vocab.size, launch.init_cache, args.endpoint_url)
+    # The micro-batch that fits the workers' memory, decided before the config is built (the config is final).
+    micro, accum = micro_batch_for(model.bert, batch_geometry(args.batch_size, args.num_workers),
+                                   max(args.length_buckets or (data.max_seq_length,)), data.max_predictions,
+                                   workers=args.num_workers, use_gpu=args.use_gpu, budget_gb=args.memory_gb,
+                                   requested=args.micro_batch_size, model_name=args.init or args.preset)
     config = PretrainConfig(
-        model=ModelConfig.resolve(args.preset, args.init, data.vocab.size, launch.init_cache, args.endpoint_url),
-        data=DataConfig(train=ShardSet.from_manifest(data, args.endpoint_url), micro_batch_size=micro, accum=accum,
-                        loader=args.data_loader, length_bucketing=args.length_bucketing,
+        model=model,
+        data=DataConfig(train=data, endpoint_url=args.endpoint_url, micro_batch_size=micro, accum=accum,
+                        length_bucketing=args.length_bucketing,
                         length_buckets=args.length_buckets or (), dynamic_masking=args.dynamic_masking,
                         mask_id=data.vocab.mask_id, masked_lm_prob=data.masked_lm_prob, packing=args.packing,
                         pack_sequences=args.pack_sequences),
@@ -157,11 +157,11 @@ def job_from(args: argparse.Namespace) -> PretrainJob:
         optimizer=OptimizerConfig(name=args.optimizer, lr=args.lr, weight_decay=args.weight_decay,
                                   warmup_steps=args.warmup_steps, decay=args.decay, poly_power=args.poly_power,
                                   max_grad_norm=args.max_grad_norm),
-        eval=EvalConfig(data=ShardSet.from_manifest(eval_data, args.endpoint_url), sequences=args.eval_sequences,
+        eval=EvalConfig(data=eval_data, sequences=args.eval_sequences,
                         every=args.eval_every) if eval_data else None,
-        checkpoint=CheckpointConfig(every=args.checkpoint_every, keep=args.keep_checkpoints,
+        checkpoint=CheckpointConfig(every=args.checkpoint_every,
                                     vocab_url=data.vocab.url, do_lower_case=data.vocab.do_lower_case),
-        tracking=TrackingConfig(run_name=args.run_name, system_metrics=not args.no_system_metrics,
+        tracking=TrackingConfig(system_metrics=not args.no_system_metrics,
                                 log_every=args.log_every),
         runtime=RuntimeConfig(device="cuda" if args.use_gpu else "cpu", compile=args.compile,
                               compile_backend=args.compile_backend, cuda_graphs=args.cuda_graphs,
@@ -172,7 +172,6 @@ def job_from(args: argparse.Namespace) -> PretrainJob:
                               max_seconds=args.max_minutes * 60 if args.max_minutes else None, seed=args.seed),
         memory=MemoryConfig(budget_gb=args.memory_gb),
     )
-    config = fit_to_memory(config, args.num_workers, args.use_gpu, args.micro_batch_size, args.init or args.preset)
     return PretrainJob(config, launch, resolve_tracking_uri(args.mlflow_tracking_uri), args.experiment,
                        args.parent_run_id, args.export, flags=vars(args))
 

@@ -71,7 +71,7 @@ class ModelConfig:
         return resolve_model_dir(fetch_model(self.init, self.init_cache or ".", self.init_endpoint_url))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
     name: str = "adamw"
     lr: float = 1e-4
@@ -90,26 +90,21 @@ class OptimizerConfig:
             raise ValueError("need --lr > 0, --weight-decay >= 0, --warmup-steps >= 0 and --poly-power > 0")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
-    """How often, how many, and what goes beside the weights. `directory` is where `fit` without Ray keeps them
-    (Ray Train keeps them in its own storage: local or S3)."""
+    """How often, and what goes beside the weights. Where checkpoints live, and how many are kept, is the
+    launcher's (`training.launch`: `worker.checkpoints`); `fit` without one writes none."""
 
     every: int = 1000
-    keep: int = 3
-    directory: str | None = None
     vocab_url: str | None = None  # vocab.txt written beside the weights (the dataset's)
     do_lower_case: bool = True
 
     def __post_init__(self) -> None:
-        if self.every < 1 or self.keep < 1:
-            raise ValueError("--checkpoint-every and --keep-checkpoints must be >= 1")
-        if self.directory is not None and "://" in self.directory and not self.directory.startswith("file://"):
-            raise ValueError(f"checkpoint directory {self.directory}: fit without Ray keeps checkpoints in a local "
-                             "folder; use Ray Train (jobs/pretrain.py --storage s3://...) for object storage")
+        if self.every < 1:
+            raise ValueError("--checkpoint-every must be >= 1")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RuntimeConfig:
     """Device, precision, compilation, threads, budget and the seed every random draw derives from."""
 
@@ -148,7 +143,7 @@ class RuntimeConfig:
             raise ValueError("--max-minutes must be > 0")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PretrainConfig:
     """Everything a pre-training run needs, composed from the components above."""
 
@@ -170,14 +165,14 @@ class PretrainConfig:
             raise ValueError(f"--warmup-steps {self.optimizer.warmup_steps} exceeds --max-steps {self.max_steps}")
         # The model and its data must agree, whichever flags built them (the one place this is checked).
         train, bert, init = self.data.train, self.model.bert, self.model.init
-        if train.vocab_size is not None and train.vocab_size != bert.vocab_size:
+        if train.vocab.size != bert.vocab_size:
             raise ValueError(f"the model{f' (--init {init})' if init else ''} has vocab_size {bert.vocab_size} but "
-                             f"{train.url or 'the dataset'} was built with a {train.vocab_size}-entry vocabulary: "
+                             f"{train.url or 'the dataset'} was built with a {train.vocab.size}-entry vocabulary: "
                              "rebuild the dataset with the model's vocab.txt")
-        if self.model.init_vocab_sha256 and train.vocab_sha256 and self.model.init_vocab_sha256 != train.vocab_sha256:
+        if self.model.init_vocab_sha256 and train.vocab.sha256 and self.model.init_vocab_sha256 != train.vocab.sha256:
             raise ValueError(f"--init {init}'s vocab.txt differs from {train.url or 'the dataset'}'s (same size, other "
                              "tokens): the ids would mean different words; rebuild the data with that vocab")
-        if self.eval is not None and self.eval.data.vocab_sha256 != train.vocab_sha256:
+        if self.eval is not None and self.eval.data.vocab.sha256 != train.vocab.sha256:
             raise ValueError(f"--eval-data {self.eval.data.url} was built with another vocabulary than --data "
                              f"{train.url}: rebuild it with --vocab {train.url}/vocab.txt")
         if train.max_seq_length > bert.max_position_embeddings:

@@ -9,9 +9,10 @@ The training loop needs three things the shards do not give by themselves:
   is completed with the first rows of the next epoch (wrap around), so no row is dropped or padded away and every
   rank yields exactly as many batches as it is asked for: nothing can hang at the end of an epoch.
 * **Resume.** A rank's position is just the number of micro-batches it consumed; `RankStream(start_batch=b)`
-  re-derives the epoch, shard and row from it, so a resumed run sees exactly the batches an uninterrupted one would
-  (with the default loader; a launcher's row source, e.g. Ray Data's dataset shard, can only skip as many rows as
-  were consumed).
+  re-derives the epoch, shard and row from it, so a resumed run sees exactly the batches an uninterrupted one would.
+  (This is why pre-training has one loader and it is not Ray Data's: a Ray Data shard's rows depend on timing, so
+  a resumed run could only skip as many rows as were consumed, not replay the same ones; and the stream's data
+  wait measured 0.06% of a step, docs/benchmarks.md.)
 * **Few shapes, little padding.** Batches are padded to the smallest of `DataConfig.length_buckets` that fits
   (`pretraining.batching.collate`). Length bucketing sorts a window of `bucket_window` micro-batches by length before
   cutting it, then shuffles the batches (seeded), so rows of a batch have similar lengths and the smallest width
@@ -43,43 +44,6 @@ from pretraining.batching import Remasker, collate, finite_batches
 from pretraining.packing import PackConfig, packed_micro_batches
 from pretraining.rows import Rows, read_shard
 
-LOADERS = ("stream", "ray-data")
-RowSource = Callable[[int], Iterator[Rows]]  # rows to skip -> this rank's rows, epoch after epoch
-
-
-@dataclass(frozen=True)
-class ShardSet:
-    """A built dataset's shards, as the loader reads them (`from_manifest`: `pipeline.schema`'s manifest)."""
-
-    shard_urls: tuple[str, ...]
-    shard_rows: tuple[int, ...]
-    max_seq_length: int
-    max_predictions: int
-    endpoint_url: str | None = None  # S3-compatible endpoint for s3:// shards; credentials come from the env
-    config_hash: str = ""
-    url: str = ""  # the dataset folder
-    manifest_sha256: str = ""  # names the exact build
-    vocab_size: int | None = None  # of the vocabulary the ids refer to (None: not known, not checked)
-    vocab_sha256: str = ""
-    seq_lengths: tuple[int, ...] = ()  # the distinct sequence lengths (the manifest's histogram); () unknown
-
-    def __post_init__(self) -> None:
-        if len(self.shard_urls) != len(self.shard_rows) or not self.shard_urls:
-            raise ValueError("a ShardSet needs one row count per shard URL, and at least one shard")
-        if sum(self.shard_rows) < 1:
-            raise ValueError("the dataset has no rows: rebuild it with jobs/build_dataset.py")
-        if self.max_seq_length < 8 or self.max_predictions < 1:
-            raise ValueError(f"max_seq_length {self.max_seq_length} / max_predictions {self.max_predictions} "
-                             "are too small: read them from the dataset's manifest")
-
-    @classmethod
-    def from_manifest(cls, manifest: Manifest, endpoint_url: str | None = None) -> "ShardSet":
-        return cls(shard_urls=manifest.shard_urls, shard_rows=manifest.shard_rows,
-                   max_seq_length=manifest.max_seq_length, max_predictions=manifest.max_predictions,
-                   endpoint_url=endpoint_url, config_hash=manifest.config_hash, url=manifest.url,
-                   manifest_sha256=manifest.sha256, vocab_size=manifest.vocab.size,
-                   vocab_sha256=manifest.vocab.sha256,
-                   seq_lengths=tuple(n for n, rows in manifest.seq_len_histogram if rows))
 
 
 def default_length_buckets(max_seq_length: int, count: int = 4) -> tuple[int, ...]:
@@ -90,14 +54,15 @@ def default_length_buckets(max_seq_length: int, count: int = 4) -> tuple[int, ..
     return tuple(widths)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DataConfig:
-    """This job's training stream: shards, batch geometry per rank, bucketing and masking."""
+    """This job's training stream: the dataset (its typed manifest: shards, lengths, vocabulary), batch geometry
+    per rank, bucketing and masking."""
 
-    train: ShardSet
+    train: Manifest
+    endpoint_url: str | None = None  # S3-compatible endpoint of s3:// datasets (train and eval); credentials: the env
     micro_batch_size: int
     accum: int = 1  # micro-batches per optimizer step on each rank
-    loader: str = "stream"
     length_bucketing: bool = True
     bucket_window: int = 32
     # Sequence widths a batch is padded to (the smallest that fits its longest row). Empty: the defaults from
@@ -125,8 +90,6 @@ class DataConfig:
                              f"{self.train.max_seq_length}: use 0 (that length) or more")
         if self.micro_batch_size < 1 or self.accum < 1:
             raise ValueError(f"micro_batch_size ({self.micro_batch_size}) and accum ({self.accum}) must be >= 1")
-        if self.loader not in LOADERS:
-            raise ValueError(f"--data-loader {self.loader!r}: use one of {', '.join(LOADERS)}")
         if self.bucket_window < 1:
             raise ValueError("bucket_window must be >= 1")
         if not self.length_buckets:
@@ -174,11 +137,11 @@ def batch_geometry(batch_size: int, num_workers: int, micro_batch_size: int | No
     return micro, per_worker // micro
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EvalConfig:
     """Held-out data for eval_* metrics; `every` = 0: only at the end."""
 
-    data: ShardSet
+    data: Manifest
     sequences: int = 2048  # the first N sequences (0: all)
     every: int = 0
     batch_size: int = 64
@@ -377,10 +340,10 @@ class Prefetcher:
 
 # ---- what the training loop calls ---------------------------------------------------------------------------------
 
-def _load(shards: ShardSet) -> Callable[[int], Rows]:
+def _load(shards: Manifest, endpoint_url: str | None) -> Callable[[int], Rows]:
     def load(i: int) -> Rows:
         url = shards.shard_urls[i]
-        return read_shard(url, storage_options(url, shards.endpoint_url))
+        return read_shard(url, storage_options(url, endpoint_url))
     return load
 
 
@@ -428,33 +391,23 @@ def _pinned(batches: Iterator[tuple[dict, object]]) -> Iterator[tuple[dict, obje
 
 
 def train_batches(data: DataConfig, vocab_size: int, seed: int, rank: int, world: int, start_batch: int,
-                  rows: RowSource | None = None, pin_memory: bool = False,
+                  pin_memory: bool = False,
                   start_position: tuple[int, int] | None = None) -> Batches:
     """This rank's micro-batches from `start_batch` (packed: from `start_position` when known) on, prefetched by a
     background thread (`.wait_seconds` is how long the loop waited for them); pinned torch tensors with
-    `pin_memory` (for a GPU), else numpy arrays. `rows`: a launcher's row source instead of reading the shards
-    (Ray Data)."""
+    `pin_memory` (for a GPU), else numpy arrays."""
     remasker = None
     if data.dynamic_masking:
         remasker = Remasker(vocab_size=vocab_size, mask_id=data.mask_id, max_predictions=data.train.max_predictions,
                             masked_lm_prob=data.masked_lm_prob)
-    if rows is not None and data.packing:
-        first_window, skip = start_position if start_position is not None else (0, start_batch)
-        source = packed_batches(rows(first_window * data.pack.window_rows), data, seed, rank, first_window, skip,
-                                remasker)
-    elif rows is not None:
-        first_window, skip = divmod(start_batch, data.window)
-        source = ((b, None) for b in micro_batches(rows(first_window * data.window * data.micro_batch_size), data,
-                                                   seed, rank, first_window, skip, remasker))
-    else:
-        source = RankStream(data, _load(data.train), seed, rank, world, start_batch, remasker,
-                            start_position).positioned()
+    source = RankStream(data, _load(data.train, data.endpoint_url), seed, rank, world, start_batch, remasker,
+                        start_position).positioned()
     return Batches(_pinned(source) if pin_memory else source, depth=max(4, 2 * data.accum))
 
 
-def eval_rows(ev: EvalConfig) -> Rows:
+def eval_rows(ev: EvalConfig, endpoint_url: str | None = None) -> Rows:
     """The first `ev.sequences` rows of the eval shards (all when 0), read whole: eval sets are small."""
-    load, parts, have = _load(ev.data), [], 0
+    load, parts, have = _load(ev.data, endpoint_url), [], 0
     for i in range(len(ev.data.shard_urls)):
         parts.append(load(i))
         have += len(parts[-1])

@@ -22,10 +22,8 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ContextManager, Protocol
 
 import torch
 from torch import nn
@@ -37,7 +35,7 @@ from pretraining import compile as compile_mod
 from pretraining import kernel_options
 from pretraining import loader as data_mod
 from pretraining import memory
-from training.checkpoint import LocalCheckpoints, load_train_state, write_checkpoint
+from training.checkpoint import load_train_state, write_checkpoint
 from pretraining.config import PretrainConfig
 from training.guard import (Divergence, Guard, StepLog, TrainingDiverged, advice, model_and_optimizer_tensors,
                             nonfinite_tensors)
@@ -46,6 +44,7 @@ from pretraining.perf import RunTotals, Window, peak_flops, throughput
 from training.progress import Progress
 from pretraining.step import evaluate, train_step
 from training.step import to_device
+from training.worker import FitResult, Worker, resolve_device
 from tracking.tracker import NullTracker, Tracker, make_tracker
 
 log = logging.getLogger(__name__)
@@ -68,7 +67,7 @@ def _read_vocab(config: PretrainConfig) -> str | None:
         return None
     from pipeline.storage import read_bytes
 
-    return read_bytes(config.checkpoint.vocab_url, config.data.train.endpoint_url).decode("utf-8")
+    return read_bytes(config.checkpoint.vocab_url, config.data.endpoint_url).decode("utf-8")
 
 
 def _all_reduce_host(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
@@ -95,9 +94,6 @@ def fit(config: PretrainConfig, worker: Worker | None = None) -> FitResult:
     """Train for `config.max_steps` steps (or until the --max-minutes budget), resuming from the latest checkpoint.
     Raises `TrainingDiverged` when the run keeps diverging after the guard's rollbacks."""
     worker = worker or Worker()
-    if worker.checkpoints is None and config.checkpoint.directory:
-        worker.checkpoints = LocalCheckpoints(config.checkpoint.directory.removeprefix("file://"),
-                                              config.checkpoint.keep)
     rt = config.runtime
     device = worker.device or resolve_device(rt.device)
     threads_before = torch.get_num_threads()
@@ -238,8 +234,7 @@ def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> _Ru
             compile_mod.precompile(model, data, raw.config.vocab_size, device, autocast_dtype)
     tracker = NullTracker()
     if worker.rank == 0:
-        tracker = worker.tracker or make_tracker(config.tracking.tracking_uri, config.tracking.run_id,
-                                                 config.tracking.system_metrics)
+        tracker = worker.tracker or make_tracker(worker.tracking, config.tracking.system_metrics)
     if step:
         tracker.set_tag("resumed_from_step", str(step))  # visible proof of a resume in the UI
     warmup = rt.exclude_steps if rt.exclude_steps is not None else (rt.compile_warmup_steps if compile_model else 0)
@@ -248,11 +243,11 @@ def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> _Ru
                resumed_from=step, guard=guard, tracker=tracker,
                progress=Progress(config.max_steps, rt.max_seconds),
                vocab_text=_read_vocab(config) if worker.rank == 0 else None, peak=peak_flops(device, rt.peak_flops),
-               eval_rows=data_mod.eval_rows(config.eval) if config.eval is not None else None, warmup=warmup,
+               eval_rows=data_mod.eval_rows(config.eval, config.data.endpoint_url) if config.eval is not None else None, warmup=warmup,
                compiled=compile_model)
     # The data position: every step so far plus the batches rollbacks skipped (a packed stream: its own position).
     run.batches = data_mod.train_batches(data, raw.config.vocab_size, rt.seed, worker.rank, worker.world_size,
-                                         (step + guard.skipped_batches) * data.accum, worker.rows,
+                                         (step + guard.skipped_batches) * data.accum,
                                          pin_memory=device.type == "cuda", start_position=packed_position)
     _new_window(run)
     return run
@@ -428,7 +423,8 @@ def _save_checkpoint(run: _Run, result: FitResult, metrics: dict[str, float], la
             "guard": run.guard.state_dict(),
             "rng": "dropout: torch.manual_seed(sha256('dropout', seed, rank, step)) before each step; dynamic "
                    "masking: numpy Generator(sha256('remask', seed, rank, micro-batch index))",
-            "mlflow_run_id": cfg.tracking.run_id, "run_name": cfg.tracking.run_name,
+            "mlflow_run_id": run.worker.tracking.run_id if run.worker.tracking else None,
+            "run_name": run.worker.tracking.run_name if run.worker.tracking else "",
             "config": dataclasses.asdict(cfg),
         })
         if run.compiled:

@@ -26,7 +26,6 @@ headroom) does not fail because Ray's own processes took some memory since.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -36,6 +35,7 @@ from pathlib import Path
 import torch
 
 from bert_core.config import BertConfig
+from training.worker import Verdict
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ TRANSIENT = 0.5  # gradients in flight during backward, as a share of the saved 
 RUNTIME_BYTES = {"cpu": 512 * 2**20, "cuda": 1 * GIB}
 
 
-class DoesNotFit(ValueError):
+class DoesNotFit(Verdict):
     """A micro-batch that cannot fit in a worker's memory (every rank reaches this verdict on the same budget)."""
 
 
@@ -234,20 +234,25 @@ def local_budget(use_gpu: bool, workers: int, budget_gb: float | None) -> int | 
     return available_bytes(torch.device("cpu"), workers)
 
 
-def fit_to_memory(config, workers: int, use_gpu: bool, requested_micro: int | None, model_name: str):
-    """A `PretrainConfig` whose micro-batch and accumulation are `plan`'s for the memory its workers will have, as
-    far as the job can tell before starting them (`local_budget`; unchanged when it cannot: each worker then checks
-    its own at the start). The per-worker batch (micro-batch x accumulation) is kept."""
-    budget = local_budget(use_gpu, workers, config.memory.budget_gb)
+def micro_batch_for(bert: BertConfig, per_worker: tuple[int, int], width: int, max_predictions: int, *,
+                    workers: int, use_gpu: bool, budget_gb: float | None, requested: int | None,
+                    model_name: str) -> tuple[int, int]:
+    """(micro-batch, accumulation) for `per_worker` (the micro-batch and accumulation `batch_geometry` gives one
+    worker): `plan`'s for the memory the workers will have, as far as the job can tell before starting them
+    (`local_budget`); the requested or whole per-worker batch when it cannot (each worker then checks its own at
+    the start). The per-worker batch (micro-batch x accumulation) is kept."""
+    micro, accum = per_worker
+    batch = micro * accum
+    if requested is not None and (requested < 1 or batch % requested):
+        raise ValueError(f"--micro-batch-size {requested} must divide the {batch} sequences each worker gets per "
+                         "step (--batch-size / --num-workers)")
+    budget = local_budget(use_gpu, workers, budget_gb)
     if budget is None:
-        return config
-    data = config.data
-    chosen = plan(config.model.bert, data.micro_batch_size * data.accum, data.length_buckets[-1],
-                  data.train.max_predictions, budget, requested_micro, config.runtime.device, model_name)
-    if chosen.micro_batch != data.micro_batch_size:
+        return (requested, batch // requested) if requested else (micro, accum)
+    chosen = plan(bert, batch, width, max_predictions, budget, requested, "cuda" if use_gpu else "cpu", model_name)
+    if chosen.micro_batch != (requested or batch):
         log.warning("a micro-batch of %d sequences of %d tokens would not fit in the %s free per worker: training "
                     "with micro-batches of %d and %d accumulation steps (the same --batch-size); set "
-                    "--micro-batch-size to choose", data.micro_batch_size, data.length_buckets[-1], gib(budget),
-                    chosen.micro_batch, chosen.accum)
-    return dataclasses.replace(config, data=dataclasses.replace(data, micro_batch_size=chosen.micro_batch,
-                                                                accum=chosen.accum))
+                    "--micro-batch-size to choose", requested or batch, width, gib(budget), chosen.micro_batch,
+                    chosen.accum)
+    return chosen.micro_batch, chosen.accum

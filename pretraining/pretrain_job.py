@@ -7,7 +7,6 @@ flattened `PretrainConfig` (the one `asdict` the checkpoints hold too).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,8 +16,10 @@ from pipeline.schema import read_manifest
 from training import launch as launcher
 from training.checkpoint import MODEL_DIR
 from pretraining.config import PretrainConfig
+from pretraining.loop import fit
 from training.export import PRETRAIN_LINEAGE, check_destination, export_model, read_lineage
 from training.launch import LaunchConfig
+from tracking.config import RunRef
 from tracking.runs import RUN_NAME_TAG, open_run, run_metrics
 from tracking.store import check_tracking_reachable
 from tracking.params import flatten_params
@@ -52,24 +53,24 @@ class JobResult:
 
 def params_of(job: PretrainJob) -> dict[str, Any]:
     config, data = job.config, job.config.data
-    params = {**{k: v for k, v in job.flags.items() if v is not None}, **flatten_params(config),
-              "micro_batch_size_resolved": data.micro_batch_size, "grad_accumulation_steps": data.accum,
-              "dataset.instances": sum(data.train.shard_rows)}
-    if config.eval is not None:
-        params["eval_dataset.instances"] = sum(config.eval.data.shard_rows)
-    # Where this run is tracked is the run itself: not a setting (and unknown before the run exists).
-    for key in ("tracking.run_id", "tracking.tracking_uri"):
-        params.pop(key, None)
-    return params
+    # The datasets are the run's MLflow dataset inputs (`log_inputs`): named here, not their whole manifests.
+    datasets = {"data.train": data.train, "eval.data": config.eval.data if config.eval else None}
+    params = {k: v for k, v in flatten_params(config).items() if not k.startswith(tuple(f"{d}." for d in datasets))}
+    for prefix, m in datasets.items():
+        if m is not None:
+            params |= {f"{prefix}.url": m.url, f"{prefix}.sha256": m.sha256, f"{prefix}.instances": m.instances,
+                       f"{prefix}.max_seq_length": m.max_seq_length}
+    return {**{k: v for k, v in job.flags.items() if v is not None}, **params,
+            "micro_batch_size_resolved": data.micro_batch_size, "grad_accumulation_steps": data.accum}
 
 
 def tags_of(job: PretrainJob, checkpoints: str) -> dict[str, str]:
     train, ev, init = job.config.data.train, job.config.eval, job.config.model.init
     tags = {RUN_NAME_TAG: job.launch.name, "job": "pretrain", "dataset.url": train.url,
-            "dataset.manifest_sha256": train.manifest_sha256, "dataset.config_hash": train.config_hash,
-            "dataset.vocab_sha256": train.vocab_sha256, "storage": checkpoints}
+            "dataset.manifest_sha256": train.sha256, "dataset.config_hash": train.config_hash,
+            "dataset.vocab_sha256": train.vocab.sha256, "storage": checkpoints}
     if ev is not None:
-        tags.update({"eval_dataset.url": ev.data.url, "eval_dataset.manifest_sha256": ev.data.manifest_sha256})
+        tags.update({"eval_dataset.url": ev.data.url, "eval_dataset.manifest_sha256": ev.data.sha256})
     if init:
         tags["init"] = init
         init_dir = job.config.model.init_dir()  # a URL's local copy: the lineage file travels with the model
@@ -83,13 +84,13 @@ def log_inputs(job: PretrainJob, run_id: str) -> None:
     """The datasets the run reads, as MLflow dataset inputs ("training", "eval"): the same name and digest as the
     build's run logged for its output, so the UI shows which build a model was trained on."""
     sets = {"training": job.config.data.train, "eval": job.config.eval.data if job.config.eval else None}
-    for context, shards in sets.items():
-        if shards is not None and shards.url:
-            manifest = read_manifest(shards.url, shards.endpoint_url)
-            if manifest.sha256 != shards.manifest_sha256:
-                raise ValueError(f"{shards.url}: the dataset changed after this job read it (its manifest's "
+    for context, read in sets.items():
+        if read is not None:
+            now = read_manifest(read.url, job.config.data.endpoint_url)
+            if now.sha256 != read.sha256:
+                raise ValueError(f"{read.url}: the dataset changed after this job read it (its manifest's "
                                  "digest differs); run the job again")
-            log_dataset(job.tracking_uri, run_id, manifest, context)
+            log_dataset(job.tracking_uri, run_id, read, context)
 
 
 def run_pretraining(job: PretrainJob) -> JobResult:
@@ -98,17 +99,14 @@ def run_pretraining(job: PretrainJob) -> JobResult:
     check_tracking_reachable(job.tracking_uri)
     if job.export:
         check_destination(job.export, job.launch.endpoint_url)  # a missing bucket fails now, not after training
-    checkpoints = f"{job.launch.storage.rstrip('/')}/{job.launch.name}"
-    if job.launch.no_ray:  # the loop keeps them itself, in a local folder (logged as checkpoint.directory)
-        job = dataclasses.replace(job, config=dataclasses.replace(job.config, checkpoint=dataclasses.replace(
-            job.config.checkpoint, directory=str(job.launch.local_directory))))
-    run = open_run(job.tracking_uri, job.experiment, job.launch.name, params=params_of(job),
+    launch = job.launch
+    checkpoints = str(launch.local_directory) if launch.no_ray else f"{launch.storage.rstrip('/')}/{launch.name}"
+    run = open_run(job.tracking_uri, job.experiment, launch.name, params=params_of(job),
                    tags=tags_of(job, checkpoints), parent_run_id=job.parent_run_id, resume_by=RUN_NAME_TAG)
-    config = dataclasses.replace(job.config, tracking=dataclasses.replace(
-        job.config.tracking, tracking_uri=job.tracking_uri, run_id=run.run_id, run_name=job.launch.name))
     with run.ending():
         log_inputs(job, run.run_id)
-        with launcher.pretrain(config, job.launch) as final_checkpoint:
+        with launcher.run(fit, job.config, launch,
+                          tracking=RunRef(job.tracking_uri, run.run_id, launch.name)) as final_checkpoint:
             export_model(final_checkpoint / MODEL_DIR, job.export, run, PRETRAIN_LINEAGE, job.launch.endpoint_url)
     metrics = run_metrics(job.tracking_uri, run.run_id)
     return JobResult(run.run_id, checkpoints, job.export, {k: metrics[k] for k in KEY_METRICS if k in metrics})

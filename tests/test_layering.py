@@ -89,3 +89,94 @@ def test_no_print_in_library_code():
                 if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
                     offenders.append(f"{f.relative_to(REPO)}:{node.lineno}")
     assert not offenders, "use logging in library code: " + ", ".join(offenders)
+
+
+def _module_of(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _our_imports(path: Path, known: set[str]) -> set[str]:
+    """The modules of ours `path` imports, anywhere in the file (a function-level import is still a tie)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name.split(".")[0] in OURS:
+                out.add(name)
+    return out
+
+
+def test_no_import_cycles():
+    """A cycle is a shared type living in a consumer's file: move the type to a module of its own."""
+    files = {_module_of(f): f for p in PACKAGES for f in (REPO / p).rglob("*.py")}
+    graph = {m: _our_imports(f, set(files)) - {m} for m, f in files.items()}
+    # A package's __init__ importing its own submodules is not a cycle of the code's meaning.
+    graph = {m: {d for d in deps if not (files[m].name == "__init__.py" and d.startswith(m + "."))}
+             for m, deps in graph.items()}
+    index, low, stack, on, cycles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    import sys
+    sys.setrecursionlimit(10000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not cycles, cycles
+
+
+MAX_PACKAGE_LINES = 2600  # a package past this holds more than one concern (issue 25): split it
+
+
+SUBPACKAGES = sorted({f.parent.relative_to(REPO).as_posix() for p in PACKAGES for f in (REPO / p).rglob("__init__.py")})
+
+
+@pytest.mark.parametrize("package", SUBPACKAGES)
+def test_package_size(package):
+    """Each package's own modules (a subpackage, e.g. pipeline/build/, counts on its own)."""
+    lines = sum(len(f.read_text().splitlines()) for f in (REPO / package).glob("*.py"))
+    assert lines <= MAX_PACKAGE_LINES, f"{package}/ has {lines} lines of Python (at most {MAX_PACKAGE_LINES})"
+
+
+def test_the_build_job_reaches_no_trainer_module():
+    import subprocess
+    import sys
+
+    code = ("import sys, jobs.build_dataset; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('training', 'pretraining', 'finetuning')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_trainers_do_not_import_each_other():
+    for package, other in (("pretraining", "finetuning"), ("finetuning", "pretraining")):
+        for f in (REPO / package).rglob("*.py"):
+            assert other not in imported_roots(f), f"{f.relative_to(REPO)} imports {other}"

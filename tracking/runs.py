@@ -18,8 +18,6 @@ log = logging.getLogger(__name__)
 
 RUN_NAME_TAG = "bert.run_name"  # the tag a rerun of pre-training finds its run by
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI nests a run under its parent
-BATCH = 100  # params or tags per log_batch call (MLflow's limit)
-METRICS_BATCH = 1000  # metrics per log_batch call (MLflow's limit)
 
 
 def _as_metrics(metrics: Mapping[str, Any], step: int, timestamp_ms: int) -> list:
@@ -48,24 +46,17 @@ class Run:
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
 
-        items = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in sorted(params.items())]
-        client = self._client()
-        for i in range(0, len(items), BATCH):
-            client.log_batch(self.run_id, params=items[i:i + BATCH])
+        # MlflowClient.log_batch splits a long list into batches within the store's limits itself.
+        self._client().log_batch(self.run_id, params=[Param(k, str(v)[:MAX_PARAM_LENGTH])
+                                                      for k, v in sorted(params.items())])
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
 
-        items = [RunTag(k, str(v)) for k, v in tags.items()]
-        client = self._client()
-        for i in range(0, len(items), BATCH):
-            client.log_batch(self.run_id, tags=items[i:i + BATCH])
+        self._client().log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int = 0) -> None:
-        items = _as_metrics(metrics, step, int(time.time() * 1000))
-        client = self._client()
-        for i in range(0, len(items), METRICS_BATCH):
-            client.log_batch(self.run_id, metrics=items[i:i + METRICS_BATCH])
+        self._client().log_batch(self.run_id, metrics=_as_metrics(metrics, step, int(time.time() * 1000)))
 
     def log_artifacts(self, local_dir: str | os.PathLike, artifact_path: str | None = None) -> None:
         self._client().log_artifacts(self.run_id, str(local_dir), artifact_path=artifact_path)

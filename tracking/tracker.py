@@ -5,6 +5,7 @@ import logging
 import time
 from typing import Protocol
 
+from tracking.config import RunRef
 from tracking.runs import _as_metrics
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,8 @@ class MlflowTracker:
             self.monitor.finish()
 
 
-def make_tracker(tracking_uri: str | None, run_id: str | None, system_metrics: bool = False) -> Tracker:
-    if tracking_uri is None or run_id is None:
+def make_tracker(run: RunRef | None, system_metrics: bool = False) -> Tracker:
+    """Into the job's run, or nowhere (no run: tests, debugging, `fit` without a job)."""
+    if run is None:
         return NullTracker()
-    return MlflowTracker(tracking_uri, run_id, system_metrics)
+    return MlflowTracker(run.tracking_uri, run.run_id, system_metrics)

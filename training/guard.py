@@ -29,6 +29,8 @@ from statistics import median
 
 import torch
 
+from training.worker import Verdict
+
 
 @dataclass(frozen=True)
 class GuardConfig:
@@ -48,7 +50,7 @@ class GuardConfig:
             raise ValueError("spike_sigmas must be > 0 and max_rollbacks >= 0")
 
 
-class TrainingDiverged(ValueError):
+class TrainingDiverged(Verdict):
     """The run diverged again after its rollbacks (a user's problem: the settings, not the code)."""
 
 

@@ -1,23 +1,21 @@
 """The one module of `training` that imports Ray (tests/test_layering.py holds it to that): how a training run is
 launched, for either kind of run, and the Ray Train worker that runs the Ray-free loop.
 
-`pretrain(config, launch)` and `finetune(config, launch, fit)` run the loop (`pretraining.loop.fit`, or fine-tuning's
-`finetuning.fit`, which the caller hands in: training never imports finetuning) on `launch.num_workers` Ray Train
-workers (DDP), or in this process with `launch.no_ray`, and yield the final checkpoint's directory. Each worker
-gets a `training.worker.Worker`: its rank, world size and device, DDP (`prepare_model`), Ray's checkpoint hooks
-(resume from `get_checkpoint()`, save through `report(checkpoint=...)`, which every rank calls: it is a barrier) and,
-for pre-training's `--data-loader ray-data`, its rows of the Ray Data shard.
+`run(fit, config, launch)` runs a trainer's loop, handed in by its job (`pretraining.loop.fit`,
+`finetuning.loop.fit`: training imports neither trainer), on `launch.num_workers` Ray Train workers (DDP), or in
+this process with `launch.no_ray`, and yields the final checkpoint's directory. Each worker gets a
+`training.worker.Worker`: its rank, world size and device, DDP (`prepare_model`), checkpoint hooks (in this
+process: the run's local folder; on Ray: resume from `get_checkpoint()`, save through `report(checkpoint=...)`,
+which every rank calls: it is a barrier) and what the job prepared for every worker (`inputs`). This is the one
+place that decides where a run keeps its checkpoints: `launch.local_directory` in this process, Ray Train's storage
+(`launch.storage`/`launch.name`, local or S3) on Ray.
 
-A local Ray (no RAY_ADDRESS) listens on 127.0.0.1 only, whatever the environment: Ray decides at import time
-whether to advertise the machine's external address, so `init_ray` sets RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before
-importing it (and corrects Ray's constant when something imported Ray earlier) and passes the node address.
-Ray is imported inside the functions, so `fit` without Ray never loads it; so are the trainer's modules (torch), so
-a job that only starts Ray (the dataset build) does not load torch.
+Ray is imported inside the functions (Ray itself is started by `pipeline.build.ray_start.init_ray`, on loopback
+unless the job joins a cluster), so `fit` without Ray never loads it.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import os
@@ -29,12 +27,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tracking.config import RunRef
     from training.worker import Worker
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LaunchConfig:
     """Where a run's workers run and where Ray Train keeps its checkpoints (`storage`/`name`: local or s3://)."""
 
@@ -94,62 +93,44 @@ def storage_filesystem(url: str, endpoint_url: str | None):
     return pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs)), path
 
 
-# ---- one function per kind of run ----------------------------------------------------------------------------------
+# ---- a run, of either trainer -------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def pretrain(config, launch: LaunchConfig) -> Iterator[Path]:
-    """Pre-train (`pretraining.loop.fit`); yields the final checkpoint's directory."""
-    from pretraining.loop import fit
-
+def run(fit: Callable[[Any, Worker], Any], config: Any, launch: LaunchConfig, *, inputs: Any = None,
+        tracking: RunRef | None = None) -> Iterator[Path]:
+    """`fit(config, worker)` (`pretraining.loop.fit` or `finetuning.loop.fit`) on `launch.num_workers` Ray Train
+    workers (DDP), or in this process with `launch.no_ray`; yields the last checkpoint kept (fine-tuning reports a
+    checkpoint only for its best epoch, so that is the best one). `inputs`, when given, is handed to every worker
+    as `worker.inputs` (through Ray's object store: put once, whatever the number of workers); `tracking` is the
+    job's MLflow run, which rank 0 logs into."""
     if launch.no_ray:
-        checkpoint = dataclasses.replace(config.checkpoint,
-                                         directory=config.checkpoint.directory or str(launch.local_directory))
-        with _in_process(launch) as worker:
-            result = fit(dataclasses.replace(config, checkpoint=checkpoint), worker)
-        yield _final(result.checkpoint)
-        return
-    datasets = None
-    if config.data.loader == "ray-data":
-        datasets = {"train": _ray_dataset(config.data.train)}
-    with _on_ray(fit, config, launch, datasets) as directory:
-        yield directory
-
-
-@contextlib.contextmanager
-def finetune(config, launch: LaunchConfig, fit: Callable) -> Iterator[Path]:
-    """Fine-tune with `fit(config, worker)` (finetuning.fit: only the best epoch reports a checkpoint, so the last
-    one kept is the best); yields its directory."""
-    from training.checkpoint import LocalCheckpoints
-
-    if launch.no_ray:
-        worker_checkpoints = LocalCheckpoints(launch.local_directory, keep=launch.keep_checkpoints)
-        with _in_process(launch, worker_checkpoints) as worker:
+        with _in_process(launch, inputs, tracking) as worker:
             result = fit(config, worker)
-        yield _final(result.checkpoint)
+        if result.checkpoint is None:
+            raise RuntimeError("training finished without a checkpoint; see the log above")
+        yield Path(result.checkpoint)
         return
-    with _on_ray(fit, config, launch) as directory:
+    with _on_ray(fit, config, launch, inputs, tracking) as directory:
         yield directory
 
 
-def _final(checkpoint: str | None) -> Path:
-    if checkpoint is None:
-        raise RuntimeError("training finished without a checkpoint; see the log above")
-    return Path(checkpoint)
-
-
 @contextlib.contextmanager
-def _in_process(launch: LaunchConfig, checkpoints=None) -> Iterator[Worker]:
-    """Rank 0 of 1 in this process; its torch threads are the launch's CPUs (restored after: the caller's process,
-    a test session or a notebook, keeps its own)."""
+def _in_process(launch: LaunchConfig, inputs: Any = None, tracking: RunRef | None = None) -> Iterator[Worker]:
+    """Rank 0 of 1 in this process, its checkpoints in the run's local folder (`launch.local_directory`); its torch
+    threads are the launch's CPUs (restored after: the caller's process, a test session or a notebook, keeps its
+    own)."""
     import torch
 
+    from training.checkpoint import LocalCheckpoints
     from training.worker import Worker
 
     before = torch.get_num_threads()
     if launch.cpus_per_worker:
         torch.set_num_threads(max(1, round(launch.cpus_per_worker)))
     try:
-        yield Worker(device=torch.device("cuda" if launch.use_gpu else "cpu"), checkpoints=checkpoints)
+        yield Worker(device=torch.device("cuda" if launch.use_gpu else "cpu"),
+                     checkpoints=LocalCheckpoints(launch.local_directory, keep=launch.keep_checkpoints),
+                     inputs=inputs, tracking=tracking)
     finally:
         torch.set_num_threads(before)
 
@@ -164,30 +145,16 @@ def _cpus_per_worker(launch: LaunchConfig) -> float:
     return float(math.floor(per)) if per >= 1 else max(0.25, math.floor(per * 4) / 4)
 
 
-def _ray_dataset(shards):
-    """The training shards through Ray Data (`--data-loader ray-data`)."""
-    import ray.data
-
-    from pipeline.schema import SHARD_COLUMNS
-
-    read_fs, _ = storage_filesystem(shards.shard_urls[0], shards.endpoint_url)
-    urls = list(shards.shard_urls)
-    if read_fs is not None:
-        urls = [u.split("://", 1)[1] for u in urls]
-    # Small read tasks: a whole CPU each would not fit beside the training workers on a small box (Ray Data splits
-    # what Train leaves it between its operators, and a 1-CPU task may never be scheduled).
-    return ray.data.read_parquet(urls, filesystem=read_fs, columns=list(SHARD_COLUMNS), num_cpus=0.25)
-
-
 @contextlib.contextmanager
-def _on_ray(fit: Callable, config, launch: LaunchConfig, datasets: dict | None = None) -> Iterator[Path]:
+def _on_ray(fit: Callable, config, launch: LaunchConfig, inputs: Any = None,
+            tracking: RunRef | None = None) -> Iterator[Path]:
     """`fit(config, worker)` on Ray Train workers (DDP); yields the last checkpoint Ray Train kept."""
+    import ray
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from pipeline.storage import aws_env
-
     from pipeline.build.ray_start import init_ray
+    from pipeline.storage import aws_env
 
     init_ray(dashboard=True)
     cpus = _cpus_per_worker(launch)
@@ -197,9 +164,8 @@ def _on_ray(fit: Callable, config, launch: LaunchConfig, datasets: dict | None =
     trainer = TorchTrainer(
         ray_worker,
         train_loop_config={"fit": fit, "config": config, "threads": max(1, round(cpus)),
-                           "ray_data": datasets is not None},
+                           "inputs": ray.put(inputs) if inputs is not None else None, "tracking": tracking},
         torch_config=TorchConfig(backend="nccl" if launch.use_gpu else "gloo"),
-        datasets=datasets,
         scaling_config=ray.train.ScalingConfig(num_workers=launch.num_workers, use_gpu=launch.use_gpu,
                                                resources_per_worker=resources),
         run_config=ray.train.RunConfig(
@@ -259,68 +225,52 @@ class RayCheckpoints:
         return checkpoint_name(step) if tmp is not None else None
 
 
-def _dataset_rows(drop: int):
-    """This worker's rows from Ray Data (`get_dataset_shard`), epoch after epoch, the first `drop` rows skipped.
-
-    Train's DataConfig splits with `streaming_split(equal=True)`: every rank gets the same number of rows per epoch
-    (Ray Data drops at most world_size - 1 rows of an epoch to make it so), and rows carry over epoch boundaries, so
-    ranks stay equal. Which rows a rank gets depends on timing: a resumed run skips as many rows as were consumed,
-    not the same rows (use the default loader for an exact replay).
-    """
-    import ray.train
-
-    from pretraining.rows import Rows
-
-    shard = ray.train.get_dataset_shard("train")
-    while True:
-        for table in shard.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):
-            rows = Rows.from_arrow(table)
-            if drop >= len(rows):
-                drop -= len(rows)
-                continue
-            yield rows.slice(drop, len(rows)) if drop else rows
-            drop = 0
-
-
 def ray_worker(loop_config: dict[str, Any]) -> dict[str, str]:
-    """The Ray Train entry point of both kinds of run: `{"fit", "config", "threads", "ray_data"}`.
+    """The Ray Train entry point of both trainers: `{"fit", "config", "threads", "inputs", "tracking"}`.
 
-    Returns (rank 0's is `Result.return_value`) `{}`, or `{"error": message, "kind": ...}` when the settings cannot
-    work (a micro-batch that does not fit, a run the guard gave up on; every rank reaches such a verdict at the same
-    point): raised, it would make Ray Train restart the group (`max_failures` times) into the same failure."""
+    Returns (rank 0's is `Result.return_value`) `{}`, or `{"error": message, "kind": "module:Class"}` when the
+    settings cannot work (a `training.worker.Verdict`: every rank reaches it at the same point): raised, it would
+    make Ray Train restart the group (`max_failures` times) into the same failure."""
+    import ray
     import ray.train
     import ray.train.torch
     import torch
 
-    from training.worker import Worker
+    from training.worker import Verdict, Worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     torch.set_num_threads(loop_config["threads"])
     ctx = ray.train.get_context()
     world = ctx.get_world_size()
+    inputs = loop_config["inputs"]
     worker = Worker(rank=ctx.get_world_rank(), world_size=world, local_world_size=ctx.get_local_world_size(),
                     device=ray.train.torch.get_device(),
                     wrap=ray.train.torch.prepare_model if world > 1 else (lambda m: m),
-                    checkpoints=RayCheckpoints(), rows=_dataset_rows if loop_config["ray_data"] else None)
+                    checkpoints=RayCheckpoints(), inputs=ray.get(inputs) if inputs is not None else None,
+                    tracking=loop_config["tracking"])
     try:
         loop_config["fit"](loop_config["config"], worker)
-    except _verdicts() as e:
+    except Verdict as e:
         logging.getLogger(__name__).error("%s", e)
-        return {"error": str(e), "kind": type(e).__name__}
+        return {"error": str(e), "kind": f"{type(e).__module__}:{type(e).__qualname__}"}
     return {}
 
 
-def _verdicts() -> tuple[type[Exception], ...]:
-    """The errors that are the settings' fault, the same on every rank: not worth a restart."""
-    from training.guard import TrainingDiverged
-    from pretraining.memory import DoesNotFit
-
-    return TrainingDiverged, DoesNotFit
-
-
 def _raise_verdict(return_value: dict | None) -> None:
-    """The workers' verdict, raised in the driver as the error the loop raised."""
-    if return_value and return_value.get("error"):
-        kind = {cls.__name__: cls for cls in _verdicts()}.get(return_value.get("kind"), ValueError)
-        raise kind(return_value["error"])
+    """The workers' verdict, raised in the driver as the error the loop raised (a ValueError if its class cannot
+    be found here)."""
+    if not (return_value and return_value.get("error")):
+        return
+    import importlib
+
+    from training.worker import Verdict
+
+    module, _, name = str(return_value.get("kind", "")).partition(":")
+    try:
+        kind = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        kind = ValueError
+    if not (isinstance(kind, type) and issubclass(kind, Verdict)):
+        kind = ValueError
+    raise kind(return_value["error"])

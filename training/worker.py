@@ -3,7 +3,7 @@
 (`pretraining.loop.fit`, `finetuning.loop.fit`)."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ContextManager, Protocol
@@ -11,7 +11,14 @@ from typing import Any, ContextManager, Protocol
 import torch
 from torch import nn
 
+from tracking.config import RunRef
 from tracking.tracker import Tracker
+
+
+class Verdict(ValueError):
+    """An error that is the settings' fault (a micro-batch that does not fit, a run that keeps diverging), reached by
+    every rank at the same point: the launcher ends the run with its message instead of restarting the workers into
+    the same failure. Subclass it; the driver re-raises the worker's class with its message."""
 
 
 class Checkpoints(Protocol):
@@ -22,7 +29,8 @@ class Checkpoints(Protocol):
 @dataclass
 class Worker:
     """Where this copy of the loop runs. The defaults are one process with no launcher; the Ray wrapper fills in
-    its rank, world size, device, DDP wrapper, checkpoint storage and (for --data-loader ray-data) row source."""
+    its rank, world size, device, DDP wrapper and checkpoint storage; `inputs` is what the job prepared once on the
+    driver for every worker (fine-tuning's task data), None when the loop reads its own."""
 
     rank: int = 0
     world_size: int = 1
@@ -30,8 +38,9 @@ class Worker:
     device: torch.device | None = None
     wrap: Callable[[nn.Module], nn.Module] = lambda m: m
     checkpoints: Checkpoints | None = None
-    rows: Callable[[int], Iterator[Any]] | None = None  # a row source (pre-training's `--data-loader ray-data`)
-    tracker: Tracker | None = None  # default: from config.tracking, on rank 0
+    inputs: Any = None
+    tracking: RunRef | None = None  # the job's MLflow run (None: not tracked)
+    tracker: Tracker | None = None  # default: into `tracking`, on rank 0
 
 
 @dataclass

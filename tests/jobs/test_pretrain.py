@@ -212,28 +212,6 @@ def test_killed_worker_resumes_from_s3_checkpoint_into_the_same_run(baseline, ti
     assert sorted(history(client, run.info.run_id, "loss"))[-2:] == [STEPS + 2, STEPS + 4]
 
 
-@pytest.mark.timeout(600)
-def test_ray_data_loader_keeps_ranks_equal(ray_local, tiny_pretrain_data, tmp_path):
-    """--data-loader ray-data: read_parquet -> get_dataset_shard -> the same batching; 2 x 0.5 CPU leaves Ray Data
-    a CPU for its read tasks. More steps than one epoch holds, so epoch boundaries are crossed on both ranks."""
-    from mlflow.tracking import MlflowClient
-
-    from jobs import pretrain
-
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    # ~800-900 rows / (2 ranks x 32 per step) = 12-14 steps per epoch: 16 steps cross into the second epoch.
-    rc = pretrain.main(["--data", tiny_pretrain_data["train"], "--data-loader", "ray-data", "--preset", "bert_tiny",
-                        "--max-steps", "16", "--batch-size", "64", "--micro-batch-size", "16", "--num-workers", "2",
-                        "--cpus-per-worker", "0.5", "--storage", str(tmp_path / "runs"), "--run-name", "rd",
-                        "--checkpoint-every", "16", "--log-every", "8", "--mlflow-tracking-uri", uri, "--experiment", "rd",
-                        "--no-system-metrics"])
-    assert rc == 0
-    client = MlflowClient(uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("rd").experiment_id])
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [8, 16]
-    assert run.data.metrics["sequences_per_second"] > 0
-
-
 def test_phase2_init_from_phase1_export_on_another_dataset(baseline, tiny_pretrain_data, tmp_path):
     """Phase 2 is a second run: --init from phase 1's export (or checkpoint), another dataset, a fresh optimizer."""
     from mlflow.tracking import MlflowClient

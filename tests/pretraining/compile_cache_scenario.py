@@ -19,8 +19,9 @@ from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, P
 from tracking.config import TrackingConfig
 from pretraining.loader import DataConfig
 from pretraining.loop import fit
+from training.checkpoint import LocalCheckpoints
+from training.worker import Worker
 from pipeline.schema import read_manifest
-from pretraining.loader import ShardSet
 
 
 def main(dataset: str, checkpoints: str, steps: int) -> None:
@@ -28,7 +29,7 @@ def main(dataset: str, checkpoints: str, steps: int) -> None:
 
     torch.set_num_threads(1)
     vocab = Path(dataset, "vocab.txt").read_text().splitlines()
-    shards = ShardSet.from_manifest(read_manifest(dataset))
+    shards = read_manifest(dataset)
     # As small as a BERT gets: Inductor's C++ code generation is what this run pays for, once.
     bert = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                       intermediate_size=64, max_position_embeddings=64)
@@ -39,11 +40,11 @@ def main(dataset: str, checkpoints: str, steps: int) -> None:
         data=DataConfig(train=shards, micro_batch_size=4, mask_id=vocab.index("[MASK]"),
                         length_buckets=(shards.max_seq_length,)),
         max_steps=steps, optimizer=OptimizerConfig(lr=1e-3),
-        checkpoint=CheckpointConfig(every=1, keep=1, directory=checkpoints),
+        checkpoint=CheckpointConfig(every=1),
         tracking=TrackingConfig(log_every=1),
         runtime=RuntimeConfig(device="cpu", threads=1, compile=True, compile_backend="inductor", seed=3),
     )
-    result = fit(config)
+    result = fit(config, Worker(checkpoints=LocalCheckpoints(checkpoints, keep=1)))
     last = sorted(Path(checkpoints).glob("checkpoint-*"))[-1]
     print(json.dumps({
         "resumed_from": result.resumed_from, "steps": [s for s, _ in result.history],

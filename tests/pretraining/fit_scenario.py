@@ -17,15 +17,16 @@ from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, P
 from tracking.config import TrackingConfig
 from pretraining.loader import DataConfig
 from pretraining.loop import fit
+from training.checkpoint import LocalCheckpoints
+from training.worker import Worker
 from pipeline.schema import read_manifest
-from pretraining.loader import ShardSet
 
 STEPS, EVERY, KEEP_AT = 30, 10, 20
 
 
 def main(dataset: str, work: str) -> None:
     torch.set_num_threads(1)
-    shards = ShardSet.from_manifest(read_manifest(dataset))
+    shards = read_manifest(dataset)
     vocab = Path(dataset, "vocab.txt").read_text().splitlines()
     config = PretrainConfig(
         model=ModelConfig(bert=bert_tiny(vocab_size=len(vocab), max_position_embeddings=64)),
@@ -33,12 +34,11 @@ def main(dataset: str, work: str) -> None:
                         mask_id=vocab.index("[MASK]")),
         max_steps=STEPS,
         optimizer=OptimizerConfig(lr=3e-3, warmup_steps=2),
-        checkpoint=CheckpointConfig(every=EVERY, keep=2, directory=str(Path(work) / "ckpt"),
-                                    vocab_url=str(Path(dataset, "vocab.txt"))),
+        checkpoint=CheckpointConfig(every=EVERY, vocab_url=str(Path(dataset, "vocab.txt"))),
         tracking=TrackingConfig(log_every=2),
         runtime=RuntimeConfig(device="cpu", threads=1, seed=7),
     )
-    first = fit(config)
+    first = fit(config, Worker(checkpoints=LocalCheckpoints(Path(work) / "ckpt", keep=2)))
     ckpt = Path(work) / "ckpt"
     kept = sorted(p.name for p in ckpt.iterdir())
     state = json.loads((ckpt / kept[-1] / "train_state.json").read_text())
@@ -46,7 +46,7 @@ def main(dataset: str, work: str) -> None:
     for name in kept:
         if int(name.split("-")[1]) > KEEP_AT:
             shutil.rmtree(ckpt / name)
-    second = fit(config)
+    second = fit(config, Worker(checkpoints=LocalCheckpoints(Path(work) / "ckpt", keep=2)))
     print(json.dumps({
         "first": {s: m for s, m in first.history}, "second": {s: m for s, m in second.history},
         "resumed_from": second.resumed_from, "kept": kept, "state_step": state["step"],

@@ -68,5 +68,5 @@ def ray_loop(loop_config: dict) -> dict:
         return wrapped[-1]
 
     result = fit(cfg, Worker(rank=rank, world_size=ctx.get_world_size(), device=ray.train.torch.get_device(),
-                             wrap=wrap, checkpoints=RayCheckpoints()))
+                             wrap=wrap, checkpoints=RayCheckpoints(), tracking=loop_config.get("tracking")))
     return {"step": result.step, "hits": wrapped[0].hits}

@@ -16,7 +16,7 @@ from pretraining.loader import DataConfig
 from training.worker import Worker
 from pretraining.loop import fit
 from pipeline.schema import read_manifest
-from pretraining.loader import ShardSet, train_batches
+from pretraining.loader import train_batches
 from tracking.tracker import NullTracker
 
 pytestmark = pytest.mark.timeout(600)
@@ -49,7 +49,7 @@ def config_for(data: str, compile_model: bool, steps: int = STEPS) -> PretrainCo
     return PretrainConfig(
         model=ModelConfig(bert=bert_tiny(vocab_size=len(vocab), max_position_embeddings=64,
                                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
-        data=DataConfig(train=ShardSet.from_manifest(read_manifest(data)), micro_batch_size=4, bucket_window=32,
+        data=DataConfig(train=read_manifest(data), micro_batch_size=4, bucket_window=32,
                         length_buckets=BUCKETS, mask_id=vocab.index("[MASK]")),
         max_steps=steps, optimizer=OptimizerConfig(lr=1e-3),
         tracking=TrackingConfig(log_every=1),

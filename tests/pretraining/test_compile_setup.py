@@ -16,7 +16,6 @@ from training.worker import Worker
 from pretraining.loop import fit
 from pretraining.compile import compile_model, present_widths, synthetic_batch
 from pipeline.schema import read_manifest
-from pretraining.loader import ShardSet
 from pretraining.loader import train_batches
 from tracking.tracker import NullTracker
 
@@ -25,7 +24,7 @@ pytestmark = pytest.mark.timeout(600)
 
 def data_config(data: str, **kw) -> DataConfig:
     vocab = Path(data, "vocab.txt").read_text().splitlines()
-    return DataConfig(train=ShardSet.from_manifest(read_manifest(data)), micro_batch_size=4, mask_id=vocab.index("[MASK]"), **kw)
+    return DataConfig(train=read_manifest(data), micro_batch_size=4, mask_id=vocab.index("[MASK]"), **kw)
 
 
 def test_present_widths_from_the_manifest(varied_pretrain_data):

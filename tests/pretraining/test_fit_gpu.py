@@ -14,7 +14,6 @@ from tracking.config import TrackingConfig
 from pretraining.loader import DataConfig
 from pretraining.loop import fit
 from pipeline.schema import read_manifest
-from pretraining.loader import ShardSet
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -24,7 +23,7 @@ def test_compiled_bf16_fit_reports_mfu_of_real_tokens(varied_pretrain_data):
     vocab = Path(varied_pretrain_data, "vocab.txt").read_text().splitlines()
     config = PretrainConfig(
         model=ModelConfig(bert=bert_tiny(vocab_size=len(vocab), max_position_embeddings=64)),
-        data=DataConfig(train=ShardSet.from_manifest(read_manifest(varied_pretrain_data)), micro_batch_size=32,
+        data=DataConfig(train=read_manifest(varied_pretrain_data), micro_batch_size=32,
                         mask_id=vocab.index("[MASK]")),
         max_steps=12, optimizer=OptimizerConfig(lr=1e-3), tracking=TrackingConfig(log_every=4),
         runtime=RuntimeConfig(device="cuda", compile_warmup_steps=4, peak_flops=989e12),
@@ -43,7 +42,7 @@ def _config(data: str, **runtime) -> PretrainConfig:
     return PretrainConfig(
         model=ModelConfig(bert=bert_tiny(vocab_size=len(vocab), max_position_embeddings=64, hidden_dropout_prob=0.0,
                                          attention_probs_dropout_prob=0.0)),
-        data=DataConfig(train=ShardSet.from_manifest(read_manifest(data)), micro_batch_size=32, mask_id=vocab.index("[MASK]")),
+        data=DataConfig(train=read_manifest(data), micro_batch_size=32, mask_id=vocab.index("[MASK]")),
         max_steps=6, optimizer=OptimizerConfig(lr=1e-3), tracking=TrackingConfig(log_every=1),
         runtime=RuntimeConfig(device="cuda", compile_warmup_steps=2, peak_flops=989e12, **runtime),
     )

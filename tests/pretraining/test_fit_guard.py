@@ -24,9 +24,10 @@ from pretraining.loader import DataConfig
 from training.worker import Worker
 from pretraining.loop import fit
 from pipeline.schema import read_manifest
-from pretraining.loader import ShardSet
 from training.guard import TrainingDiverged
+from tracking.config import RunRef
 from tracking.tracker import make_tracker
+from training.checkpoint import LocalCheckpoints
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -36,10 +37,10 @@ def config(dataset: str, work: Path, steps: int = 40, lr: float = 3e-3, tracking
     vocab = Path(dataset, "vocab.txt").read_text().splitlines()
     return PretrainConfig(
         model=ModelConfig(bert=bert_tiny(vocab_size=len(vocab), max_position_embeddings=64)),
-        data=DataConfig(train=ShardSet.from_manifest(read_manifest(dataset)), micro_batch_size=8, mask_id=vocab.index("[MASK]")),
+        data=DataConfig(train=read_manifest(dataset), micro_batch_size=8, mask_id=vocab.index("[MASK]")),
         max_steps=steps,
         optimizer=OptimizerConfig(lr=lr, warmup_steps=2),
-        checkpoint=CheckpointConfig(every=every, keep=5, directory=str(work / "ckpt")),
+        checkpoint=CheckpointConfig(every=every),
         tracking=tracking or TrackingConfig(log_every=5),
         runtime=RuntimeConfig(device="cpu", threads=1, seed=7),
     )
@@ -53,7 +54,7 @@ def mlflow_run(uri: str) -> tuple[object, str]:
     return client, client.create_run(exp).info.run_id
 
 
-def poisoned_worker(cfg: PretrainConfig, steps: list[int], tracker=None) -> tuple[Worker, list[Poisoned]]:
+def poisoned_worker(cfg: PretrainConfig, steps: list[int], work: Path, tracker=None) -> tuple[Worker, list[Poisoned]]:
     marks = step_fingerprints(cfg.data, cfg.model.bert.vocab_size, cfg.runtime.seed, steps)
     wrapped: list[Poisoned] = []
 
@@ -61,7 +62,7 @@ def poisoned_worker(cfg: PretrainConfig, steps: list[int], tracker=None) -> tupl
         wrapped.append(Poisoned(model, marks))
         return wrapped[-1]
 
-    return Worker(wrap=wrap, tracker=tracker), wrapped
+    return Worker(wrap=wrap, tracker=tracker, checkpoints=LocalCheckpoints(work / "ckpt", keep=5)), wrapped
 
 
 def finite_checkpoints(directory: Path) -> list[str]:
@@ -76,7 +77,7 @@ def finite_checkpoints(directory: Path) -> list[str]:
 def test_one_poisoned_batch_is_skipped_and_counted(tiny_pretrain_data, tmp_path, mlflow_uri):
     client, run_id = mlflow_run(mlflow_uri)
     cfg = config(tiny_pretrain_data["train"], tmp_path)
-    worker, wrapped = poisoned_worker(cfg, [7], make_tracker(mlflow_uri, run_id))
+    worker, wrapped = poisoned_worker(cfg, [7], tmp_path, make_tracker(RunRef(mlflow_uri, run_id)))
     result = fit(cfg, worker)
 
     assert result.step == 40 and wrapped[0].hits == 1
@@ -96,7 +97,7 @@ def test_one_poisoned_batch_is_skipped_and_counted(tiny_pretrain_data, tmp_path,
 def test_a_run_of_poisoned_batches_rolls_back_past_them(tiny_pretrain_data, tmp_path, mlflow_uri):
     client, run_id = mlflow_run(mlflow_uri)
     cfg = config(tiny_pretrain_data["train"], tmp_path)
-    worker, wrapped = poisoned_worker(cfg, [23, 24, 25, 26, 27], make_tracker(mlflow_uri, run_id))
+    worker, wrapped = poisoned_worker(cfg, [23, 24, 25, 26, 27], tmp_path, make_tracker(RunRef(mlflow_uri, run_id)))
     result = fit(cfg, worker)
 
     assert result.step == 40
@@ -124,10 +125,9 @@ def test_a_run_of_poisoned_batches_rolls_back_past_them(tiny_pretrain_data, tmp_
 
 def test_a_divergent_learning_rate_fails_naming_the_step_and_the_flags(tiny_pretrain_data, tmp_path, mlflow_uri):
     client, run_id = mlflow_run(mlflow_uri)
-    cfg = config(tiny_pretrain_data["train"], tmp_path, steps=30, lr=1e4, every=2,
-                 tracking=TrackingConfig(log_every=5, tracking_uri=mlflow_uri, run_id=run_id))
+    cfg = config(tiny_pretrain_data["train"], tmp_path, steps=30, lr=1e4, every=2)
     with pytest.raises(TrainingDiverged) as failure:
-        fit(cfg)
+        fit(cfg, Worker(checkpoints=LocalCheckpoints(tmp_path / "ckpt", keep=5), tracking=RunRef(mlflow_uri, run_id)))
     message = str(failure.value)
     assert message.startswith("training diverged at step ") and "non-finite loss or gradient" in message
     assert "--lr (now 10000" in message and "--max-grad-norm" in message and "3 rollbacks" in message

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 import poison
 from test_fit_guard import config, mlflow_run
-from tracking.config import TrackingConfig
+from tracking.config import RunRef
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
 ray.cloudpickle.register_pickle_by_value(poison)  # the test's helpers travel to the workers with the function
@@ -45,12 +45,11 @@ def checkpoints(run_dir: Path) -> dict[str, dict]:
 
 def test_poisoned_batches_on_one_rank_roll_both_back(ray_local, tiny_pretrain_data, tmp_path, mlflow_uri):
     client, run_id = mlflow_run(mlflow_uri)
-    cfg = config(tiny_pretrain_data["train"], tmp_path,
-                 tracking=TrackingConfig(log_every=5, tracking_uri=mlflow_uri, run_id=run_id))
-    cfg = type(cfg)(**{**cfg.__dict__, "checkpoint": type(cfg.checkpoint)(every=10, keep=5)})  # Ray's storage
+    cfg = config(tiny_pretrain_data["train"], tmp_path)
     marks = poison.step_fingerprints(cfg.data, cfg.model.bert.vocab_size, cfg.runtime.seed, [23, 24, 25, 26, 27],
                                      rank=0, world=2)
-    result = train(poison.ray_loop, {"config": cfg, "marks": marks}, tmp_path / "ray", "poisoned")
+    result = train(poison.ray_loop, {"config": cfg, "marks": marks, "tracking": RunRef(mlflow_uri, run_id)},
+                   tmp_path / "ray", "poisoned")
 
     assert result.error is None and result.return_value == {"step": 40, "hits": 5}
     states = checkpoints(tmp_path / "ray" / "poisoned")
@@ -67,11 +66,9 @@ def test_a_divergent_learning_rate_returns_the_verdict_without_restarts(ray_loca
     from pretraining.loop import fit
 
     client, run_id = mlflow_run(mlflow_uri)
-    cfg = config(tiny_pretrain_data["train"], tmp_path, steps=30, lr=1e4, every=2,
-                 tracking=TrackingConfig(log_every=5, tracking_uri=mlflow_uri, run_id=run_id))
-    cfg = type(cfg)(**{**cfg.__dict__, "checkpoint": type(cfg.checkpoint)(every=2, keep=5)})
-    result = train(ray_worker, {"fit": fit, "config": cfg, "threads": 1, "ray_data": False}, tmp_path / "ray",
-                   "divergent")
+    cfg = config(tiny_pretrain_data["train"], tmp_path, steps=30, lr=1e4, every=2)
+    result = train(ray_worker, {"fit": fit, "config": cfg, "threads": 1, "inputs": None,
+                                "tracking": RunRef(mlflow_uri, run_id)}, tmp_path / "ray", "divergent")
 
     assert result.error is None
     verdict = result.return_value["error"]

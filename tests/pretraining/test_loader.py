@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from pretraining.batching import Remasker, collate, finite_batches
-from pretraining.loader import DataConfig, Prefetcher, RankStream, ShardSet, rank_segments
+from _manifests import manifest_of
+from pretraining.loader import DataConfig, Prefetcher, RankStream, rank_segments
 from pretraining.rows import Rows
 
 CLS, SEP, MASK, VOCAB = 101, 102, 103, 1000
@@ -118,8 +119,8 @@ def _dataset(shard_rows, seed=0):
 
 def data_config(shard_rows, micro_batch_size: int, **changes) -> DataConfig:
     """The loader's config over synthetic shards (rows of at most 63 tokens, at most 20 masked positions)."""
-    shards = ShardSet(shard_urls=tuple(f"shard-{i}" for i in range(len(shard_rows))), shard_rows=tuple(shard_rows),
-                      max_seq_length=64, max_predictions=20)
+    shards = manifest_of(tuple(f"shard-{i}" for i in range(len(shard_rows))), tuple(shard_rows), max_seq_length=64,
+                         max_predictions=20)
     return DataConfig(train=shards, micro_batch_size=micro_batch_size, **changes)
 
 

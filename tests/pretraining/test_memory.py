@@ -129,12 +129,11 @@ def test_fit_fails_in_seconds_when_the_micro_batch_cannot_fit(tiny_pretrain_data
     from pretraining.loader import DataConfig
     from pretraining.loop import fit
     from pipeline.schema import read_manifest
-    from pretraining.loader import ShardSet
     from pretraining.memory import MemoryConfig
 
     config = PretrainConfig(
         model=ModelConfig(bert=bert_tiny(vocab_size=600, max_position_embeddings=64)),
-        data=DataConfig(train=ShardSet.from_manifest(read_manifest(tiny_pretrain_data["train"])), micro_batch_size=4096),
+        data=DataConfig(train=read_manifest(tiny_pretrain_data["train"]), micro_batch_size=4096),
         max_steps=5, runtime=RuntimeConfig(device="cpu", threads=1), memory=MemoryConfig(budget_gb=1.0))
     with pytest.raises(DoesNotFit, match=r"a micro-batch of 4096 sequences of 64 tokens needs ~.* lower "
                                          r"--micro-batch-size"):

@@ -13,8 +13,9 @@ from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, P
 from tracking.config import TrackingConfig
 from pretraining.loader import DataConfig
 from pretraining.loop import fit
+from training.checkpoint import LocalCheckpoints
+from training.worker import Worker
 from pipeline.schema import read_manifest
-from pretraining.loader import ShardSet
 from pretraining.loader import RankStream
 from pretraining.rows import Rows, read_shard
 from pretraining.packing import PackConfig, collate_packed, pack
@@ -86,7 +87,7 @@ def _unpack(batch: dict) -> list[tuple]:
 
 def _config(data: str, **data_kw) -> DataConfig:
     vocab = Path(data, "vocab.txt").read_text().splitlines()
-    return DataConfig(train=ShardSet.from_manifest(read_manifest(data)), micro_batch_size=4, packing=True, mask_id=vocab.index("[MASK]"),
+    return DataConfig(train=read_manifest(data), micro_batch_size=4, packing=True, mask_id=vocab.index("[MASK]"),
                       **data_kw)
 
 
@@ -130,13 +131,13 @@ def test_stream_packs_every_row_once_and_resumes_exactly(varied_pretrain_data):
             assert all(np.array_equal(got[key], want[key]) for key in want), kwargs
 
 
-def fit_config(data: str, steps: int, directory: str | None = None) -> PretrainConfig:
+def fit_config(data: str, steps: int) -> PretrainConfig:
     vocab = Path(data, "vocab.txt").read_text().splitlines()
     return PretrainConfig(
         model=ModelConfig(bert=bert_tiny(vocab_size=len(vocab), max_position_embeddings=64)),
         data=_config(data, accum=2, pack_width=128, pack_window_rows=64, dynamic_masking=True),
         max_steps=steps, optimizer=OptimizerConfig(lr=3e-3),
-        checkpoint=CheckpointConfig(every=3, keep=2, directory=directory),
+        checkpoint=CheckpointConfig(every=3),
         tracking=TrackingConfig(log_every=1),
         runtime=RuntimeConfig(device="cpu", threads=1, seed=5),
     )
@@ -148,13 +149,13 @@ def test_fit_on_packed_batches_resumes_exactly(varied_pretrain_data, tmp_path):
     import json
     import shutil
 
-    straight = fit(fit_config(varied_pretrain_data, 6, str(tmp_path / "a")))
+    straight = fit(fit_config(varied_pretrain_data, 6), Worker(checkpoints=LocalCheckpoints(tmp_path / "a", keep=2)))
     assert straight.throughput["padding_fraction"] < 0.2
     assert straight.throughput["sequences"] / (6 * 2 * 4) > 1.8  # ~two 64-token sequences per 128-wide row
     state = json.loads((tmp_path / "a" / "checkpoint-00000003" / "train_state.json").read_text())
     assert state["data_position"]["packed_positions"] == [[0, 6]]  # window 0, 6 micro-batches (3 steps x 2)
     shutil.copytree(tmp_path / "a" / "checkpoint-00000003", tmp_path / "b" / "checkpoint-00000003")
-    resumed = fit(fit_config(varied_pretrain_data, 6, str(tmp_path / "b")))
+    resumed = fit(fit_config(varied_pretrain_data, 6), Worker(checkpoints=LocalCheckpoints(tmp_path / "b", keep=2)))
     assert resumed.resumed_from == 3
     history = dict(straight.history)
     assert [s for s, _ in resumed.history] == [4, 5, 6]

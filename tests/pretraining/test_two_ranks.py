@@ -2,8 +2,9 @@
 losses and gradient norms as one rank taking the whole batch. On CPU in the normal suite; on a GPU (gpu marker) the
 two ranks share the one GPU (half a GPU each, gloo) and run the compiled step with bert_core's fused kernels.
 
-The rows come from a row source (`Worker.rows`) that hands rank r the r-th half of each global batch, so both runs
-see the same sequences in every step. Every row has the same number of masked tokens, so each rank's mean MLM loss
+The rows are real shards laid out for the loader's rank split (one shard; rank r reads the r-th contiguous half of
+it): the two-rank dataset holds rank 0's halves of the global batches, then rank 1's; the one-rank dataset the same
+global batches whole, so both runs see the same sequences in every step. Every row has the same number of masked tokens, so each rank's mean MLM loss
 carries the same weight and DDP's average of the ranks' gradients is the gradient of the global mean. Dropout is
 off (masks are drawn per rank). The GPU check runs in fp32: bf16 rounding would need a tolerance loose enough to
 hide a real mismatch.
@@ -18,19 +19,19 @@ import numpy as np
 import pytest
 import torch
 
+from _manifests import manifest_of
 from bert_core import bert_tiny
 from pretraining.config import ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
 from tracking.config import TrackingConfig
-from pretraining.loader import DataConfig, ShardSet
+from pretraining.loader import DataConfig
 from training.worker import Worker
 from pretraining.loop import fit
-from pretraining.rows import Rows
 
 pytestmark = pytest.mark.timeout(600)
 GLOBAL, STEPS, VOCAB = 8, 3, 300
 
 
-def all_rows(n: int = 64) -> Rows:
+def all_rows(n: int = 64) -> list[dict]:
     """Deterministic rows of varied length (16..48 tokens), 3 masked positions each."""
     rng = np.random.default_rng(0)
     rows = []
@@ -42,26 +43,27 @@ def all_rows(n: int = 64) -> Rows:
         pos = sorted(rng.choice([i for i in range(1, length - 1) if i != a + 1], 3, replace=False).tolist())
         rows.append({"input_ids": ids, "a_length": a, "masked_lm_positions": pos,
                      "masked_lm_ids": rng.integers(5, VOCAB, 3).tolist(), "next_sentence_label": int(rng.integers(2))})
-    return Rows.from_pylist(rows)
+    return rows
 
 
-def row_source(rank: int, world: int):
-    """This rank's share of every global batch, in stream order, from row `skip` of its share on."""
-    rows = all_rows()
-    share = GLOBAL // world
-    order = np.concatenate([np.arange(s, s + GLOBAL)[rank * share:(rank + 1) * share]
-                            for s in range(0, len(rows), GLOBAL)])
+def shard_for(world: int, directory: Path) -> str:
+    """One shard whose contiguous split over `world` ranks gives rank r the r-th part of every global batch."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-    def source(skip: int):
-        while True:  # epoch after epoch
-            yield rows.take(order[skip:])
-            skip = 0
-    return source
+    from pipeline.schema import instance_schema
+
+    rows, share = all_rows(), GLOBAL // world
+    order = [i for rank in range(world) for s in range(0, len(rows), GLOBAL)
+             for i in range(s + rank * share, s + (rank + 1) * share)]
+    path = directory / f"world{world}.parquet"
+    pq.write_table(pa.Table.from_pylist([rows[i] for i in order], schema=instance_schema(VOCAB)), path)
+    return str(path)
 
 
-def config(world: int, device: str) -> PretrainConfig:
+def config(world: int, device: str, shard: str) -> PretrainConfig:
     cuda = device == "cuda"
-    shards = ShardSet(shard_urls=("unused",), shard_rows=(64,), max_seq_length=48, max_predictions=3)
+    shards = manifest_of((shard,), (64,), max_seq_length=48, max_predictions=3, vocab_size=VOCAB)
     return PretrainConfig(
         model=ModelConfig(bert=bert_tiny(vocab_size=VOCAB, max_position_embeddings=64, hidden_dropout_prob=0.0,
                                          attention_probs_dropout_prob=0.0)),
@@ -79,9 +81,9 @@ def ray_loop(loop_config: dict) -> None:
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    result = fit(config(world, loop_config["device"]),
+    result = fit(config(world, loop_config["device"], loop_config["shard"]),
                  Worker(rank=rank, world_size=world, device=ray.train.torch.get_device(),
-                        wrap=ray.train.torch.prepare_model, rows=row_source(rank, world)))
+                        wrap=ray.train.torch.prepare_model))
     if rank == 0:
         Path(loop_config["out"]).write_text(json.dumps(result.history))
 
@@ -94,7 +96,7 @@ def two_ranks(tmp_path: Path, device: str) -> dict[int, dict]:
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray's workers cannot import tests/
     resources = {"CPU": 0.5} if device == "cpu" else {"CPU": 0.5, "GPU": 0.5}
     out = tmp_path / "history.json"
-    TorchTrainer(ray_loop, train_loop_config={"device": device, "out": str(out)},
+    TorchTrainer(ray_loop, train_loop_config={"device": device, "out": str(out), "shard": shard_for(2, tmp_path)},
                  torch_config=TorchConfig(backend="gloo"),
                  scaling_config=ray.train.ScalingConfig(num_workers=2, use_gpu=device == "cuda",
                                                         resources_per_worker=resources),
@@ -102,9 +104,9 @@ def two_ranks(tmp_path: Path, device: str) -> dict[int, dict]:
     return {int(step): metrics for step, metrics in json.loads(out.read_text())}
 
 
-def one_rank(device: str) -> dict[int, dict]:
+def one_rank(device: str, tmp_path: Path) -> dict[int, dict]:
     torch.manual_seed(0)
-    return dict(fit(config(1, device), Worker(device=torch.device(device), rows=row_source(0, 1))).history)
+    return dict(fit(config(1, device, shard_for(1, tmp_path)), Worker(device=torch.device(device))).history)
 
 
 def check_same(one: dict[int, dict], two: dict[int, dict], rel: float) -> None:
@@ -117,10 +119,10 @@ def check_same(one: dict[int, dict], two: dict[int, dict], rel: float) -> None:
 
 
 def test_two_gloo_ranks_equal_one_rank_with_the_doubled_batch(ray_local, tmp_path):
-    check_same(one_rank("cpu"), two_ranks(tmp_path, "cpu"), rel=1e-4)
+    check_same(one_rank("cpu", tmp_path), two_ranks(tmp_path, "cpu"), rel=1e-4)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_two_ranks_sharing_one_gpu_equal_one_rank(ray_local, tmp_path):
-    check_same(one_rank("cuda"), two_ranks(tmp_path, "cuda"), rel=1e-3)
+    check_same(one_rank("cuda", tmp_path), two_ranks(tmp_path, "cuda"), rel=1e-3)

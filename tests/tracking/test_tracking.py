@@ -10,6 +10,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tracking import params, runs, store, tracker
+from tracking.config import RunRef
 
 
 @dataclass(frozen=True)
@@ -121,13 +122,13 @@ def test_run_ending_records_what_happened(tmp_path):
 def test_tracker_logs_each_step_once_across_restarts(tmp_path):
     uri = f"sqlite:///{tmp_path}/m.db"
     run = runs.open_run(uri, "e", "r")
-    first = tracker.make_tracker(uri, run.run_id)
+    first = tracker.make_tracker(RunRef(uri, run.run_id))
     for step in (2, 4, 6):
         first.log({"loss": 10.0 - step}, step)
     first.close()
-    replay = tracker.make_tracker(uri, run.run_id)  # a restart from the checkpoint of step 4 replays step 6
+    replay = tracker.make_tracker(RunRef(uri, run.run_id))  # a restart from the checkpoint of step 4 replays step 6
     for step in (6, 8):
         replay.log({"loss": 1.0 + step}, step)
     history = MlflowClient(uri).get_metric_history(run.run_id, "loss")
     assert [(m.step, m.value) for m in history] == [(2, 8.0), (4, 6.0), (6, 4.0), (8, 9.0)]
-    assert isinstance(tracker.make_tracker(None, None), tracker.NullTracker)
+    assert isinstance(tracker.make_tracker(None), tracker.NullTracker)
