@@ -17,7 +17,7 @@ import yaml
 
 from _infra_checks import (
     CLUSTER_YAMLS, INFRA, K8S_YAMLS, REPO, check_hardening, check_network_policies, check_ray_token_auth,
-    check_services, cluster_spec_of, dockerfile_user, is_root_user, load_all, mlflow_auth_errors,
+    check_services, cluster_spec_of, dockerfile_user, is_root_user, load_all, mlflow_auth_errors, pod_templates,
 )
 
 ALL_DOCS = [(p.name, d) for p in K8S_YAMLS for d in load_all(p)]
@@ -227,7 +227,8 @@ def test_launcher_states_its_firewall(path):
 
 
 def _code_blocks(path) -> list[str]:
-    return [" ".join(b.replace("\\\n", " ").split()) for b in re.findall(r"```[a-z]*\n(.*?)```", path.read_text(), re.S)]
+    blocks = re.findall(r"```[a-z]*\n(.*?)```", path.read_text(), re.S)
+    return [" ".join(b.replace("\\\n", " ").split()) for b in blocks]
 
 
 def test_the_bare_host_mlflow_command_binds_loopback_with_auth():
@@ -241,7 +242,7 @@ def test_the_bare_host_mlflow_command_binds_loopback_with_auth():
 def _declared_ports() -> set[int]:
     ports: set[int] = set()
     for _, doc in ALL_DOCS:
-        for where, tpl in [(w, t) for w, t in __import__("_infra_checks").pod_templates(doc)]:
+        for _, tpl in pod_templates(doc):
             for c in (tpl.get("spec") or {}).get("containers") or []:
                 ports |= {p["containerPort"] for p in c.get("ports") or []}
     for path in CLUSTER_YAMLS:
