@@ -381,6 +381,19 @@ def check_hardening(doc: dict) -> list[str]:
     return errs
 
 
+def check_api_token(doc: dict) -> list[str]:
+    """Ray pods mount no Kubernetes API token, except a head whose autoscaler sidecar needs one (KubeRay binds the
+    autoscaler's Role to the head's service account); job code on any pod could otherwise use it."""
+    spec = cluster_spec_of(doc)
+    errs = []
+    for where, role, tpl in ray_pod_templates(doc):
+        if role == "head" and spec and spec.get("enableInTreeAutoscaling"):
+            continue
+        if (tpl.get("spec") or {}).get("automountServiceAccountToken") is not False:
+            errs.append(f"{where}: automountServiceAccountToken must be false (no Kubernetes API for job code)")
+    return errs
+
+
 def check_services(doc: dict) -> list[str]:
     """Nothing we define is reachable from outside the cluster: no LoadBalancer / NodePort / Ingress."""
     where = f"{doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}"

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from _infra_checks import (
-    CLUSTER_YAMLS, INFRA, K8S_YAMLS, REPO, check_hardening, check_network_policies, check_ray_token_auth,
+    CLUSTER_YAMLS, INFRA, K8S_YAMLS, REPO, check_api_token, check_hardening, check_network_policies, check_ray_token_auth,
     check_services, cluster_spec_of, dockerfile_user, is_root_user, load_all, mlflow_auth_errors, pod_templates,
 )
 
@@ -67,6 +67,18 @@ def test_the_ray_pods_service_accounts_exist_with_irsa():
     assert None not in used, "every Ray pod names its service account (the default one has no S3 role)"
     for name in used:
         assert "eks.amazonaws.com/role-arn" in accounts[name]["metadata"].get("annotations", {}), name
+
+
+@pytest.mark.parametrize("name,doc", RAY_DOCS, ids=[n for n, _ in RAY_DOCS])
+def test_ray_pods_mount_no_kubernetes_token_they_do_not_need(name, doc):
+    assert check_api_token(doc) == []
+
+
+def test_the_api_token_check_catches():
+    doc = _doc("rayjob-pretrain.yaml", "RayJob")
+    cluster_spec_of(doc)["headGroupSpec"]["template"]["spec"].pop("automountServiceAccountToken")
+    cluster_spec_of(doc)["workerGroupSpecs"][0]["template"]["spec"]["automountServiceAccountToken"] = True
+    assert len(check_api_token(doc)) == 2
 
 
 # --- each check fails on a broken copy -----------------------------------------------------------------------
