@@ -53,8 +53,9 @@ def pinned(name: str) -> str:
 
 RAYCLUSTER_SPEC_KEYS = {
     "headGroupSpec", "workerGroupSpecs", "rayVersion", "enableInTreeAutoscaling", "autoscalerOptions",
-    "headServiceAnnotations", "suspend", "managedBy", "gcsFaultToleranceOptions",
+    "headServiceAnnotations", "suspend", "managedBy", "gcsFaultToleranceOptions", "authOptions",
 }
+AUTH_OPTION_KEYS = {"mode", "secretName", "enableK8sTokenAuth"}
 HEAD_GROUP_KEYS = {"template", "headService", "enableIngress", "rayStartParams", "serviceType"}
 WORKER_GROUP_KEYS = {
     "groupName", "replicas", "minReplicas", "maxReplicas", "idleTimeoutSeconds", "rayStartParams", "template",
@@ -131,6 +132,7 @@ def check_raycluster_spec(spec: dict, where: str) -> list[str]:
         return errs + [f"{where}: headGroupSpec is required"]
     errs += _unknown(head, HEAD_GROUP_KEYS, f"{where}.headGroupSpec")
     errs += _unknown(spec.get("autoscalerOptions") or {}, AUTOSCALER_OPTION_KEYS, f"{where}.autoscalerOptions")
+    errs += _unknown(spec.get("authOptions") or {}, AUTH_OPTION_KEYS, f"{where}.authOptions")
     errs += check_ray_start_params(head.get("rayStartParams"), f"{where}.headGroupSpec")
     if "template" not in head:
         errs.append(f"{where}.headGroupSpec: template is required")
@@ -242,3 +244,249 @@ def job_rejects(job: str, args: list[str]) -> str | None:
     listed = set(re.findall(r"--[a-z0-9][a-z0-9-]*", out.stdout))
     missing = [a.split("=")[0] for a in args if a.startswith("--") and a.split("=")[0] not in listed]
     return f"jobs/{job}.py --help does not list {missing}" if missing else None
+
+
+# --- security: token auth, pod hardening, services, network policies (docs/security.md) ----------------------
+
+RAY_TOKEN_SECRET_KEY = "auth_token"  # KubeRay's convention for authOptions.secretName Secrets
+EXPOSING_SERVICE_TYPES = {"LoadBalancer", "NodePort"}
+AWS_KEY_ENV = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
+
+
+def cluster_spec_of(doc: dict) -> dict | None:
+    """The RayCluster spec inside a RayCluster or a RayJob (None for other kinds)."""
+    if doc.get("kind") == "RayCluster":
+        return doc.get("spec") or {}
+    if doc.get("kind") == "RayJob":
+        return (doc.get("spec") or {}).get("rayClusterSpec")
+    return None
+
+
+def ray_pod_templates(doc: dict) -> list[tuple[str, str, dict]]:
+    """(where, role, template) for the Ray pods of a RayCluster / RayJob; role is head, worker or submitter."""
+    where = f"{doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}"
+    out: list[tuple[str, str, dict]] = []
+    spec = cluster_spec_of(doc)
+    if spec:
+        out.append((f"{where}.headGroupSpec", "head", (spec.get("headGroupSpec") or {}).get("template") or {}))
+        for g in spec.get("workerGroupSpecs") or []:
+            out.append((f"{where}.workerGroupSpecs[{g.get('groupName')}]", "worker", g.get("template") or {}))
+    if doc.get("kind") == "RayJob" and (doc.get("spec") or {}).get("submitterPodTemplate") is not None:
+        out.append((f"{where}.submitterPodTemplate", "submitter", doc["spec"]["submitterPodTemplate"]))
+    return out
+
+
+def pod_templates(doc: dict) -> list[tuple[str, dict]]:
+    """(where, template) for every pod any object of ours creates: Ray pods, Deployments, StatefulSets."""
+    if doc.get("kind") in ("Deployment", "StatefulSet"):
+        return [(f"{doc['kind']}/{doc['metadata']['name']}", (doc.get("spec") or {}).get("template") or {})]
+    return [(w, t) for w, _, t in ray_pod_templates(doc)]
+
+
+def _env(container: dict) -> dict[str, dict]:
+    return {e.get("name"): e for e in container.get("env") or []}
+
+
+def _token_env_errors(env: dict[str, dict], secret: str | None, where: str) -> list[str]:
+    errs = []
+    if (env.get("RAY_AUTH_MODE") or {}).get("value") != "token":
+        errs.append(f"{where}: RAY_AUTH_MODE must be 'token' (Ray's token authentication)")
+    ref = ((env.get("RAY_AUTH_TOKEN") or {}).get("valueFrom") or {}).get("secretKeyRef") or {}
+    if not ref:
+        errs.append(f"{where}: RAY_AUTH_TOKEN must come from a Secret (valueFrom.secretKeyRef)")
+    elif secret and (ref.get("name"), ref.get("key")) != (secret, RAY_TOKEN_SECRET_KEY):
+        errs.append(f"{where}: RAY_AUTH_TOKEN reads {ref.get('name')}/{ref.get('key')}, "
+                    f"authOptions names {secret}/{RAY_TOKEN_SECRET_KEY}")
+    return errs
+
+
+def check_ray_token_auth(doc: dict) -> list[str]:
+    """Ray's token auth (RAY_AUTH_MODE=token, the token from a Secret) on the head, every worker, the autoscaler
+    sidecar and the RayJob submitter; KubeRay's authOptions naming the same Secret."""
+    spec = cluster_spec_of(doc)
+    if spec is None:
+        return []
+    where = f"{doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}"
+    errs: list[str] = []
+    auth = spec.get("authOptions") or {}
+    if auth.get("mode") != "token" or not auth.get("secretName"):
+        errs.append(f"{where}: authOptions must be {{mode: token, secretName: <Secret>}}")
+    secret = auth.get("secretName")
+    for tw, role, tpl in ray_pod_templates(doc):
+        containers = ((tpl.get("spec") or {}).get("containers")) or []
+        if not containers:
+            errs.append(f"{tw}: no containers")
+            continue
+        # KubeRay's Ray container (and the submitter) is the first one.
+        errs += _token_env_errors(_env(containers[0]), secret, f"{tw}.containers[{containers[0].get('name')}]")
+    if spec.get("enableInTreeAutoscaling"):
+        errs += _token_env_errors(_env(spec.get("autoscalerOptions") or {}), secret, f"{where}.autoscalerOptions")
+    if doc.get("kind") == "RayJob" and (doc.get("spec") or {}).get("submissionMode", "K8sJobMode") == "K8sJobMode" \
+            and "submitterPodTemplate" not in doc["spec"]:
+        errs.append(f"{where}.spec: K8sJobMode needs a submitterPodTemplate (the default submitter has no token "
+                    f"and no securityContext)")
+    return errs
+
+
+def check_container_hardening(c: dict, pod_sc: dict, mounts_tmp: bool, where: str) -> list[str]:
+    sc = c.get("securityContext")
+    if not isinstance(sc, dict):
+        return [f"{where}: no securityContext"]
+    errs = []
+    if sc.get("runAsNonRoot") is not True:
+        errs.append(f"{where}: securityContext.runAsNonRoot must be true")
+    if sc.get("allowPrivilegeEscalation") is not False:
+        errs.append(f"{where}: securityContext.allowPrivilegeEscalation must be false")
+    if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []):
+        errs.append(f"{where}: securityContext.capabilities.drop must include ALL")
+    if sc.get("privileged"):
+        errs.append(f"{where}: privileged")
+    if sc.get("runAsUser", pod_sc.get("runAsUser")) == 0:
+        errs.append(f"{where}: runAsUser 0 is root")
+    if "readOnlyRootFilesystem" not in sc:
+        errs.append(f"{where}: readOnlyRootFilesystem must be stated (true, or false with a reason)")
+    if sc.get("readOnlyRootFilesystem") and not mounts_tmp:
+        errs.append(f"{where}: a read-only root filesystem needs a writable /tmp (an emptyDir)")
+    return errs
+
+
+def check_pod_hardening(tpl: dict, where: str) -> list[str]:
+    """Every container non-root with no privilege escalation and no capabilities; no host namespaces or paths."""
+    spec = tpl.get("spec") or {}
+    pod_sc = spec.get("securityContext") or {}
+    errs = []
+    if pod_sc.get("runAsNonRoot") is not True:
+        errs.append(f"{where}: pod securityContext.runAsNonRoot must be true")
+    for k in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(k):
+            errs.append(f"{where}: {k}")
+    errs += [f"{where}: hostPath volume {v.get('name')}" for v in spec.get("volumes") or [] if "hostPath" in v]
+    for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+        mounts_tmp = any(m.get("mountPath") == "/tmp" for m in c.get("volumeMounts") or [])
+        errs += check_container_hardening(c, pod_sc, mounts_tmp, f"{where}.containers[{c.get('name')}]")
+        for e in c.get("env") or []:
+            if e.get("name") in AWS_KEY_ENV:
+                errs.append(f"{where}.containers[{c.get('name')}]: {e['name']} in env; S3 access comes from IRSA "
+                            f"(a service account annotation) or a mounted credentials file")
+    return errs
+
+
+def check_hardening(doc: dict) -> list[str]:
+    errs = [e for w, t in pod_templates(doc) for e in check_pod_hardening(t, w)]
+    spec = cluster_spec_of(doc)
+    if spec and spec.get("enableInTreeAutoscaling"):
+        # The autoscaler sidecar is built by KubeRay; autoscalerOptions.securityContext is all we control of it.
+        where = f"{doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}.autoscalerOptions"
+        errs += check_container_hardening(spec.get("autoscalerOptions") or {}, {}, False, where)
+    return errs
+
+
+def check_api_token(doc: dict) -> list[str]:
+    """Ray pods mount no Kubernetes API token, except a head whose autoscaler sidecar needs one (KubeRay binds the
+    autoscaler's Role to the head's service account); job code on any pod could otherwise use it."""
+    spec = cluster_spec_of(doc)
+    errs = []
+    for where, role, tpl in ray_pod_templates(doc):
+        if role == "head" and spec and spec.get("enableInTreeAutoscaling"):
+            continue
+        if (tpl.get("spec") or {}).get("automountServiceAccountToken") is not False:
+            errs.append(f"{where}: automountServiceAccountToken must be false (no Kubernetes API for job code)")
+    return errs
+
+
+def check_services(doc: dict) -> list[str]:
+    """Nothing we define is reachable from outside the cluster: no LoadBalancer / NodePort / Ingress."""
+    where = f"{doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}"
+    errs = []
+    if doc.get("kind") == "Service" and (doc.get("spec") or {}).get("type", "ClusterIP") in EXPOSING_SERVICE_TYPES:
+        errs.append(f"{where}: type {doc['spec']['type']} exposes it outside the cluster; use ClusterIP")
+    spec = cluster_spec_of(doc)
+    if spec:
+        head = spec.get("headGroupSpec") or {}
+        if head.get("serviceType") != "ClusterIP":
+            errs.append(f"{where}.headGroupSpec.serviceType must be ClusterIP (got {head.get('serviceType')!r})")
+        svc_type = ((head.get("headService") or {}).get("spec") or {}).get("type", "ClusterIP")
+        if svc_type in EXPOSING_SERVICE_TYPES:
+            errs.append(f"{where}.headGroupSpec.headService: type {svc_type}; use ClusterIP")
+        if head.get("enableIngress"):
+            errs.append(f"{where}.headGroupSpec.enableIngress exposes the dashboard")
+    return errs
+
+
+def _selects(policy: dict, labels: dict) -> bool:
+    sel = ((policy.get("spec") or {}).get("podSelector") or {})
+    return bool(sel.get("matchLabels")) and not sel.get("matchExpressions") and \
+        sel["matchLabels"].items() <= labels.items()
+
+
+def check_network_policies(docs: list[dict]) -> list[str]:
+    """Every Ray head and worker pod is selected by an Ingress NetworkPolicy none of whose rules admits everyone."""
+    policies = [d for d in docs if d.get("kind") == "NetworkPolicy"]
+    errs = []
+    for p in policies:
+        rules = (p.get("spec") or {}).get("ingress") or []
+        if "Ingress" not in ((p.get("spec") or {}).get("policyTypes") or ["Ingress"]):
+            errs.append(f"NetworkPolicy/{p['metadata']['name']}: policyTypes must include Ingress")
+        if any(not r.get("from") for r in rules):
+            errs.append(f"NetworkPolicy/{p['metadata']['name']}: an ingress rule without `from` admits every peer")
+    for doc in docs:
+        for where, role, tpl in ray_pod_templates(doc):
+            if role == "submitter":
+                continue
+            # KubeRay adds ray.io/node-type to the pods it creates from these templates.
+            labels = {**((tpl.get("metadata") or {}).get("labels") or {}), "ray.io/node-type": role}
+            if not any(_selects(p, labels) for p in policies):
+                errs.append(f"{where}: no NetworkPolicy selects this {role} pod (labels {labels})")
+    return errs
+
+
+def mlflow_auth_errors(docs: list[dict], installed_apps: set[str]) -> list[str]:
+    """The MLflow server runs MLflow's basic-auth app, its secrets from Secrets, its S3 access from IRSA."""
+    server = next((d for d in docs if d.get("kind") == "Deployment" and d["metadata"]["name"] == "mlflow"), None)
+    if server is None:
+        return ["no Deployment/mlflow"]
+    pod = server["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    errs = []
+    args = [str(a) for a in c.get("args") or []]
+    app = args[args.index("--app-name") + 1] if "--app-name" in args[:-1] else None
+    if app != "basic-auth":
+        errs.append(f"Deployment/mlflow: args must include --app-name basic-auth (got {app!r})")
+    elif app not in installed_apps:
+        errs.append(f"--app-name {app} is not an app the installed mlflow offers ({sorted(installed_apps)})")
+    env = _env(c)
+    for name in ("MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY"):
+        if "secretKeyRef" not in ((env.get(name) or {}).get("valueFrom") or {}):
+            errs.append(f"Deployment/mlflow: {name} must come from a Secret")
+    config_path = (env.get("MLFLOW_AUTH_CONFIG_PATH") or {}).get("value", "")
+    mount = next((m for m in c.get("volumeMounts") or [] if config_path.startswith(m["mountPath"] + "/")), None)
+    volume = next((v for v in pod.get("volumes") or [] if mount and v["name"] == mount["name"]), {})
+    cm_name = (volume.get("configMap") or {}).get("name")
+    cm = next((d for d in docs if d.get("kind") == "ConfigMap" and d["metadata"]["name"] == cm_name), None)
+    if cm is None:
+        errs.append("Deployment/mlflow: MLFLOW_AUTH_CONFIG_PATH must name a file of a mounted ConfigMap")
+    else:
+        import configparser
+        ini = configparser.ConfigParser()
+        ini.read_string(cm["data"][config_path.rsplit("/", 1)[1]])
+        if "admin_password" in ini["mlflow"]:
+            errs.append(f"ConfigMap/{cm_name}: admin_password belongs in a Secret (MLFLOW_AUTH_ADMIN_PASSWORD)")
+        if not ini["mlflow"].get("database_uri", "").startswith("postgresql://"):
+            errs.append(f"ConfigMap/{cm_name}: the auth database must be durable (postgresql://), not a pod file")
+    if (env.get("MLFLOW_SERVE_ARTIFACTS") or {}).get("value") != "true":
+        errs.append("Deployment/mlflow: artifacts must be proxied by the server (MLFLOW_SERVE_ARTIFACTS=true)")
+    sa = next((d for d in docs if d.get("kind") == "ServiceAccount"
+               and d["metadata"]["name"] == pod.get("serviceAccountName")), None)
+    if sa is None or "eks.amazonaws.com/role-arn" not in ((sa.get("metadata") or {}).get("annotations") or {}):
+        errs.append("Deployment/mlflow: S3 access through a service account with an IRSA role annotation")
+    return errs
+
+
+def dockerfile_user(text: str) -> str | None:
+    """The user of the image's last USER line (None when there is none: the base image's user)."""
+    users = re.findall(r"^\s*USER\s+(\S+)", text, re.M | re.I)
+    return users[-1] if users else None
+
+
+def is_root_user(user: str | None) -> bool:
+    return user is None or user.split(":")[0] in ("root", "0")

@@ -62,7 +62,8 @@ def test_groups_head_and_images(path):
 @pytest.mark.parametrize("path", CLUSTER_YAMLS, ids=IDS)
 def test_setup_commands_install_this_project_with_the_constraints(path):
     config = yaml.safe_load(path.read_text())
-    assert config["file_mounts"] == {"~/bert-pretrain": "."}
+    # The project, and the cluster's Ray token (tests/infra/test_security.py checks how it is used).
+    assert config["file_mounts"] == {"~/bert-pretrain": ".", "~/.ray/auth_token": "~/.ray/auth_token"}
     for group in [config] + list(config["available_node_types"].values()):
         for key in ("head_setup_commands", "worker_setup_commands"):
             for cmd in group.get(key, []):

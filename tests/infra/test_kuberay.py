@@ -23,7 +23,8 @@ RAYJOBS = {p.name: d for p, ds in ((p, load_all(p)) for p in KUBERAY_YAMLS) for 
 
 def test_the_manifests_we_promise_exist():
     names = {p.name for p in KUBERAY_YAMLS}
-    assert {"raycluster.yaml", "rayjob-build-dataset.yaml", "rayjob-pretrain.yaml", "shared-storage.yaml"} <= names
+    assert {"raycluster.yaml", "rayjob-build-dataset.yaml", "rayjob-pretrain.yaml", "shared-storage.yaml",
+            "security.yaml"} <= names
     assert (INFRA / "mlflow" / "mlflow.yaml").is_file()
 
 
@@ -114,7 +115,8 @@ def test_rayjob_entrypoints_are_the_readme_commands(name):
 # --- plain Kubernetes objects (the MLflow server) -----------------------------------------------------------
 
 K8S_KINDS = {("v1", "Namespace"), ("v1", "Service"), ("v1", "PersistentVolumeClaim"), ("apps/v1", "Deployment"),
-             ("apps/v1", "StatefulSet"),
+             ("apps/v1", "StatefulSet"), ("v1", "ServiceAccount"), ("v1", "ConfigMap"),
+             ("networking.k8s.io/v1", "NetworkPolicy"),
              ("ray.io/v1", "RayCluster"), ("ray.io/v1", "RayJob")}
 
 

@@ -53,8 +53,10 @@ def _literal_secret_values(node, path=""):
                 r"PASSWORD|SECRET|ACCESS_KEY|TOKEN", node["name"]):
             yield f"{path}.{node['name']}"
         for k, v in node.items():
+            # A boolean is a switch and a home-relative path a location, not secrets
+            # (automountServiceAccountToken: false; file_mounts' `~/.ray/auth_token: ~/.ray/auth_token`).
             if re.search(r"password|secret_?access|token|access_?key", str(k), re.I) and isinstance(v, (str, int)) \
-                    and str(v) and not str(v).startswith(("$", "<")):
+                    and not isinstance(v, bool) and str(v) and not str(v).startswith(("$", "<", "~/")):
                 yield f"{path}.{k}"
             yield from _literal_secret_values(v, f"{path}.{k}")
     elif isinstance(node, list):
@@ -78,3 +80,6 @@ def test_the_scanner_finds_what_it_should():
     assert not PATTERNS["password in a URL"].search("postgresql://mlflow:$(POSTGRES_PASSWORD)@db:5432/mlflow")
     assert list(_literal_secret_values({"env": [{"name": "AWS_SECRET_ACCESS_KEY", "value": "abc"}]}))
     assert not list(_literal_secret_values({"env": [{"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {}}]}))
+    assert list(_literal_secret_values({"auth_token": "abc"}))
+    assert not list(_literal_secret_values({"automountServiceAccountToken": False}))
+    assert not list(_literal_secret_values({"~/.ray/auth_token": "~/.ray/auth_token"}))
