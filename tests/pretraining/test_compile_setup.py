@@ -34,7 +34,7 @@ def test_present_widths_from_the_manifest(varied_pretrain_data):
     expected = {next(b for b in (8, 16, 24, 32, 64) if n <= b) for n in lengths}
     assert set(present_widths(data)) == expected
     assert 8 not in expected, "the fixture has no row of 8 tokens or fewer: that bucket must not be compiled"
-    unknown = dataclasses.replace(data, train=dataclasses.replace(data.train, seq_lengths=()))
+    unknown = dataclasses.replace(data, train=dataclasses.replace(data.train, seq_len_histogram=()))
     assert present_widths(unknown) == (8, 16, 24, 32, 64)
     assert present_widths(data_config(varied_pretrain_data, packing=True, pack_width=128)) == (128,)
 

@@ -94,6 +94,7 @@ def two_ranks(tmp_path: Path, device: str) -> dict[int, dict]:
     from ray.train.torch import TorchConfig, TorchTrainer
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray's workers cannot import tests/
+    ray.cloudpickle.register_pickle_by_value(sys.modules["_manifests"])
     resources = {"CPU": 0.5} if device == "cpu" else {"CPU": 0.5, "GPU": 0.5}
     out = tmp_path / "history.json"
     TorchTrainer(ray_loop, train_loop_config={"device": device, "out": str(out), "shard": shard_for(2, tmp_path)},
