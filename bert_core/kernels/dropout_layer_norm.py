@@ -230,7 +230,7 @@ def residual_layer_norm_and_copy(x: Tensor, residual: Tensor, layer_norm: nn.Lay
     for both, as before.
     """
     out_dtype = x.dtype if options.low_precision_residual else None
-    if not options.use_fused(x):
+    if not (options.fused_layer_norm and options.use_fused(x)):
         out = layer_norm(dropout(x) + residual)
         return (out if out_dtype is None else out.to(out_dtype)), None
     gemm_dtype = _autocast_dtype(x) if copy else None

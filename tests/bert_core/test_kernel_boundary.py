@@ -171,3 +171,16 @@ def test_inductor_compiled_model_equals_eager(device):
     for name in grads:
         torch.testing.assert_close(grads[name], eager_grads[name], atol=2e-2, rtol=5e-2, msg=name)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_self_check_passes_the_real_kernels_and_checks_nothing_where_none_run(device):
+    from bert_core.kernels.self_check import LIMIT, self_check
+
+    options = KernelOptions(fused=True, fused_bias_gelu=True)
+    results = self_check(rows=48, hidden=64, intermediate=256, device=torch.device(device), options=options)
+    assert set(results) == {"dropout_layer_norm", "bias_gelu"}
+    for name, result in results.items():
+        assert result.ok, (name, result.figure)
+        assert f"(limit {LIMIT:g})" in result.figure
+    assert self_check(48, 64, 256, torch.device(device), KernelOptions(fused=False)) == {}
