@@ -275,7 +275,7 @@ def _check_memory(config: PretrainConfig, worker: Worker, device: torch.device) 
               memory.available_bytes(device, worker.local_world_size))
     budget = int(_all_reduce_host(torch.tensor([float(budget)], dtype=torch.float64), op="min")[0])
     est = memory.check(config.model.bert, data.micro_batch_size, data.length_buckets[-1], data.train.max_predictions,
-                       budget, device.type)
+                       budget, device.type, per_rank_batch=data.micro_batch_size * data.accum)
     if worker.rank == 0:
         log.info("memory: a step of %d x %d tokens needs ~%s of the %s free per worker", data.micro_batch_size,
                  data.length_buckets[-1], est.describe(), memory.gib(budget))
