@@ -13,10 +13,13 @@
 - `bias_gelu`: GELU(h + bias) with dGELU and the bias gradient in one backward pass, for `BertIntermediate`.
   Opt-in (`KernelOptions(fused_bias_gelu=True)`): its module says why it is not shown to win.
 - `options`: `KernelOptions` and `set_kernel_options(model, options)`; `bench`: the GPU measurements.
+- `self_check`: each kernel in use against the composition at a run's shapes, once at worker start; a kernel that
+  disagrees or raises is switched off with one WARNING line (pretraining/kernel_options.py calls it).
 
 Triton is optional (the `gpu` extra); nothing here imports it until a fused call runs. The CPU path is unchanged.
 
-Not measured yet (no GPU was lent while this was written); the commands, one line each on a CUDA machine:
+Not measured yet (no GPU was lent while this was written); `python benchmarks/gpu_suite.py` runs every GPU figure
+in one command (docs/benchmarks.md § GPU); the commands for the kernels alone, one line each on a CUDA machine:
     python -m bert_core.kernels.bench                      # byte counts, then each kernel vs eager and compiled
     python -m pytest -m gpu tests/bert_core                # the kernel tests on the compiled kernels
     python benchmarks/gpu_step.py --shapes 128x256x20      # the whole step (the LayerNorm kernel is on on CUDA)
