@@ -18,6 +18,7 @@ Two utilisations per row, both against the device's dense bf16 peak (by name, or
     python benchmarks/gpu_step.py --shapes 128x512x20 --micro-batch 512                  # bigger micro-batches
     python benchmarks/gpu_step.py --shapes 128x256x20 --cuda-graphs                      # reduce-overhead (accum 1)
     python benchmarks/gpu_step.py --shapes 128x256x20 --fused-kernels off                # bert_core's kernels off
+    python benchmarks/gpu_step.py --shapes 128x256x20 --low-precision-residual           # the bf16 residual stream
     python benchmarks/gpu_step.py --data DIR --batch 32 --micro-batch 32 --packing       # real shards, packed rows
     python benchmarks/gpu_step.py --profile /tmp/gpu_prof       # + a torch.profiler trace and top-kernel table each
     python benchmarks/gpu_step.py --device cpu --preset bert_tiny --steps 3    # the same logic on a CPU
@@ -106,6 +107,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="compiled variants replay CUDA graphs (--mode reduce-overhead; one micro-batch per step)")
     p.add_argument("--fused-kernels", choices=("auto", "on", "off"), default="auto",
                    help="bert_core's fused Triton kernels (auto: on CUDA when Triton is installed)")
+    p.add_argument("--low-precision-residual", action="store_true",
+                   help="the fused LayerNorm sites keep the residual stream in bf16 (KernelOptions)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="autocast dtype (fp32: none)")
     p.add_argument("--peak-tflops", type=float, default=None, help="dense peak for MFU (default: by device name)")
     p.add_argument("--profile", type=Path, default=None, help="folder for torch.profiler traces and tables")
@@ -156,7 +159,7 @@ def build(variant: str, cfg: bert_core.BertConfig, hf_weights: dict, args: argpa
         model = bert_core.BertForPreTraining(cfg)
         model.load_state_dict(bert_core.hf.from_hf_state_dict(hf_weights, with_prefix=True), strict=False)
         model.tie_weights()
-        kernel_options.apply(model, args.fused)
+        kernel_options.apply(model, args.fused, args.low_precision_residual)
 
         def loss_fn(m, b):
             return m(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
@@ -314,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     peak = peak_tflops(args)
     name = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else f"CPU x{os.cpu_count()}"
     print(f"# {args.preset} (L={cfg.num_hidden_layers} H={cfg.hidden_size} V={cfg.vocab_size}) on {name}, "
-          f"{args.dtype} autocast, fused AdamW, compile mode {args.mode}, fused kernels {args.fused_kernels}, "
+          f"{args.dtype} autocast, fused AdamW, compile mode {args.mode}, fused kernels {args.fused_kernels}"
+          f"{' (bf16 residual)' if args.low_precision_residual else ''}, "
           f"torch {torch.__version__}, "
           f"transformers {transformers.__version__}, peak {peak or 'unknown (pass --peak-tflops)'} TFLOP/s, "
           f"{args.steps} timed steps after 1 + {args.warmup} warm-up")

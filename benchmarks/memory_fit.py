@@ -2,10 +2,15 @@
 
     python benchmarks/memory_fit.py                    # the default cases (bert_mini .. bert_base)
     python benchmarks/memory_fit.py bert_base 32 128   # one case: preset, micro-batch, sequence length
+    python benchmarks/memory_fit.py --gpu              # the GPU estimate against the measured GPU peaks, and plans
 
 Each case runs two AdamW steps (`training.step.train_step`, eager fp32, 30,522-entry vocabulary, 15% of the
 tokens masked) in a subprocess and prints the process's peak RSS (VmHWM, torch's own footprint included), the
 estimate, and estimate / measured: above 1 means the planner is on the safe side.
+
+--gpu runs nothing: it prints, one line each, the GPU peaks measured so far (`pretraining.memory.MEASURED_GPU`:
+machine, date, shape, peak) beside the GPU estimate as `estimate/measured R`, then the plan (micro-batch,
+accumulation) for BERT-base phase 2, 256 x 512 with 80 masked slots, on an 80 GB and a 40 GB GPU.
 """
 from __future__ import annotations
 
@@ -56,8 +61,31 @@ def measure(name: str, micro: int, seq: int) -> None:
           f"  estimate/measured {est / got['peak']:.3f}", flush=True)
 
 
+def gpu_report() -> list[str]:
+    from bert_core import PRESETS
+    from pretraining.memory import GIB, HEADROOM, MEASURED_GPU, estimate, plan
+
+    lines = []
+    for m in MEASURED_GPU:
+        est = estimate(PRESETS[m.preset](vocab_size=30522), m.micro_batch, m.seq_len, m.predictions, "cuda",
+                       m.compiled).total / GIB
+        lines.append(f"{m.machine}, {m.date}: {m.preset} {m.micro_batch} x {m.seq_len} "
+                     f"{'compiled' if m.compiled else 'eager'} peak {m.peak_gib:.1f} GiB, estimate {est:.2f} GiB, "
+                     f"estimate/measured {est / m.peak_gib:.2f}")
+    bert = PRESETS["bert_base"](vocab_size=30522)
+    for gb in (80, 40):
+        chosen = plan(bert, 256, 512, 80, gb * 10**9, device_type="cuda", model_name="bert_base")
+        lines.append(f"plan: bert_base 256 x 512 (80 masked) on a {gb} GB GPU: micro-batch {chosen.micro_batch}, "
+                     f"accumulation {chosen.accum} (estimate {chosen.estimate.total / GIB:.1f} GiB of "
+                     f"{gb * 10**9 * HEADROOM / GIB:.1f} GiB plannable)")
+    return lines
+
+
 def main(argv: list[str]) -> None:
     sys.path.insert(0, str(REPO))
+    if argv == ["--gpu"]:
+        print("\n".join(gpu_report()))
+        return
     cases = [(argv[0], int(argv[1]), int(argv[2]))] if argv else CASES
     for case in cases:
         measure(*case)

@@ -13,7 +13,7 @@ from torch import nn
 
 from .config import BertConfig
 from .dropout import Dropout, attention
-from .kernels import DEFAULT as DEFAULT_KERNELS, residual_layer_norm
+from .kernels import DEFAULT as DEFAULT_KERNELS, residual_layer_norm_and_copy
 from .packing import SegmentIds, packed_attention
 
 AttnMask = torch.Tensor | SegmentIds | None
@@ -28,21 +28,24 @@ class BertSelfAttention(nn.Module):
         self.dropout_p = config.attention_probs_dropout_prob
 
     def forward(self, hidden_states: torch.Tensor, attn_mask: AttnMask = None,
-                queries: torch.Tensor | None = None) -> torch.Tensor:
+                queries: torch.Tensor | None = None, gemm_input: torch.Tensor | None = None) -> torch.Tensor:
         """hidden_states (B, T, H); attn_mask boolean (B, 1, 1, T), True = may attend, or None (attend all), or the
         `SegmentIds` of packed rows (attend only inside one's own block).
 
         `queries` (B, K, H), optional: compute outputs only for these rows (gathered from hidden_states) while
         attending over all T keys; used by the last layer when only some positions' outputs are needed.
+        `gemm_input`, optional: hidden_states as the projection should read it (the bf16 copy the previous fused
+        LayerNorm wrote under autocast, bert_core.kernels), so that autocast casts nothing.
         """
+        source = hidden_states if gemm_input is None else gemm_input
         b, t, h = hidden_states.shape
         dropout_p = self.dropout_p if self.training else 0.0
         if queries is None:
-            q, k, v = self.qkv(hidden_states).split(h, dim=-1)
+            q, k, v = self.qkv(source).split(h, dim=-1)
         else:
             w, bias = self.qkv.weight, self.qkv.bias
             q = F.linear(queries, w[:h], bias[:h])
-            k, v = F.linear(hidden_states, w[h:], bias[h:]).split(h, dim=-1)
+            k, v = F.linear(source, w[h:], bias[h:]).split(h, dim=-1)
         # Views, not copies: (B, T, H) slices of the fused output -> (B, T, heads, d), then (B, heads, T, d) with
         # strides SDPA accepts (varlen attention takes the tokens flat). Their gradients meet again in split's
         # backward (one cat), where unbind/permute cost a stack and a copy.
@@ -63,8 +66,13 @@ class BertSelfOutput(nn.Module):
         self.dropout = Dropout(config.hidden_dropout_prob)
         self.kernels = DEFAULT_KERNELS  # fused dropout + residual + LayerNorm on CUDA (bert_core.kernels)
 
-    def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return residual_layer_norm(self.dense(hidden_states), residual, self.LayerNorm, self.dropout, self.kernels)
+    def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor,
+                with_copy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
+        """The output, or with `with_copy` (output, the copy the next GEMM reads or None): see
+        `bert_core.kernels.residual_layer_norm_and_copy`."""
+        out = residual_layer_norm_and_copy(self.dense(hidden_states), residual, self.LayerNorm, self.dropout,
+                                           self.kernels, copy=with_copy)
+        return out if with_copy else out[0]
 
 
 class BertAttention(nn.Module):
@@ -73,7 +81,8 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, hidden_states: torch.Tensor, attn_mask: AttnMask = None,
-                queries: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, attn_mask: AttnMask = None, queries: torch.Tensor | None = None,
+                gemm_input: torch.Tensor | None = None,
+                with_copy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
         residual = hidden_states if queries is None else queries
-        return self.output(self.self(hidden_states, attn_mask, queries), residual)
+        return self.output(self.self(hidden_states, attn_mask, queries, gemm_input), residual, with_copy)

@@ -11,7 +11,7 @@ from torch import nn
 from .attention import AttnMask, BertAttention
 from .config import BertConfig
 from .dropout import Dropout
-from .kernels import DEFAULT as DEFAULT_KERNELS, linear_gelu, residual_layer_norm
+from .kernels import DEFAULT as DEFAULT_KERNELS, linear_gelu, residual_layer_norm_and_copy
 from .packing import SegmentIds
 
 
@@ -46,8 +46,12 @@ class BertOutput(nn.Module):
         self.dropout = Dropout(config.hidden_dropout_prob)
         self.kernels = DEFAULT_KERNELS  # fused dropout + residual + LayerNorm on CUDA (bert_core.kernels)
 
-    def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return residual_layer_norm(self.dense(hidden_states), residual, self.LayerNorm, self.dropout, self.kernels)
+    def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor,
+                with_copy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
+        """The output, or with `with_copy` (output, the copy the next GEMM reads or None)."""
+        out = residual_layer_norm_and_copy(self.dense(hidden_states), residual, self.LayerNorm, self.dropout,
+                                           self.kernels, copy=with_copy)
+        return out if with_copy else out[0]
 
 
 class BertLayer(nn.Module):
@@ -57,10 +61,14 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, hidden_states: torch.Tensor, attn_mask: AttnMask = None,
-                queries: torch.Tensor | None = None) -> torch.Tensor:
-        attention_output = self.attention(hidden_states, attn_mask, queries)
-        return self.output(self.intermediate(attention_output), attention_output)
+    def forward(self, hidden_states: torch.Tensor, attn_mask: AttnMask = None, queries: torch.Tensor | None = None,
+                gemm_input: torch.Tensor | None = None,
+                with_copy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
+        """`gemm_input`: hidden_states as the QKV projection reads it (the previous layer's copy, or None);
+        `with_copy`: also return this layer's (see `BertSelfOutput.forward`)."""
+        attention_output, attention_copy = self.attention(hidden_states, attn_mask, queries, gemm_input, True)
+        ffn_input = attention_output if attention_copy is None else attention_copy
+        return self.output(self.intermediate(ffn_input), attention_output, with_copy)
 
 
 class BertEncoder(nn.Module):
@@ -78,6 +86,9 @@ class BertEncoder(nn.Module):
         pre-training that is [CLS] plus the ~15% masked positions, skipping ~85% of the last layer's work.
         """
         last = len(self.layer) - 1
+        # Under autocast with the fused LayerNorm (bert_core.kernels), each layer also hands the next one the bf16
+        # copy of its output that the QKV GEMM reads; None elsewhere. The last layer's output feeds only the heads.
+        copy = None
         for i, layer in enumerate(self.layer):
             queries = None
             if output_positions is not None and i == last:
@@ -85,12 +96,13 @@ class BertEncoder(nn.Module):
                 queries = torch.gather(hidden_states, 1, index)
                 if isinstance(attn_mask, SegmentIds):  # packed rows: each query keeps its own sequence's block
                     attn_mask = attn_mask.at(output_positions)
+            args = (hidden_states, attn_mask, queries, copy, i != last)
             if self.gradient_checkpointing and self.training:
                 # Trades one extra forward per layer for activation memory (long sequences, big batches).
-                hidden_states = torch.utils.checkpoint.checkpoint(layer, hidden_states, attn_mask, queries,
-                                                                  use_reentrant=False)
+                out = torch.utils.checkpoint.checkpoint(layer, *args, use_reentrant=False)
             else:
-                hidden_states = layer(hidden_states, attn_mask, queries)
+                out = layer(*args)
+            hidden_states, copy = out if i != last else (out, None)
         return hidden_states
 
 

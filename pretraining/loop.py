@@ -144,50 +144,61 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
     result = FitResult(run.step, {}, None, run.resumed_from)
     log_every, eval_every = config.tracking.log_every, config.eval.every if config.eval else 0
     try:
-        while run.step < config.max_steps:
-            out = _train_step(run)
-            last = run.step == config.max_steps
-            metrics: dict[str, float] = {}
-            if run.step % log_every == 0 or last:
-                metrics, time_up = _reduce_window(run, out)
-                if time_up and not last:  # every rank sees the same sum, so all stop at this step
-                    log.info("step %d: the --max-minutes budget is spent; finishing here", run.step)
-                    last = True
-            save = worker.checkpoints is not None and (run.step % config.checkpoint.every == 0 or last)
-            if metrics or save:
-                divergence = run.guard.review(*run.step_log.read())
-                if divergence is None and save:
-                    divergence = _nonfinite_state(run)
-                if divergence is not None:
-                    if not metrics:  # a checkpoint's review: the window that diverged is logged all the same
-                        metrics, _ = _reduce_window(run, out)
-                    _roll_back(run, result, divergence, metrics)  # or raise TrainingDiverged
-                    continue
-                if metrics:
-                    metrics.update(run.guard.window_metrics())
-            if run.eval_rows is not None and ((eval_every and run.step % eval_every == 0) or last):
-                metrics.update(_evaluate(run))
-            if metrics:
-                _record(run, result, metrics)
-            if save:
-                _save_checkpoint(run, result, metrics, last)
-            if last:
-                break
-        result.step = run.step
-        result.throughput = run.totals.summary(run.raw.config, run.peak, worker.world_size)
-        if worker.rank == 0 and result.throughput:
-            # The run's figures (compile warm-up excluded), once, at the last step: what a GPU run reports as its
-            # seq/s, MFU of real tokens and data wait.
-            log.info("run throughput after warm-up: %s",
-                     " ".join(f"{k}={v:.4g}" for k, v in sorted(result.throughput.items())))
-            run.tracker.log({f"run_{k}": v for k, v in result.throughput.items()
-                             if k in ("sequences_per_second", "tokens_per_second", "data_wait_fraction", "mfu",
-                                      "hfu", "padding_fraction")}, run.step)
+        _steps(run, result, log_every, eval_every)
+    except Exception as e:
+        fault = kernel_options.as_fault(e, run.raw, device)
+        if fault is None:
+            raise
+        raise fault from e
     finally:
         if run.batches is not None:
             run.batches.close()
         run.tracker.close()
     return result
+
+
+def _steps(run: _Run, result: FitResult, log_every: int, eval_every: int) -> None:
+    """The step loop of `_fit` (its try turns a GPU kernel's error into a `KernelFault`)."""
+    config, worker = run.config, run.worker
+    while run.step < config.max_steps:
+        out = _train_step(run)
+        last = run.step == config.max_steps
+        metrics: dict[str, float] = {}
+        if run.step % log_every == 0 or last:
+            metrics, time_up = _reduce_window(run, out)
+            if time_up and not last:  # every rank sees the same sum, so all stop at this step
+                log.info("step %d: the --max-minutes budget is spent; finishing here", run.step)
+                last = True
+        save = worker.checkpoints is not None and (run.step % config.checkpoint.every == 0 or last)
+        if metrics or save:
+            divergence = run.guard.review(*run.step_log.read())
+            if divergence is None and save:
+                divergence = _nonfinite_state(run)
+            if divergence is not None:
+                if not metrics:  # a checkpoint's review: the window that diverged is logged all the same
+                    metrics, _ = _reduce_window(run, out)
+                _roll_back(run, result, divergence, metrics)  # or raise TrainingDiverged
+                continue
+            if metrics:
+                metrics.update(run.guard.window_metrics())
+        if run.eval_rows is not None and ((eval_every and run.step % eval_every == 0) or last):
+            metrics.update(_evaluate(run))
+        if metrics:
+            _record(run, result, metrics)
+        if save:
+            _save_checkpoint(run, result, metrics, last)
+        if last:
+            break
+    result.step = run.step
+    result.throughput = run.totals.summary(run.raw.config, run.peak, worker.world_size)
+    if worker.rank == 0 and result.throughput:
+        # The run's figures (compile warm-up excluded), once, at the last step: what a GPU run reports as its
+        # seq/s, MFU of real tokens and data wait.
+        log.info("run throughput after warm-up: %s",
+                 " ".join(f"{k}={v:.4g}" for k, v in sorted(result.throughput.items())))
+        run.tracker.log({f"run_{k}": v for k, v in result.throughput.items()
+                         if k in ("sequences_per_second", "tokens_per_second", "data_wait_fraction", "mfu",
+                                  "hfu", "padding_fraction")}, run.step)
 
 
 # ---- set-up ------------------------------------------------------------------------------------------------------
@@ -207,6 +218,9 @@ def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> _Ru
         ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
         raw = _build_model(config, ckpt_dir).to(device)
         kernel_options.apply(raw, rt.fused_kernels, rt.low_precision_residual)
+        # Where the fused kernels run (CUDA by default), each is checked once against the composition at this
+        # run's largest micro-batch and switched off if it disagrees; no global RNG is drawn.
+        kernel_options.check(raw, device, data.micro_batch_size * data.length_buckets[-1])
         raw.train()
         optimizer = build_optimizer(raw, opt_cfg.name, lr=opt_cfg.lr, weight_decay=opt_cfg.weight_decay,
                                     fused=True if device.type == "cuda" and opt_cfg.name == "adamw" else None)
@@ -261,7 +275,7 @@ def _check_memory(config: PretrainConfig, worker: Worker, device: torch.device) 
               memory.available_bytes(device, worker.local_world_size))
     budget = int(_all_reduce_host(torch.tensor([float(budget)], dtype=torch.float64), op="min")[0])
     est = memory.check(config.model.bert, data.micro_batch_size, data.length_buckets[-1], data.train.max_predictions,
-                       budget, device.type)
+                       budget, device.type, per_rank_batch=data.micro_batch_size * data.accum)
     if worker.rank == 0:
         log.info("memory: a step of %d x %d tokens needs ~%s of the %s free per worker", data.micro_batch_size,
                  data.length_buckets[-1], est.describe(), memory.gib(budget))

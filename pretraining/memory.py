@@ -14,9 +14,29 @@ that probe), in bytes:
 
 A step's peak also holds the gradients flowing back through one layer while the saved tensors of the layers below
 are still alive; `TRANSIENT` adds that as a fraction of the activations (the estimate against measured peak RSS:
-`benchmarks/memory_fit.py`, figures in docs/benchmarks.md). On a GPU the same fp32 formula is an upper bound (bf16 autocast halves most activations, flash
-attention keeps no probabilities); the logits of the static MLM path (B x P x V, bf16 plus the fp32 loss' copy and
-gradient) are added there. Unmeasured on a GPU in this repository.
+`benchmarks/memory_fit.py`, figures in docs/benchmarks.md).
+
+On a GPU (`device_type="cuda"`: bf16 autocast, SDPA's flash / cuDNN attention, the fused LayerNorm sites,
+`torch.compile`, the default there) the step saves different tensors, counted per token of a full layer in bytes:
+
+    2 H   the QKV GEMM's input (the bf16 copy of the layer input)     6 H   Q, K, V (bf16), kept by attention
+    2 H   attention's output (bf16; also the output projection's input) 4 a  its log-sum-exp (fp32 per head)
+    2 H   the projection's output and 4 H the fp32 residual, both kept by the fused LayerNorm
+    4 H   that LayerNorm's fp32 output (the FFN's residual), 2 H its bf16 copy (the FFN GEMM's input)
+    2 I   the FFN's pre-GELU activation (bf16); compiled, Inductor recomputes GELU from it in backward (eager
+          keeps GELU's output too: 2 I more)
+    2 H   the FFN output projection's output, kept by the second fused LayerNorm
+
+so 24 H + 2 I + 4 a compiled (24 KB at BERT-base), no dropout masks (the kernels and flash attention recompute
+theirs from seeds) and no attention probabilities. The last layer keeps its input, its QKV input and K, V for every
+token (10 H) and the rest at [CLS] + the masked slots only; the embeddings about 10 H per token. One layer's worth
+of gradients in flight (`1 / layers` of the activations), fp32 weights, gradients and AdamW state, a bf16 copy of
+the weights (autocast's cast cache) and the static MLM path's logits (B x P x V: bf16, fp32 copy, gradient) make the
+rest, plus `RUNTIME_BYTES["cuda"]` of allocator slack (the CUDA context is taken before the free memory is read).
+Derived from what each op saves, then held against the two H100 peaks of 2026-11-24 (`MEASURED_GPU`,
+`python benchmarks/memory_fit.py --gpu`): estimate/measured 1.08 at 256 x 128 and 1.12 at 32 x 512 compiled,
+1.15 for the eager 256 x 128 peak, on the safe side. Not fitted to them;
+nothing else on a GPU is measured.
 
 `plan` picks the largest micro-batch that divides the per-rank batch and fits in `HEADROOM` of the budget
 (gradient accumulation keeps the global batch), or says which flag to change; a job runs it (`fit_to_memory`)
@@ -29,6 +49,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +66,29 @@ HEADROOM = 0.8  # plan for this share of the free memory: the allocator, the dat
 TRANSIENT = 0.5  # gradients in flight during backward, as a share of the saved activations
 # torch's own footprint per process (CPU: the library, its thread pools and allocator arenas, ~300 MiB after import
 # here, more once threads have run; CUDA: the context and kernels)
-RUNTIME_BYTES = {"cpu": 512 * 2**20, "cuda": 1 * GIB}
+RUNTIME_BYTES = {"cpu": 512 * 2**20, "cuda": 512 * 2**20}
+
+
+@dataclass(frozen=True)
+class GpuMeasurement:
+    """A measured peak of a BERT-base training step on a GPU (bf16 autocast, fused AdamW)."""
+
+    machine: str
+    date: str
+    preset: str
+    micro_batch: int
+    seq_len: int
+    predictions: int
+    compiled: bool
+    peak_gib: float
+
+
+# From the GPU session's logs (../shared/GPU.md, issue 24): torch 2.11, CUDA 13, 30,522-entry vocabulary.
+MEASURED_GPU = (
+    GpuMeasurement("H100 80GB HBM3", "2026-11-24", "bert_base", 256, 128, 20, True, 12.4),
+    GpuMeasurement("H100 80GB HBM3", "2026-11-24", "bert_base", 256, 128, 20, False, 13.6),
+    GpuMeasurement("H100 80GB HBM3", "2026-11-24", "bert_base", 32, 512, 80, True, 7.0),
+)
 
 
 class DoesNotFit(Verdict):
@@ -105,14 +149,30 @@ def activation_bytes(bert: BertConfig, micro_batch: int, seq_len: int, predictio
     return full + last + rest
 
 
+def gpu_activation_bytes(bert: BertConfig, micro_batch: int, seq_len: int, predictions: int,
+                         compiled: bool = True) -> int:
+    """What a bf16-autocast GPU step keeps for backward (the table above), gradients in flight included."""
+    h, i, a, layers = bert.hidden_size, bert.intermediate_size, bert.num_attention_heads, bert.num_hidden_layers
+    tokens, rows = micro_batch * seq_len, micro_batch * (predictions + 1)
+    per_token = 24 * h + (2 if compiled else 4) * i + 4 * a
+    full = (layers - 1) * tokens * per_token
+    last = tokens * 10 * h + rows * (per_token - 10 * h)
+    saved = full + last + tokens * 10 * h
+    return int(saved * (1 + 1 / layers))
+
+
 def estimate(bert: BertConfig, micro_batch: int, seq_len: int, predictions: int,
-             device_type: str = "cpu") -> MemoryEstimate:
-    """The peak memory of a training step of `micro_batch` sequences of `seq_len` tokens (AdamW or LAMB, fp32)."""
+             device_type: str = "cpu", compiled: bool = True) -> MemoryEstimate:
+    """The peak memory of a training step of `micro_batch` sequences of `seq_len` tokens (AdamW or LAMB, fp32
+    state): CPU eager fp32, or (device_type "cuda") a bf16 autocast step, compiled unless `compiled` is False."""
     n = parameter_count(bert)
-    act = activation_bytes(bert, micro_batch, seq_len, predictions)
     if device_type == "cuda":
+        act = gpu_activation_bytes(bert, micro_batch, seq_len, predictions, compiled)
         act += micro_batch * predictions * bert.vocab_size * (2 + 4 + 4)  # static-path logits, fp32 copy, gradient
-    return MemoryEstimate(weights=4 * n, gradients=4 * n, optimizer=8 * n, activations=int(act * (1 + TRANSIENT)),
+        act += 2 * n  # autocast's bf16 copies of the weights, alive from forward to backward
+    else:
+        act = int(activation_bytes(bert, micro_batch, seq_len, predictions) * (1 + TRANSIENT))
+    return MemoryEstimate(weights=4 * n, gradients=4 * n, optimizer=8 * n, activations=act,
                           runtime=RUNTIME_BYTES.get(device_type, RUNTIME_BYTES["cpu"]))
 
 
@@ -126,6 +186,28 @@ def available_bytes(device: torch.device, local_workers: int = 1) -> int:
     if limit is not None:
         free = min(free, limit) if free else limit
     return int(free / max(1, local_workers))
+
+
+def gpu_free_bytes(gpus: int) -> int | None:
+    """The smallest free memory of this machine's first `gpus` GPUs (one per worker), read without creating a CUDA
+    context in this process (a context would hold ~0.5 GiB of the GPU for the job's lifetime): `nvidia-smi`, else a
+    short child process. None when neither can tell (no GPU here)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30)
+        if out.returncode == 0:
+            free = [int(float(x)) * 2**20 for x in out.stdout.split()]
+            if len(free) >= gpus:
+                return min(free[:gpus])
+    except (OSError, subprocess.SubprocessError, ValueError):
+        pass
+    code = ("import torch,sys\nn=int(sys.argv[1])\nif torch.cuda.device_count()>=n:\n"
+            "    print(min(torch.cuda.mem_get_info(i)[0] for i in range(n)))")
+    try:
+        out = subprocess.run([sys.executable, "-c", code, str(gpus)], capture_output=True, text=True, timeout=120)
+        return int(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
 
 
 def peak_rss() -> int:
@@ -213,24 +295,33 @@ def _too_big_hint(model_name: str) -> str:
 
 
 def check(bert: BertConfig, micro_batch: int, seq_len: int, predictions: int, budget: int,
-          device_type: str = "cpu") -> MemoryEstimate:
-    """At the start of `fit`: a ValueError when the micro-batch's step cannot fit in `budget` at all."""
+          device_type: str = "cpu", per_rank_batch: int | None = None) -> MemoryEstimate:
+    """At the start of `fit`: a ValueError when the micro-batch's step cannot fit in `budget` at all, naming the
+    micro-batch that would (of those dividing `per_rank_batch`, the sequences a worker takes per step)."""
     est = estimate(bert, micro_batch, seq_len, predictions, device_type)
     if est.total > budget:
+        fitting = _largest_fitting(per_rank_batch, lambda m: m if estimate(
+            bert, m, seq_len, predictions, device_type).total <= int(budget * HEADROOM) else None) \
+            if per_rank_batch else None
+        hint = (f"use --micro-batch-size {fitting} (gradient accumulation keeps --batch-size)" if fitting else
+                "lower --micro-batch-size")
         raise DoesNotFit(f"a micro-batch of {micro_batch} sequences of {seq_len} tokens needs ~{est.describe()} but "
-                         f"this worker has {gib(budget)} free: lower --micro-batch-size (or leave it out: the job "
-                         "then picks one that fits), or see --memory-gb")
+                         f"this worker has {gib(budget)} free: {hint}, or give --memory-gb (the memory each worker "
+                         "has) so that the job plans one")
     return est
 
 
 def local_budget(use_gpu: bool, workers: int, budget_gb: float | None) -> int | None:
     """The memory each worker will have, as far as the job can tell before it starts them: the user's figure, else
-    this machine's free RAM shared by its workers when they run here on CPUs (a local Ray, or this process); None
-    when they run elsewhere or on GPUs (then each worker checks at its start)."""
+    this machine's free memory when they run here (a local Ray, or this process): on CPUs its free RAM shared by
+    its workers, on GPUs the smallest free memory of the GPUs they take (one each). None when they run elsewhere
+    (a Ray cluster address) or no GPU answers (then each worker checks its own at its start)."""
     if budget_gb:
         return int(budget_gb * GIB)
-    if use_gpu or os.environ.get("RAY_ADDRESS"):
+    if os.environ.get("RAY_ADDRESS"):
         return None
+    if use_gpu:
+        return gpu_free_bytes(workers)
     return available_bytes(torch.device("cpu"), workers)
 
 

@@ -2,15 +2,25 @@
 
 - `dropout_layer_norm`: out = LayerNorm(dropout(x) + residual), forward and backward, for `BertSelfOutput` and
   `BertOutput`; masks from Philox with 8 keep decisions per call, recomputed in backward from (seed, offset).
-  On by default for CUDA tensors when Triton is installed.
+  On by default for CUDA tensors when Triton is installed. Its boundary takes over what Inductor fused around
+  LayerNorm (issue 24): under autocast the forward also writes the bf16 copy the next GEMM reads, and the
+  backward takes that GEMM's gradient beside the residual path's and adds them in the kernel; the encoder hands
+  each copy to the next GEMM (`residual_layer_norm_and_copy`).
+- `traffic`: the bytes per site, pass by pass, of the composition, Inductor's one-pass bound, the op before its
+  boundary and the op with it (`site_bytes(rows, hidden, variant)`; how it counts is in its docstring). At
+  128 x 256 x 768 with the default fp32 residual: 0.38x the PyTorch composition's bytes, 0.71x the op alone with
+  the passes its boundary added, 0.94x Inductor's one-kernel-each-way bound (there the saving is Philox work).
 - `bias_gelu`: GELU(h + bias) with dGELU and the bias gradient in one backward pass, for `BertIntermediate`.
   Opt-in (`KernelOptions(fused_bias_gelu=True)`): its module says why it is not shown to win.
 - `options`: `KernelOptions` and `set_kernel_options(model, options)`; `bench`: the GPU measurements.
+- `self_check`: each kernel in use against the composition at a run's shapes, once at worker start; a kernel that
+  disagrees or raises is switched off with one WARNING line (pretraining/kernel_options.py calls it).
 
 Triton is optional (the `gpu` extra); nothing here imports it until a fused call runs. The CPU path is unchanged.
 
-Not measured yet (no GPU was lent while this was written); the commands, one line each on a CUDA machine:
-    python -m bert_core.kernels.bench                      # each kernel vs eager and compiled PyTorch, fwd+bwd
+Not measured yet (no GPU was lent while this was written); `python benchmarks/gpu_suite.py` runs every GPU figure
+in one command (docs/benchmarks.md § GPU); the commands for the kernels alone, one line each on a CUDA machine:
+    python -m bert_core.kernels.bench                      # byte counts, then each kernel vs eager and compiled
     python -m pytest -m gpu tests/bert_core                # the kernel tests on the compiled kernels
     python benchmarks/gpu_step.py --shapes 128x256x20      # the whole step (the LayerNorm kernel is on on CUDA)
 Whether `KernelOptions(low_precision_residual=True)` (a bf16 residual stream) keeps the fp32 loss curve needs a
@@ -27,8 +37,10 @@ moving about as many bytes. Writing into one buffer needs an attention backward 
 frontend API or flash-attn's packed-QKV path; neither ships in torch).
 """
 from .bias_gelu import bias_gelu, linear_gelu
-from .dropout_layer_norm import dropout_add_layer_norm, keep_mask, residual_layer_norm
+from .dropout_layer_norm import (dropout_add_layer_norm, dropout_add_layer_norm_and_copy, keep_mask,
+                                 residual_layer_norm, residual_layer_norm_and_copy)
 from .options import DEFAULT, TRITON_INSTALLED, KernelOptions, set_kernel_options
 
-__all__ = ["DEFAULT", "KernelOptions", "TRITON_INSTALLED", "bias_gelu", "dropout_add_layer_norm", "keep_mask",
-           "linear_gelu", "residual_layer_norm", "set_kernel_options"]
+__all__ = ["DEFAULT", "KernelOptions", "TRITON_INSTALLED", "bias_gelu", "dropout_add_layer_norm",
+           "dropout_add_layer_norm_and_copy", "keep_mask", "linear_gelu", "residual_layer_norm",
+           "residual_layer_norm_and_copy", "set_kernel_options"]

@@ -8,6 +8,12 @@ For every kernel and variant: forward and forward + backward time per call (medi
 and the bytes a perfectly fused pass must move per call divided by that time (GB/s), so a figure reads against
 the device's memory bandwidth (H100 SXM 3.35 TB/s, H200 4.8 TB/s). Last, the speedup of the fused kernel over
 the compiled composition (the peer, measured in the same run). Nothing is asserted: timings go to the log.
+
+The LayerNorm site is measured with its boundary as in the model: under the fp32 residual its output also goes,
+in bf16, to the next GEMM, and in backward the GEMM's gradient comes back beside the residual path's. So every
+variant returns (out, bf16 copy) and takes both gradients: the composition pays autocast's cast and autograd's add
+(the compiled one as Inductor fuses them), the fused op writes the copy and adds the gradients in its kernel.
+Before the timings, the byte count per site of `bert_core.kernels.traffic` (the same passes) is printed.
 """
 from __future__ import annotations
 
@@ -21,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from .bias_gelu import bias_gelu
-from .dropout_layer_norm import dropout_add_layer_norm
+from . import traffic
+from .dropout_layer_norm import dropout_add_layer_norm_and_copy
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +53,16 @@ def _time(fn: Callable[[], object], device: torch.device, iters: int) -> float:
     return statistics.median(samples)
 
 
-def _fwd_bwd(fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor], dy: torch.Tensor) -> Callable[[], None]:
+def _fwd_bwd(fn: Callable[..., object], inputs: list[torch.Tensor], dy: object) -> Callable[[], None]:
+    """dy: the gradient of fn's output, or a tuple of gradients for a tuple of outputs."""
     def step() -> None:
         for t in inputs:
             t.grad = None
-        fn(*inputs).backward(dy)
+        out = fn(*inputs)
+        if isinstance(out, tuple):
+            torch.autograd.backward(list(out), list(dy))
+        else:
+            out.backward(dy)
     return step
 
 
@@ -84,21 +96,27 @@ def bench_dropout_layer_norm(device: torch.device, rows: int, hidden: int, p: fl
     r = torch.randn(rows, hidden, device=device, dtype=res_dtype, requires_grad=True)
     w = torch.ones(hidden, device=device, requires_grad=True)
     b = torch.zeros(hidden, device=device, requires_grad=True)
+    copy = not low_precision  # an fp32 stream feeds the next GEMM through a bf16 copy
 
     def composition(x, r, w, b):
-        # What BertSelfOutput/BertOutput compute under bf16 autocast: LayerNorm runs in fp32.
-        out = F.layer_norm(F.dropout(x, p).float() + r.float(), (hidden,), w, b, 1e-12)
-        return out.to(res_dtype)
+        # What BertSelfOutput/BertOutput compute under bf16 autocast: LayerNorm runs in fp32, autocast casts its
+        # output for the next GEMM, autograd adds the two gradients that come back.
+        out = F.layer_norm(F.dropout(x, p).float() + r.float(), (hidden,), w, b, 1e-12).to(res_dtype)
+        return (out, out.to(torch.bfloat16)) if copy else out
 
     def fused(x, r, w, b):
-        return dropout_add_layer_norm(x, r, w, b, p=p, eps=1e-12, out_dtype=res_dtype)
+        out, out_copy = dropout_add_layer_norm_and_copy(x, r, w, b, p=p, eps=1e-12, out_dtype=res_dtype,
+                                                        copy_dtype=torch.bfloat16 if copy else None)
+        return (out, out_copy) if copy else out
 
-    e_x, e_r = x.element_size(), r.element_size()
-    fwd_bytes = rows * hidden * (e_x + 2 * e_r)  # read x, residual; write out
-    bwd_bytes = rows * hidden * (e_r + e_x + e_r + e_x + e_r)  # read dy, x, residual; write dx, dresidual
+    counts = traffic.site_bytes(rows, hidden, "fused", low_precision)
+    for line in traffic.table(rows, hidden, low_precision):
+        logger.info("%s", line)
+    dy = torch.randn(rows, hidden, device=device, dtype=res_dtype)
+    grads = (dy, torch.randn(rows, hidden, device=device, dtype=torch.bfloat16)) if copy else dy
     name = "dropout_add_layer_norm" + ("[bf16 stream]" if low_precision else "")
-    _report(name, f"{rows}x{hidden}", _variants(composition, fused, compile_), [x, r, w, b],
-            torch.randn(rows, hidden, device=device, dtype=res_dtype), fwd_bytes, bwd_bytes, device, iters)
+    _report(name, f"{rows}x{hidden}", _variants(composition, fused, compile_), [x, r, w, b], grads,
+            counts["forward"], counts["backward"], device, iters)
 
 
 def bench_bias_gelu(device: torch.device, rows: int, intermediate: int, iters: int, compile_: bool) -> None:

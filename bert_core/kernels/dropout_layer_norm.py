@@ -5,8 +5,9 @@ the backward wired through `register_autograd`), so `torch.compile` keeps each a
 no graph break. The kernels are Triton (`dropout_layer_norm_triton.py`, imported on first use); on CPU tensors they
 run only under Triton's interpreter, which the tests use.
 
-Memory traffic per element, forward: read x and residual, write out; backward: read dy, x and residual, write dx
-and dresidual. Saved for backward: the inputs x and residual, the seed (a one-element int64 tensor) and LayerNorm's
+Memory traffic per element, forward: read x and residual, write out and (under autocast, for the next GEMM) its
+bf16 copy; backward: read the two incoming gradients (the residual path's and the next GEMM's), x and residual,
+write dx and dresidual. `traffic.site_bytes` counts it against the composition it replaces. Saved for backward: the inputs x and residual, the seed (a one-element int64 tensor) and LayerNorm's
 mean and 1/std (two fp32 numbers per row); the dropout mask is recomputed from (seed, offset), never stored.
 
 Seeds: a site draws its seed with `torch.randint` on the input's device, so the mask follows torch's RNG state
@@ -63,36 +64,44 @@ def _rows_per_program(device: torch.device, rows: int) -> int:
 # ---- the ops -------------------------------------------------------------------------------------------------------
 @torch.library.custom_op("bert_core::dropout_add_layer_norm_fwd", mutates_args=())
 def _forward(x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor, seed: Optional[Tensor], offset: int,
-             p: float, eps: float, out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+             p: float, eps: float, out_dtype: torch.dtype,
+             copy_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Returns (out, copy, mean, rstd); `copy` is out in `copy_dtype` for the next GEMM, or an empty tensor."""
     check_device(x)
     n = x.shape[-1]
     x2, r2 = x.reshape(-1, n).contiguous(), residual.reshape(-1, n).contiguous()
     m = x2.shape[0]
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    copy = torch.empty(x.shape if copy_dtype is not None else (0,), dtype=copy_dtype or out_dtype, device=x.device)
     mean = torch.empty(m, dtype=torch.float32, device=x.device)
     rstd = torch.empty(m, dtype=torch.float32, device=x.device)
     if m:
         has_dropout = p > 0.0
         _kernels().forward_kernel[(m,)](
-            x2, r2, weight.contiguous(), bias.contiguous(), out, mean, rstd, seed if has_dropout else None,
-            offset, _threshold(p), 1.0 / (1.0 - p), eps, n,
-            HAS_DROPOUT=has_dropout, BLOCK_G=_block_g(n), num_warps=_num_warps(n))
-    return out, mean, rstd
+            x2, r2, weight.contiguous(), bias.contiguous(), out, copy if copy_dtype is not None else None, mean, rstd,
+            seed if has_dropout else None, offset, _threshold(p), 1.0 / (1.0 - p), eps, n,
+            HAS_DROPOUT=has_dropout, HAS_COPY=copy_dtype is not None, BLOCK_G=_block_g(n),
+            num_warps=_num_warps(n))
+    return out, copy, mean, rstd
 
 
 @_forward.register_fake
-def _(x, residual, weight, bias, seed, offset, p, eps, out_dtype):
+def _(x, residual, weight, bias, seed, offset, p, eps, out_dtype, copy_dtype=None):
     m = x.numel() // x.shape[-1]
-    return (x.new_empty(x.shape, dtype=out_dtype), x.new_empty(m, dtype=torch.float32),
+    copy = x.new_empty(x.shape if copy_dtype is not None else (0,), dtype=copy_dtype or out_dtype)
+    return (x.new_empty(x.shape, dtype=out_dtype), copy, x.new_empty(m, dtype=torch.float32),
             x.new_empty(m, dtype=torch.float32))
 
 
 @torch.library.custom_op("bert_core::dropout_add_layer_norm_bwd", mutates_args=())
-def _backward(dy: Tensor, x: Tensor, residual: Tensor, weight: Tensor, seed: Optional[Tensor], mean: Tensor,
-              rstd: Tensor, offset: int, p: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _backward(dy: Optional[Tensor], dcopy: Optional[Tensor], x: Tensor, residual: Tensor, weight: Tensor,
+              seed: Optional[Tensor], mean: Tensor, rstd: Tensor, offset: int,
+              p: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The gradients of x, residual, weight and bias for the output gradient dy + dcopy (either may be None)."""
     n = x.shape[-1]
     x2, r2 = x.reshape(-1, n).contiguous(), residual.reshape(-1, n).contiguous()
-    dy2 = dy.reshape(-1, n).contiguous()
+    dy2 = dy.reshape(-1, n).contiguous() if dy is not None else None
+    dcopy2 = dcopy.reshape(-1, n).contiguous() if dcopy is not None else None
     m = x2.shape[0]
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     dr = torch.empty(residual.shape, dtype=residual.dtype, device=x.device)
@@ -104,30 +113,34 @@ def _backward(dy: Tensor, x: Tensor, residual: Tensor, weight: Tensor, seed: Opt
     db_partial = torch.empty(programs, n, dtype=torch.float32, device=x.device)
     has_dropout = p > 0.0
     _kernels().backward_kernel[(programs,)](
-        dy2, x2, r2, weight.contiguous(), mean, rstd, dx, dr, dw_partial, db_partial, seed if has_dropout else None,
-        offset, _threshold(p), 1.0 / (1.0 - p), m, n,
-        HAS_DROPOUT=has_dropout, BLOCK_G=_block_g(n), ROWS_PER_PROGRAM=rows_per_program, num_warps=_num_warps(n))
+        dy2, dcopy2, x2, r2, weight.contiguous(), mean, rstd, dx, dr, dw_partial, db_partial,
+        seed if has_dropout else None, offset, _threshold(p), 1.0 / (1.0 - p), m, n,
+        HAS_DROPOUT=has_dropout, HAS_DY=dy is not None, HAS_DCOPY=dcopy is not None, BLOCK_G=_block_g(n),
+        ROWS_PER_PROGRAM=rows_per_program, num_warps=_num_warps(n))
     return dx, dr, dw_partial.sum(0).to(weight.dtype), db_partial.sum(0).to(weight.dtype)
 
 
 @_backward.register_fake
-def _(dy, x, residual, weight, seed, mean, rstd, offset, p):
+def _(dy, dcopy, x, residual, weight, seed, mean, rstd, offset, p):
     # Contiguous like the real outputs (empty_like would copy a non-contiguous input's strides).
     return x.new_empty(x.shape), residual.new_empty(residual.shape), weight.new_empty(weight.shape), \
         weight.new_empty(weight.shape)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    x, residual, weight, _bias, seed, offset, p, _eps, _out_dtype = inputs
-    _out, mean, rstd = output
+    x, residual, weight, _bias, seed, offset, p, _eps, _out_dtype, copy_dtype = inputs
+    _out, _copy, mean, rstd = output
     ctx.save_for_backward(x, residual, weight, seed, mean, rstd)
-    ctx.offset, ctx.p = offset, p
+    ctx.offset, ctx.p, ctx.has_copy = offset, p, copy_dtype is not None
 
 
-def _autograd_backward(ctx, dy, _dmean, _drstd):
+def _autograd_backward(ctx, dy, dcopy, _dmean, _drstd):
     x, residual, weight, seed, mean, rstd = ctx.saved_tensors
-    dx, dr, dw, db = _backward(dy, x, residual, weight, seed, mean, rstd, ctx.offset, ctx.p)
-    return dx, dr, dw, db, None, None, None, None, None
+    # The two gradients arrive separately (the residual path's and the next GEMM's) and the kernel adds them;
+    # an empty copy has no gradient to add.
+    dx, dr, dw, db = _backward(dy, dcopy if ctx.has_copy else None, x, residual, weight, seed, mean, rstd,
+                               ctx.offset, ctx.p)
+    return dx, dr, dw, db, None, None, None, None, None, None
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -146,6 +159,19 @@ def dropout_add_layer_norm(x: Tensor, residual: Tensor, weight: Tensor, bias: Te
 
     out_dtype: default the promotion of x's and residual's dtypes (fp32 for a bf16 x and an fp32 residual, as under
     autocast). seed: a one-element int64 tensor on x's device; drawn from torch's RNG when None and dropout is on.
+    """
+    return dropout_add_layer_norm_and_copy(x, residual, weight, bias, p, eps, training, out_dtype, None, seed,
+                                           offset)[0]
+
+
+def dropout_add_layer_norm_and_copy(x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor, p: float = 0.0,
+                                    eps: float = 1e-5, training: bool = True, out_dtype: torch.dtype | None = None,
+                                    copy_dtype: torch.dtype | None = None, seed: Tensor | None = None,
+                                    offset: int = 0) -> tuple[Tensor, Tensor | None]:
+    """`dropout_add_layer_norm`, also returning the output in `copy_dtype` (None: no copy) from the same kernel.
+
+    Give the copy to the next GEMM and the output to the next residual: in backward both gradients come back to
+    this op's one kernel, which adds them (autograd would otherwise add them in a pass of its own).
     """
     if x.shape != residual.shape:
         raise ValueError(f"x {tuple(x.shape)} and residual {tuple(residual.shape)} must have the same shape")
@@ -166,7 +192,8 @@ def dropout_add_layer_norm(x: Tensor, residual: Tensor, weight: Tensor, bias: Te
     if p > 0.0 and seed is None:
         seed = draw_seed(x.device)
     out_dtype = out_dtype if out_dtype is not None else torch.promote_types(x.dtype, residual.dtype)
-    return _forward(x, residual, weight, bias, seed, offset, p, eps, out_dtype)[0]
+    out, copy, _mean, _rstd = _forward(x, residual, weight, bias, seed, offset, p, eps, out_dtype, copy_dtype)
+    return out, (copy if copy_dtype is not None else None)
 
 
 def keep_mask(seed: Tensor, rows: int, cols: int, p: float, offset: int = 0) -> Tensor:
@@ -185,12 +212,33 @@ def residual_layer_norm(x: Tensor, residual: Tensor, layer_norm: nn.LayerNorm, d
     `dropout` is the site's dropout module (its `p` and `training` are read). With `low_precision_residual` the
     result takes x's dtype (bf16 under autocast) on either path.
     """
+    return residual_layer_norm_and_copy(x, residual, layer_norm, dropout, options, copy=False)[0]
+
+
+def _autocast_dtype(t: Tensor) -> torch.dtype | None:
+    device_type = t.device.type
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
+def residual_layer_norm_and_copy(x: Tensor, residual: Tensor, layer_norm: nn.LayerNorm, dropout: nn.Module,
+                                 options: KernelOptions, copy: bool = True) -> tuple[Tensor, Tensor | None]:
+    """A site whose output feeds a GEMM: (out, out_for_the_gemm or None).
+
+    Fused under autocast with an output wider than autocast's dtype (the default fp32 residual stream), the kernel
+    writes the copy the next GEMM reads (what autocast's cast of `out` would give); pass it to that GEMM and `out`
+    to the next residual. Otherwise (the composition, no autocast, a bf16 residual) the copy is None: use `out`
+    for both, as before.
+    """
     out_dtype = x.dtype if options.low_precision_residual else None
-    if not options.use_fused(x):
+    if not (options.fused_layer_norm and options.use_fused(x)):
         out = layer_norm(dropout(x) + residual)
-        return out if out_dtype is None else out.to(out_dtype)
-    return dropout_add_layer_norm(x, residual, layer_norm.weight, layer_norm.bias, dropout.p, layer_norm.eps,
-                                  dropout.training, out_dtype=out_dtype)
+        return (out if out_dtype is None else out.to(out_dtype)), None
+    gemm_dtype = _autocast_dtype(x) if copy else None
+    final_dtype = out_dtype if out_dtype is not None else torch.promote_types(x.dtype, residual.dtype)
+    return dropout_add_layer_norm_and_copy(
+        x, residual, layer_norm.weight, layer_norm.bias, dropout.p, layer_norm.eps, dropout.training,
+        out_dtype=out_dtype, copy_dtype=gemm_dtype if gemm_dtype not in (None, final_dtype) else None)
 
 
-__all__ = ["draw_seed", "dropout_add_layer_norm", "keep_mask", "residual_layer_norm"]
+__all__ = ["draw_seed", "dropout_add_layer_norm", "dropout_add_layer_norm_and_copy", "keep_mask",
+           "residual_layer_norm", "residual_layer_norm_and_copy"]

@@ -15,6 +15,11 @@ tests/bert_core/test_kernel_compile.py); with an fp32 x two threads share a grou
 and statistics are fp32 whatever the input dtypes; x, residual and out keep their own dtypes. Offsets are int32:
 the launcher refuses tensors of 2**31 elements or more.
 
+The boundary (issue 24): the forward also writes `Ycopy`, the low-precision copy of its output that the next GEMM
+reads under autocast (HAS_COPY), and the backward takes the output's two incoming gradients as they come, `DY` from
+the residual path and `DCOPY` from the next GEMM (HAS_DY / HAS_DCOPY), summing them in registers: the cast and the
+add that Inductor fused into its own LayerNorm are not separate passes over the (rows, N) tensors.
+
 Only Triton 3.6 API (torch 2.11's Triton on the GPU machines): tl.philox, tl.where, tl.sum, tl.rsqrt.
 """
 import triton
@@ -43,8 +48,8 @@ def keep_mask_kernel(Keep, seed_ptr, offset, threshold, N, BLOCK_G: tl.constexpr
 
 
 @triton.jit
-def forward_kernel(X, R, W, B, Y, Mean, Rstd, seed_ptr, offset, threshold, scale, eps, N,
-                   HAS_DROPOUT: tl.constexpr, BLOCK_G: tl.constexpr):
+def forward_kernel(X, R, W, B, Y, Ycopy, Mean, Rstd, seed_ptr, offset, threshold, scale, eps, N,
+                   HAS_DROPOUT: tl.constexpr, HAS_COPY: tl.constexpr, BLOCK_G: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_G)[:, None] * 8 + tl.arange(0, 8)[None, :]
     inside = cols < N
@@ -61,16 +66,23 @@ def forward_kernel(X, R, W, B, Y, Mean, Rstd, seed_ptr, offset, threshold, scale
     rstd = tl.rsqrt(var + eps)
     w = tl.load(W + cols, mask=inside, other=0.0).to(tl.float32)
     b = tl.load(B + cols, mask=inside, other=0.0).to(tl.float32)
-    tl.store(Y + row * N + cols, (centred * rstd * w + b).to(Y.dtype.element_ty), mask=inside)
+    y = centred * rstd * w + b
+    tl.store(Y + row * N + cols, y.to(Y.dtype.element_ty), mask=inside)
+    if HAS_COPY:
+        # Compiled, the cast rounds to nearest even, as autocast's cast of the stored output does (Triton's
+        # interpreter truncates instead; the tests allow for it).
+        tl.store(Ycopy + row * N + cols, y.to(Ycopy.dtype.element_ty), mask=inside)
     tl.store(Mean + row, mean)
     tl.store(Rstd + row, rstd)
 
 
 @triton.jit
-def backward_kernel(DY, X, R, W, Mean, Rstd, DX, DR, DW_partial, DB_partial, seed_ptr, offset, threshold, scale,
-                    M, N, HAS_DROPOUT: tl.constexpr, BLOCK_G: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr):
+def backward_kernel(DY, DCOPY, X, R, W, Mean, Rstd, DX, DR, DW_partial, DB_partial, seed_ptr, offset, threshold,
+                    scale, M, N, HAS_DROPOUT: tl.constexpr, HAS_DY: tl.constexpr, HAS_DCOPY: tl.constexpr,
+                    BLOCK_G: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr):
     """Each program takes ROWS_PER_PROGRAM consecutive rows and writes its partial sums of dW and dB (one row of
-    DW_partial / DB_partial each); the launcher adds those rows up."""
+    DW_partial / DB_partial each); the launcher adds those rows up. The output's gradient is DY + DCOPY (either
+    may be absent), summed in fp32 as autograd's add of the two would be."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_G)[:, None] * 8 + tl.arange(0, 8)[None, :]
     inside = cols < N
@@ -88,7 +100,11 @@ def backward_kernel(DY, X, R, W, Mean, Rstd, DX, DR, DW_partial, DB_partial, see
         ok = inside & (row < M)
         x = tl.load(X + row * N + cols, mask=ok, other=0.0).to(tl.float32)
         r = tl.load(R + row * N + cols, mask=ok, other=0.0).to(tl.float32)
-        dy = tl.load(DY + row * N + cols, mask=ok, other=0.0).to(tl.float32)
+        dy = tl.zeros([BLOCK_G, 8], dtype=tl.float32)
+        if HAS_DY:
+            dy += tl.load(DY + row * N + cols, mask=ok, other=0.0).to(tl.float32)
+        if HAS_DCOPY:
+            dy += tl.load(DCOPY + row * N + cols, mask=ok, other=0.0).to(tl.float32)
         if HAS_DROPOUT:
             keep = _keep_tile(seed, row, offset, threshold, BLOCK_G)
             x = tl.where(keep, x * scale, 0.0)

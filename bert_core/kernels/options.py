@@ -30,6 +30,10 @@ class KernelOptions:
     whether a bf16 residual stream keeps the fp32 loss curve is not measured yet (it needs a GPU run; the command
     is in bert_core/kernels/__init__.py).
 
+    fused_layer_norm: the dropout + residual + LayerNorm sites use their kernel when `fused` picks the kernels
+    (the default); False keeps the composition there only: what the start-of-run self-check
+    (`bert_core.kernels.self_check`) sets when that kernel disagrees with the composition on the device.
+
     fused_bias_gelu: the FFN's bias + GELU (and in backward dGELU + the bias gradient) as one Triton kernel
     instead of the Linear's bias and torch's GELU. Off by default: it replaces a pass Inductor already fuses, and
     whether it wins is not measured on a GPU (bert_core/kernels/bias_gelu.py says what it saves).
@@ -38,11 +42,12 @@ class KernelOptions:
     fused: bool | None = None
     low_precision_residual: bool = False
     fused_bias_gelu: bool = False
+    fused_layer_norm: bool = True
 
     def __post_init__(self) -> None:
         if self.fused not in (None, True, False):
             raise ValueError(f"KernelOptions.fused must be None (by device), True or False, got {self.fused!r}")
-        for name in ("low_precision_residual", "fused_bias_gelu"):
+        for name in ("low_precision_residual", "fused_bias_gelu", "fused_layer_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"KernelOptions.{name} must be True or False, got {getattr(self, name)!r}")
 

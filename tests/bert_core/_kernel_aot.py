@@ -32,6 +32,8 @@ def compile_variant(name, fn, signature, constexprs, num_warps=4):
 
 
 def layer_norm_variants():
+    """Each (x, residual) dtype pair with and without dropout; the autocast pair (bf16 x, fp32 residual) also with
+    the boundary of issue 24: the bf16 copy for the next GEMM (forward), both incoming gradients (backward)."""
     for x, r in (("bf16", "fp32"), ("bf16", "bf16"), ("fp32", "fp32")):
         out = r  # the default output dtype: promote(x, residual)
         for dropout in (True, False):
@@ -39,15 +41,25 @@ def layer_norm_variants():
             consts = {"HAS_DROPOUT": dropout, "BLOCK_G": 128}  # H = 768: 96 groups of 8, padded to 128
             if not dropout:
                 consts["seed_ptr"] = None
-            fwd = dict(X=T[x], R=T[r], W="*fp32", B="*fp32", Y=T[out], Mean="*fp32", Rstd="*fp32", **seed,
-                       offset="i32", threshold="i32", scale="fp32", eps="fp32", N="i32")
-            compile_variant(f"ln_fwd x={x} r={r} dropout={dropout}", dropout_layer_norm_triton.forward_kernel,
-                            fwd, consts)
-            bwd = dict(DY=T[out], X=T[x], R=T[r], W="*fp32", Mean="*fp32", Rstd="*fp32", DX=T[x], DR=T[r],
-                       DW_partial="*fp32", DB_partial="*fp32", **seed, offset="i32", threshold="i32",
-                       scale="fp32", M="i32", N="i32")
-            compile_variant(f"ln_bwd x={x} r={r} dropout={dropout}", dropout_layer_norm_triton.backward_kernel,
-                            bwd, {**consts, "ROWS_PER_PROGRAM": 32})
+            for copy in ((False, True) if (x, r) == ("bf16", "fp32") else (False,)):
+                fwd = dict(X=T[x], R=T[r], W="*fp32", B="*fp32", Y=T[out], Ycopy="*bf16", Mean="*fp32",
+                           Rstd="*fp32", **seed, offset="i32", threshold="i32", scale="fp32", eps="fp32", N="i32")
+                fwd_consts = {**consts, "HAS_COPY": copy}
+                if not copy:
+                    del fwd["Ycopy"]
+                    fwd_consts["Ycopy"] = None
+                tag = " copy" if copy else ""
+                compile_variant(f"ln_fwd x={x} r={r} dropout={dropout}{tag}",
+                                dropout_layer_norm_triton.forward_kernel, fwd, fwd_consts)
+                bwd = dict(DY=T[out], DCOPY="*bf16", X=T[x], R=T[r], W="*fp32", Mean="*fp32", Rstd="*fp32",
+                           DX=T[x], DR=T[r], DW_partial="*fp32", DB_partial="*fp32", **seed, offset="i32",
+                           threshold="i32", scale="fp32", M="i32", N="i32")
+                bwd_consts = {**consts, "HAS_DY": True, "HAS_DCOPY": copy, "ROWS_PER_PROGRAM": 32}
+                if not copy:
+                    del bwd["DCOPY"]
+                    bwd_consts["DCOPY"] = None
+                compile_variant(f"ln_bwd x={x} r={r} dropout={dropout}{tag}",
+                                dropout_layer_norm_triton.backward_kernel, bwd, bwd_consts)
     compile_variant("keep_mask", dropout_layer_norm_triton.keep_mask_kernel,
                     dict(Keep="*i8", seed_ptr="*i64", offset="i32", threshold="i32", N="i32"), {"BLOCK_G": 128})
 

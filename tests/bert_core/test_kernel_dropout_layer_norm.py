@@ -201,9 +201,11 @@ def test_opcheck_schema_fake_and_autograd_registration(device):
     x, r, w, b = inputs(device, torch.bfloat16, residual_dtype=torch.float32, shape=(4, 40))
     seed = torch.tensor([7], dtype=torch.int64, device=device)
     x_t = x.detach().t().contiguous().t().requires_grad_()  # a transposed layout, same values
-    for args in [(x, r, w, b, seed, 0, 0.1, EPS, torch.float32), (x_t, r, w, b, None, 0, 0.0, EPS, torch.bfloat16)]:
+    for args in [(x, r, w, b, seed, 0, 0.1, EPS, torch.float32, torch.bfloat16),
+                 (x_t, r, w, b, None, 0, 0.0, EPS, torch.bfloat16, None)]:
         torch.library.opcheck(_forward, args)
     with torch.no_grad():  # the backward op has no autograd of its own (no double backward)
-        out, mean, rstd = _forward(x, r, w, b, seed, 0, 0.1, EPS, torch.float32)
-    torch.library.opcheck(_backward, (torch.randn_like(out), x.detach(), r.detach(), w.detach(), seed, mean, rstd,
-                                      0, 0.1))
+        out, copy, mean, rstd = _forward(x, r, w, b, seed, 0, 0.1, EPS, torch.float32, torch.bfloat16)
+    dy = torch.randn_like(out)
+    for grads in [(dy, torch.randn_like(copy)), (dy, None), (None, torch.randn_like(copy))]:
+        torch.library.opcheck(_backward, (*grads, x.detach(), r.detach(), w.detach(), seed, mean, rstd, 0, 0.1))

@@ -75,3 +75,34 @@ def test_packed_step_compiles_once_on_cuda():
         loss.backward()
         assert torch.isfinite(loss)
     assert counters["stats"]["unique_graphs"] - before == 1
+
+
+def test_compiled_packed_step_with_dropout_matches_the_padded_one():
+    """The real phase-2 path (issue 24): compiled, dropout on (FlashAttention's varlen kernel with dropout, the fused
+    LayerNorm kernels). Dropout masks differ between the two layouts, so the loss and the gradients are compared
+    averaged over 16 steps' masks: the same expectation, up to dropout noise."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)).cuda().train()
+    seqs = make_sequences(5)
+    batches = {"packed": {k: v.cuda() for k, v in packed_batch(seqs, 8).items()},
+               "padded": {k: v.cuda() for k, v in unpacked_batch(seqs, 8).items()}}
+    means = {}
+    for name, batch in batches.items():
+        compiled = torch.compile(model, dynamic=False, fullgraph=True)
+        losses, grads = [], None
+        for seed in range(16):
+            torch.manual_seed(seed)
+            model.zero_grad()
+            with torch.autocast("cuda", torch.bfloat16):
+                loss = compiled(**batch).loss
+            loss.backward()
+            losses.append(loss.item())
+            flat = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+            grads = flat if grads is None else grads + flat
+        assert all(torch.isfinite(torch.tensor(losses))), (name, losses)
+        means[name] = (sum(losses) / len(losses), grads / 16)
+    (packed_loss, packed_grad), (padded_loss, padded_grad) = means["packed"], means["padded"]
+    assert packed_loss == pytest.approx(padded_loss, rel=0.05), (packed_loss, padded_loss)
+    cosine = torch.nn.functional.cosine_similarity(packed_grad, padded_grad, dim=0).item()
+    assert cosine > 0.9, cosine

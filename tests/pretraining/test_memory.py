@@ -135,6 +135,45 @@ def test_fit_fails_in_seconds_when_the_micro_batch_cannot_fit(tiny_pretrain_data
         model=ModelConfig(bert=bert_tiny(vocab_size=600, max_position_embeddings=64)),
         data=DataConfig(train=read_manifest(tiny_pretrain_data["train"]), micro_batch_size=4096),
         max_steps=5, runtime=RuntimeConfig(device="cpu", threads=1), memory=MemoryConfig(budget_gb=1.0))
-    with pytest.raises(DoesNotFit, match=r"a micro-batch of 4096 sequences of 64 tokens needs ~.* lower "
-                                         r"--micro-batch-size"):
+    with pytest.raises(DoesNotFit, match=r"a micro-batch of 4096 sequences of 64 tokens needs ~.* use "
+                                         r"--micro-batch-size \d+ \(gradient accumulation keeps --batch-size\), "
+                                         r"or give --memory-gb"):
         fit(config)  # checked at set-up, before the model is built or a batch is read
+
+
+def test_gpu_estimate_is_within_the_measured_h100_peaks():
+    """The GPU formula (derived from what each op saves, not fitted) against every measured GPU peak."""
+    from bert_core import PRESETS
+
+    assert len(memory.MEASURED_GPU) >= 2
+    for m in memory.MEASURED_GPU:
+        est = estimate(PRESETS[m.preset](vocab_size=30522), m.micro_batch, m.seq_len, m.predictions, "cuda",
+                       m.compiled).total
+        assert 0.8 <= est / (m.peak_gib * 2**30) <= 1.25, (m, est / 2**30)
+
+
+def test_phase_2_on_one_gpu_is_planned_not_refused():
+    """BERT-base at --batch-size 256 --max-seq-length 512 (80 slots) on one GPU, budget given explicitly: 80 GB
+    takes the whole batch, 40 GB accumulates; the job's path (micro_batch_for, --use-gpu) plans the same."""
+    from bert_core import bert_base
+
+    bert = bert_base(vocab_size=30522)
+    assert (plan(bert, 256, 512, 80, 80 * 10**9, device_type="cuda").micro_batch,
+            plan(bert, 256, 512, 80, 80 * 10**9, device_type="cuda").accum) == (256, 1)
+    chosen = plan(bert, 256, 512, 80, 40 * 10**9, device_type="cuda")
+    assert (chosen.micro_batch, chosen.accum) == (128, 2)
+    assert memory.micro_batch_for(bert, (256, 1), 512, 80, workers=1, use_gpu=True, budget_gb=40, requested=None,
+                                  model_name="bert_base") == (128, 2)
+
+
+def test_gpu_budget_is_read_here_when_the_workers_run_here(monkeypatch):
+    """With --use-gpu and no cluster address the job reads the GPUs' free memory (None on this GPU-less machine,
+    so each worker checks its own); with RAY_ADDRESS it cannot know and says so with None."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    expected = memory.gpu_free_bytes(1)
+    assert memory.local_budget(True, 1, None) == expected
+    if not torch.cuda.is_available():
+        assert expected is None
+    monkeypatch.setenv("RAY_ADDRESS", "ray://10.0.0.1:10001")
+    assert memory.local_budget(True, 1, None) is None
+    assert memory.local_budget(True, 1, 12.0) == 12 * 2**30
