@@ -79,7 +79,7 @@ def synthetic_batch(data: DataConfig, width: int, vocab_size: int, gen: torch.Ge
         "next_sentence_label": torch.zeros(b, dtype=torch.int64),
     }
     if data.packing:
-        p, s = data.pack.slots, data.pack.sequences
+        p, s = data.pack_geometry.slots, data.pack_geometry.sequences
         lengths = torch.full((b, s), width // s, dtype=torch.int64)
         batch.update(sequence_lengths=lengths, next_sentence_label=torch.zeros(b, s, dtype=torch.int64))
     batch["masked_lm_positions"] = (torch.arange(p) % (width - 1) + 1).expand(b, p).contiguous()

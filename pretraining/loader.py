@@ -110,7 +110,7 @@ class DataConfig:
         return self.bucket_window if self.length_bucketing else 1
 
     @property
-    def pack(self) -> PackConfig | None:
+    def pack_geometry(self) -> PackConfig | None:
         """The packed rows' geometry (None without packing): W, S, P and the window, defaults filled in. A row that
         would exceed P goes to another packed row, never truncated."""
         if not self.packing:
@@ -196,7 +196,7 @@ class RankStream:
         self._first_window, self._skip = divmod(start_batch, data.window)
         self._window_rows = data.window * data.micro_batch_size
         if data.packing:  # packed windows yield data-dependent batch counts: a saved position, or replay
-            self._window_rows = data.pack.window_rows
+            self._window_rows = data.pack_geometry.window_rows
             self._first_window, self._skip = start_position if start_position is not None else (0, start_batch)
         self.batch_index = start_batch
 
@@ -273,7 +273,7 @@ def packed_batches(pieces: Iterable[Rows], data: DataConfig, seed: int, rank: in
     def seed_of(name: str, window: int) -> int:
         return seed_for(name, seed, rank, window)
 
-    return packed_micro_batches(_windows(pieces, data.pack.window_rows), data.pack, data.micro_batch_size, seed_of,
+    return packed_micro_batches(_windows(pieces, data.pack_geometry.window_rows), data.pack_geometry, data.micro_batch_size, seed_of,
                                 first_window, skip, remask=remasker)
 
 

@@ -13,7 +13,7 @@ that probe), in bytes:
     the MLM head:                    per masked slot 3 H, plus 4 V H (the fused loss' decoder gradient)
 
 A step's peak also holds the gradients flowing back through one layer while the saved tensors of the layers below
-are still alive; `TRANSIENT` adds that as a fraction of the activations (the estimate against measured peak RSS:
+are still alive; `GRADIENTS_IN_FLIGHT` adds that as a fraction of the activations (the estimate against measured peak RSS:
 `benchmarks/memory_fit.py`, figures in docs/benchmarks.md).
 
 On a GPU (`device_type="cuda"`: bf16 autocast, SDPA's flash / cuDNN attention, the fused LayerNorm sites,
@@ -38,7 +38,7 @@ Derived from what each op saves, then held against the two H100 peaks of 2026-11
 1.15 for the eager 256 x 128 peak, on the safe side. Not fitted to them;
 nothing else on a GPU is measured.
 
-`plan` picks the largest micro-batch that divides the per-rank batch and fits in `HEADROOM` of the budget
+`plan_micro_batch` picks the largest micro-batch that divides the per-rank batch and fits in `HEADROOM` of the budget
 (gradient accumulation keeps the global batch), or says which flag to change; a job runs it (`fit_to_memory`)
 before it starts any worker, when it can know their memory (`local_budget`). `check` is what `pretraining.loop.fit` runs at
 set-up on every worker: it fails only when the micro-batch cannot fit at all, so a run planned by its job (with
@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 
 GIB = 2**30
 HEADROOM = 0.8  # plan for this share of the free memory: the allocator, the data thread, Python and Ray take some
-TRANSIENT = 0.5  # gradients in flight during backward, as a share of the saved activations
+GRADIENTS_IN_FLIGHT = 0.5  # gradients in flight during backward, as a share of the saved activations
 # torch's own footprint per process (CPU: the library, its thread pools and allocator arenas, ~300 MiB after import
 # here, more once threads have run; CUDA: the context and kernels)
 RUNTIME_BYTES = {"cpu": 512 * 2**20, "cuda": 512 * 2**20}
@@ -171,7 +171,7 @@ def estimate(bert: BertConfig, micro_batch: int, seq_len: int, predictions: int,
         act += micro_batch * predictions * bert.vocab_size * (2 + 4 + 4)  # static-path logits, fp32 copy, gradient
         act += 2 * n  # autocast's bf16 copies of the weights, alive from forward to backward
     else:
-        act = int(activation_bytes(bert, micro_batch, seq_len, predictions) * (1 + TRANSIENT))
+        act = int(activation_bytes(bert, micro_batch, seq_len, predictions) * (1 + GRADIENTS_IN_FLIGHT))
     return MemoryEstimate(weights=4 * n, gradients=4 * n, optimizer=8 * n, activations=act,
                           runtime=RUNTIME_BYTES.get(device_type, RUNTIME_BYTES["cpu"]))
 
@@ -251,7 +251,7 @@ class Plan:
     budget: int
 
 
-def plan(bert: BertConfig, per_rank_batch: int, seq_len: int, predictions: int, budget: int,
+def plan_micro_batch(bert: BertConfig, per_rank_batch: int, seq_len: int, predictions: int, budget: int,
          requested_micro: int | None = None, device_type: str = "cpu", model_name: str = "the model") -> Plan:
     """The largest micro-batch dividing `per_rank_batch` whose step fits in HEADROOM of `budget` (only
     `requested_micro` itself when the user fixed it); a ValueError naming the flag to change otherwise."""
@@ -329,7 +329,7 @@ def micro_batch_for(bert: BertConfig, per_worker: tuple[int, int], width: int, m
                     workers: int, use_gpu: bool, budget_gb: float | None, requested: int | None,
                     model_name: str) -> tuple[int, int]:
     """(micro-batch, accumulation) for `per_worker` (the micro-batch and accumulation `batch_geometry` gives one
-    worker): `plan`'s for the memory the workers will have, as far as the job can tell before starting them
+    worker): `plan_micro_batch`'s for the memory the workers will have, as far as the job can tell before starting them
     (`local_budget`); the requested or whole per-worker batch when it cannot (each worker then checks its own at
     the start). The per-worker batch (micro-batch x accumulation) is kept."""
     micro, accum = per_worker
@@ -340,7 +340,7 @@ def micro_batch_for(bert: BertConfig, per_worker: tuple[int, int], width: int, m
     budget = local_budget(use_gpu, workers, budget_gb)
     if budget is None:
         return (requested, batch // requested) if requested else (micro, accum)
-    chosen = plan(bert, batch, width, max_predictions, budget, requested, "cuda" if use_gpu else "cpu", model_name)
+    chosen = plan_micro_batch(bert, batch, width, max_predictions, budget, requested, "cuda" if use_gpu else "cpu", model_name)
     if chosen.micro_batch != (requested or batch):
         log.warning("a micro-batch of %d sequences of %d tokens would not fit in the %s free per worker: training "
                     "with micro-batches of %d and %d accumulation steps (the same --batch-size); set "

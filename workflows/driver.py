@@ -16,7 +16,7 @@ from typing import Any
 
 from tracking import params, runs, store
 from workflows.config import load_config, workdir_of
-from workflows.execute import StageFailed, run_stage
+from workflows.execute import StageFailed, run_job_stage
 from workflows.stage import JobStage
 from workflows.plan import plan, to_run
 from workflows.specs import SPECS
@@ -107,7 +107,7 @@ def _run_stages(wf: Workflow, todo: dict[str, bool], parent_run_id: str,
         log_file = wf.workdir / STATE_DIR / "logs" / f"{s.key}.log"
         echo(f"== [{i}/{n}] {s.name}: running  (log: {log_file})")
         started = time.time()
-        result = run_stage(s, s.argv_with_tracking(wf.tracking_uri, wf.experiment, parent_run_id), log_file, echo)
+        result = run_job_stage(s, s.argv_with_tracking(wf.tracking_uri, wf.experiment, parent_run_id), log_file, echo)
         if not SPECS[s.job].complete(s):
             raise StageFailed(f"stage {s.name} exited 0 but its output is incomplete: {s.outputs}")
         marker = {"stage": s.name, "fingerprint": s.fingerprint, "command": s.command(), "outputs": s.outputs,

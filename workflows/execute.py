@@ -23,7 +23,7 @@ from workflows.stage import JobStage
 JOBS_DIR = Path(__file__).resolve().parent.parent / "jobs"
 # Ray gives a new local node 30 s (hard-coded) to come up; a loaded machine can miss it. Such a stage failed
 # before doing anything and is retried (the jobs are idempotent); any other failure stops the workflow.
-TRANSIENT = ("The current node timed out during startup",)
+RETRYABLE_START_ERRORS = ("The current node timed out during startup",)
 RETRIES = 2
 
 
@@ -41,7 +41,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def run_stage(stage: JobStage, argv: list[str], log_file: Path, echo: Callable[[str], None]) -> dict[str, Any]:
+def run_job_stage(stage: JobStage, argv: list[str], log_file: Path, echo: Callable[[str], None]) -> dict[str, Any]:
     """Run the job (again, after a transient start-up failure); return its last JSON line."""
     for attempt in range(RETRIES + 1):
         rc, last_json, transient = _run_once(stage, argv, log_file, echo)
@@ -70,7 +70,7 @@ def _run_once(stage: JobStage, argv: list[str], log_file: Path,
                 lf.write(line)
                 echo(f"  {stage.key} | {line.rstrip()}")
                 s = line.strip()
-                transient = transient or any(t in s for t in TRANSIENT)
+                transient = transient or any(t in s for t in RETRYABLE_START_ERRORS)
                 if s.startswith("{") and s.endswith("}"):
                     try:
                         last_json = json.loads(s)

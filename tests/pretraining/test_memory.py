@@ -14,7 +14,7 @@ import torch
 
 from bert_core import BertForPreTraining, bert_mini, bert_small, bert_tiny
 from pretraining import memory
-from pretraining.memory import DoesNotFit, activation_bytes, estimate, parameter_count, plan
+from pretraining.memory import DoesNotFit, activation_bytes, estimate, parameter_count, plan_micro_batch
 from pretraining.step import forward
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,19 +103,19 @@ def test_plan_keeps_the_global_batch_and_picks_the_largest_that_fits():
     config = bert_tiny(vocab_size=600)
     per_rank = 96
     budget = int(estimate(config, 24, 64, 10).total / memory.HEADROOM) + 1
-    chosen = plan(config, per_rank, 64, 10, budget)
+    chosen = plan_micro_batch(config, per_rank, 64, 10, budget)
     assert (chosen.micro_batch, chosen.accum) == (24, 4)  # 32 does not fit; 24 divides 96
-    assert plan(config, per_rank, 64, 10, budget, requested_micro=12).micro_batch == 12
-    assert plan(config, per_rank, 64, 10, 10**12).micro_batch == 96  # everything fits: no accumulation
+    assert plan_micro_batch(config, per_rank, 64, 10, budget, requested_micro=12).micro_batch == 12
+    assert plan_micro_batch(config, per_rank, 64, 10, 10**12).micro_batch == 96  # everything fits: no accumulation
 
 
 def test_plan_names_the_flag_to_change():
     config = bert_tiny(vocab_size=600)
     budget = int(estimate(config, 24, 64, 10).total / memory.HEADROOM) + 1
     with pytest.raises(DoesNotFit, match=r"--micro-batch-size 96 needs ~.* use --micro-batch-size 24 \(gradient"):
-        plan(config, 96, 64, 10, budget, requested_micro=96)
+        plan_micro_batch(config, 96, 64, 10, budget, requested_micro=96)
     with pytest.raises(DoesNotFit, match=r"even at a micro-batch of 1 .* smaller --preset than bert_tiny"):
-        plan(config, 96, 64, 10, 10 * 2**20, model_name="bert_tiny")
+        plan_micro_batch(config, 96, 64, 10, 10 * 2**20, model_name="bert_tiny")
 
 
 def test_available_memory_is_known_on_this_machine():
@@ -158,9 +158,9 @@ def test_phase_2_on_one_gpu_is_planned_not_refused():
     from bert_core import bert_base
 
     bert = bert_base(vocab_size=30522)
-    assert (plan(bert, 256, 512, 80, 80 * 10**9, device_type="cuda").micro_batch,
-            plan(bert, 256, 512, 80, 80 * 10**9, device_type="cuda").accum) == (256, 1)
-    chosen = plan(bert, 256, 512, 80, 40 * 10**9, device_type="cuda")
+    assert (plan_micro_batch(bert, 256, 512, 80, 80 * 10**9, device_type="cuda").micro_batch,
+            plan_micro_batch(bert, 256, 512, 80, 80 * 10**9, device_type="cuda").accum) == (256, 1)
+    chosen = plan_micro_batch(bert, 256, 512, 80, 40 * 10**9, device_type="cuda")
     assert (chosen.micro_batch, chosen.accum) == (128, 2)
     assert memory.micro_batch_for(bert, (256, 1), 512, 80, workers=1, use_gpu=True, budget_gb=40, requested=None,
                                   model_name="bert_base") == (128, 2)
