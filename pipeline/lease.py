@@ -314,11 +314,27 @@ def _etag_of(response: Any) -> str | None:
     return None
 
 
+WAIT_POLL_SECONDS = 2.0
+
+
 @contextlib.contextmanager
 def holding(url: str, target: str, what: str, endpoint_url: str | None = None,
-            hint: str = "or write somewhere else") -> Iterator[Lease]:
-    """``with holding(...)``: the lease for the block, released on exit and on error."""
-    lease = Lease(url, target, what, endpoint_url, hint).acquire()
+            hint: str = "or write somewhere else", wait: float = 0.0) -> Iterator[Lease]:
+    """``with holding(...)``: the lease for the block, released on exit and on error. ``wait``: seconds to wait
+    for a live holder to finish before refusing (an export after hours of training waits for another export's
+    few seconds rather than failing)."""
+    deadline, told = _now() + wait, False
+    while True:
+        try:
+            lease = Lease(url, target, what, endpoint_url, hint).acquire()
+            break
+        except LeaseHeld as e:
+            if _now() + WAIT_POLL_SECONDS > deadline:
+                raise
+            if not told:
+                log.info("waiting up to %.0f s for the other writer: %s", deadline - _now(), e)
+                told = True
+            time.sleep(WAIT_POLL_SECONDS)
     try:
         yield lease
     finally:

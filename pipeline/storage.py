@@ -348,9 +348,32 @@ def exists(url: str, endpoint_url: str | None = None) -> bool:
     return fs.exists(path)
 
 
-def read_bytes(url: str, endpoint_url: str | None = None) -> bytes:
+def read_bytes(url: str, endpoint_url: str | None = None, limit: int | None = None, what: str = "file") -> bytes:
+    """The bytes at ``url``, read again after a transient fault. ``limit``: refuse (ValueError naming the file) a
+    file larger than that, before reading it: for files other people could write (configs, manifests, records)."""
     fs, path = filesystem_for(url, endpoint_url)
-    return fs.cat_file(path)
+    if limit is not None:
+        size = int(retrying(lambda: fs.info(path), f"stat {url}").get("size") or 0)
+        if size > limit:
+            raise ValueError(f"{what} {url} is {size} bytes, more than the {limit} a {what} can be: it is not one"
+                             " of ours or was tampered with; replace it")
+    data = retrying(lambda: fs.cat_file(path), f"read {url}")
+    if limit is not None and len(data) > limit:  # it grew between the two calls
+        raise ValueError(f"{what} {url} is over {limit} bytes: it is not one of ours or was tampered with; replace it")
+    return data
+
+
+def check_relative_name(name: Any, where: str, what: str = "file name") -> str:
+    """``name`` (read from a file other people could write: a manifest, an export pointer) as a plain relative
+    path that stays inside its folder; ValueError naming ``where`` otherwise. Refused: absolute paths, ``..`` or
+    ``.`` parts, empty parts, backslashes, URL schemes and drive letters, control characters."""
+    bad = (not isinstance(name, str) or not name or name.startswith(("/", "~")) or "\\" in name or "://" in name
+           or any(ord(c) < 32 for c in name) or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", name) is not None
+           or any(part in ("", ".", "..") for part in name.split("/")))
+    if bad:
+        raise ValueError(f"{where}: {what} {name!r} is not a relative name inside its folder (absolute paths, '..',"
+                         " URL schemes are refused); the file was not written by this tool or was edited: rebuild it")
+    return name
 
 
 def write_bytes_atomic(url: str, data: bytes, endpoint_url: str | None = None) -> None:

@@ -101,12 +101,15 @@ def run_pretraining(job: PretrainJob) -> JobResult:
         check_destination(job.export, job.launch.endpoint_url)  # a missing bucket fails now, not after training
     launch = job.launch
     checkpoints = str(launch.local_directory) if launch.no_ray else f"{launch.storage.rstrip('/')}/{launch.name}"
-    run = open_run(job.tracking_uri, job.experiment, launch.name, params=params_of(job),
-                   tags=tags_of(job, checkpoints), parent_run_id=job.parent_run_id, resume_by=RUN_NAME_TAG)
-    with run.ending():
-        log_inputs(job, run.run_id)
-        with launcher.run(fit, job.config, launch,
-                          tracking=RunRef(job.tracking_uri, run.run_id, launch.name)) as final_checkpoint:
-            export_model(final_checkpoint / MODEL_DIR, job.export, run, PRETRAIN_LINEAGE, job.launch.endpoint_url)
+    # One job per run name and storage: the lease is held before the run is looked up by its name (a second job
+    # would find and write into this job's MLflow run) and until the run has ended.
+    with launch.writer_lease("pre-training run"):
+        run = open_run(job.tracking_uri, job.experiment, launch.name, params=params_of(job),
+                       tags=tags_of(job, checkpoints), parent_run_id=job.parent_run_id, resume_by=RUN_NAME_TAG)
+        with run.ending():
+            log_inputs(job, run.run_id)
+            with launcher.run(fit, job.config, launch,
+                              tracking=RunRef(job.tracking_uri, run.run_id, launch.name)) as final_checkpoint:
+                export_model(final_checkpoint / MODEL_DIR, job.export, run, PRETRAIN_LINEAGE, launch.endpoint_url)
     metrics = run_metrics(job.tracking_uri, run.run_id)
     return JobResult(run.run_id, checkpoints, job.export, {k: metrics[k] for k in KEY_METRICS if k in metrics})

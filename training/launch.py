@@ -69,6 +69,21 @@ class LaunchConfig:
         return str((Path(self.storage.removeprefix("file://")) if local else Path.cwd()).resolve() / ".init-cache")
 
     @property
+    def run_url(self) -> str:
+        """The run's folder: `<storage>/<name>` (a local one made absolute, as the lease record names it)."""
+        local = "://" not in self.storage or self.storage.startswith("file://")
+        return str(self.local_directory) if local else f"{self.storage.rstrip('/')}/{self.name}"
+
+    def writer_lease(self, what: str):
+        """The run's one-writer lease (`<storage>/<name>.lease.json`, pipeline/lease.py), to hold from before its
+        MLflow run is opened until it ends: a second job on this storage and run name refuses before it touches
+        the run's checkpoints or its MLflow run."""
+        from pipeline.lease import holding, lease_url_beside
+
+        return holding(lease_url_beside(self.run_url), self.run_url, what, self.endpoint_url,
+                       hint="or give this job another --run-name")
+
+    @property
     def local_directory(self) -> Path:
         """The run's folder on local disk, where a run in this process (`no_ray`) keeps its checkpoints."""
         return Path(self.storage.removeprefix("file://")).resolve() / self.name
