@@ -11,7 +11,8 @@ time of its last heartbeat. It is *created* exclusively, so of two writers start
   sees it).
 
 A thread rewrites the heartbeat every ``stale/4`` seconds. A second writer that finds the record refuses in one
-line naming the holder and what to do. A record whose heartbeat is older than ``stale_seconds()`` belongs to a
+line naming the holder and what to do. A record whose heartbeat is older than ``stale_seconds()`` (60 s, or
+``BERT_LEASE_STALE_SECONDS``; the holder's own setting, kept in its record, when that is longer) belongs to a
 writer that died (SIGKILL, a lost node): the next writer takes it over with a WARNING. A takeover is itself
 exclusive: on S3 a PutObject with ``If-Match: <etag of the stale record>``; locally a short-lived ``.takeover``
 file created with O_EXCL around re-reading and replacing the record. The lease is released (its record deleted)
@@ -111,9 +112,11 @@ class Lease:
     def _record(self) -> bytes:
         return json.dumps({
             "token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
-            "process": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv[:4]))[:200],
+            # The program only: its arguments may hold URLs with credentials, and this record is readable by all.
+            "process": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python",
             "what": self.what, "target": self.target,
             "started": _iso(self.started), "started_unix": self.started, "heartbeat_unix": _now(),
+            "stale_seconds": self.stale,
         }, sort_keys=True).encode()
 
     def _read(self) -> tuple[dict[str, Any], str | None] | None:
@@ -213,12 +216,13 @@ class Lease:
                 continue
             record, etag = got
             age = _now() - float(record["heartbeat_unix"])
-            if age <= self.stale:
+            stale = self._stale_for(record)
+            if age <= stale:
                 raise LeaseHeld(self._refusal(got))
             if self._take_over(record, etag):
                 log.warning("%s: took over from %s, whose heartbeat stopped %.0f s ago (more than %.0f s: it died or"
                             " was killed); its unfinished output is resumed or replaced as the job's rules say",
-                            self.target, _holder(record), age, self.stale)
+                            self.target, _holder(record), age, stale)
                 break
         else:
             raise LeaseHeld(self._refusal(self._read()))
@@ -226,6 +230,15 @@ class Lease:
         self._thread.start()
         log.info("holding the writer lease %s", self.url)
         return self
+
+    def _stale_for(self, record: dict[str, Any]) -> float:
+        """The holder heartbeats every stale/4 of *its* stale time: a taker configured shorter must not take over a
+        live holder configured longer, so the longer of the two counts."""
+        try:
+            theirs = float(record.get("stale_seconds") or 0)
+        except (TypeError, ValueError):
+            theirs = 0.0
+        return max(self.stale, min(theirs, 24 * 3600.0))
 
     def _take_over(self, stale: dict[str, Any], etag: str | None) -> bool:
         if not self._local:
@@ -292,8 +305,8 @@ class Lease:
         record = got[0]
         age = _now() - float(record["heartbeat_unix"])
         return (f"{self.target} is being written by another {record.get('what', 'writer')} ({_holder(record)},"
-                f" heartbeat {age:.0f} s ago): wait for it to finish (a holder that died is taken over {self.stale:.0f}"
-                f" s after its last heartbeat, {STALE_ENV} to change), {self.hint}")
+                f" heartbeat {age:.0f} s ago): wait for it to finish (a holder that died is taken over"
+                f" {self._stale_for(record):.0f} s after its last heartbeat), {self.hint}")
 
     def __enter__(self) -> Lease:
         return self.acquire()
