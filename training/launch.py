@@ -102,9 +102,12 @@ def storage_filesystem(url: str, endpoint_url: str | None):
     if storage.protocol_of(url) in ("s3", "s3a"):
         import s3fs
 
+        # Our retry policy (pipeline/storage.py S3_RETRIES), not botocore's default: Ray Train's checkpoint uploads
+        # and its snapshot reads go through this filesystem, on the controller and on every worker.
         fs = s3fs.S3FileSystem(key=os.environ.get("AWS_ACCESS_KEY_ID"), secret=os.environ.get("AWS_SECRET_ACCESS_KEY"),
                                token=os.environ.get("AWS_SESSION_TOKEN"),
-                               client_kwargs={"endpoint_url": endpoint_url} if endpoint_url else {})
+                               client_kwargs={"endpoint_url": endpoint_url} if endpoint_url else {},
+                               config_kwargs={"retries": dict(storage.S3_RETRIES)})
     return pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs)), path
 
 
