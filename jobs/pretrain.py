@@ -17,7 +17,7 @@ Fault tolerance: checkpoints go to STORAGE/RUN_NAME every `--checkpoint-every` s
 kept). A dead worker makes Ray Train restart the group from the last checkpoint (`--max-failures`); running the same
 command again with the same `--storage` and `--run-name` resumes from there too, into the same MLflow run (found by
 its `bert.run_checkpoints` tag). The data position is part of the checkpoint, so the resumed run sees the same
-batches. One job per storage and run name: a second one refuses, naming the first (pipeline/lease.py).
+batches. One job per storage and run name: a second one refuses, naming the first (pipeline/safe_io/lease.py).
 
 Data: each rank reads its own deterministic part of the balanced shards in a background thread
 (`pretraining.loader`): ranks stay exactly equal, the data position is a number, and no Ray CPU slot is needed (no

@@ -17,9 +17,7 @@ import json
 import logging
 import os
 import posixpath
-import random
 import re
-import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any, TypeVar
@@ -27,6 +25,8 @@ from typing import IO, Any, TypeVar
 import fsspec
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
+
+from pipeline.safe_io.retry import retrying, s3_options
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,73 +66,10 @@ def absolute(path: str) -> str:
     return path if "://" in path else os.path.abspath(path)
 
 
-# Retries against object stores, ours rather than the libraries' defaults (botocore's "legacy" mode retries 4 times
-# with a 2**n backoff and no jitter; s3fs adds 5 tries of its own only for some errors). botocore's "standard" mode
-# retries throttling (503 SlowDown), 5xx and connection errors with exponential backoff and full jitter; 10 attempts
-# ride out ~1 minute of a store that throttles. Our own wrapper (``retrying``) adds what neither library retries:
-# a connection reset in the middle of reading a body, a PUT whose answer was lost.
-S3_RETRIES = {"max_attempts": 10, "mode": "standard"}
-RETRY_ATTEMPTS = 6  # our wrapper's tries of one whole operation, each already retried by botocore
-RETRY_BASE_SECONDS = 0.25
-RETRY_MAX_SECONDS = 8.0
-_TRANSIENT = ("slowdown", "reduce your request rate", "serviceunavailable", "service unavailable", "internalerror",
-              "requesttimeout", "connection reset", "connection was closed", "server disconnected",
-              "connection aborted", "incompleteread", "incomplete read", "response ended prematurely",
-              "remotedisconnected", "broken pipe", "timed out", "payload", "content-length", "503", "500 ", "502",
-              "504")
-
-
-def s3_options(endpoint_url: str | None = None) -> dict[str, Any]:
-    """s3fs.S3FileSystem keyword arguments: the endpoint, and our retry policy (S3_RETRIES)."""
-    options: dict[str, Any] = {"config_kwargs": {"retries": dict(S3_RETRIES)}}
-    if endpoint_url:
-        options["endpoint_url"] = endpoint_url
-    return options
-
-
 def storage_options(url: str, endpoint_url: str | None = None) -> dict[str, Any]:
     if protocol_of(url) in ("s3", "s3a"):
         return s3_options(endpoint_url)
     return {}
-
-
-def is_transient(e: BaseException) -> bool:
-    """Whether an error from a store is worth retrying: throttling, 5xx, a dropped or reset connection. Missing
-    files, refused credentials and failed preconditions are answers, not faults."""
-    if isinstance(e, (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError,
-                      ValueError)):
-        return False
-    if isinstance(e, (ConnectionError, TimeoutError)):
-        return True
-    text = f"{type(e).__name__} {e}".lower()
-    if "condition" in text or "accessdenied" in text or "nosuchkey" in text or "nosuchbucket" in text:
-        return False
-    return any(t in text for t in _TRANSIENT)
-
-
-def retrying(fn: Callable[[], T], doing: str, done: Callable[[], bool] | None = None,
-             attempts: int = RETRY_ATTEMPTS) -> T | None:
-    """``fn()``, tried again after a transient fault (``is_transient``) with exponential backoff and full jitter.
-
-    ``done``: for a write whose answer may have been lost (the store applied it, then the connection dropped):
-    asked before a retry, True means it landed and ``None`` is returned instead of writing again (a conditional
-    create would otherwise fail against its own object).
-    """
-    for attempt in range(1, attempts + 1):
-        try:
-            return fn()
-        except Exception as e:  # noqa: BLE001 - is_transient decides; everything else is raised as it was
-            if attempt == attempts or not is_transient(e):
-                raise
-            if done is not None:
-                with contextlib.suppress(Exception):
-                    if done():
-                        return None
-            pause = random.uniform(0, min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2 ** attempt))
-            log.warning("transient storage fault while trying to %s (%s: %s); retry %d of %d in %.1f s", doing,
-                        type(e).__name__, str(e)[:200], attempt, attempts - 1, pause)
-            time.sleep(pause)
-    raise AssertionError("unreachable")
 
 
 def filesystem_for(url: str, endpoint_url: str | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -361,19 +298,6 @@ def read_bytes(url: str, endpoint_url: str | None = None, limit: int | None = No
     if limit is not None and len(data) > limit:  # it grew between the two calls
         raise ValueError(f"{what} {url} is over {limit} bytes: it is not one of ours or was tampered with; replace it")
     return data
-
-
-def check_relative_name(name: Any, where: str, what: str = "file name") -> str:
-    """``name`` (read from a file other people could write: a manifest, an export pointer) as a plain relative
-    path that stays inside its folder; ValueError naming ``where`` otherwise. Refused: absolute paths, ``..`` or
-    ``.`` parts, empty parts, backslashes, URL schemes and drive letters, control characters."""
-    bad = (not isinstance(name, str) or not name or name.startswith(("/", "~")) or "\\" in name or "://" in name
-           or any(ord(c) < 32 for c in name) or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", name) is not None
-           or any(part in ("", ".", "..") for part in name.split("/")))
-    if bad:
-        raise ValueError(f"{where}: {what} {name!r} is not a relative name inside its folder (absolute paths, '..',"
-                         " URL schemes are refused); the file was not written by this tool or was edited: rebuild it")
-    return name
 
 
 def write_bytes_atomic(url: str, data: bytes, endpoint_url: str | None = None) -> None:

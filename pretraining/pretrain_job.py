@@ -3,7 +3,7 @@ its MLflow run, launch the training (Ray Train workers, or this process), export
 
 The run is found again by its checkpoint folder (`--storage`/`--run-name`, the `bert.run_checkpoints` tag): running
 the same job again with the same storage and run name resumes from its last checkpoint into the same MLflow run.
-One job at a time: the folder's writer lease (pipeline/lease.py) is held from before that lookup until the run ends.
+One job at a time: the folder's writer lease (pipeline/safe_io/lease.py) is held from before that lookup until the run ends.
 Its params are the command line as given plus the flattened `PretrainConfig` (the one `asdict` the checkpoints hold
 too).
 """

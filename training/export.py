@@ -2,10 +2,10 @@
 asked (a local folder, or any fsspec URL such as s3://bucket/models/name), with a lineage file that names the run.
 
 A later stage reads the lineage file beside the weights it starts from (`read_lineage`) to link its own run to
-the one that made them. Publishing is all-or-nothing (pipeline/publish.py): a local export is staged beside its
+the one that made them. Publishing is all-or-nothing (pipeline/safe_io/publish.py): a local export is staged beside its
 destination and swapped in by renames; an upload goes under a new version prefix and `export.json`, written last,
 points readers at it. One export writes a destination at a time: it holds the destination's lease
-(`<destination>.lease.json`, pipeline/lease.py) while it publishes.
+(`<destination>.lease.json`, pipeline/safe_io/lease.py) while it publishes.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from pipeline.lease import holding, lease_url_beside
-from pipeline.publish import publish_remote, recover_local, swap_in_local
+from pipeline.safe_io.lease import holding, lease_url_beside
+from pipeline.safe_io.publish import publish_remote, recover_local, swap_in_local
 from pipeline.storage import check_writable, is_url
 from training.guard import safetensors_tensors
 from tracking.runs import Run

@@ -2,13 +2,13 @@
 stages on a cluster hand weights over through object storage instead of a shared volume.
 
 What is fetched: one of our exports (`export.json` at the URL: the complete version it points at, see
-pipeline/publish.py; a URL with export versions but no pointer, an interrupted first export, is refused), an HF BERT
-directory (`config.json` at the URL: its files, not its subfolders), or a pre-training checkpoint
+pipeline/safe_io/publish.py; a URL with export versions but no pointer, an interrupted first export, is refused),
+an HF BERT directory (`config.json` at the URL: its files, not its subfolders), or a pre-training checkpoint
 (`model/config.json`: only `model/`, not the optimizer state beside it). File names come from a listing or the
-pointer, both written by others: each must stay inside the model's folder. Sizes are bounded (MAX_FILE_BYTES). The cache lives
-under the job's output or work directory (never /tmp), one folder per URL and remote version (names, sizes and
-etags of the files), written under a temporary name and renamed into place: a folder found there is complete, a
-model changed at the URL is fetched again, an unchanged one is not. Local paths pass through untouched.
+pointer, both written by others: each must stay inside the model's folder; sizes are bounded (MAX_FILE_BYTES). The
+cache lives under the job's output or work directory (never /tmp), one folder per URL and remote version (names,
+sizes and etags of the files), written under a temporary name and renamed into place: a folder found there is
+complete, a model changed at the URL is fetched again, an unchanged one is not. Local paths pass through untouched.
 """
 from __future__ import annotations
 
@@ -21,8 +21,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pipeline.publish import resolve
-from pipeline.storage import check_relative_name, filesystem_for, is_url, retrying, storage_error
+from pipeline.safe_io.names import check_relative_name
+from pipeline.safe_io.publish import resolve
+from pipeline.safe_io.retry import retrying
+from pipeline.storage import filesystem_for, is_url, storage_error
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ from pipeline.build.shards import SHARD_BYTES, default_num_shards, shards_stage
 from pipeline.build.vocab import VocabContext, VocabSample, train_vocab
 from pipeline.checks import settings_warnings, unk_check, vocab_size_warning
 from pipeline.create_instances import VocabInfo
-from pipeline.lease import output_lease
+from pipeline.safe_io.lease import output_lease
 from pipeline.readers import ReadReport
 from pipeline.schema import (FORMAT, FORMAT_VERSION, MANIFEST, SHARDS_DIR, VOCAB_FILE, Manifest, config_hash,
                              parse_manifest, read_manifest, token_dtype, validate_manifest)
@@ -93,7 +93,7 @@ def _histogram(markers: list, field: str) -> dict[str, int]:
 
 def build(cfg: BuildConfig, executor: Executor | None = None, on_stage: OnStage | None = None) -> Manifest:
     """Run (or resume, or confirm) the build; returns its manifest. ``on_stage`` hears of every finished stage.
-    One build writes an output at a time: it holds the output's lease (pipeline/lease.py) from its first write."""
+    One build writes an output at a time: it holds the output's lease (pipeline/safe_io/lease.py) from its first write."""
     with contextlib.ExitStack() as held:
         return _build(cfg, executor, on_stage,
                       hold=lambda: held.enter_context(output_lease(cfg.output, ep=cfg.endpoint_url)))

@@ -204,7 +204,7 @@ def test_output_to_s3_writes_the_model_there(data, mlflow_uri, s3_bucket, capsys
     standard AWS settings."""
     import boto3
 
-    from pipeline.publish import resolve
+    from pipeline.safe_io.publish import resolve
 
     endpoint, bucket = s3_bucket
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)  # botocore's standard variable (--endpoint-url works too)

@@ -1,4 +1,4 @@
-"""One writer per output, end to end (pipeline/lease.py through the jobs): two dataset builds with different configs
+"""One writer per output, end to end (pipeline/safe_io/lease.py through the jobs): two dataset builds with different configs
 started 3 s apart on one --output, on local disk and on a real S3-protocol server (moto on loopback): the second
 refuses in one line naming the first, and the first completes with its own config and row counts; two pre-training
 jobs on one --storage/--run-name: the second refuses before it opens an MLflow run, and after the first is killed
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import storage
-from pipeline.lease import OUTPUT_LEASE, STALE_ENV
+from pipeline.safe_io.lease import OUTPUT_LEASE, STALE_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "data" / "sample"
@@ -125,7 +125,7 @@ def test_two_pretraining_jobs_on_one_run_name(tiny_pretrain_data, tmp_path, monk
         if first.poll() is None:
             first.kill()
     time.sleep(max(0.0, killed_at + 3.5 - time.time()))
-    with caplog.at_level("WARNING", logger="pipeline.lease"):
+    with caplog.at_level("WARNING", logger="pipeline.safe_io.lease"):
         assert pretrain.main(flags(1)) == 0  # the first job's command again: takes over and resumes
     assert any("took over from host" in r.getMessage() and f"pid {first.pid} " in r.getMessage()
                for r in caplog.records)

@@ -7,7 +7,7 @@ import pytest
 
 from _fault_proxy import FaultProxy
 from pipeline import storage
-from pipeline.publish import resolve
+from pipeline.safe_io.publish import resolve
 
 pytestmark = pytest.mark.timeout(600)
 LINEAGE = "bert_pretrain_run.json"  # names the run: differs between the two runs by design

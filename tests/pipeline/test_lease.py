@@ -1,4 +1,4 @@
-"""The writer lease (pipeline/lease.py) on local disk and on a real S3-protocol server (moto on loopback): one holder
+"""The writer lease (pipeline/safe_io/lease.py) on local disk and on a real S3-protocol server (moto on loopback): one holder
 at a time, a one-line refusal naming the holder, release on exit and on error, heartbeats that keep a live holder,
 and a holder killed with SIGKILL taken over once its heartbeat is older than the stated time."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import storage
-from pipeline.lease import STALE_ENV, Lease, LeaseHeld, holding, lease_url_beside, stale_seconds
+from pipeline.safe_io.lease import STALE_ENV, Lease, LeaseHeld, holding, lease_url_beside, stale_seconds
 
 REPO = str(Path(__file__).resolve().parents[2])
 
@@ -66,7 +66,7 @@ def test_heartbeat_keeps_a_live_holder(where, monkeypatch):
 def test_a_killed_holder_is_taken_over_after_the_stated_time(where, monkeypatch, caplog):
     url, target, ep = where
     monkeypatch.setenv(STALE_ENV, "3")
-    code = ("import sys, time; from pipeline.lease import Lease; "
+    code = ("import sys, time; from pipeline.safe_io.lease import Lease; "
             f"Lease({url!r}, {target!r}, 'dataset build', {ep!r}).acquire(); print('held', flush=True); time.sleep(600)")
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
@@ -77,7 +77,7 @@ def test_a_killed_holder_is_taken_over_after_the_stated_time(where, monkeypatch,
         with pytest.raises(LeaseHeld, match=f"pid {holder.pid} "):  # its last heartbeat is still recent
             Lease(url, target, "dataset build", ep).acquire()
         time.sleep(max(0.0, killed_at + 3.5 - time.time()))
-        with caplog.at_level(logging.WARNING, logger="pipeline.lease"):
+        with caplog.at_level(logging.WARNING, logger="pipeline.safe_io.lease"):
             with holding(url, target, "dataset build", ep) as taker:
                 assert json.loads(storage.read_bytes(url, ep))["token"] == taker.token
         warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

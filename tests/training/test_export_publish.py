@@ -1,4 +1,4 @@
-"""Exports are all-or-nothing (pipeline/publish.py through training/export.py): on local disk and on a real
+"""Exports are all-or-nothing (pipeline/safe_io/publish.py through training/export.py): on local disk and on a real
 S3-protocol server (moto on loopback), an export interrupted part-way leaves the previous complete export readable
 (or nothing, when there was none), never a mix of the two; `from_pretrained(local export)` keeps working."""
 from __future__ import annotations
@@ -10,10 +10,10 @@ import boto3
 import pytest
 import torch
 
-import pipeline.publish
+import pipeline.safe_io.publish
 from bert_core import BertForPreTraining, bert_tiny
 from pipeline import storage
-from pipeline.publish import MARKER, VERSIONS
+from pipeline.safe_io.publish import MARKER, VERSIONS
 from training.export import PRETRAIN_LINEAGE, export_model
 from training.model_fetch import fetch_model
 from tracking.runs import open_run
@@ -57,7 +57,7 @@ def test_a_local_export_killed_mid_swap_leaves_the_previous_one(tmp_path, mlflow
     dest = tmp_path / "bert"
     export_model(first_dir, str(dest), run, PRETRAIN_LINEAGE)
     before = _files(dest)
-    monkeypatch.setattr(pipeline.publish, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(pipeline.safe_io.publish, "_exchange", lambda a, b: False)
     real_rename, renames = os.rename, []
 
     def killed_on_second_rename(src, dst):
@@ -66,10 +66,10 @@ def test_a_local_export_killed_mid_swap_leaves_the_previous_one(tmp_path, mlflow
             raise KeyboardInterrupt("killed between the renames")
         return real_rename(src, dst)
 
-    monkeypatch.setattr(pipeline.publish.os, "rename", killed_on_second_rename)
+    monkeypatch.setattr(pipeline.safe_io.publish.os, "rename", killed_on_second_rename)
     with pytest.raises(KeyboardInterrupt):
         export_model(second_dir, str(dest), run, PRETRAIN_LINEAGE)
-    monkeypatch.setattr(pipeline.publish.os, "rename", real_rename)
+    monkeypatch.setattr(pipeline.safe_io.publish.os, "rename", real_rename)
     assert not dest.exists() and (tmp_path / ".bert.previous").is_dir()  # the window the kill hit
     from training.export import check_destination
 
@@ -84,7 +84,7 @@ def test_a_local_export_uses_an_atomic_exchange_where_there_is_one(tmp_path):
     b.mkdir()
     (a / "f").write_text("a")
     (b / "f").write_text("b")
-    if not pipeline.publish._exchange(a, b):
+    if not pipeline.safe_io.publish._exchange(a, b):
         pytest.skip("this file system has no renameat2(RENAME_EXCHANGE); the rename-aside fallback is tested above")
     assert (a / "f").read_text() == "b" and (b / "f").read_text() == "a"
 

@@ -38,6 +38,7 @@ from typing import Any
 from fsspec.implementations.local import LocalFileSystem
 
 from pipeline import storage
+from pipeline.safe_io.retry import retrying
 
 log = logging.getLogger(__name__)
 
@@ -127,11 +128,11 @@ class Lease:
                     data = f.read(MAX_RECORD_BYTES + 1)
                 etag = None
             else:
-                info = storage.retrying(lambda: self._fs.info(self._path), f"stat {self.url}")
+                info = retrying(lambda: self._fs.info(self._path), f"stat {self.url}")
                 self._fs.invalidate_cache(self._path)
                 if int(info.get("size") or 0) > MAX_RECORD_BYTES:
                     raise ValueError(f"lease {self.url} is {info.get('size')} bytes, not a lease record: delete it")
-                data = storage.retrying(lambda: self._fs.cat_file(self._path), f"read {self.url}")
+                data = retrying(lambda: self._fs.cat_file(self._path), f"read {self.url}")
                 etag = str(info.get("ETag") or info.get("etag") or "").strip('"') or None
         except FileNotFoundError:
             return None
@@ -166,7 +167,7 @@ class Lease:
                 f.write(data)
             return True
         try:
-            out = storage.retrying(lambda: self._fs.pipe_file(self._path, data, mode="create"), f"create {self.url}",
+            out = retrying(lambda: self._fs.pipe_file(self._path, data, mode="create"), f"create {self.url}",
                                    done=lambda: self._is_ours())
         except FileExistsError:
             return False
@@ -192,7 +193,7 @@ class Lease:
             return True
         condition = {"IfMatch": f'"{expected_etag}"'} if expected_etag else {}
         try:
-            out = storage.retrying(lambda: self._fs.pipe_file(self._path, data, **condition), f"renew {self.url}",
+            out = retrying(lambda: self._fs.pipe_file(self._path, data, **condition), f"renew {self.url}",
                                    done=lambda: self._is_ours())
         except OSError as e:  # s3fs: a failed If-Match is OSError(EINVAL, "...pre-conditions ... did not hold")
             if isinstance(e, (FileExistsError, FileNotFoundError)) or "condition" in str(e).lower():
@@ -294,7 +295,7 @@ class Lease:
                 if self._local:
                     os.remove(self._path)
                 else:
-                    storage.retrying(lambda: self._fs.rm_file(self._path), f"delete {self.url}")
+                    retrying(lambda: self._fs.rm_file(self._path), f"delete {self.url}")
         except Exception as e:  # noqa: BLE001 - an unreleased lease goes stale and is taken over: say so, go on
             log.warning("could not release the lease %s (%s); the next writer takes it over after %.0f s", self.url,
                         e, self.stale)

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import storage
+from pipeline.safe_io.names import check_relative_name
+from pipeline.safe_io.retry import retrying
 
 log = logging.getLogger(__name__)
 
@@ -94,14 +96,14 @@ def _new_version() -> str:
 
 def publish_remote(local: Path, url: str, endpoint_url: str | None = None) -> str:
     """Upload the files of ``local`` under a new version of ``url`` and point ``url/export.json`` at it (last).
-    Returns the version. Retries transient faults per file (``storage.retrying``)."""
+    Returns the version. Retries transient faults per file (``retry.retrying``)."""
     fs, root = storage.filesystem_for(url, endpoint_url)
     version = _new_version()
     files = sorted(p for p in local.rglob("*") if p.is_file())
     for p in files:
         name = p.relative_to(local).as_posix()
         dest = storage.join(root, VERSIONS, version, name)
-        storage.retrying(lambda: fs.put_file(str(p), dest), f"upload {name} to {url}")
+        retrying(lambda: fs.put_file(str(p), dest), f"upload {name} to {url}")
     pointer = {"format": FORMAT, "version": version,
                "files": {p.relative_to(local).as_posix(): p.stat().st_size for p in files}}
     storage.write_json_atomic(storage.join(url, MARKER), pointer, endpoint_url)  # one PUT: the switch
@@ -129,13 +131,13 @@ def read_marker(url: str, endpoint_url: str | None = None) -> dict[str, Any] | N
     marker_url = storage.join(url, MARKER)
     fs, path = storage.filesystem_for(marker_url, endpoint_url)
     try:
-        info = storage.retrying(lambda: fs.info(path), f"stat {marker_url}")
+        info = retrying(lambda: fs.info(path), f"stat {marker_url}")
     except FileNotFoundError:
         return None
     if int(info.get("size") or 0) > MAX_MARKER_BYTES:
         raise ValueError(f"{marker_url} is {info.get('size')} bytes (at most {MAX_MARKER_BYTES} expected): not an"
                          " export pointer; re-export to this destination")
-    data = storage.retrying(lambda: fs.cat_file(path), f"read {marker_url}")
+    data = retrying(lambda: fs.cat_file(path), f"read {marker_url}")
     try:
         marker = json.loads(data)
         version, files = marker["version"], marker["files"]
@@ -145,9 +147,9 @@ def read_marker(url: str, endpoint_url: str | None = None) -> dict[str, Any] | N
     if not ok:
         raise ValueError(f"{marker_url} is not an export pointer of this format ({FORMAT}); re-export to this"
                          " destination")
-    storage.check_relative_name(version, marker_url, "version")
+    check_relative_name(version, marker_url, "version")
     for name in files:
-        storage.check_relative_name(name, marker_url, "file")
+        check_relative_name(name, marker_url, "file")
     return marker
 
 
