@@ -110,7 +110,8 @@ def _build(cfg: BuildConfig, executor: Executor | None, on_stage: OnStage | None
     # Everything that can fail cheaply fails here, before any work: inputs, vocab, output, config clashes.
     ignored: list[str] = []
     files = expand_inputs(list(cfg.inputs), ep, skipped=ignored)
-    inputs = [{"path": f.path, "size": f.size, "etag": f.etag, "mtime": f.mtime} for f in files]
+    inputs = [{"path": f.path, "size": f.size, "etag": f.etag, "mtime": f.mtime}
+              | ({"digest": f.digest} if f.digest else {}) for f in files]  # http(s) without ETag: its bytes
     vocab_bytes = None
     if cfg.vocab:
         try:
