@@ -19,6 +19,7 @@ import torch
 
 from pipeline.safe_io.lease import holding, lease_url_beside
 from pipeline.safe_io.publish import publish_remote, recover_local, swap_in_local
+from pipeline.safe_io.untrusted import read_local_bounded
 from pipeline.storage import check_writable, is_url
 from training.guard import safetensors_tensors
 from tracking.runs import Run
@@ -30,6 +31,7 @@ FINETUNE_LINEAGE = "bert_finetune_run.json"
 # How long a finished run waits for another export to the same destination (seconds of uploading, usually) before
 # it refuses: failing would throw away the training it just did.
 EXPORT_WAIT_SECONDS = 600.0
+MAX_LINEAGE_BYTES = 64 << 10  # a lineage file names a run (~150 bytes)
 
 
 def check_destination(dest: str, endpoint_url: str | None = None) -> None:
@@ -82,8 +84,9 @@ def read_lineage(*model_dirs: str | Path, lineage: str = PRETRAIN_LINEAGE) -> di
         if not f.is_file():
             continue
         try:
-            info = json.loads(f.read_text())
-        except json.JSONDecodeError:
+            info = json.loads(read_local_bounded(f, MAX_LINEAGE_BYTES, "lineage file"))
+            info = info if isinstance(info, dict) else {}
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
             log.warning("ignoring unreadable %s", f)
             return None
         if info.get("mlflow_run_id"):

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pipeline.safe_io.names import check_relative_name
+from pipeline.safe_io.untrusted import check_relative_name
 from pipeline.safe_io.publish import resolve
 from pipeline.safe_io.retry import retrying
 from pipeline.storage import filesystem_for, is_url, storage_error

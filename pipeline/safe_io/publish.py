@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import storage
-from pipeline.safe_io.names import check_relative_name
+from pipeline.safe_io.untrusted import check_relative_name
 from pipeline.safe_io.retry import retrying
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,9 @@
-"""Names read from files other people could write (a dataset manifest, an export pointer), confined to the folder
-they are relative to, so that a crafted file cannot make us read or write outside it."""
+"""Reading what other people could write (a dataset manifest, an export pointer, a model's config, a checkpoint's
+state, a workflow's markers): names confined to the folder they are relative to, so that a crafted file cannot make
+us read or write outside it, and sizes bounded, so that it cannot make us read gigabytes into memory."""
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -17,3 +19,13 @@ def check_relative_name(name: Any, where: str, what: str = "file name") -> str:
         raise ValueError(f"{where}: {what} {name!r} is not a relative name inside its folder (absolute paths, '..',"
                          " URL schemes are refused); the file was not written by this tool or was edited: rebuild it")
     return name
+
+
+def read_local_bounded(path: str | os.PathLike, limit: int, what: str = "file") -> bytes:
+    """The bytes of a local file of at most ``limit`` bytes; ValueError naming it when it is larger."""
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{what} {os.fspath(path)} is over {limit} bytes, more than one of ours can be: it was not"
+                         " written by this tool or was tampered with; replace it")
+    return data
