@@ -335,8 +335,8 @@ def write_bytes_atomic(url: str, data: bytes, endpoint_url: str | None = None) -
         with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
-    else:
-        fs.pipe_file(path, data)  # one PUT: atomic on S3/GCS
+    else:  # one PUT: atomic on S3/GCS; the same bytes again after a transient fault
+        retrying(lambda: fs.pipe_file(path, data), f"write {url}")
 
 
 def read_json(url: str, endpoint_url: str | None = None) -> Any:

@@ -160,3 +160,21 @@ def test_old_versions_are_pruned_and_the_pointer_is_checked(tmp_path, mlflow_uri
     s3.put_object(Bucket=bucket, Key=f"m/{MARKER}", Body=json.dumps(pointer).encode())
     with pytest.raises(ValueError, match=r"export.json: file '../../other/secret' is not a relative name"):
         fetch_model(url, tmp_path / "cache", endpoint)
+
+
+def test_an_export_waits_for_another_export_then_refuses_leaving_it_alone(tmp_path, mlflow_uri, monkeypatch):
+    import training.export
+    from pipeline.safe_io.lease import LeaseHeld, holding, lease_url_beside
+
+    run = open_run(mlflow_uri, "export", "r")
+    first, first_dir = _model(tmp_path, 1)
+    _, second_dir = _model(tmp_path, 2)
+    dest = tmp_path / "bert"
+    export_model(first_dir, str(dest), run, PRETRAIN_LINEAGE)
+    before = _files(dest)
+    monkeypatch.setattr(training.export, "EXPORT_WAIT_SECONDS", 3.0)
+    with holding(lease_url_beside(str(dest)), str(dest), "export"):  # another job is publishing there
+        with pytest.raises(LeaseHeld, match=rf"^{dest} is being written by another export \(host .*pid {os.getpid()}"):
+            export_model(second_dir, str(dest), run, PRETRAIN_LINEAGE)
+    assert _files(dest) == before
+    _same_weights(BertForPreTraining.from_pretrained(dest), first)
