@@ -128,8 +128,8 @@ class Lease:
                     data = f.read(MAX_RECORD_BYTES + 1)
                 etag = None
             else:
+                self._fs.invalidate_cache(self._path)  # s3fs may answer from a cached listing: ask the store
                 info = retrying(lambda: self._fs.info(self._path), f"stat {self.url}")
-                self._fs.invalidate_cache(self._path)
                 if int(info.get("size") or 0) > MAX_RECORD_BYTES:
                     raise ValueError(f"lease {self.url} is {info.get('size')} bytes, not a lease record: delete it")
                 data = retrying(lambda: self._fs.cat_file(self._path), f"read {self.url}")
@@ -168,7 +168,7 @@ class Lease:
             return True
         try:
             out = retrying(lambda: self._fs.pipe_file(self._path, data, mode="create"), f"create {self.url}",
-                                   done=lambda: self._is_ours())
+                           done=lambda: self._is_ours())
         except FileExistsError:
             return False
         self._etag = _etag_of(out)
@@ -194,7 +194,7 @@ class Lease:
         condition = {"IfMatch": f'"{expected_etag}"'} if expected_etag else {}
         try:
             out = retrying(lambda: self._fs.pipe_file(self._path, data, **condition), f"renew {self.url}",
-                                   done=lambda: self._is_ours())
+                           done=lambda: self._is_ours())
         except OSError as e:  # s3fs: a failed If-Match is OSError(EINVAL, "...pre-conditions ... did not hold")
             if isinstance(e, (FileExistsError, FileNotFoundError)) or "condition" in str(e).lower():
                 return False
