@@ -153,6 +153,19 @@ def read_marker(url: str, endpoint_url: str | None = None) -> dict[str, Any] | N
     return marker
 
 
+def is_complete(url: str, names: tuple[str, ...] = ("config.json",), endpoint_url: str | None = None) -> bool:
+    """Whether a complete export holding ``names`` is at ``url``: a local folder holding them, or an object-store
+    destination whose pointer names them."""
+    if not storage.is_url(url):
+        folder = url.removeprefix("file://")
+        return all(os.path.isfile(os.path.join(folder, n)) for n in names)
+    try:
+        marker = read_marker(url, endpoint_url)
+    except (ValueError, OSError):
+        return False
+    return marker is not None and all(n in marker["files"] for n in names)
+
+
 def resolve(url: str, endpoint_url: str | None = None) -> tuple[str, dict[str, int]] | None:
     """(the folder URL of the current complete version, {file: size}) of an export at ``url``; None when ``url``
     holds no export pointer. Refuses a destination with versions but no pointer (an interrupted first export)."""

@@ -178,3 +178,18 @@ def test_an_export_waits_for_another_export_then_refuses_leaving_it_alone(tmp_pa
             export_model(second_dir, str(dest), run, PRETRAIN_LINEAGE)
     assert _files(dest) == before
     _same_weights(BertForPreTraining.from_pretrained(dest), first)
+
+
+def test_is_complete_reads_the_pointer_on_s3_and_the_folder_locally(tmp_path, mlflow_uri, s3_bucket):
+    """What the workflow asks before it skips a finished stage (workflows/specs.py)."""
+    from pipeline.safe_io.publish import is_complete
+
+    endpoint, bucket = s3_bucket
+    run = open_run(mlflow_uri, "export", "r")
+    _, model_dir = _model(tmp_path, 1)
+    names = ("config.json", "model.safetensors", PRETRAIN_LINEAGE)
+    assert not is_complete(f"s3://{bucket}/e", names, endpoint) and not is_complete(str(tmp_path / "e"), names)
+    export_model(model_dir, f"s3://{bucket}/e", run, PRETRAIN_LINEAGE, endpoint)
+    export_model(model_dir, str(tmp_path / "e"), run, PRETRAIN_LINEAGE)
+    assert is_complete(f"s3://{bucket}/e", names, endpoint) and is_complete(str(tmp_path / "e"), names)
+    assert not is_complete(f"s3://{bucket}/e", ("tokenizer.json",), endpoint)
