@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.safe_io.untrusted import check_relative_name
-from pipeline.storage import absolute, join, read_bytes
+from pipeline.safe_io.untrusted import check_relative_name, read_bounded
+from pipeline.storage import absolute, join
 
 FORMAT = "bert-pretrain-dataset"
 FORMAT_VERSION = 1
@@ -205,7 +205,7 @@ def manifest_stamps(url: str, endpoint_url: str | None = None) -> tuple[str, lis
     path = join(url, MANIFEST)
     if not exists(path, endpoint_url):
         return None
-    m = json.loads(read_bytes(path, endpoint_url, limit=MAX_MANIFEST_BYTES, what="manifest"))
+    m = json.loads(read_bounded(path, MAX_MANIFEST_BYTES, endpoint_url, "manifest"))
     if not isinstance(m, dict):
         raise ValueError(f"{path} is not a JSON object: not a dataset manifest; use another --output")
     return str(m.get("config_hash")), list(m.get("inputs", []))
@@ -256,14 +256,14 @@ def read_manifest(url: str, endpoint_url: str | None = None) -> Manifest:
         folder = folder[: -len(MANIFEST)].rstrip("/")
     path = join(folder, MANIFEST)
     try:
-        m = json.loads(read_bytes(path, endpoint_url, limit=MAX_MANIFEST_BYTES, what="manifest"))
+        m = json.loads(read_bounded(path, MAX_MANIFEST_BYTES, endpoint_url, "manifest"))
     except FileNotFoundError as e:
         raise ValueError(f"{path} not found: the dataset is missing or its build did not finish") from e
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not valid JSON ({e}): the dataset is damaged; rebuild it") from e
     validate_manifest(m, path)
-    vocab_text = read_bytes(join(folder, m["vocab"]["file"]), endpoint_url, limit=MAX_VOCAB_BYTES,
-                            what="vocabulary").decode("utf-8")
+    vocab_text = read_bounded(join(folder, m["vocab"]["file"]), MAX_VOCAB_BYTES, endpoint_url,
+                              "vocabulary").decode("utf-8")
     if sum(s["rows"] for s in m["shards"]) == 0:
         raise ValueError(f"{path} lists no rows: rebuild the dataset from a larger corpus")
     return parse_manifest(m, folder, vocab_text, path)

@@ -311,19 +311,10 @@ def exists(url: str, endpoint_url: str | None = None) -> bool:
     return fs.exists(path)
 
 
-def read_bytes(url: str, endpoint_url: str | None = None, limit: int | None = None, what: str = "file") -> bytes:
-    """The bytes at ``url``, read again after a transient fault. ``limit``: refuse (ValueError naming the file) a
-    file larger than that, before reading it: for files other people could write (configs, manifests, records)."""
+def read_bytes(url: str, endpoint_url: str | None = None) -> bytes:
+    """The bytes at ``url``, read again after a transient fault (bounded: ``safe_io.untrusted.read_bounded``)."""
     fs, path = filesystem_for(url, endpoint_url)
-    if limit is not None:
-        size = int(retrying(lambda: fs.info(path), f"stat {url}").get("size") or 0)
-        if size > limit:
-            raise ValueError(f"{what} {url} is {size} bytes, more than the {limit} a {what} can be: it is not one"
-                             " of ours or was tampered with; replace it")
-    data = retrying(lambda: fs.cat_file(path), f"read {url}")
-    if limit is not None and len(data) > limit:  # it grew between the two calls
-        raise ValueError(f"{what} {url} is over {limit} bytes: it is not one of ours or was tampered with; replace it")
-    return data
+    return retrying(lambda: fs.cat_file(path), f"read {url}")
 
 
 def write_bytes_atomic(url: str, data: bytes, endpoint_url: str | None = None) -> None:

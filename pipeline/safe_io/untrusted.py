@@ -7,6 +7,9 @@ import os
 import re
 from typing import Any
 
+from pipeline import storage
+from pipeline.safe_io.retry import retrying
+
 
 def check_relative_name(name: Any, where: str, what: str = "file name") -> str:
     """``name`` (read from a file other people could write: a manifest, an export pointer) as a plain relative
@@ -28,4 +31,18 @@ def read_local_bounded(path: str | os.PathLike, limit: int, what: str = "file") 
     if len(data) > limit:
         raise ValueError(f"{what} {os.fspath(path)} is over {limit} bytes, more than one of ours can be: it was not"
                          " written by this tool or was tampered with; replace it")
+    return data
+
+
+def read_bounded(url: str, limit: int, endpoint_url: str | None = None, what: str = "file") -> bytes:
+    """The bytes at ``url`` (local or remote) when it holds at most ``limit``; refused (ValueError naming the file)
+    before reading otherwise."""
+    fs, path = storage.filesystem_for(url, endpoint_url)
+    size = int(retrying(lambda: fs.info(path), f"stat {url}").get("size") or 0)
+    if size > limit:
+        raise ValueError(f"{what} {url} is {size} bytes, more than the {limit} a {what} can be: it is not one of ours"
+                         " or was tampered with; replace it")
+    data = retrying(lambda: fs.cat_file(path), f"read {url}")
+    if len(data) > limit:  # it grew between the two calls
+        raise ValueError(f"{what} {url} is over {limit} bytes: it is not one of ours or was tampered with; replace it")
     return data
