@@ -1,6 +1,7 @@
-"""Object-storage faults survived (pipeline/storage.py's retry policy and wrapper): a dataset build writing to a real
+"""Object-storage faults survived (pipeline/safe_io/retry.py's policy and wrapper): a dataset build writing to a real
 S3-protocol server (moto on loopback) through a fault-injecting proxy (tests/_fault_proxy.py: 503 SlowDown on every
-fifth request, the connection dropped mid-answer on every ninth) completes with the same bytes as a fault-free one."""
+fifth request, the connection dropped mid-answer on every ninth) completes with the same bytes as a fault-free one,
+in the plain loop and on Ray Data (whose workers make the steps' requests)."""
 from __future__ import annotations
 
 import pytest
@@ -26,11 +27,21 @@ def _listing(url: str, endpoint: str) -> dict[str, bytes]:
     return {p[len(root):]: fs.cat_file(p) for p in fs.find(root)}
 
 
-def test_a_build_through_faults_gives_the_same_bytes(s3_bucket, sample_dir):
+@pytest.mark.parametrize("engine", ["loop", "ray-data"])
+def test_a_build_through_faults_gives_the_same_bytes(s3_bucket, sample_dir, engine, request):
     endpoint, bucket = s3_bucket
-    clean = build(_config(sample_dir, f"s3://{bucket}/clean", endpoint))
+
+    def executor():
+        if engine == "loop":
+            return None  # the plain loop in this process
+        request.getfixturevalue("ray_local")
+        from pipeline.build.ray_data import RayDataExecutor
+
+        return RayDataExecutor(num_cpus=2)  # the steps' S3 requests come from Ray's worker processes
+
+    clean = build(_config(sample_dir, f"s3://{bucket}/clean", endpoint), executor())
     with FaultProxy(endpoint) as proxy:
-        faulty = build(_config(sample_dir, f"s3://{bucket}/faulty", proxy.url))
+        faulty = build(_config(sample_dir, f"s3://{bucket}/faulty", proxy.url), executor())
     assert proxy.counts["slowdown"] >= 3 and proxy.counts["dropped"] >= 2, proxy.counts
     for key in ("config", "config_hash", "shard_rows", "totals", "seq_len_histogram"):
         assert getattr(faulty, key) == getattr(clean, key), key
