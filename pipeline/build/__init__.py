@@ -121,8 +121,8 @@ def _build(cfg: BuildConfig, executor: Executor | None, on_stage: OnStage | None
                              " one on the input") from e
     ident = cfg.identity() | {"vocab_sha256": hashlib.sha256(vocab_bytes).hexdigest() if vocab_bytes else None}
     chash = config_hash(ident)
+    hold()  # before the first write (the probe, a finished build's _work clean-up, check_state's wipe)
     check_writable(out, ep)
-    hold()  # before the first write (a finished build's _work clean-up, check_state's wipe): refused if not ours
     if finished(cfg, chash, inputs):
         return read_manifest(out, ep)
     check_state(cfg, chash, inputs)

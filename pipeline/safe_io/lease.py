@@ -205,6 +205,16 @@ class Lease:
     # ---- acquire, heartbeat, release -----------------------------------------------------------------------------
 
     def acquire(self) -> Lease:
+        """Take the lease, or raise LeaseHeld (one line: who holds it, what to do); a store that refuses us (a
+        missing bucket, credentials) is a ValueError naming the URL and the usual fix."""
+        try:
+            return self._acquire()
+        except (ValueError, KeyboardInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001 - botocore/aiohttp/OS errors: name the URL and the fix
+            raise storage.storage_error(self.target, e, "write to") from e
+
+    def _acquire(self) -> Lease:
         for _ in range(3):  # a holder may release between our create and our read: look again
             if self._create():
                 if not self._local:
