@@ -24,7 +24,7 @@ S3_RETRIES = {"max_attempts": 10, "mode": "standard"}
 RETRY_ATTEMPTS = 6  # our wrapper's tries of one whole operation, each already retried by botocore
 RETRY_BASE_SECONDS = 0.25
 RETRY_MAX_SECONDS = 8.0
-_TRANSIENT = ("slowdown", "reduce your request rate", "serviceunavailable", "service unavailable", "internalerror",
+_FAULT_WORDS = ("slowdown", "reduce your request rate", "serviceunavailable", "service unavailable", "internalerror",
               "requesttimeout", "connection reset", "connection was closed", "server disconnected",
               "connection aborted", "incompleteread", "incomplete read", "response ended prematurely",
               "remotedisconnected", "broken pipe", "timed out", "payload", "content-length", "503", "500 ", "502",
@@ -50,7 +50,7 @@ def is_transient(e: BaseException) -> bool:
     text = f"{type(e).__name__} {e}".lower()
     if "condition" in text or "accessdenied" in text or "nosuchkey" in text or "nosuchbucket" in text:
         return False
-    return any(t in text for t in _TRANSIENT)
+    return any(t in text for t in _FAULT_WORDS)
 
 
 def retrying(fn: Callable[[], T], doing: str, done: Callable[[], bool] | None = None,
