@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+MAX_CONFIG_BYTES = 1 << 20  # a config.json is ~1 KB; a model folder may be anyone's, so more is refused unread
+
 logger = logging.getLogger(__name__)
 
 # Activations we implement, by HF name. "gelu" is the exact erf form (the original BERT), the others the tanh one.
@@ -160,9 +162,15 @@ class BertConfig:
     def from_json_file(cls, path: str | Path, **overrides: Any) -> "BertConfig":
         path = Path(path)
         try:
-            d = json.loads(path.read_text())
+            with open(path, "rb") as f:
+                data = f.read(MAX_CONFIG_BYTES + 1)
+            if len(data) > MAX_CONFIG_BYTES:
+                raise ValueError(f"{path} is over {MAX_CONFIG_BYTES} bytes: not a BERT config.json (those are ~1 KB)")
+            d = json.loads(data)
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"cannot read a BERT config from {path}: {e}") from e
+        if not isinstance(d, dict):
+            raise ValueError(f"cannot read a BERT config from {path}: not a JSON object")
         return cls.from_dict(d, **overrides)
 
 

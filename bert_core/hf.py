@@ -91,6 +91,23 @@ def resolve_model_dir(path: str | Path) -> Path:
                      f"or a checkpoint directory with a model/ subfolder. Found: {sorted(p.name for p in path.iterdir())}")
 
 
+MAX_INDEX_BYTES = 64 << 20  # a sharded model's index names each tensor once: a few MB for the largest models
+
+
+def _index_shards(index: Path) -> list[str]:
+    """The shard files an index names, each a plain file name beside it (the index may be anyone's: a name that
+    leaves the folder, such as "../x" or "/etc/x", is refused)."""
+    with open(index, "rb") as f:
+        data = f.read(MAX_INDEX_BYTES + 1)
+    if len(data) > MAX_INDEX_BYTES:
+        raise ValueError(f"{index} is over {MAX_INDEX_BYTES} bytes: not a weight index")
+    names = json.loads(data).get("weight_map", {}).values()
+    bad = [n for n in names if not isinstance(n, str) or not n or "/" in n or "\\" in n or n in (".", "..")]
+    if bad:
+        raise ValueError(f"{index}: shard file {bad[0]!r} is not a file name beside the index; refusing to read it")
+    return list(names)
+
+
 def _load_bin(path: Path) -> dict[str, torch.Tensor]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
@@ -106,7 +123,7 @@ def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     for index_name, loader in (("model.safetensors.index.json", load_file), ("pytorch_model.bin.index.json", _load_bin)):
         index = model_dir / index_name
         if index.is_file():
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            shards = sorted(set(_index_shards(index)))
             sd: dict[str, torch.Tensor] = {}
             for shard in shards:
                 sd.update(loader(model_dir / shard))

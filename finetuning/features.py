@@ -18,10 +18,12 @@ from tokenizers import Tokenizer
 
 from bert_core.losses import IGNORE_INDEX  # the label the loss skips (not the first piece of a word)
 from finetuning.examples import LabelMap, SequenceExample, TaggingExample
+from pipeline.safe_io.untrusted import read_local_bounded
 from pipeline.tokenize import build_tokenizer, read_vocab
 
 log = logging.getLogger(__name__)
 
+MAX_TOKENIZER_CONFIG_BYTES = 1 << 20  # a tokenizer_config.json is ~1 KB; a model folder may be anyone's
 
 
 class TaskTokenizer:
@@ -50,7 +52,8 @@ class TaskTokenizer:
         do_lower_case = True
         cfg = model_dir / "tokenizer_config.json"
         if cfg.is_file():
-            do_lower_case = bool(json.loads(cfg.read_text()).get("do_lower_case", True))
+            settings = json.loads(read_local_bounded(cfg, MAX_TOKENIZER_CONFIG_BYTES, "tokenizer config"))
+            do_lower_case = bool(settings.get("do_lower_case", True)) if isinstance(settings, dict) else True
         return cls(vocab, do_lower_case)
 
     def encode(self, texts: list[str]) -> list[list[int]]:

@@ -92,20 +92,26 @@ def run_finetuning(job: FinetuneJob) -> FinetuneResult:
     parent, tags = _parent_and_tags(job)
     params = {**{k: v for k, v in job.flags.items() if v is not None}, **flatten_params(config),
               **_facts(job, prepared)}
-    run = open_run(job.tracking_uri, job.experiment, launch.name, params=params, tags=tags, parent_run_id=parent)
+    remove = not job.keep_checkpoints and not is_url(launch.storage)
     try:
-        with run.ending():
-            with launcher.run(fit, config, launch, inputs=prepared,
-                              tracking=RunRef(job.tracking_uri, run.run_id, launch.name)) as best:
-                metrics = json.loads((best / BEST_METRICS_FILE).read_text())
-                export_model(best / MODEL_DIR, job.output, run, FINETUNE_LINEAGE, launch.endpoint_url)
-            final = {k.removeprefix("eval_"): v for k, v in metrics.items() if k.startswith("eval_")}
-            final.update(best_epoch=int(metrics["epoch"]), job_seconds=round(time.perf_counter() - t0, 1))
-            run.log_metrics({f"final_{k}": v for k, v in final.items()})
-            run.set_tags({"model_output": job.output})
+        with launch.writer_lease("fine-tuning run"):  # one job writes this run's checkpoints (and removes them)
+            run = open_run(job.tracking_uri, job.experiment, launch.name, params=params, tags=tags,
+                           parent_run_id=parent)
+            try:
+                with run.ending():
+                    with launcher.run(fit, config, launch, inputs=prepared,
+                                      tracking=RunRef(job.tracking_uri, run.run_id, launch.name)) as best:
+                        metrics = json.loads((best / BEST_METRICS_FILE).read_text())
+                        export_model(best / MODEL_DIR, job.output, run, FINETUNE_LINEAGE, launch.endpoint_url)
+                    final = {k.removeprefix("eval_"): v for k, v in metrics.items() if k.startswith("eval_")}
+                    final.update(best_epoch=int(metrics["epoch"]), job_seconds=round(time.perf_counter() - t0, 1))
+                    run.log_metrics({f"final_{k}": v for k, v in final.items()})
+                    run.set_tags({"model_output": job.output})
+            finally:
+                if remove:
+                    shutil.rmtree(Path(launch.storage) / launch.name, ignore_errors=True)
     finally:
-        if not job.keep_checkpoints and not is_url(launch.storage):
-            shutil.rmtree(Path(launch.storage) / launch.name, ignore_errors=True)
+        if remove:
             with contextlib.suppress(OSError):  # the folder of our default storage, when no other run uses it
                 Path(launch.storage).rmdir()
     log.info("best model (epoch %d) exported to %s; MLflow run %s", final["best_epoch"], job.output, run.run_id)

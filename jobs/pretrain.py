@@ -15,8 +15,9 @@ The micro-batch is sized to the workers' memory (`pretraining.memory`); a diverg
 line naming the step and what to try, its MLflow run FAILED (`training.guard`).
 Fault tolerance: checkpoints go to STORAGE/RUN_NAME every `--checkpoint-every` steps (the last `--keep-checkpoints`
 kept). A dead worker makes Ray Train restart the group from the last checkpoint (`--max-failures`); running the same
-command again with the same `--run-name` resumes from there too, into the same MLflow run (found by its
-`bert.run_name` tag). The data position is part of the checkpoint, so the resumed run sees the same batches.
+command again with the same `--storage` and `--run-name` resumes from there too, into the same MLflow run (found by
+its `bert.run_checkpoints` tag). The data position is part of the checkpoint, so the resumed run sees the same
+batches. One job per storage and run name: a second one refuses, naming the first (pipeline/safe_io/lease.py).
 
 Data: each rank reads its own deterministic part of the balanced shards in a background thread
 (`pretraining.loader`): ranks stay exactly equal, the data position is a number, and no Ray CPU slot is needed (no

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.storage import absolute, join, read_bytes, read_json
+from pipeline.safe_io.untrusted import check_relative_name, read_bounded
+from pipeline.storage import absolute, join
 
 FORMAT = "bert-pretrain-dataset"
 FORMAT_VERSION = 1
@@ -25,6 +26,11 @@ VOCAB_FILE = "vocab.txt"
 SHARDS_DIR = "shards"
 WORK_DIR = "_work"
 UINT16_MAX_VOCAB = 65536  # ids 0..65535 fit uint16
+
+# A manifest or a vocabulary past these was not written by the build (a manifest of 100,000 shards is ~10 MB, the
+# largest BERT vocabularies ~1 MB): refused before it is read, since a dataset folder may be anyone's.
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_VOCAB_BYTES = 64 << 20
 
 REQUIRED_MANIFEST_KEYS = ("format", "format_version", "config", "config_hash", "vocab", "token_dtype",
                           "max_seq_length", "inputs", "shards", "totals", "seq_len_histogram")
@@ -70,11 +76,20 @@ def config_hash(config: dict[str, Any]) -> str:
 
 def validate_manifest(m: dict[str, Any], where: str = "manifest") -> dict[str, Any]:
     """Check the keys and the invariants consumers rely on; raises ValueError saying what is wrong."""
+    if not isinstance(m, dict):
+        raise ValueError(f"{where} is not a JSON object: not a dataset manifest; rebuild it with jobs/build_dataset.py")
     missing = [k for k in REQUIRED_MANIFEST_KEYS if k not in m]
     if missing:
         raise ValueError(f"{where} lacks {missing}: not a complete dataset; rebuild it with jobs/build_dataset.py")
     if m["format"] != FORMAT or m["format_version"] != FORMAT_VERSION:
         raise ValueError(f"{where}: format {m['format']!r} v{m['format_version']} is not {FORMAT!r} v{FORMAT_VERSION}")
+    if not isinstance(m["shards"], list) or not all(isinstance(s, dict) and isinstance(s.get("rows"), int)
+                                                    for s in m["shards"]):
+        raise ValueError(f"{where}: 'shards' must be a list of {{file, rows}}; rebuild it with jobs/build_dataset.py")
+    # The names are joined to the dataset's folder and read by every worker: each must stay inside the folder.
+    for s in m["shards"]:
+        check_relative_name(s.get("file"), where, "shard file")
+    check_relative_name(m["vocab"].get("file") if isinstance(m["vocab"], dict) else None, where, "vocab file")
     rows = [s["rows"] for s in m["shards"]]
     if not rows or max(rows) - min(rows) > 1:
         raise ValueError(f"{where}: shards are not balanced (rows {min(rows or [0])}..{max(rows or [0])})")
@@ -190,7 +205,9 @@ def manifest_stamps(url: str, endpoint_url: str | None = None) -> tuple[str, lis
     path = join(url, MANIFEST)
     if not exists(path, endpoint_url):
         return None
-    m = read_json(path, endpoint_url)
+    m = json.loads(read_bounded(path, MAX_MANIFEST_BYTES, endpoint_url, "manifest"))
+    if not isinstance(m, dict):
+        raise ValueError(f"{path} is not a JSON object: not a dataset manifest; use another --output")
     return str(m.get("config_hash")), list(m.get("inputs", []))
 
 
@@ -239,11 +256,14 @@ def read_manifest(url: str, endpoint_url: str | None = None) -> Manifest:
         folder = folder[: -len(MANIFEST)].rstrip("/")
     path = join(folder, MANIFEST)
     try:
-        m = read_json(path, endpoint_url)
+        m = json.loads(read_bounded(path, MAX_MANIFEST_BYTES, endpoint_url, "manifest"))
     except FileNotFoundError as e:
         raise ValueError(f"{path} not found: the dataset is missing or its build did not finish") from e
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}): the dataset is damaged; rebuild it") from e
     validate_manifest(m, path)
-    vocab_text = read_bytes(join(folder, m["vocab"]["file"]), endpoint_url).decode("utf-8")
+    vocab_text = read_bounded(join(folder, m["vocab"]["file"]), MAX_VOCAB_BYTES, endpoint_url,
+                              "vocabulary").decode("utf-8")
     if sum(s["rows"] for s in m["shards"]) == 0:
         raise ValueError(f"{path} lists no rows: rebuild the dataset from a larger corpus")
     return parse_manifest(m, folder, vocab_text, path)

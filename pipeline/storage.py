@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -25,6 +26,8 @@ from typing import IO, Any, TypeVar
 import fsspec
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
+
+from pipeline.safe_io.retry import retrying, s3_options
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -47,6 +50,7 @@ class FileInfo:
     size: int
     etag: str | None = None
     mtime: str | None = None
+    digest: str | None = None  # "sha256:<hex>" of an http(s) input whose server sends no (strong) ETag
 
 
 def protocol_of(url: str) -> str:
@@ -65,8 +69,8 @@ def absolute(path: str) -> str:
 
 
 def storage_options(url: str, endpoint_url: str | None = None) -> dict[str, Any]:
-    if protocol_of(url) in ("s3", "s3a") and endpoint_url:
-        return {"endpoint_url": endpoint_url}
+    if protocol_of(url) in ("s3", "s3a"):
+        return s3_options(endpoint_url)
     return {}
 
 
@@ -130,9 +134,10 @@ def storage_error(url: str, e: BaseException, doing: str) -> ValueError:
 
 def _stamp(info: dict) -> tuple[str | None, str | None]:
     etag = info.get("ETag") or info.get("etag") or info.get("md5Hash")
-    mtime = info.get("LastModified") or info.get("mtime") or info.get("updated") or info.get("last_modified")
+    mtime = (info.get("LastModified") or info.get("mtime") or info.get("updated") or info.get("last_modified")
+             or info.get("Last-Modified"))
     if isinstance(etag, str):
-        etag = etag.strip('"')
+        etag = None if etag.startswith("W/") else etag.strip('"')  # a weak ETag does not promise the same bytes
     if mtime is not None and not isinstance(mtime, str):
         mtime = mtime.isoformat() if hasattr(mtime, "isoformat") else str(mtime)
     return etag, mtime
@@ -262,7 +267,30 @@ def expand_inputs(urls: list[str], endpoint_url: str | None = None,
         keys.add(key)
         etag, mtime = _stamp(info)
         found.append(FileInfo(path=full, key=key, size=int(info.get("size") or 0), etag=etag, mtime=mtime))
+    # An http(s) server without a strong ETag gives nothing that changes with every edit (Last-Modified has
+    # 1-second steps and may be absent; the size stays for a same-size edit): the bytes identify the file then. It
+    # costs one extra download of such an input per run; servers that send an ETag cost nothing.
+    unidentified = [i for i, f in enumerate(found) if protocol_of(f.path) in ("http", "https") and not f.etag]
+    digests = map_threads(lambda i: content_digest(found[i].path, endpoint_url), unidentified)
+    for i, digest in zip(unidentified, digests):
+        found[i] = dataclasses.replace(found[i], digest=digest)
     return sorted(found, key=lambda f: f.path)
+
+
+DIGEST_CHUNK = 1 << 20
+
+
+def content_digest(url: str, endpoint_url: str | None = None) -> str:
+    """``sha256:<hex>`` of the bytes at ``url`` (streamed, not held in memory)."""
+    fs, path = filesystem_for(url, endpoint_url)
+    h = hashlib.sha256()
+    try:
+        with fs.open(path, "rb", block_size=DIGEST_CHUNK) as f:
+            while chunk := f.read(DIGEST_CHUNK):
+                h.update(chunk)
+    except Exception as e:  # noqa: BLE001 - name the input and the fix, whatever the transport raised
+        raise storage_error(url, e, "read input") from e
+    return "sha256:" + h.hexdigest()
 
 
 def check_writable(url: str, endpoint_url: str | None = None) -> None:
@@ -284,8 +312,9 @@ def exists(url: str, endpoint_url: str | None = None) -> bool:
 
 
 def read_bytes(url: str, endpoint_url: str | None = None) -> bytes:
+    """The bytes at ``url``, read again after a transient fault (bounded: ``safe_io.untrusted.read_bounded``)."""
     fs, path = filesystem_for(url, endpoint_url)
-    return fs.cat_file(path)
+    return retrying(lambda: fs.cat_file(path), f"read {url}")
 
 
 def write_bytes_atomic(url: str, data: bytes, endpoint_url: str | None = None) -> None:
@@ -297,8 +326,8 @@ def write_bytes_atomic(url: str, data: bytes, endpoint_url: str | None = None) -
         with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
-    else:
-        fs.pipe_file(path, data)  # one PUT: atomic on S3/GCS
+    else:  # one PUT: atomic on S3/GCS; the same bytes again after a transient fault
+        retrying(lambda: fs.pipe_file(path, data), f"write {url}")
 
 
 def read_json(url: str, endpoint_url: str | None = None) -> Any:

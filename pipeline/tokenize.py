@@ -37,6 +37,7 @@ from tokenizers.trainers import WordPieceTrainer
 
 from pipeline.masking import VocabInfo
 from pipeline.ragged import ragged_indices
+from pipeline.safe_io.untrusted import read_local_bounded
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,8 @@ MAX_INPUT_CHARS_PER_WORD = 200
 _SAFE_PUNCTUATION = "\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f\u2013\u2014\u2015\u2026\u00ab\u00bb\u2039\u203a\u2022"
 _NEEDS_NORMALIZER = re.compile(f"[^\t\n\r\x20-\x7e{_SAFE_PUNCTUATION}]")
 _WORD_CACHE_MAX = 500_000  # distinct whitespace-delimited chunks remembered per encoder (~60 MB at most)
-
+MAX_VOCAB_BYTES = 64 << 20  # the largest BERT vocabularies are ~1 MB; more was not written as one (a model folder's
+#                             vocab.txt may be anyone's)
 
 
 def _needs_normalizer(sentences: list[str]) -> np.ndarray:
@@ -63,10 +65,11 @@ def _needs_normalizer(sentences: list[str]) -> np.ndarray:
 
 
 def read_vocab(path: str | Path) -> list[str]:
-    """Vocabulary tokens in id order from a BERT ``vocab.txt`` (one token per line)."""
-    with open(path, encoding="utf-8") as f:
-        # rstrip("\n") only: the reference keeps other whitespace-free tokens verbatim; a blank line is an error.
-        tokens = [line.rstrip("\r\n") for line in f]
+    """Vocabulary tokens in id order from a BERT ``vocab.txt`` (one token per line), at most MAX_VOCAB_BYTES
+    (a model folder's vocabulary may be anyone's)."""
+    text = read_local_bounded(path, MAX_VOCAB_BYTES, "vocabulary file").decode("utf-8")
+    # rstrip("\n") only: the reference keeps other whitespace-free tokens verbatim; a blank line is an error.
+    tokens = [line.rstrip("\r") for line in text.split("\n")]
     while tokens and tokens[-1] == "":
         tokens.pop()
     if not tokens:

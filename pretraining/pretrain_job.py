@@ -1,9 +1,11 @@
 """One pre-training job, as `jobs/pretrain.py` and the workflow run it: check where it will write, open (or resume)
 its MLflow run, launch the training (Ray Train workers, or this process), export the final model, end the run.
 
-The run is found again by its name (the `bert.run_name` tag): running the same job again with the same run name
-resumes from its last checkpoint into the same MLflow run. Its params are the command line as given plus the
-flattened `PretrainConfig` (the one `asdict` the checkpoints hold too).
+The run is found again by its checkpoint folder (`--storage`/`--run-name`, the `bert.run_checkpoints` tag): running
+the same job again with the same storage and run name resumes from its last checkpoint into the same MLflow run.
+One job at a time: the folder's writer lease (pipeline/safe_io/lease.py) is held from before that lookup until the run ends.
+Its params are the command line as given plus the flattened `PretrainConfig` (the one `asdict` the checkpoints hold
+too).
 """
 from __future__ import annotations
 
@@ -26,6 +28,11 @@ from tracking.params import flatten_params
 from tracking.datasets import log_dataset
 
 log = logging.getLogger(__name__)
+
+# The tag a rerun finds its MLflow run by: the run's checkpoint folder (`<storage>/<run-name>`, made absolute), the
+# thing its writer lease covers. Not the run name alone: two jobs with one --run-name and different --storage are
+# two runs, and the second must not write into the first's MLflow run.
+RUN_KEY_TAG = "bert.run_checkpoints"
 
 # The figures a finished job reports on its last line (and the workflow puts on its summary).
 KEY_METRICS = ("loss", "mlm_accuracy", "nsp_accuracy", "eval_loss", "eval_mlm_accuracy", "eval_nsp_accuracy",
@@ -66,8 +73,8 @@ def params_of(job: PretrainJob) -> dict[str, Any]:
 
 def tags_of(job: PretrainJob, checkpoints: str) -> dict[str, str]:
     train, ev, init = job.config.data.train, job.config.eval, job.config.model.init
-    tags = {RUN_NAME_TAG: job.launch.name, "job": "pretrain", "dataset.url": train.url,
-            "dataset.manifest_sha256": train.sha256, "dataset.config_hash": train.config_hash,
+    tags = {RUN_NAME_TAG: job.launch.name, RUN_KEY_TAG: job.launch.run_url, "job": "pretrain",
+            "dataset.url": train.url, "dataset.manifest_sha256": train.sha256, "dataset.config_hash": train.config_hash,
             "dataset.vocab_sha256": train.vocab.sha256, "storage": checkpoints}
     if ev is not None:
         tags.update({"eval_dataset.url": ev.data.url, "eval_dataset.manifest_sha256": ev.data.sha256})
@@ -101,12 +108,15 @@ def run_pretraining(job: PretrainJob) -> JobResult:
         check_destination(job.export, job.launch.endpoint_url)  # a missing bucket fails now, not after training
     launch = job.launch
     checkpoints = str(launch.local_directory) if launch.no_ray else f"{launch.storage.rstrip('/')}/{launch.name}"
-    run = open_run(job.tracking_uri, job.experiment, launch.name, params=params_of(job),
-                   tags=tags_of(job, checkpoints), parent_run_id=job.parent_run_id, resume_by=RUN_NAME_TAG)
-    with run.ending():
-        log_inputs(job, run.run_id)
-        with launcher.run(fit, job.config, launch,
-                          tracking=RunRef(job.tracking_uri, run.run_id, launch.name)) as final_checkpoint:
-            export_model(final_checkpoint / MODEL_DIR, job.export, run, PRETRAIN_LINEAGE, job.launch.endpoint_url)
+    # One job per run folder (storage and run name): its lease is held from before the run is looked up (a second
+    # job would find and write into this job's MLflow run) until the run has ended.
+    with launch.writer_lease("pre-training run"):
+        run = open_run(job.tracking_uri, job.experiment, launch.name, params=params_of(job),
+                       tags=tags_of(job, checkpoints), parent_run_id=job.parent_run_id, resume_by=RUN_KEY_TAG)
+        with run.ending():
+            log_inputs(job, run.run_id)
+            with launcher.run(fit, job.config, launch,
+                              tracking=RunRef(job.tracking_uri, run.run_id, launch.name)) as final_checkpoint:
+                export_model(final_checkpoint / MODEL_DIR, job.export, run, PRETRAIN_LINEAGE, launch.endpoint_url)
     metrics = run_metrics(job.tracking_uri, run.run_id)
     return JobResult(run.run_id, checkpoints, job.export, {k: metrics[k] for k in KEY_METRICS if k in metrics})

@@ -22,6 +22,7 @@ from typing import Iterator
 
 import torch
 
+from pipeline.safe_io.untrusted import read_local_bounded
 from training.guard import model_and_optimizer_tensors, nonfinite_tensors
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,9 @@ TRAIN_STATE_TENSORS = "train_state.safetensors"
 TRAIN_STATE_JSON = "train_state.json"
 MODEL_DIR = "model"
 PREFIX = "checkpoint-"
+# train_state.json holds param groups, scalars and the config (KBs); a checkpoint folder may be anyone's, so a file
+# past this is refused unread.
+MAX_TRAIN_STATE_JSON_BYTES = 64 << 20
 
 
 def checkpoint_name(step: int) -> str:
@@ -66,7 +70,7 @@ def load_train_state(directory, optimizer: torch.optim.Optimizer | None = None, 
     from safetensors.torch import load_file
 
     directory = Path(directory)
-    meta = json.loads((directory / TRAIN_STATE_JSON).read_text())
+    meta = json.loads(read_local_bounded(directory / TRAIN_STATE_JSON, MAX_TRAIN_STATE_JSON_BYTES, "train state"))
     if optimizer is not None:
         saved = meta["optimizer"]
         if saved["class"] != type(optimizer).__name__:

@@ -2,8 +2,10 @@
 asked (a local folder, or any fsspec URL such as s3://bucket/models/name), with a lineage file that names the run.
 
 A later stage reads the lineage file beside the weights it starts from (`read_lineage`) to link its own run to
-the one that made them. Publishing never shows half a model: a local export is staged beside its destination and
-renamed into place; an upload writes config.json last.
+the one that made them. Publishing is all-or-nothing (pipeline/safe_io/publish.py): a local export is staged beside its
+destination and swapped in by renames; an upload goes under a new version prefix and `export.json`, written last,
+points readers at it. One export writes a destination at a time: it holds the destination's lease
+(`<destination>.lease.json`, pipeline/safe_io/lease.py) while it publishes.
 """
 from __future__ import annotations
 
@@ -15,7 +17,10 @@ from pathlib import Path
 
 import torch
 
-from pipeline.storage import check_writable, is_url, upload_tree
+from pipeline.safe_io.lease import holding, lease_url_beside
+from pipeline.safe_io.publish import publish_remote, recover_local, swap_in_local
+from pipeline.safe_io.untrusted import read_local_bounded
+from pipeline.storage import check_writable, is_url
 from training.guard import safetensors_tensors
 from tracking.runs import Run
 
@@ -23,6 +28,10 @@ log = logging.getLogger(__name__)
 
 PRETRAIN_LINEAGE = "bert_pretrain_run.json"
 FINETUNE_LINEAGE = "bert_finetune_run.json"
+# How long a finished run waits for another export to the same destination (seconds of uploading, usually) before
+# it refuses: failing would throw away the training it just did.
+EXPORT_WAIT_SECONDS = 600.0
+MAX_LINEAGE_BYTES = 64 << 10  # a lineage file names a run (~150 bytes)
 
 
 def check_destination(dest: str, endpoint_url: str | None = None) -> None:
@@ -31,6 +40,7 @@ def check_destination(dest: str, endpoint_url: str | None = None) -> None:
         check_writable(dest, endpoint_url)
         return
     target = Path(dest.removeprefix("file://"))
+    recover_local(target.resolve())
     if target.is_file() or (target.is_dir() and any(target.iterdir()) and not (target / "config.json").is_file()):
         raise ValueError(f"{dest} exists and holds something other than a model (an export replaces it): "
                          "choose a new directory")
@@ -55,12 +65,13 @@ def export_model(model_dir: Path, dest: str | None, run: Run, lineage: str,
         (staged / lineage).write_text(json.dumps({"mlflow_run_id": run.run_id,
                                                   "tracking_uri": run.tracking_uri}) + "\n")
         run.log_artifacts(staged, artifact_path="model")
-        if target is not None:
-            if target.exists():
-                shutil.rmtree(target)
-            staged.rename(target)
-        elif dest is not None:
-            upload_tree(staged, dest, endpoint_url)
+        if dest is not None:
+            with holding(lease_url_beside(str(target or dest)), str(target or dest), "export", endpoint_url,
+                         hint="or export somewhere else", wait=EXPORT_WAIT_SECONDS):
+                if target is not None:
+                    swap_in_local(staged, target)
+                else:
+                    publish_remote(staged, dest, endpoint_url)
     if dest is not None:
         log.info("exported the model (Hugging Face layout) to %s", target or dest)
 
@@ -73,8 +84,9 @@ def read_lineage(*model_dirs: str | Path, lineage: str = PRETRAIN_LINEAGE) -> di
         if not f.is_file():
             continue
         try:
-            info = json.loads(f.read_text())
-        except json.JSONDecodeError:
+            info = json.loads(read_local_bounded(f, MAX_LINEAGE_BYTES, "lineage file"))
+            info = info if isinstance(info, dict) else {}
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
             log.warning("ignoring unreadable %s", f)
             return None
         if info.get("mlflow_run_id"):

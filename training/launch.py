@@ -69,6 +69,21 @@ class LaunchConfig:
         return str((Path(self.storage.removeprefix("file://")) if local else Path.cwd()).resolve() / ".init-cache")
 
     @property
+    def run_url(self) -> str:
+        """The run's folder: `<storage>/<name>` (a local one made absolute, as the lease record names it)."""
+        local = "://" not in self.storage or self.storage.startswith("file://")
+        return str(self.local_directory) if local else f"{self.storage.rstrip('/')}/{self.name}"
+
+    def writer_lease(self, what: str):
+        """The run's one-writer lease (`<storage>/<name>.lease.json`, pipeline/safe_io/lease.py), to hold from before its
+        MLflow run is opened until it ends: a second job on this storage and run name refuses before it touches
+        the run's checkpoints or its MLflow run."""
+        from pipeline.safe_io.lease import holding, lease_url_beside
+
+        return holding(lease_url_beside(self.run_url), self.run_url, what, self.endpoint_url,
+                       hint="or give this job another --run-name")
+
+    @property
     def local_directory(self) -> Path:
         """The run's folder on local disk, where a run in this process (`no_ray`) keeps its checkpoints."""
         return Path(self.storage.removeprefix("file://")).resolve() / self.name
@@ -87,9 +102,14 @@ def storage_filesystem(url: str, endpoint_url: str | None):
     if storage.protocol_of(url) in ("s3", "s3a"):
         import s3fs
 
+        from pipeline.safe_io.retry import S3_RETRIES
+
+        # Our retry policy (pipeline/safe_io/retry.py S3_RETRIES), not botocore's default: Ray Train's checkpoint uploads
+        # and its snapshot reads go through this filesystem, on the controller and on every worker.
         fs = s3fs.S3FileSystem(key=os.environ.get("AWS_ACCESS_KEY_ID"), secret=os.environ.get("AWS_SECRET_ACCESS_KEY"),
                                token=os.environ.get("AWS_SESSION_TOKEN"),
-                               client_kwargs={"endpoint_url": endpoint_url} if endpoint_url else {})
+                               client_kwargs={"endpoint_url": endpoint_url} if endpoint_url else {},
+                               config_kwargs={"retries": dict(S3_RETRIES)})
     return pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs)), path
 
 

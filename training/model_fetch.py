@@ -1,11 +1,14 @@
 """`--init` from anywhere: a model directory at a URL (s3://, gs://, any fsspec URL) fetched into a local cache, so
 stages on a cluster hand weights over through object storage instead of a shared volume.
 
-What is fetched: an export or HF BERT directory (`config.json` at the URL: its files, not its subfolders), or a
-pre-training checkpoint (`model/config.json`: only `model/`, not the optimizer state beside it). The cache lives
-under the job's output or work directory (never /tmp), one folder per URL and remote version (names, sizes and
-etags of the files), written under a temporary name and renamed into place: a folder found there is complete, a
-model changed at the URL is fetched again, an unchanged one is not. Local paths pass through untouched.
+What is fetched: one of our exports (`export.json` at the URL: the complete version it points at, see
+pipeline/safe_io/publish.py; a URL with export versions but no pointer, an interrupted first export, is refused),
+an HF BERT directory (`config.json` at the URL: its files, not its subfolders), or a pre-training checkpoint
+(`model/config.json`: only `model/`, not the optimizer state beside it). File names come from a listing or the
+pointer, both written by others: each must stay inside the model's folder; sizes are bounded (MAX_FILE_BYTES). The
+cache lives under the job's output or work directory (never /tmp), one folder per URL and remote version (names,
+sizes and etags of the files), written under a temporary name and renamed into place: a folder found there is
+complete, a model changed at the URL is fetched again, an unchanged one is not. Local paths pass through untouched.
 """
 from __future__ import annotations
 
@@ -18,11 +21,17 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from pipeline.safe_io.untrusted import check_relative_name
+from pipeline.safe_io.publish import resolve
+from pipeline.safe_io.retry import retrying
 from pipeline.storage import filesystem_for, is_url, storage_error
 
 log = logging.getLogger(__name__)
 
 MANIFEST = ".fetched.json"
+# The largest file of a model we fetch: bert-large's weights in float32 are 1.3 GB; a file beyond this was not
+# written by our exports and would only fill the disk.
+MAX_FILE_BYTES = 8 << 30
 
 
 def fetch_model(url: str, cache_dir: str | os.PathLike, endpoint_url: str | None = None) -> Path:
@@ -32,12 +41,26 @@ def fetch_model(url: str, cache_dir: str | os.PathLike, endpoint_url: str | None
     try:
         fs, root = filesystem_for(url, endpoint_url)
         fs.invalidate_cache()
-        listing = fs.find(root, detail=True)
+        published = resolve(url, endpoint_url)
+        if published is not None:  # our export: the version its pointer names, nothing else
+            root = filesystem_for(published[0], endpoint_url)[1]
+        listing = retrying(lambda: fs.find(root, detail=True), f"list {url}")
     except ValueError:
         raise
     except Exception as e:  # noqa: BLE001 (each filesystem raises its own types: name the URL and the fix)
         raise storage_error(url, e, "list the model at") from e
     files = {posixpath.relpath(path, root): info for path, info in listing.items() if info.get("type") != "directory"}
+    if published is not None:
+        missing = sorted(set(published[1]) - set(files))
+        if missing:
+            raise ValueError(f"--init {url}: its export.json names {', '.join(missing[:3])}, missing from "
+                             f"{published[0]}; export to it again")
+        files = {k: v for k, v in files.items() if k in published[1]}
+    for name, info in files.items():
+        check_relative_name(name, url, "file")
+        if int(info.get("size") or 0) > MAX_FILE_BYTES:
+            raise ValueError(f"--init {url}: {name} is {info.get('size')} bytes, more than {MAX_FILE_BYTES} (a BERT"
+                             " far larger than bert-large): refusing to fetch it")
     if "config.json" in files:
         wanted = {k: v for k, v in files.items() if "/" not in k}
     elif "model/config.json" in files:
@@ -57,7 +80,7 @@ def fetch_model(url: str, cache_dir: str | os.PathLike, endpoint_url: str | None
     try:
         for name in wanted:
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-            fs.get_file(posixpath.join(root, name), str(tmp / name))
+            retrying(lambda: fs.get_file(posixpath.join(root, name), str(tmp / name)), f"fetch {name} of {url}")
         (tmp / MANIFEST).write_text(json.dumps({"url": url, "files": version}, indent=1) + "\n")
         if target.exists():  # another process fetched the same version meanwhile: keep theirs
             shutil.rmtree(tmp)

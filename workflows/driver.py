@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.safe_io.untrusted import read_local_bounded
 from tracking import params, runs, store
 from workflows.config import load_config, workdir_of
 from workflows.execute import StageFailed, run_job_stage
 from workflows.stage import JobStage
 from workflows.plan import plan, to_run
 from workflows.specs import SPECS
-from workflows.state import STATE_DIR, acquire_lock, finished, marker_path, write_atomic
+from workflows.state import MAX_STATE_BYTES, STATE_DIR, acquire_lock, finished, marker_path, write_atomic
 from workflows.summary import summary_json, summary_lines
 
 
@@ -101,7 +102,8 @@ def _run_stages(wf: Workflow, todo: dict[str, bool], parent_run_id: str,
     n = len(wf.stages)
     for i, s in enumerate(wf.stages, 1):
         if not todo[s.name]:
-            results[s.name] = json.loads(marker_path(wf.workdir, s).read_text())
+            results[s.name] = json.loads(read_local_bounded(marker_path(wf.workdir, s), MAX_STATE_BYTES,
+                                                            "workflow marker"))
             echo(f"== [{i}/{n}] {s.name}: done earlier (fingerprint {s.fingerprint[:8]}), skipped")
             continue
         log_file = wf.workdir / STATE_DIR / "logs" / f"{s.key}.log"

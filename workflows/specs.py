@@ -8,10 +8,10 @@ its last JSON line the summary shows.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from pipeline import storage
+from pipeline.safe_io.publish import is_complete
 from pipeline.schema import MANIFEST
 from training.export import PRETRAIN_LINEAGE
 from workflows.stage import TRACKING_FLAGS, Planned, JobStage, fingerprint, input_stamps, join, to_argv
@@ -128,9 +128,8 @@ class Pretrain(JobSpec):
         return JobStage(f"pretrain {name}", self.job, argv, [d.name for d in deps], fp,
                      {"export": export, "checkpoints": join(checkpoints, run_name)}, info={"run_name": run_name})
 
-    def complete(self, stage):
-        export = Path(stage.outputs["export"])
-        return all((export / f).is_file() for f in ("config.json", "model.safetensors", PRETRAIN_LINEAGE))
+    def complete(self, stage):  # a local export folder, or an S3 one whose export.json names these
+        return is_complete(stage.outputs["export"], ("config.json", "model.safetensors", PRETRAIN_LINEAGE))
 
 
 class Finetune(JobSpec):
@@ -149,7 +148,7 @@ class Finetune(JobSpec):
         return JobStage(f"finetune {name}", self.job, argv, [phases[init].name], fp, {"model": out})
 
     def complete(self, stage):
-        return (Path(stage.outputs["model"]) / "config.json").is_file()
+        return is_complete(stage.outputs["model"])
 
 
 # The config's sections, in dependency order, and the job each one runs.

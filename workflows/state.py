@@ -7,10 +7,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pipeline.safe_io.untrusted import read_local_bounded
 from workflows.stage import JobStage
 from workflows.specs import SPECS
 
 STATE_DIR = "_workflow"
+MAX_STATE_BYTES = 16 << 20  # a done-marker holds a command, outputs and a result: KBs; a workdir may be shared
 
 
 def marker_path(workdir: Path, stage: JobStage) -> Path:
@@ -31,8 +33,10 @@ def finished(workdir: Path, stage: JobStage) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        marker = json.loads(path.read_text())
-    except json.JSONDecodeError:
+        marker = json.loads(read_local_bounded(path, MAX_STATE_BYTES, "workflow marker"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(marker, dict):
         return None
     if marker.get("fingerprint") != stage.fingerprint or not SPECS[stage.job].complete(stage):
         return None
@@ -44,7 +48,8 @@ def acquire_lock(workdir: Path) -> Path:
     lock = workdir / STATE_DIR / "lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     if lock.is_file():
-        pid = int(lock.read_text().strip() or 0)
+        text = read_local_bounded(lock, 64, "workflow lock").decode("ascii", "replace").strip()
+        pid = int(text) if text.isdigit() else 0
         try:
             if pid and pid != os.getpid():
                 os.kill(pid, 0)

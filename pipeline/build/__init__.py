@@ -28,6 +28,7 @@ over ``state.units``, so a stage before them (cutting big files into pieces) onl
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -47,6 +48,7 @@ from pipeline.build.shards import SHARD_BYTES, default_num_shards, shards_stage
 from pipeline.build.vocab import VocabContext, VocabSample, train_vocab
 from pipeline.checks import settings_warnings, unk_check, vocab_size_warning
 from pipeline.create_instances import VocabInfo
+from pipeline.safe_io.lease import output_lease
 from pipeline.readers import ReadReport
 from pipeline.schema import (FORMAT, FORMAT_VERSION, MANIFEST, SHARDS_DIR, VOCAB_FILE, Manifest, config_hash,
                              parse_manifest, read_manifest, token_dtype, validate_manifest)
@@ -90,7 +92,14 @@ def _histogram(markers: list, field: str) -> dict[str, int]:
 
 
 def build(cfg: BuildConfig, executor: Executor | None = None, on_stage: OnStage | None = None) -> Manifest:
-    """Run (or resume, or confirm) the build; returns its manifest. ``on_stage`` hears of every finished stage."""
+    """Run (or resume, or confirm) the build; returns its manifest. ``on_stage`` hears of every finished stage.
+    One build writes an output at a time: it holds the output's lease (pipeline/safe_io/lease.py) from its first write."""
+    with contextlib.ExitStack() as held:
+        return _build(cfg, executor, on_stage,
+                      hold=lambda: held.enter_context(output_lease(cfg.output, ep=cfg.endpoint_url)))
+
+
+def _build(cfg: BuildConfig, executor: Executor | None, on_stage: OnStage | None, hold: Callable) -> Manifest:
     executor = executor or LocalExecutor()
     out, ep = cfg.output, cfg.endpoint_url
     t0 = time.time()
@@ -101,7 +110,8 @@ def build(cfg: BuildConfig, executor: Executor | None = None, on_stage: OnStage 
     # Everything that can fail cheaply fails here, before any work: inputs, vocab, output, config clashes.
     ignored: list[str] = []
     files = expand_inputs(list(cfg.inputs), ep, skipped=ignored)
-    inputs = [{"path": f.path, "size": f.size, "etag": f.etag, "mtime": f.mtime} for f in files]
+    inputs = [{"path": f.path, "size": f.size, "etag": f.etag, "mtime": f.mtime}
+              | ({"digest": f.digest} if f.digest else {}) for f in files]  # http(s) without ETag: its bytes
     vocab_bytes = None
     if cfg.vocab:
         try:
@@ -111,6 +121,7 @@ def build(cfg: BuildConfig, executor: Executor | None = None, on_stage: OnStage 
                              " one on the input") from e
     ident = cfg.identity() | {"vocab_sha256": hashlib.sha256(vocab_bytes).hexdigest() if vocab_bytes else None}
     chash = config_hash(ident)
+    hold()  # before the first write (the probe, a finished build's _work clean-up, check_state's wipe)
     check_writable(out, ep)
     if finished(cfg, chash, inputs):
         return read_manifest(out, ep)

@@ -1,7 +1,8 @@
 """A build's identity and its resume rules: which config and inputs an output folder holds, finished or not.
 
 A dataset is its config *and* its inputs: ``_work/config.json`` holds the config hash and the input stamps (size,
-etag, mtime) taken at start, and the manifest keeps both. Rerunning a command on an output folder:
+etag, mtime; for an http(s) input without an ETag, a digest of its bytes) taken at start, and the manifest keeps
+both. Rerunning a command on an output folder:
 
 - finished, same config, same inputs: left alone ("already complete");
 - finished, other config, or inputs changed since: refused, saying what differs. Never rebuilt in place: a training
@@ -34,7 +35,7 @@ def input_changes(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[
     out = [f"{p} added" for p in sorted(after.keys() - before.keys())]
     out += [f"{p} removed" for p in sorted(before.keys() - after.keys())]
     for p in sorted(before.keys() & after.keys()):
-        diff = [f"{k} {before[p].get(k)} -> {after[p].get(k)}" for k in ("size", "etag", "mtime")
+        diff = [f"{k} {before[p].get(k)} -> {after[p].get(k)}" for k in ("size", "etag", "mtime", "digest")
                 if before[p].get(k) != after[p].get(k)]
         if diff:
             out.append(f"{p}: {', '.join(diff)}")

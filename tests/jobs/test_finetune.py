@@ -200,8 +200,11 @@ def test_bad_inputs_fail_before_training(data, tmp_path, mlflow_uri, caplog):
 
 
 def test_output_to_s3_writes_the_model_there(data, mlflow_uri, s3_bucket, capsys, monkeypatch):
-    """--output s3://...: the best model is uploaded (config.json last) with the standard AWS settings."""
+    """--output s3://...: the best model is uploaded (under a new version, export.json naming it last) with the
+    standard AWS settings."""
     import boto3
+
+    from pipeline.safe_io.publish import resolve
 
     endpoint, bucket = s3_bucket
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)  # botocore's standard variable (--endpoint-url works too)
@@ -212,7 +215,9 @@ def test_output_to_s3_writes_the_model_there(data, mlflow_uri, s3_bucket, capsys
     assert rc == 0
     keys = {o["Key"] for o in boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
             .list_objects_v2(Bucket=bucket, Prefix="ft/")["Contents"]}
-    assert {"ft/config.json", "ft/model.safetensors", "ft/vocab.txt"} <= keys
+    version, files = resolve(f"s3://{bucket}/ft", endpoint)
+    assert {"config.json", "model.safetensors", "vocab.txt"} <= set(files)
+    assert {version.removeprefix(f"s3://{bucket}/") + "/" + name for name in files} | {"ft/export.json"} == keys
 
 
 def test_init_from_s3_fetches_the_model_beside_the_output(data, mlflow_uri, s3_bucket, tmp_path, capsys, sample_dir):

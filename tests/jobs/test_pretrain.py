@@ -203,8 +203,13 @@ def test_killed_worker_resumes_from_s3_checkpoint_into_the_same_run(baseline, ti
     # The same command again, with more steps: it resumes from step 40 into the same MLflow run, and exports to S3.
     again = [a if a != str(STEPS) else str(STEPS + 4) for a in args] + ["--export", f"s3://{bucket}/exports/killed"]
     assert pretrain.main(again) == 0
+    from pipeline.safe_io.publish import resolve
+
+    version, files = resolve(f"s3://{bucket}/exports/killed", endpoint)  # the version export.json points at
     exported = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="exports/killed/")["Contents"]}
-    assert {f"exports/killed/{n}" for n in ("config.json", "model.safetensors", "vocab.txt")} <= exported
+    assert {version.removeprefix(f"s3://{bucket}/") + f"/{n}" for n in ("config.json", "model.safetensors",
+                                                                         "vocab.txt")} <= exported
+    assert {"config.json", "model.safetensors", "vocab.txt"} <= set(files)
     runs = client.search_runs([client.get_experiment_by_name("t").experiment_id])
     assert [r.info.run_id for r in runs] == [run.info.run_id]
     run = client.get_run(run.info.run_id)

@@ -62,7 +62,7 @@ def test_missing_input_or_bucket_fails_before_work(s3_inputs, tmp_path):
         main(["--input", f"s3://{bucket}/nope.jsonl", "--output", str(tmp_path / "o"), *vocab])
     with pytest.raises(ValueError, match="no-such-bucket-42"):
         main(["--input", "s3://no-such-bucket-42/x.jsonl", "--output", str(tmp_path / "o"), *vocab])
-    with pytest.raises(ValueError, match="cannot write output to s3://missing-out-bucket-7/ds .*bucket"):
+    with pytest.raises(ValueError, match="cannot write to s3://missing-out-bucket-7/ds .*bucket"):
         main(["--input", f"s3://{bucket}/corpus/", "--output", "s3://missing-out-bucket-7/ds", *vocab])
     assert not (tmp_path / "o").exists()
     assert fs.ls(bucket) == [f"{bucket}/corpus", f"{bucket}/vocab.txt"]  # nothing written

@@ -1,0 +1,53 @@
+"""Object-storage faults survived (pipeline/safe_io/retry.py's policy and wrapper): a dataset build writing to a real
+S3-protocol server (moto on loopback) through a fault-injecting proxy (tests/_fault_proxy.py: 503 SlowDown on every
+fifth request, the connection dropped mid-answer on every ninth) completes with the same bytes as a fault-free one,
+in the plain loop and on Ray Data (whose workers make the steps' requests)."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline import storage
+from pipeline.build import BuildConfig, build
+from pipeline.create_instances import InstanceConfig
+from _fault_proxy import FaultProxy
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _config(sample_dir, output: str, endpoint: str) -> BuildConfig:
+    return BuildConfig(inputs=(str(sample_dir / "corpus" / "mobydick.jsonl.gz"),), output=output, dupe_factor=2,
+                       num_shards=3, vocab=str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"),
+                       instances=InstanceConfig(max_seq_length=64, max_predictions_per_seq=10), unit_bytes=256 << 10,
+                       endpoint_url=endpoint)
+
+
+def _listing(url: str, endpoint: str) -> dict[str, bytes]:
+    fs, root = storage.filesystem_for(url, endpoint)
+    fs.invalidate_cache()
+    return {p[len(root):]: fs.cat_file(p) for p in fs.find(root)}
+
+
+@pytest.mark.parametrize("engine", ["loop", "ray-data"])
+def test_a_build_through_faults_gives_the_same_bytes(s3_bucket, sample_dir, engine, request):
+    endpoint, bucket = s3_bucket
+
+    def executor():
+        if engine == "loop":
+            return None  # the plain loop in this process
+        request.getfixturevalue("ray_local")
+        from pipeline.build.ray_data import RayDataExecutor
+
+        return RayDataExecutor(num_cpus=2)  # the steps' S3 requests come from Ray's worker processes
+
+    clean = build(_config(sample_dir, f"s3://{bucket}/clean", endpoint), executor())
+    with FaultProxy(endpoint) as proxy:
+        faulty = build(_config(sample_dir, f"s3://{bucket}/faulty", proxy.url), executor())
+    assert proxy.counts["slowdown"] >= 3 and proxy.counts["dropped"] >= 2, proxy.counts
+    for key in ("config", "config_hash", "shard_rows", "totals", "seq_len_histogram"):
+        assert getattr(faulty, key) == getattr(clean, key), key
+    assert faulty.vocab.sha256 == clean.vocab.sha256
+    got, expected = _listing(f"s3://{bucket}/faulty", endpoint), _listing(f"s3://{bucket}/clean", endpoint)
+    assert sorted(got) == sorted(expected)  # no leftovers: no _work, no lease, no probe
+    for name, data in expected.items():
+        if name != "/manifest.json":  # it names its own output and timings
+            assert got[name] == data, name
