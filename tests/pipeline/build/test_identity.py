@@ -13,6 +13,7 @@ from pipeline.build import BuildConfig, build
 from pipeline.build.identity import input_changes
 from pipeline.create_instances import InstanceConfig
 from pipeline.readers import ReadOptions
+from pipeline.schema import read_manifest
 from pipeline.storage import filesystem_for
 
 
@@ -40,7 +41,7 @@ def test_an_edited_local_input_is_refused_naming_what_changed(tmp_path, sample_d
     with pytest.raises(ValueError, match=r"finished dataset built from other versions of the inputs \(.*moby\.jsonl:"
                                          r" size \d+ -> \d+.*left as it is.*another --output"):
         build(cfg)
-    assert json.loads((tmp_path / "out" / "manifest.json").read_text()) == first  # not replaced, not "complete"
+    assert read_manifest(str(tmp_path / "out")) == first  # not replaced, not "complete"
 
     corpus.write_bytes(moby_chapters(sample_dir, 1, 4))  # the same bytes again, but a new mtime
     os.utime(corpus, (1_000_000_000, 1_000_000_000))
@@ -61,7 +62,7 @@ def test_an_edited_s3_input_is_refused_naming_the_etag(s3_bucket, tmp_path, samp
     fs.pipe_file(f"{bucket}/corpus/moby.jsonl", original)
     cfg = config([f"s3://{bucket}/corpus/"], f"s3://{bucket}/datasets/moby", sample_dir, endpoint_url=endpoint)
     first = build(cfg)
-    assert first["inputs"][0]["etag"]
+    assert first.inputs[0]["etag"]
     assert build(cfg) == first
 
     edited = original.replace(b"whale", b"Whale")  # same size, other bytes: only the etag (and mtime) tell
@@ -69,7 +70,7 @@ def test_an_edited_s3_input_is_refused_naming_the_etag(s3_bucket, tmp_path, samp
     fs.pipe_file(f"{bucket}/corpus/moby.jsonl", edited)
     with pytest.raises(ValueError, match=rf"s3://{bucket}/corpus/moby\.jsonl: etag \w+ -> \w+"):
         build(cfg)
-    assert json.loads(fs.cat_file(f"{bucket}/datasets/moby/manifest.json")) == first
+    assert read_manifest(f"s3://{bucket}/datasets/moby", endpoint) == first
 
 
 def test_an_unfinished_build_that_committed_nothing_starts_over_with_the_fixed_command(tmp_path, sample_dir):
@@ -81,7 +82,7 @@ def test_an_unfinished_build_that_committed_nothing_starts_over_with_the_fixed_c
         build(cfg)
     assert (tmp_path / "out" / "_work" / "config.json").exists()
     fixed = config([str(corpus)], str(tmp_path / "out"), sample_dir, read=ReadOptions(text_field="body"))
-    assert build(fixed)["totals"]["documents"] == 3
+    assert build(fixed).totals.documents == 3
 
 
 def test_input_changes_lists_added_removed_and_changed_fields():
