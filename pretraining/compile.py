@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from bert_core import BertConfig
 from pretraining.batching import padded_width
 from pretraining.config import RuntimeConfig
 from pretraining.loader import DataConfig
@@ -137,7 +138,12 @@ def private_inductor_cache() -> Path:
     return directory
 
 
-def compile_key(runtime: RuntimeConfig, data: DataConfig, bert: object, device: torch.device) -> str:
+# BertConfig fields that name or describe a model without changing its graph (a checkpoint's config.json carries
+# `architectures`, a fresh config does not: the same run must find its own artifacts after a resume).
+_NOT_IN_THE_GRAPH = frozenset({"architectures", "initializer_range", "id2label", "label2id"})
+
+
+def compile_key(runtime: RuntimeConfig, data: DataConfig, bert: BertConfig, device: torch.device) -> str:
     """What the compiled artifacts depend on: torch and its GPU stack, the device, the compile settings, the model
     and the batch shapes. One trusted-cache file per key, so runs of different shapes never overwrite each other."""
     what = {
@@ -145,7 +151,7 @@ def compile_key(runtime: RuntimeConfig, data: DataConfig, bert: object, device: 
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
         "backend": runtime.compile_backend, "cuda_graphs": runtime.cuda_graphs, "fused": runtime.fused_kernels,
         "low_precision_residual": runtime.low_precision_residual, "precision": runtime.precision,
-        "model": dataclasses.asdict(bert) if dataclasses.is_dataclass(bert) else repr(bert),
+        "model": {k: v for k, v in dataclasses.asdict(bert).items() if k not in _NOT_IN_THE_GRAPH},
         "micro_batch": data.micro_batch_size, "max_predictions": data.train.max_predictions,
         "widths": present_widths(data), "packing": data.packing,
     }

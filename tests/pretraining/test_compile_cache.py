@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -116,3 +117,26 @@ def test_compile_cache_must_be_a_folder_not_a_url():
 
     with pytest.raises(ValueError, match="--compile-cache s3://b/c: name a folder"):
         RuntimeConfig(compile_cache="s3://b/c")
+
+
+def test_compile_key_is_the_same_after_a_resume_and_differs_with_the_graph(tiny_pretrain_data, tmp_path):
+    """A resumed run reads its config back from the checkpoint's config.json (which names `architectures`): it must
+    find the artifacts the first run saved; another model shape must not."""
+    import torch
+
+    from bert_core import BertConfig, BertForPreTraining
+    from pipeline.schema import read_manifest
+    from pretraining.compile import compile_key
+    from pretraining.config import RuntimeConfig
+    from pretraining.loader import DataConfig, ShardSet
+
+    shards = ShardSet.from_manifest(read_manifest(tiny_pretrain_data["train"]))
+    data = DataConfig(train=shards, micro_batch_size=4, mask_id=4, length_buckets=(shards.max_seq_length,))
+    bert = BertConfig(vocab_size=600, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      intermediate_size=64, max_position_embeddings=64)
+    BertForPreTraining(bert).save_pretrained(tmp_path / "model")
+    reloaded = BertForPreTraining.from_pretrained(tmp_path / "model").config
+    rt, cpu = RuntimeConfig(compile=True), torch.device("cpu")
+    assert reloaded.architectures and compile_key(rt, data, reloaded, cpu) == compile_key(rt, data, bert, cpu)
+    wider = dataclasses.replace(bert, hidden_size=64, intermediate_size=128)
+    assert compile_key(rt, data, wider, cpu) != compile_key(rt, data, bert, cpu)
