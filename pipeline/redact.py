@@ -56,11 +56,19 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+# A query parameter outside a full URL (a file name a listing shows, `corpus.txt?X-Amz-Signature=...`).
+_PARAM = re.compile(r"([?&])([^=&?\s'\"<>`]+)=([^&\s'\"<>`]*)")
+
+
 def redact_text(text: str) -> str:
-    """`text` (a log line, an error message) with every URL in it redacted."""
-    if "://" not in text:
-        return text
-    return _URL.sub(lambda m: redact_url(m.group(0)), text)
+    """`text` (a log line, an error message) with every URL in it redacted, and the values of signing/token query
+    parameters wherever they appear (a bare file name from a listing carries its URL's query)."""
+    if "://" in text:
+        text = _URL.sub(lambda m: redact_url(m.group(0)), text)
+    if "=" in text:
+        text = _PARAM.sub(lambda m: f"{m.group(1)}{m.group(2)}={REDACTED}" if _secret_param(m.group(2))
+                          else m.group(0), text)
+    return text
 
 
 def redact(value: Any) -> Any:
@@ -99,3 +107,14 @@ def install_log_redaction(logger: logging.Logger | None = None) -> None:
     for handler in logger.handlers:
         if not any(isinstance(f, RedactingFilter) for f in handler.filters):
             handler.addFilter(RedactingFilter())
+
+
+def check_endpoint_url(endpoint_url: str) -> str:
+    """`endpoint_url`, refused when it carries credentials: S3 clients sign requests with keys and cannot send a
+    URL's userinfo (botocore rejects the bucket, s3fs the header, pyarrow the host name), so a password there would
+    only ever reach logs."""
+    if "@" in urlsplit(endpoint_url).netloc:
+        raise ValueError(f"--endpoint-url {redact_url(endpoint_url)}: S3 clients cannot send credentials in the URL; "
+                         "pass the host alone (http://HOST:PORT) and the keys as AWS_ACCESS_KEY_ID / "
+                         "AWS_SECRET_ACCESS_KEY, an AWS profile or the node's role")
+    return endpoint_url

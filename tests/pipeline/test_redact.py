@@ -41,6 +41,12 @@ def test_an_unparseable_url_shows_nothing_after_its_scheme():
     assert redact_url("http://u:CANARY@[::1/x") == f"http://{REDACTED}"
 
 
+def test_a_bare_query_in_text_loses_its_secret_values():
+    assert redact_text("holds only corpus.txt?X-Amz-Signature=CANARY&X-Amz-Expires=60, a.md") == \
+        f"holds only corpus.txt?X-Amz-Signature={REDACTED}&X-Amz-Expires=60, a.md"
+    assert redact_text("a=b and x?page=2") == "a=b and x?page=2"
+
+
 def test_text_and_nested_values():
     text = f"could not read http://u:CANARY1@127.0.0.1:8000/corpus.txt ('{PRESIGNED}'): 403"
     out = redact_text(text)
@@ -74,3 +80,15 @@ def test_log_records_are_redacted_in_message_arguments_and_tracebacks():
     out = stream.getvalue()
     assert "CANARY" not in out
     assert out.count(REDACTED) >= 5 and "Traceback" in out
+
+
+def test_an_endpoint_with_credentials_is_refused_without_showing_them():
+    import pytest
+
+    from pipeline.redact import check_endpoint_url
+    from pipeline.storage import filesystem_for
+
+    assert check_endpoint_url("http://127.0.0.1:9000") == "http://127.0.0.1:9000"
+    with pytest.raises(ValueError, match=r"--endpoint-url http://REDACTED@127.0.0.1:9000: S3 clients cannot") as e:
+        filesystem_for("s3://bucket/key", "http://user:CANARYPW@127.0.0.1:9000")
+    assert "CANARY" not in str(e.value)
