@@ -35,13 +35,6 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}
-# Environment variables boto reads; forwarded to Ray workers (never logged), whose env the driver's does not reach.
-AWS_ENV_VARS = (
-    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION",
-    "AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_ENDPOINT_URL", "AWS_EC2_METADATA_DISABLED",
-)
-
-
 @dataclasses.dataclass(frozen=True)
 class FileInfo:
     """One input file: its URL, the key that names it in document ids, size and a version stamp."""
@@ -361,11 +354,6 @@ def list_names(url: str, endpoint_url: str | None = None) -> list[str]:
         return sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False))
     except FileNotFoundError:
         return []
-
-
-def aws_env() -> dict[str, str]:
-    """The AWS variables set in this process, to hand to Ray workers through runtime_env (never log them)."""
-    return {k: os.environ[k] for k in AWS_ENV_VARS if k in os.environ}
 
 
 @contextlib.contextmanager

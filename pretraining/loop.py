@@ -45,7 +45,6 @@ from training.progress import Progress
 from training.worker import FitResult, Worker, resolve_device
 from pretraining.step import evaluate, train_step
 from training.step import to_device
-from training.worker import FitResult, Worker, resolve_device
 from tracking.tracker import NullTracker, Tracker, make_tracker
 
 log = logging.getLogger(__name__)

@@ -128,9 +128,9 @@ def test_compile_key_is_the_same_after_a_resume_and_differs_with_the_graph(tiny_
     from pipeline.schema import read_manifest
     from pretraining.compile import compile_key
     from pretraining.config import RuntimeConfig
-    from pretraining.loader import DataConfig, ShardSet
+    from pretraining.loader import DataConfig
 
-    shards = ShardSet.from_manifest(read_manifest(tiny_pretrain_data["train"]))
+    shards = read_manifest(tiny_pretrain_data["train"])
     data = DataConfig(train=shards, micro_batch_size=4, mask_id=4, length_buckets=(shards.max_seq_length,))
     bert = BertConfig(vocab_size=600, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                       intermediate_size=64, max_position_embeddings=64)
