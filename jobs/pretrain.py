@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from jobs._common import setup_logging
+from pipeline.redact import redact
 from pipeline.schema import read_manifest
 from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
 from tracking.config import TrackingConfig
@@ -197,8 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log.info("done: MLflow run %s, checkpoints under %s%s", result.run_id, result.checkpoints,
              f", model exported to {result.export}" if result.export else "")
-    print(json.dumps({"run_name": args.run_name, "mlflow_run_id": result.run_id, "checkpoints": result.checkpoints,
-                      "export": result.export, **result.metrics}), flush=True)
+    summary = {"run_name": args.run_name, "mlflow_run_id": result.run_id, "checkpoints": result.checkpoints,
+               "export": result.export, **result.metrics}
+    print(json.dumps(redact(summary)), flush=True)
     return 0
 
 
