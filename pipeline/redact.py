@@ -118,3 +118,22 @@ def check_endpoint_url(endpoint_url: str) -> str:
                          "pass the host alone (http://HOST:PORT) and the keys as AWS_ACCESS_KEY_ID / "
                          "AWS_SECRET_ACCESS_KEY, an AWS profile or the node's role")
     return endpoint_url
+
+
+def redact_exception(error: BaseException) -> BaseException:
+    """`error` (and the exceptions it was raised from) with every URL in its string arguments redacted, in place, so
+    that re-raising it keeps its type and traceback: for a process whose exceptions others print (a Ray worker's
+    are written to Ray's session logs by Ray itself, not through our log handlers)."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        e.args = tuple(redact_text(a) if isinstance(a, str) else a for a in e.args)
+        for name in ("strerror", "filename", "filename2", "msg"):  # what OSError and friends print instead of args
+            if isinstance(value := getattr(e, name, None), str):
+                try:
+                    setattr(e, name, redact_text(value))
+                except AttributeError:
+                    pass
+        e = e.__cause__ or e.__context__
+    return error

@@ -257,7 +257,7 @@ def ray_worker(loop_config: dict[str, Any]) -> dict[str, str]:
 
     from training.worker import Verdict, Worker
 
-    from pipeline.redact import install_log_redaction
+    from pipeline.redact import install_log_redaction, redact_exception, redact_text
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
@@ -275,7 +275,9 @@ def ray_worker(loop_config: dict[str, Any]) -> dict[str, str]:
         loop_config["fit"](loop_config["config"], worker)
     except Verdict as e:
         logging.getLogger(__name__).error("%s", e)
-        return {"error": str(e), "kind": f"{type(e).__module__}:{type(e).__qualname__}"}
+        return {"error": redact_text(str(e)), "kind": f"{type(e).__module__}:{type(e).__qualname__}"}
+    except Exception as e:
+        raise redact_exception(e)  # Ray prints it to its session logs and the driver, past our log filter
     return {}
 
 

@@ -92,3 +92,17 @@ def test_an_endpoint_with_credentials_is_refused_without_showing_them():
     with pytest.raises(ValueError, match=r"--endpoint-url http://REDACTED@127.0.0.1:9000: S3 clients cannot") as e:
         filesystem_for("s3://bucket/key", "http://user:CANARYPW@127.0.0.1:9000")
     assert "CANARY" not in str(e.value)
+
+
+def test_an_exception_and_its_causes_are_redacted_in_place():
+    from pipeline.redact import redact_exception
+
+    try:
+        try:
+            raise OSError(2, "cannot open http://u:CANARY1@h/c.txt?sig=CANARY2")
+        except OSError as inner:
+            raise ValueError("reading http://h/f?token=CANARY3 failed", 7) from inner
+    except ValueError as caught:
+        e, same = caught, redact_exception(caught)
+    assert same is e and type(e) is ValueError and e.args[1] == 7 and e.__traceback__ is not None
+    assert "CANARY" not in str(e) + str(e.__cause__) and e.__cause__.errno == 2
