@@ -255,9 +255,8 @@ def ray_worker(loop_config: dict[str, Any]) -> dict[str, str]:
     import ray.train.torch
     import torch
 
-    from training.worker import Verdict, Worker
-
     from pipeline.redact import install_log_redaction, redact_exception, redact_text
+    from training.worker import Verdict, Worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
