@@ -1,10 +1,10 @@
 """What every job shares: logging set-up (configured once, here; library code only logs), with every URL in a log
-line redacted (`pipeline.redact`: no userinfo, no signed or token query values)."""
+line redacted (`pipeline.safe_io.redact`: no userinfo, no signed or token query values)."""
 from __future__ import annotations
 
 import logging
 
-from pipeline.redact import install_log_redaction
+from pipeline.safe_io.redact import install_log_redaction
 
 
 def setup_logging(level: str = "INFO") -> None:

@@ -27,7 +27,7 @@ from pipeline.build.executor import LocalExecutor
 from pipeline.checks import DEFAULT_MAX_UNK_FRACTION, CheckConfig
 from pipeline.create_instances import InstanceConfig
 from pipeline.readers import FORMATS, ON_ERROR, ReadOptions
-from pipeline.redact import redact, redact_text
+from pipeline.safe_io.redact import redact, redact_text
 from pipeline.build.ray_start import init_ray
 from tracking.store import check_tracking_reachable
 

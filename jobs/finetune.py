@@ -28,7 +28,7 @@ from finetuning.task_model import DEFAULT_VOCAB, HeadConfig
 from finetuning.prepare import FeatureConfig, TaskConfig
 from finetuning.records import FORMATS
 from jobs._common import setup_logging
-from pipeline.redact import redact
+from pipeline.safe_io.redact import redact
 from pipeline.storage import absolute, is_url
 from training.launch import LaunchConfig
 from tracking.store import resolve_tracking_uri

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from jobs._common import setup_logging
-from pipeline.redact import redact
+from pipeline.safe_io.redact import redact
 from pipeline.schema import read_manifest
 from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
 from tracking.config import TrackingConfig

@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 from jobs import _common
-from pipeline.redact import redact_text
+from pipeline.safe_io.redact import redact_text
 from pipeline.build.config import DEFAULT_SAMPLE_BYTES
 from pipeline.build.executor import LocalExecutor
 from pipeline.build.pieces import input_units

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from jobs._common import setup_logging
-from pipeline.redact import redact_text
+from pipeline.safe_io.redact import redact_text
 from workflows.driver import Workflow, load_workflow, run_workflow, stages_to_run
 from workflows.execute import StageFailed
 

@@ -27,7 +27,7 @@ import fsspec
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from pipeline.redact import check_endpoint_url
+from pipeline.safe_io.redact import check_endpoint_url
 from pipeline.safe_io.retry import retrying, s3_options
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pipeline.redact import redact_url
+from pipeline.safe_io.redact import redact_url
 
 DATASET_DIGEST_CHARS = 16  # of the manifest's sha256 (MLflow keeps at most 36 characters of a digest)
 

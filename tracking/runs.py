@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.redact import redact_text
+from pipeline.safe_io.redact import redact_text
 from tracking.params import MAX_PARAM_LENGTH
 from tracking.store import get_or_create_experiment
 

@@ -22,7 +22,7 @@ from typing import Iterator
 
 import torch
 
-from pipeline.redact import redact
+from pipeline.safe_io.redact import redact
 from pipeline.safe_io.untrusted import read_local_bounded
 from training.guard import model_and_optimizer_tensors, nonfinite_tensors
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.redact import redact_url
+from pipeline.safe_io.redact import redact_url
 from pipeline.safe_io.lease import holding, lease_url_beside
 from pipeline.safe_io.publish import publish_remote, recover_local, swap_in_local
 from pipeline.safe_io.untrusted import read_local_bounded

@@ -255,7 +255,7 @@ def ray_worker(loop_config: dict[str, Any]) -> dict[str, str]:
     import ray.train.torch
     import torch
 
-    from pipeline.redact import install_log_redaction, redact_exception, redact_text
+    from pipeline.safe_io.redact import install_log_redaction, redact_exception, redact_text
     from training.worker import Verdict, Worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",

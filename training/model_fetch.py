@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pipeline.redact import redact_url
+from pipeline.safe_io.redact import redact_url
 from pipeline.safe_io.publish import resolve
 from pipeline.safe_io.retry import retrying
 from pipeline.safe_io.untrusted import check_relative_name

@@ -52,7 +52,7 @@ from pipeline.safe_io.lease import output_lease
 from pipeline.readers import ReadReport
 from pipeline.schema import (FORMAT, FORMAT_VERSION, MANIFEST, SHARDS_DIR, VOCAB_FILE, Manifest, config_hash,
                              parse_manifest, read_manifest, token_dtype, validate_manifest)
-from pipeline.redact import redact, redact_url
+from pipeline.safe_io.redact import redact, redact_url
 from pipeline.storage import (absolute, check_writable, expand_inputs, join, read_bytes, remove_stale_temps,
                               remove_tree, write_bytes_atomic, write_json_atomic)
 

@@ -10,7 +10,7 @@ from pipeline.build.work import StepContext
 from pipeline.checks import CheckConfig
 from pipeline.create_instances import InstanceConfig
 from pipeline.readers import ReadOptions, ReadReport, Unit
-from pipeline.redact import redact
+from pipeline.safe_io.redact import redact
 from pipeline.schema import WORK_DIR
 from pipeline.storage import join
 

@@ -1,10 +1,10 @@
-"""pipeline.redact: the one URL redaction, on the URLs users actually hand us, exact values."""
+"""pipeline.safe_io.redact: the one URL redaction, on the URLs users actually hand us, exact values."""
 from __future__ import annotations
 
 import io
 import logging
 
-from pipeline.redact import REDACTED, install_log_redaction, redact, redact_text, redact_url
+from pipeline.safe_io.redact import REDACTED, install_log_redaction, redact, redact_text, redact_url
 
 PRESIGNED = ("https://bucket.s3.amazonaws.com/corpus/part-0.txt?X-Amz-Algorithm=AWS4-HMAC-SHA256"
              "&X-Amz-Credential=AKIACANARY%2F20261126%2Fus-east-1%2Fs3%2Faws4_request&X-Amz-Date=20261126T010000Z"
@@ -85,7 +85,7 @@ def test_log_records_are_redacted_in_message_arguments_and_tracebacks():
 def test_an_endpoint_with_credentials_is_refused_without_showing_them():
     import pytest
 
-    from pipeline.redact import check_endpoint_url
+    from pipeline.safe_io.redact import check_endpoint_url
     from pipeline.storage import filesystem_for
 
     assert check_endpoint_url("http://127.0.0.1:9000") == "http://127.0.0.1:9000"
@@ -95,7 +95,7 @@ def test_an_endpoint_with_credentials_is_refused_without_showing_them():
 
 
 def test_an_exception_and_its_causes_are_redacted_in_place():
-    from pipeline.redact import redact_exception
+    from pipeline.safe_io.redact import redact_exception
 
     try:
         try:

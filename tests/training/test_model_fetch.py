@@ -80,6 +80,6 @@ def test_a_key_that_leaves_the_models_folder_is_refused(model_dir, s3_bucket, tm
     boto3.client("s3", endpoint_url=endpoint).put_object(Bucket=bucket, Key="models/x/../../escaped", Body=b"pwned")
     keys = [o["Key"] for o in boto3.client("s3", endpoint_url=endpoint).list_objects_v2(Bucket=bucket)["Contents"]]
     assert "models/x/../../escaped" in keys  # the store keeps the name as written
-    with pytest.raises(ValueError, match=r"--init s3://.*/models/x: file '\.\./\.\./escaped' is not a relative name"):
+    with pytest.raises(ValueError, match=r"s3://.*/models/x: file '\.\./\.\./escaped' is not a relative name"):
         fetch_model(f"s3://{bucket}/models/x", tmp_path / "work" / "cache", endpoint)
     assert not list(tmp_path.rglob("escaped"))
