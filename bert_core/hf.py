@@ -8,8 +8,10 @@ Differences handled here:
 - old TF-converted files name LayerNorm parameters `gamma`/`beta`;
 - non-persistent buffers some files carry (`embeddings.position_ids`).
 
-Weights are read from `model.safetensors` (sharded too) or `pytorch_model.bin` through `torch.load(weights_only=True)`:
-nothing is ever unpickled.
+Weights are read from `model.safetensors` (sharded too) only: a model directory may come from shared storage or a
+colleague, and `pytorch_model.bin` is a pickle (even `torch.load(weights_only=True)`'s restricted unpickler has had
+code-execution bugs, CVE-2025-32434), so it is refused with the one-line conversion to run where the file is trusted.
+`config.json` is read only when small (`MAX_CONFIG_BYTES`, bert_core.config).
 """
 from __future__ import annotations
 
@@ -108,29 +110,27 @@ def _index_shards(index: Path) -> list[str]:
     return list(names)
 
 
-def _load_bin(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # weights_only refuses arbitrary pickles: say so rather than fall back to unpickling
-        raise ValueError(f"cannot load {path} with torch.load(weights_only=True) ({e}); "
-                         "convert it to model.safetensors") from e
+def _refuse_pickle(path: Path) -> ValueError:
+    return ValueError(
+        f"{path}: pickled weights are not loaded (a pickle can run code); convert the folder to safetensors where you "
+        "trust it, e.g. `python -c \"import transformers as t; t.BertForPreTraining.from_pretrained('DIR')"
+        ".save_pretrained('OUT')\"` (transformers writes model.safetensors), and pass OUT")
 
 
 def load_weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    """All tensors of an HF directory: model.safetensors, sharded safetensors, or pytorch_model.bin (safe load)."""
+    """All tensors of an HF directory: model.safetensors or sharded safetensors; pickled weights are refused."""
     if (model_dir / "model.safetensors").is_file():
         return load_file(model_dir / "model.safetensors")
-    for index_name, loader in (("model.safetensors.index.json", load_file), ("pytorch_model.bin.index.json", _load_bin)):
-        index = model_dir / index_name
-        if index.is_file():
-            shards = sorted(set(_index_shards(index)))
-            sd: dict[str, torch.Tensor] = {}
-            for shard in shards:
-                sd.update(loader(model_dir / shard))
-            return sd
-    if (model_dir / "pytorch_model.bin").is_file():
-        return _load_bin(model_dir / "pytorch_model.bin")
-    raise ValueError(f"{model_dir} has no weights: expected model.safetensors or pytorch_model.bin "
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        sd: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(_index_shards(index))):
+            sd.update(load_file(model_dir / shard))
+        return sd
+    for name in ("pytorch_model.bin.index.json", "pytorch_model.bin"):
+        if (model_dir / name).is_file():
+            raise _refuse_pickle(model_dir / name)
+    raise ValueError(f"{model_dir} has no weights: expected model.safetensors "
                      f"(found {sorted(p.name for p in model_dir.iterdir())})")
 
 

@@ -27,6 +27,7 @@ from pipeline.build.executor import LocalExecutor
 from pipeline.checks import DEFAULT_MAX_UNK_FRACTION, CheckConfig
 from pipeline.create_instances import InstanceConfig
 from pipeline.readers import FORMATS, ON_ERROR, ReadOptions
+from pipeline.safe_io.redact import redact, redact_text
 from pipeline.build.ray_start import init_ray
 from tracking.store import check_tracking_reachable
 
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"output": cfg.output, "instances": t.instances, "documents": t.documents, "tokens": t.tokens,
                "shards": len(manifest.shards), "dropped": manifest.dropped, "config_hash": manifest.config_hash[:12],
                "wall_seconds": manifest.build_seconds, "warnings": list(manifest.warnings), "mlflow_run_id": run_id}
-    print(json.dumps(summary))
+    print(json.dumps(redact(summary)))
     return 0
 
 
@@ -161,5 +162,5 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except ValueError as e:  # users' mistakes and bad inputs: the message says what to fix, no traceback
-        print(f"build_dataset: error: {e}", file=sys.stderr)
+        print(f"build_dataset: error: {redact_text(str(e))}", file=sys.stderr)
         sys.exit(2)

@@ -28,6 +28,7 @@ from finetuning.task_model import DEFAULT_VOCAB, HeadConfig
 from finetuning.prepare import FeatureConfig, TaskConfig
 from finetuning.records import FORMATS
 from jobs._common import setup_logging
+from pipeline.safe_io.redact import redact
 from pipeline.storage import absolute, is_url
 from training.launch import LaunchConfig
 from tracking.store import resolve_tracking_uri
@@ -126,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # users' mistakes: one line saying what to fix
         log.error("%s", e)
         return 2
-    print(json.dumps({"task": args.task, **result.final, "output": result.output, "mlflow_run_id": result.run_id}),
-          flush=True)
+    print(json.dumps(redact({"task": args.task, **result.final, "output": result.output,
+                             "mlflow_run_id": result.run_id})), flush=True)
     return 0
 
 

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from jobs._common import setup_logging
+from pipeline.safe_io.redact import redact
 from pipeline.schema import read_manifest
 from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
 from tracking.config import TrackingConfig
@@ -81,6 +82,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     m.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (default: on with --use-gpu, off on CPU)")
     m.add_argument("--compile-backend", default="inductor", help="torch.compile backend (aot_eager: no codegen)")
+    m.add_argument("--compile-cache", metavar="DIR", default=None,
+                   help="TRUSTED: its contents run as code. A folder (local or a shared volume) that only you and "
+                        "your jobs can write: compiled artifacts are saved there after each checkpoint and loaded "
+                        "before compiling, so a restart on another node skips code generation. Default: none (a "
+                        "restart on the same node uses this user's private Inductor cache; nothing compiled is ever "
+                        "read from --storage)")
     m.add_argument("--cuda-graphs", action="store_true",
                    help="replay the compiled step as CUDA graphs (GPU, micro-batch = batch per worker only)")
     m.add_argument("--fused-kernels", choices=("auto", "on", "off"), default="auto",
@@ -166,6 +173,7 @@ def job_from(args: argparse.Namespace) -> PretrainJob:
                                 log_every=args.log_every),
         runtime=RuntimeConfig(device="cuda" if args.use_gpu else "cpu", compile=args.compile,
                               compile_backend=args.compile_backend, cuda_graphs=args.cuda_graphs,
+                              compile_cache=str(Path(args.compile_cache).resolve()) if args.compile_cache else None,
                               fused_kernels={"auto": None, "on": True, "off": False}[args.fused_kernels],
                               low_precision_residual=args.low_precision_residual,
                               threads=args.threads or max(1, round(args.cpus_per_worker)),
@@ -190,8 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log.info("done: MLflow run %s, checkpoints under %s%s", result.run_id, result.checkpoints,
              f", model exported to {result.export}" if result.export else "")
-    print(json.dumps({"run_name": args.run_name, "mlflow_run_id": result.run_id, "checkpoints": result.checkpoints,
-                      "export": result.export, **result.metrics}), flush=True)
+    summary = {"run_name": args.run_name, "mlflow_run_id": result.run_id, "checkpoints": result.checkpoints,
+               "export": result.export, **result.metrics}
+    print(json.dumps(redact(summary)), flush=True)
     return 0
 
 

@@ -17,6 +17,7 @@ import sys
 import tempfile
 
 from jobs import _common
+from pipeline.safe_io.redact import redact_text
 from pipeline.build.config import DEFAULT_SAMPLE_BYTES
 from pipeline.build.executor import LocalExecutor
 from pipeline.build.pieces import input_units
@@ -83,5 +84,5 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except ValueError as e:
-        print(f"train_tokenizer: error: {e}", file=sys.stderr)
+        print(f"train_tokenizer: error: {redact_text(str(e))}", file=sys.stderr)
         sys.exit(2)

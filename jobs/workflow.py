@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from jobs._common import setup_logging
+from pipeline.safe_io.redact import redact_text
 from workflows.driver import Workflow, load_workflow, run_workflow, stages_to_run
 from workflows.execute import StageFailed
 
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         wf = load_workflow(args.config, args.workdir)
         check_flags(wf)
     except ValueError as e:
-        print(f"workflow: error: {e}", file=sys.stderr)
+        print(f"workflow: error: {redact_text(str(e))}", file=sys.stderr)
         return 2
     if os.environ.get("RAY_ADDRESS") and not Path(args.workdir or wf.config.get("workdir") or "x").is_absolute():
         log.warning("running on a Ray cluster with a relative workdir: outputs go under this job's temporary working "
@@ -66,16 +67,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"== workflow {wf.config.get('name')!r}: {len(wf.stages)} stages, {sum(todo.values())} to run, "
           f"workdir {wf.workdir}")
     for i, s in enumerate(wf.stages, 1):
-        print(f"  [{i}/{len(wf.stages)}] {s.name:<24} {'run ' if todo[s.name] else 'done'}  {s.command()}")
+        print(f"  [{i}/{len(wf.stages)}] {s.name:<24} {'run ' if todo[s.name] else 'done'}  {redact_text(s.command())}")
     if args.dry_run:
         return 0
     try:
         run_workflow(wf, todo, echo=print)
     except ValueError as e:  # an unreachable tracking server, another workflow on the workdir
-        print(f"workflow: error: {e}", file=sys.stderr)
+        print(f"workflow: error: {redact_text(str(e))}", file=sys.stderr)
         return 2
     except StageFailed as e:
-        print(f"workflow: error: {e}", file=sys.stderr)
+        print(f"workflow: error: {redact_text(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
         print(f"workflow: interrupted ({e or 'Ctrl-C'}); rerun the same command to resume", file=sys.stderr)

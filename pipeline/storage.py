@@ -27,6 +27,7 @@ import fsspec
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
+from pipeline.safe_io.redact import check_endpoint_url
 from pipeline.safe_io.retry import retrying, s3_options
 
 log = logging.getLogger(__name__)
@@ -34,13 +35,6 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}
-# Environment variables boto reads; forwarded to Ray workers (never logged), whose env the driver's does not reach.
-AWS_ENV_VARS = (
-    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION",
-    "AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_ENDPOINT_URL", "AWS_EC2_METADATA_DISABLED",
-)
-
-
 @dataclasses.dataclass(frozen=True)
 class FileInfo:
     """One input file: its URL, the key that names it in document ids, size and a version stamp."""
@@ -70,7 +64,7 @@ def absolute(path: str) -> str:
 
 def storage_options(url: str, endpoint_url: str | None = None) -> dict[str, Any]:
     if protocol_of(url) in ("s3", "s3a"):
-        return s3_options(endpoint_url)
+        return s3_options(check_endpoint_url(endpoint_url) if endpoint_url else None)
     return {}
 
 
@@ -95,7 +89,13 @@ def join(url: str, *parts: str) -> str:
     return posixpath.join(url.rstrip("/"), *parts) if "://" in url else os.path.join(url, *parts)
 
 
+def _without_query(path: str) -> str:
+    """An http(s) URL's path without its query (a presigned URL's signature): what names the file's type."""
+    return path.split("?", 1)[0] if protocol_of(path) in ("http", "https") else path
+
+
 def compression_of(path: str) -> str | None:
+    path = _without_query(path)
     for ext, name in COMPRESSIONS.items():
         if path.endswith(ext):
             return name
@@ -189,10 +189,12 @@ def _names_extension(pattern: str) -> bool:
 def _list_url(url: str, endpoint_url: str | None) -> tuple[str, dict[str, dict], list[str]]:
     """(root the keys are relative to, {path: info}, skipped non-corpus paths) of the files one input URL names."""
     fs, path = filesystem_for(url, endpoint_url)
+    # In an http(s) URL '?' starts the query (a presigned URL's signature), not a glob: fsspec cannot glob http.
+    wildcards = "*[" if protocol_of(url) in ("http", "https") else "*?["
     try:
-        if any(c in path for c in "*?["):
+        if any(c in path for c in wildcards):
             infos = fs.glob(path, detail=True)  # one listing, not one stat per match
-            root = path[: min(path.find(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
+            root = path[: min(path.find(c) for c in wildcards if c in path)].rsplit("/", 1)[0]
             chosen = _names_extension(path)
         elif (info := fs.info(path)).get("type") == "directory":  # one round trip tells a file from a folder
             infos = fs.find(path, detail=True)
@@ -352,11 +354,6 @@ def list_names(url: str, endpoint_url: str | None = None) -> list[str]:
         return sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False))
     except FileNotFoundError:
         return []
-
-
-def aws_env() -> dict[str, str]:
-    """The AWS variables set in this process, to hand to Ray workers through runtime_env (never log them)."""
-    return {k: os.environ[k] for k in AWS_ENV_VARS if k in os.environ}
 
 
 @contextlib.contextmanager

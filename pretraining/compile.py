@@ -1,5 +1,5 @@
 """`torch.compile` for the training step: one static graph per batch shape, all compiled before step 1, optionally
-replayed as CUDA graphs, and a fast restart from compiled artifacts kept beside the checkpoint.
+replayed as CUDA graphs, and a fast restart from compiled artifacts kept where the operator trusts them.
 
 - **Shapes.** `dynamic=False`: one graph per padded width (the loader's length buckets; one width when packing)
   instead of a symbolic-shape graph that would still recompile on specialised sizes. `precompile` runs forward +
@@ -11,21 +11,34 @@ replayed as CUDA graphs, and a fast restart from compiled artifacts kept beside 
   unmeasured here and: torch's CUDA graph trees mis-accumulate gradients across micro-batches (pytorch#96693,
   #169545), so it refuses `accum > 1`; graph memory is held per recorded shape; DDP's bucketed all-reduce then
   splits the graph (DDPOptimizer), which we have not run. No effect on CPU.
-- **Fast restart.** `torch.compiler.save_cache_artifacts()` (Inductor's FX-graph and AOTAutograd caches, autotune
-  results, Triton kernels) is written beside every checkpoint as `compile_cache.bin` and hot-loaded by
-  `load_artifacts` when a run resumes from it, before anything compiles: Dynamo still traces (seconds), but code
-  generation and kernel compilation become cache hits, on this machine or any with the same torch, GPU and
-  Triton. A mismatch only costs a normal compile.
+- **Fast restart, from trusted places only.** Compiled artifacts are code: Inductor's caches hold pickles and
+  generated modules that run when loaded, and `torch.compiler.load_cache_artifacts` writes files at the paths its
+  input names. So nothing compiled is ever read from the checkpoint directory (shared storage that colleagues or a
+  compromised job can write) and none is written there. A restart on the same node hits Inductor's own on-disk cache,
+  which `private_inductor_cache` keeps in a folder of this user's (`TORCHINDUCTOR_CACHE_DIR` when the operator set
+  it, else `~/.cache/bert-pretrain/inductor`, mode 0700, refused when another user owns it) instead of torch's default
+  under the world-writable /tmp. A restart on another node compiles again, unless the operator names a shared folder
+  they trust with `--compile-cache DIR` (`RuntimeConfig.compile_cache`): `torch.compiler.save_cache_artifacts()`
+  (FX-graph and AOTAutograd caches, autotune results, Triton kernels) is written there after every checkpoint, one
+  file per compile identity (`compile_key`: torch, device, backend, model, batch shapes), and hot-loaded before
+  anything compiles. Dynamo still traces (seconds); code generation and kernel compilation become cache hits. A
+  mismatch only costs a normal compile.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import logging
+import os
+import stat
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from bert_core import BertConfig
 from pretraining.batching import padded_width
 from pretraining.config import RuntimeConfig
 from pretraining.loader import DataConfig
@@ -34,7 +47,6 @@ from training.step import to_device
 
 log = logging.getLogger(__name__)
 
-CACHE_FILE = "compile_cache.bin"
 
 
 def present_widths(data: DataConfig) -> tuple[int, ...]:
@@ -106,21 +118,74 @@ def precompile(model: nn.Module, data: DataConfig, vocab_size: int, device: torc
     return widths
 
 
-def save_artifacts(directory: Path) -> None:
-    """Write this process's compiled artifacts (those it compiled and those it loaded) beside a checkpoint."""
+def private_inductor_cache() -> Path:
+    """The folder Inductor caches compiled code in for this process, made private to this user (see the module
+    docstring): the operator's `TORCHINDUCTOR_CACHE_DIR`, else `~/.cache/bert-pretrain/inductor` (XDG_CACHE_HOME
+    honoured), created mode 0700, set in the environment before anything compiles."""
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen:
+        return Path(chosen)
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    directory = base / "bert-pretrain" / "inductor"
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = directory.stat()
+    if info.st_uid != os.getuid():
+        raise ValueError(f"the compile cache {directory} belongs to uid {info.st_uid}, not to this user: its contents "
+                         "would run as code in this job; remove it or set TORCHINDUCTOR_CACHE_DIR to a folder of yours")
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        directory.chmod(0o700)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(directory)
+    return directory
+
+
+# BertConfig fields that name or describe a model without changing its graph (a checkpoint's config.json carries
+# `architectures`, a fresh config does not: the same run must find its own artifacts after a resume).
+_NOT_IN_THE_GRAPH = frozenset({"architectures", "initializer_range", "id2label", "label2id"})
+
+
+def compile_key(runtime: RuntimeConfig, data: DataConfig, bert: BertConfig, device: torch.device) -> str:
+    """What the compiled artifacts depend on: torch and its GPU stack, the device, the compile settings, the model
+    and the batch shapes. One trusted-cache file per key, so runs of different shapes never overwrite each other."""
+    what = {
+        "torch": torch.__version__, "git": torch.version.git_version, "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
+        "backend": runtime.compile_backend, "cuda_graphs": runtime.cuda_graphs, "fused": runtime.fused_kernels,
+        "low_precision_residual": runtime.low_precision_residual, "precision": runtime.precision,
+        "model": {k: v for k, v in dataclasses.asdict(bert).items() if k not in _NOT_IN_THE_GRAPH},
+        "micro_batch": data.micro_batch_size, "max_predictions": data.train.max_predictions,
+        "widths": present_widths(data), "packing": data.packing,
+    }
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def artifacts_path(trusted_dir: str | os.PathLike, key: str) -> Path:
+    return Path(trusted_dir) / f"compile-{key}.bin"
+
+
+def save_artifacts(trusted_dir: str | os.PathLike, key: str) -> Path | None:
+    """Write this process's compiled artifacts (those it compiled and those it loaded) into the operator's trusted
+    folder, atomically (a reader sees the previous file or this one). Returns the file, or None when there are none."""
     artifacts = torch.compiler.save_cache_artifacts()
-    if artifacts is not None:
-        (Path(directory) / CACHE_FILE).write_bytes(artifacts[0])
+    if artifacts is None:
+        return None
+    path = artifacts_path(trusted_dir, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(artifacts[0])
+    tmp.replace(path)
+    return path
 
 
-def load_artifacts(checkpoint_dir: Path) -> bool:
-    """Hot-load the compiled artifacts kept beside a checkpoint, if any; call before compiling anything."""
-    path = Path(checkpoint_dir) / CACHE_FILE
+def load_artifacts(trusted_dir: str | os.PathLike, key: str) -> bool:
+    """Hot-load the compiled artifacts of `key` from the operator's trusted folder, if any; call before compiling
+    anything. Never pass a folder that others can write: what is loaded runs as code."""
+    path = artifacts_path(trusted_dir, key)
     if not path.is_file():
+        log.info("no compiled artifacts at %s yet: compiling from scratch", path)
         return False
     try:
         info = torch.compiler.load_cache_artifacts(path.read_bytes())
-    except Exception as e:  # noqa: BLE001 (a stale or foreign cache only costs a normal compile)
+    except Exception as e:  # noqa: BLE001 (a stale cache only costs a normal compile)
         log.warning("could not load the compiled artifacts %s (%s): compiling from scratch", path, e)
         return False
     log.info("loaded compiled artifacts from %s: %s", path,
@@ -130,8 +195,6 @@ def load_artifacts(checkpoint_dir: Path) -> bool:
 
 def process_age() -> float | None:
     """Seconds since this process started (Linux /proc), for "time to first step" figures; None elsewhere."""
-    import os
-
     try:
         start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
         uptime = float(Path("/proc/uptime").read_text().split()[0])

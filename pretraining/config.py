@@ -121,6 +121,10 @@ class RuntimeConfig:
     # Compile every length bucket's graph before the first step (forward + backward on a synthetic batch of each
     # width, gradients dropped): no bucket's first appearance stalls a measured window later in the run.
     precompile_buckets: bool = True
+    # A folder the operator trusts (its contents run as code: Inductor's caches are pickles and generated modules):
+    # compiled artifacts are saved there after each checkpoint and loaded from it before compiling, for a fast
+    # restart on any node that mounts it. None: only this node's private Inductor cache (pretraining.compile).
+    compile_cache: str | None = None
     compile_warmup_steps: int = 3  # steps kept out of throughput when compiling (their time is compilation)
     # Steps kept out of throughput whatever the compile setting (benchmarks: allocator and cache warm-up too);
     # None: compile_warmup_steps when compiling, else none.
@@ -139,6 +143,9 @@ class RuntimeConfig:
             raise ValueError("--threads must be >= 1")
         if self.compile_warmup_steps < 0 or (self.exclude_steps or 0) < 0:
             raise ValueError("compile_warmup_steps and exclude_steps must be >= 0")
+        if self.compile_cache is not None and "://" in self.compile_cache:
+            raise ValueError(f"--compile-cache {self.compile_cache}: name a folder (a local disk or a shared volume "
+                             "that only you and your jobs can write), not a URL")
         if self.max_seconds is not None and self.max_seconds <= 0:
             raise ValueError("--max-minutes must be > 0")
 

@@ -42,9 +42,9 @@ from training.guard import (Divergence, Guard, StepLog, TrainingDiverged, advice
 from pretraining.metrics import MetricSums
 from pretraining.perf import RunTotals, Window, peak_flops, throughput
 from training.progress import Progress
+from training.worker import FitResult, Worker, resolve_device
 from pretraining.step import evaluate, train_step
 from training.step import to_device
-from training.worker import FitResult, Worker, resolve_device
 from tracking.tracker import NullTracker, Tracker, make_tracker
 
 log = logging.getLogger(__name__)
@@ -232,8 +232,6 @@ def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> _Ru
             step = int(state["step"])
             guard.load_state_dict(state.get("guard", {}))
             packed_position = data_mod.rank_position(state["data_position"], worker.rank, worker.world_size)
-            if compile_model:
-                compile_mod.load_artifacts(ckpt_dir)  # before anything compiles: a fast restart
             if (state["world_size"], state["micro_batch_size"], state["accum"], state["seed"]) != (
                     worker.world_size, data.micro_batch_size, data.accum, rt.seed):
                 log.warning("resuming with a different world size / batch geometry / seed than the checkpoint's: "
@@ -243,6 +241,9 @@ def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> _Ru
 
     model = worker.wrap(raw)
     if compile_model:
+        compile_mod.private_inductor_cache()  # before anything compiles: torch's default is under the shared /tmp
+        if rt.compile_cache is not None:  # the operator's trusted folder; never the checkpoint's (shared storage)
+            compile_mod.load_artifacts(rt.compile_cache, compile_mod.compile_key(rt, data, raw.config, device))
         model = compile_mod.compile_model(model, rt, data, device)
         if rt.precompile_buckets:
             compile_mod.precompile(model, data, raw.config.vocab_size, device, autocast_dtype)
@@ -441,8 +442,8 @@ def _save_checkpoint(run: _Run, result: FitResult, metrics: dict[str, float], la
             "run_name": run.worker.tracking.run_name if run.worker.tracking else "",
             "config": dataclasses.asdict(cfg),
         })
-        if run.compiled:
-            compile_mod.save_artifacts(directory)
 
     path = run.worker.checkpoints.save(at, metrics, write if run.worker.rank == 0 else None)
+    if run.compiled and rt.compile_cache is not None and run.worker.rank == 0:
+        compile_mod.save_artifacts(rt.compile_cache, compile_mod.compile_key(rt, data, run.raw.config, run.device))
     result.checkpoint = path or result.checkpoint

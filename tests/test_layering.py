@@ -1,7 +1,8 @@
 """The import rules of CONVENTIONS.md and docs/architecture.md: jobs -> workflows, pretraining, finetuning -> training
 (the runtime both trainers share) -> tracking, pipeline, bert_core; the two trainers never import each other;
 bert_core is torch-only; pipeline is model-free; MLflow is imported only under tracking/, Ray only by the training
-launcher and the build's engine (pipeline/build/ray_*.py)."""
+launcher (training/launch.py and its torch rendezvous, training/rendezvous.py) and the build's engine
+(pipeline/build/ray_*.py)."""
 import ast
 from pathlib import Path
 
@@ -28,7 +29,8 @@ def may_import(module: str, rel: str) -> bool:
     if module == "mlflow":
         return rel.startswith("tracking/")
     if module == "ray":
-        return rel == "training/launch.py" or (rel.startswith("pipeline/build/ray_") and rel.endswith(".py"))
+        return rel in ("training/launch.py", "training/rendezvous.py") or (
+            rel.startswith("pipeline/build/ray_") and rel.endswith(".py"))
     if module in ("fsspec", "pyarrow", "s3fs"):
         return not rel.startswith("bert_core/")
     return True

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from pipeline.safe_io.redact import redact_url
+
 DATASET_DIGEST_CHARS = 16  # of the manifest's sha256 (MLflow keeps at most 36 characters of a digest)
 
 
@@ -34,12 +36,13 @@ def built_dataset(manifest: Any):
 
             return super().to_dict() | {"profile": json.dumps(profile)}
 
+    url = redact_url(manifest.url)  # what MLflow shows; the full URL only reads
     with warnings.catch_warnings():  # a local path "can be interpreted in multiple ways": all of them local
         warnings.simplefilter("ignore", UserWarning)
-        source = resolve_dataset_source(manifest.url)  # absolute: read_manifest resolves a local path
+        source = resolve_dataset_source(url)  # absolute: read_manifest resolves a local path
     schema = Schema([ColSpec(Array(DataType.integer) if str(f.type).startswith("list") else DataType.integer, f.name)
                      for f in instance_schema(manifest.vocab.size)])
-    return BuiltDataset(source, name=os.path.basename(manifest.url.rstrip("/")) or manifest.url,
+    return BuiltDataset(source, name=os.path.basename(url.rstrip("/")) or url,
                         digest=manifest.sha256[:DATASET_DIGEST_CHARS], schema=schema)
 
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.safe_io.redact import redact_text
 from tracking.params import MAX_PARAM_LENGTH
 from tracking.store import get_or_create_experiment
 
@@ -46,14 +47,15 @@ class Run:
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
 
-        # MlflowClient.log_batch splits a long list into batches within the store's limits itself.
-        self._client().log_batch(self.run_id, params=[Param(k, str(v)[:MAX_PARAM_LENGTH])
+        # MlflowClient.log_batch splits a long list into batches within the store's limits itself. Redacted before
+        # the cut: a URL's secret must not survive as a prefix either.
+        self._client().log_batch(self.run_id, params=[Param(k, redact_text(str(v))[:MAX_PARAM_LENGTH])
                                                       for k, v in sorted(params.items())])
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
 
-        self._client().log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        self._client().log_batch(self.run_id, tags=[RunTag(k, redact_text(str(v))) for k, v in tags.items()])
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int = 0) -> None:
         self._client().log_batch(self.run_id, metrics=_as_metrics(metrics, step, int(time.time() * 1000)))

@@ -5,6 +5,7 @@ import logging
 import time
 from typing import Protocol
 
+from pipeline.safe_io.redact import redact_text
 from tracking.config import RunRef
 from tracking.runs import _as_metrics
 
@@ -74,7 +75,7 @@ class MlflowTracker:
         self.logged = {k: min(v, step) for k, v in self.logged.items()}
 
     def set_tag(self, key: str, value: str) -> None:
-        self.client.set_tag(self.run_id, key, value)
+        self.client.set_tag(self.run_id, key, redact_text(value))
 
     def close(self) -> None:
         if self.monitor is not None:

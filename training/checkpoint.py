@@ -22,6 +22,7 @@ from typing import Iterator
 
 import torch
 
+from pipeline.safe_io.redact import redact
 from pipeline.safe_io.untrusted import read_local_bounded
 from training.guard import model_and_optimizer_tensors, nonfinite_tensors
 
@@ -60,7 +61,8 @@ def save_train_state(directory, optimizer: torch.optim.Optimizer, scheduler=None
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         **(extra or {}),
     }
-    (directory / TRAIN_STATE_JSON).write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
+    # URLs in the run's config lose their userinfo and signatures: a checkpoint is read by whoever shares its storage.
+    (directory / TRAIN_STATE_JSON).write_text(json.dumps(redact(meta), indent=1, sort_keys=True, default=str))
     save_file(tensors, str(directory / TRAIN_STATE_TENSORS))
 
 

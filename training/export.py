@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.safe_io.redact import redact_url
 from pipeline.safe_io.lease import holding, lease_url_beside
 from pipeline.safe_io.publish import publish_remote, recover_local, swap_in_local
 from pipeline.safe_io.untrusted import read_local_bounded
@@ -62,8 +63,8 @@ def export_model(model_dir: Path, dest: str | None, run: Run, lineage: str,
     with tempfile.TemporaryDirectory(prefix=".export-", dir=target.parent if target else None) as tmp:
         staged = Path(tmp) / "model"
         shutil.copytree(model_dir, staged)
-        (staged / lineage).write_text(json.dumps({"mlflow_run_id": run.run_id,
-                                                  "tracking_uri": run.tracking_uri}) + "\n")
+        (staged / lineage).write_text(json.dumps({"mlflow_run_id": run.run_id,  # a password in the URI stays here
+                                                  "tracking_uri": redact_url(run.tracking_uri)}) + "\n")
         run.log_artifacts(staged, artifact_path="model")
         if dest is not None:
             with holding(lease_url_beside(str(target or dest)), str(target or dest), "export", endpoint_url,
@@ -73,7 +74,7 @@ def export_model(model_dir: Path, dest: str | None, run: Run, lineage: str,
                 else:
                     publish_remote(staged, dest, endpoint_url)
     if dest is not None:
-        log.info("exported the model (Hugging Face layout) to %s", target or dest)
+        log.info("exported the model (Hugging Face layout) to %s", target or redact_url(dest))
 
 
 def read_lineage(*model_dirs: str | Path, lineage: str = PRETRAIN_LINEAGE) -> dict[str, str] | None:

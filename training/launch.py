@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -90,8 +89,10 @@ class LaunchConfig:
 
 
 def storage_filesystem(url: str, endpoint_url: str | None):
-    """(pyarrow filesystem or None, path) for Ray Train's RunConfig. Credentials are resolved here (the driver's
-    environment) so that the Ray Train controller, which does not share it, can use the filesystem too."""
+    """(pyarrow filesystem or None, path) for Ray Train's RunConfig. It carries no credentials: Ray pickles it to the
+    Train controller and workers, and each resolves its own where it runs (boto's chain: a local Ray's processes
+    inherit the job's environment; a cluster node has its environment, instance profile, IRSA role or credentials
+    file). Keys baked in here would travel, and be kept, wherever Ray stores the run's config."""
     from pipeline import storage
 
     if not storage.is_url(url):
@@ -104,11 +105,10 @@ def storage_filesystem(url: str, endpoint_url: str | None):
 
         from pipeline.safe_io.retry import S3_RETRIES
 
-        # Our retry policy (pipeline/safe_io/retry.py S3_RETRIES), not botocore's default: Ray Train's checkpoint uploads
-        # and its snapshot reads go through this filesystem, on the controller and on every worker.
-        fs = s3fs.S3FileSystem(key=os.environ.get("AWS_ACCESS_KEY_ID"), secret=os.environ.get("AWS_SECRET_ACCESS_KEY"),
-                               token=os.environ.get("AWS_SESSION_TOKEN"),
-                               client_kwargs={"endpoint_url": endpoint_url} if endpoint_url else {},
+        # No credentials here: every process that uses this filesystem (the Ray Train controller, each worker)
+        # resolves its own (inherited environment, instance profile, IRSA). Our retry policy
+        # (pipeline/safe_io/retry.py S3_RETRIES), not botocore's default: checkpoint uploads and snapshot reads.
+        fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint_url} if endpoint_url else {},
                                config_kwargs={"retries": dict(S3_RETRIES)})
     return pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs)), path
 
@@ -171,28 +171,27 @@ def _on_ray(fit: Callable, config, launch: LaunchConfig, inputs: Any = None,
     """`fit(config, worker)` on Ray Train workers (DDP); yields the last checkpoint Ray Train kept."""
     import ray
     import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchTrainer
 
     from pipeline.build.ray_start import init_ray
-    from pipeline.storage import aws_env
+    from training.rendezvous import LocalRendezvous
 
     init_ray(dashboard=True)
     cpus = _cpus_per_worker(launch)
     resources = {"CPU": cpus, **({"GPU": 1} if launch.use_gpu else {})}
     fs, storage_path = storage_filesystem(launch.storage, launch.endpoint_url)
-    env = aws_env()
     trainer = TorchTrainer(
         ray_worker,
         train_loop_config={"fit": fit, "config": config, "threads": max(1, round(cpus)),
                            "inputs": ray.put(inputs) if inputs is not None else None, "tracking": tracking},
-        torch_config=TorchConfig(backend="nccl" if launch.use_gpu else "gloo"),
+        # Single-node groups rendezvous through a private file store, not a TCPStore on every interface.
+        torch_config=LocalRendezvous(backend="nccl" if launch.use_gpu else "gloo"),
         scaling_config=ray.train.ScalingConfig(num_workers=launch.num_workers, use_gpu=launch.use_gpu,
                                                resources_per_worker=resources),
         run_config=ray.train.RunConfig(
             name=launch.name, storage_path=storage_path, storage_filesystem=fs,
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=launch.keep_checkpoints),
             failure_config=ray.train.FailureConfig(max_failures=launch.max_failures),
-            worker_runtime_env={"env_vars": env} if env else None,
         ),
     )
     log.info("training on %d Ray worker(s) x %s CPU%s", launch.num_workers, cpus, " + GPU" if launch.use_gpu else "")
@@ -256,10 +255,12 @@ def ray_worker(loop_config: dict[str, Any]) -> dict[str, str]:
     import ray.train.torch
     import torch
 
+    from pipeline.safe_io.redact import install_log_redaction, redact_exception, redact_text
     from training.worker import Verdict, Worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
+    install_log_redaction()  # the worker's lines land in Ray's session logs
     torch.set_num_threads(loop_config["threads"])
     ctx = ray.train.get_context()
     world = ctx.get_world_size()
@@ -273,7 +274,9 @@ def ray_worker(loop_config: dict[str, Any]) -> dict[str, str]:
         loop_config["fit"](loop_config["config"], worker)
     except Verdict as e:
         logging.getLogger(__name__).error("%s", e)
-        return {"error": str(e), "kind": f"{type(e).__module__}:{type(e).__qualname__}"}
+        return {"error": redact_text(str(e)), "kind": f"{type(e).__module__}:{type(e).__qualname__}"}
+    except Exception as e:
+        raise redact_exception(e)  # Ray prints it to its session logs and the driver, past our log filter
     return {}
 
 

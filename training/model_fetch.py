@@ -21,9 +21,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pipeline.safe_io.untrusted import check_relative_name
+from pipeline.safe_io.redact import redact_url
 from pipeline.safe_io.publish import resolve
 from pipeline.safe_io.retry import retrying
+from pipeline.safe_io.untrusted import check_relative_name
 from pipeline.storage import filesystem_for, is_url, storage_error
 
 log = logging.getLogger(__name__)
@@ -53,35 +54,37 @@ def fetch_model(url: str, cache_dir: str | os.PathLike, endpoint_url: str | None
     if published is not None:
         missing = sorted(set(published[1]) - set(files))
         if missing:
-            raise ValueError(f"--init {url}: its export.json names {', '.join(missing[:3])}, missing from "
+            raise ValueError(f"--init {redact_url(url)}: its export.json names {', '.join(missing[:3])}, missing from "
                              f"{published[0]}; export to it again")
         files = {k: v for k, v in files.items() if k in published[1]}
     for name, info in files.items():
-        check_relative_name(name, url, "file")
+        check_relative_name(name, redact_url(url), "file")
         if int(info.get("size") or 0) > MAX_FILE_BYTES:
-            raise ValueError(f"--init {url}: {name} is {info.get('size')} bytes, more than {MAX_FILE_BYTES} (a BERT"
-                             " far larger than bert-large): refusing to fetch it")
+            raise ValueError(f"--init {redact_url(url)}: {name} is {info.get('size')} bytes, more than {MAX_FILE_BYTES}"
+                             " (a BERT far larger than bert-large): refusing to fetch it")
     if "config.json" in files:
         wanted = {k: v for k, v in files.items() if "/" not in k}
     elif "model/config.json" in files:
         wanted = {k: v for k, v in files.items() if k.startswith("model/")}
     else:
-        raise ValueError(f"--init {url}: no model there (found {len(files)} files, none of them config.json or "
-                         "model/config.json); pass an export, a checkpoint or a Hugging Face BERT directory")
+        raise ValueError(f"--init {redact_url(url)}: no model there (found {len(files)} files, none of them "
+                         "config.json or model/config.json); pass an export, a checkpoint or a Hugging Face BERT "
+                         "directory")
     version = sorted((k, int(v.get("size") or 0), _version(v)) for k, v in wanted.items())
     key = hashlib.sha256(json.dumps([url, version]).encode()).hexdigest()[:16]
     cache = Path(cache_dir)
     target = cache / key
     if (target / MANIFEST).is_file():
-        log.info("--init %s: using the copy fetched before, %s", url, target)
+        log.info("--init %s: using the copy fetched before, %s", redact_url(url), target)
         return target
     cache.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".fetching-", dir=cache))
     try:
         for name in wanted:
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-            retrying(lambda: fs.get_file(posixpath.join(root, name), str(tmp / name)), f"fetch {name} of {url}")
-        (tmp / MANIFEST).write_text(json.dumps({"url": url, "files": version}, indent=1) + "\n")
+            retrying(lambda: fs.get_file(posixpath.join(root, name), str(tmp / name)),
+                     f"fetch {name} of {redact_url(url)}")
+        (tmp / MANIFEST).write_text(json.dumps({"url": redact_url(url), "files": version}, indent=1) + "\n")
         if target.exists():  # another process fetched the same version meanwhile: keep theirs
             shutil.rmtree(tmp)
         else:
@@ -91,7 +94,7 @@ def fetch_model(url: str, cache_dir: str | os.PathLike, endpoint_url: str | None
         if isinstance(e, Exception) and not isinstance(e, ValueError):
             raise storage_error(url, e, "fetch the model at") from e
         raise
-    log.info("--init %s: fetched %d files (%.1f MB) into %s", url, len(wanted),
+    log.info("--init %s: fetched %d files (%.1f MB) into %s", redact_url(url), len(wanted),
              sum(v for _, v, _ in version) / 1e6, target)
     return target
 

@@ -52,6 +52,7 @@ from pipeline.safe_io.lease import output_lease
 from pipeline.readers import ReadReport
 from pipeline.schema import (FORMAT, FORMAT_VERSION, MANIFEST, SHARDS_DIR, VOCAB_FILE, Manifest, config_hash,
                              parse_manifest, read_manifest, token_dtype, validate_manifest)
+from pipeline.safe_io.redact import redact, redact_url
 from pipeline.storage import (absolute, check_writable, expand_inputs, join, read_bytes, remove_stale_temps,
                               remove_tree, write_bytes_atomic, write_json_atomic)
 
@@ -110,7 +111,8 @@ def _build(cfg: BuildConfig, executor: Executor | None, on_stage: OnStage | None
     # Everything that can fail cheaply fails here, before any work: inputs, vocab, output, config clashes.
     ignored: list[str] = []
     files = expand_inputs(list(cfg.inputs), ep, skipped=ignored)
-    inputs = [{"path": f.path, "size": f.size, "etag": f.etag, "mtime": f.mtime}
+    # An input's identity is its redacted URL (no userinfo, no signature): what the manifest shows and reruns compare.
+    inputs = [{"path": redact_url(f.path), "size": f.size, "etag": f.etag, "mtime": f.mtime}
               | ({"digest": f.digest} if f.digest else {}) for f in files]  # http(s) without ETag: its bytes
     vocab_bytes = None
     if cfg.vocab:
@@ -202,7 +204,7 @@ def _build(cfg: BuildConfig, executor: Executor | None, on_stage: OnStage | None
                         "sample_fraction": min(1.0, ctx.pool_threshold / (1 << 64))},
         "build_seconds": round(time.time() - t0, 2),
     }
-    manifest = json.loads(json.dumps(manifest))  # what readers will see (tuples become lists)
+    manifest = redact(json.loads(json.dumps(manifest)))  # what readers will see (tuples become lists, no secrets)
     validate_manifest(manifest, "the new manifest")
     write_json_atomic(join(out, MANIFEST), manifest, ep)  # last: its presence means the dataset is complete
     remove_tree(cfg.work, ep)

@@ -10,6 +10,7 @@ from pipeline.build.work import StepContext
 from pipeline.checks import CheckConfig
 from pipeline.create_instances import InstanceConfig
 from pipeline.readers import ReadOptions, ReadReport, Unit
+from pipeline.safe_io.redact import redact
 from pipeline.schema import WORK_DIR
 from pipeline.storage import join
 
@@ -57,12 +58,13 @@ class BuildConfig:
         return join(self.output, WORK_DIR)
 
     def identity(self) -> dict[str, Any]:
-        """The config that decides the content: not where it is written or which endpoint serves it."""
+        """The config that decides the content: not where it is written, which endpoint serves it or which
+        credentials read it."""
         d = dataclasses.asdict(self)
         d.pop("output")
         d.pop("endpoint_url")
         d.pop("checks")  # they decide whether the build goes on, not what it makes
-        return d
+        return redact(d)  # input URLs without userinfo or signatures: hashed, compared and written as such
 
     def step_context(self, vocab_size: int, pool_threshold: int, build_id: str) -> StepContext:
         return StepContext(work=self.work, output=self.output, read=self.read,

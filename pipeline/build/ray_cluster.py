@@ -30,7 +30,6 @@ from typing import Any
 
 from pipeline.build.markers import Marker
 from pipeline.readers import InputError
-from pipeline.storage import aws_env
 
 log = logging.getLogger(__name__)
 
@@ -181,11 +180,10 @@ class RayCluster(abc.ABC):
     def _options(self) -> dict[str, Any]:
         # The same options for the warm-up tasks and the stages' tasks: Ray gives tasks with another runtime_env
         # other worker processes, which would miss the warm caches.
-        opts: dict[str, Any] = {"num_cpus": 1}
-        env = aws_env()  # workers do not inherit the driver's environment: hand them the AWS settings (never logged)
-        if env:
-            opts["runtime_env"] = {"env_vars": env}
-        return opts
+        # No runtime_env env vars: Ray writes them to runtime_env_agent.log and serves them on its dashboard. Credentials
+        # reach the workers as the cluster provides them (a local Ray inherits this process's environment;
+        # pipeline.build.ray_start).
+        return {"num_cpus": 1}
 
     # --- the Executor protocol
 

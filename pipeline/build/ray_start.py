@@ -4,11 +4,27 @@ engine and by the training launcher (`training.launch`), the two places that run
 A local Ray (no RAY_ADDRESS) listens on 127.0.0.1 only, whatever the environment: Ray decides at import time
 whether to advertise the machine's external address, so `init_ray` sets RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before
 importing it (and corrects Ray's constant when something imported Ray earlier) and passes the node address.
+
+A local Ray also requires a token of its own (`local_token`): Ray 2.60's token authentication (RAY_AUTH_MODE=token)
+with a fresh 256-bit token in a file of mode 0600 inside a 0700 folder, named by RAY_AUTH_TOKEN_PATH. Ray's default
+for a new local Ray is one token per user in ~/.ray/auth_token, shared by every cluster that user starts (and left
+as the umask makes it): any process that can read it attaches to any of them. Ray's processes inherit the two
+variables from this one (they are set before `ray.init` starts them), so no secret travels in a `runtime_env`. The
+folder is removed when the process exits.
+
+Credentials reach the workers the same way: a local Ray's raylet inherits this process's environment (AWS_* set
+before the job started), and on a cluster each node's own environment, instance profile, IRSA role or credentials
+file provides them. Nothing is passed through `runtime_env`, which Ray writes to its logs and serves on its dashboard.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +58,7 @@ def init_ray(num_cpus: int | None = None, dashboard: bool = False) -> None:
         return
     # Something imported Ray before the variable was set: correct what Ray read from it (pinned Ray: private name).
     ray_constants.ENABLE_RAY_CLUSTER = False
+    local_token()
     # address="local": without it, ray.init() joins any cluster already running on this machine (someone's
     # `ray start`, another job's session) and then refuses num_cpus; we promised a fresh local Ray.
     for attempt in range(1, START_ATTEMPTS + 1):
@@ -55,3 +72,29 @@ def init_ray(num_cpus: int | None = None, dashboard: bool = False) -> None:
             log.warning("local Ray start timed out (attempt %d of %d, machine overloaded?); retrying",
                         attempt, START_ATTEMPTS)
             ray.shutdown()
+
+
+def local_token() -> Path:
+    """Make the local Ray this process starts require a token of its own (see the module docstring); returns its
+    file. Any RAY_AUTH_TOKEN inherited from the shell (another cluster's) is dropped: it would take precedence."""
+    folder = Path(tempfile.mkdtemp(prefix="bert-ray-auth-"))  # mode 0700
+    path = folder / "auth_token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))  # what `ray get-auth-token --generate` writes: 256 bits
+    atexit.register(_stop_and_remove, folder)
+    os.environ.pop("RAY_AUTH_TOKEN", None)
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(path)
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")  # Ray caches its config and token at first use: make this process see the new ones
+    AuthenticationTokenLoader.instance().reset_cache()
+    return path
+
+
+def _stop_and_remove(folder: Path) -> None:
+    import ray
+
+    ray.shutdown()  # the token's last users first (atexit runs this before Ray's own hook)
+    shutil.rmtree(folder, ignore_errors=True)

@@ -136,16 +136,21 @@ def test_shape_mismatch_is_a_clear_error(tmp_path):
     assert m.classifier.weight.shape == (5, 128)
 
 
-def test_loads_pytorch_model_bin_and_legacy_names(tmp_path):
-    """Old checkpoints: pytorch_model.bin (loaded with weights_only=True), gamma/beta LayerNorm names, no prefix."""
+def test_loads_legacy_names_and_refuses_pickled_weights(tmp_path):
+    """Old checkpoints: gamma/beta LayerNorm names, no prefix, a stray position_ids buffer load; pytorch_model.bin
+    (a pickle) is refused with the conversion to run, never unpickled."""
     torch.manual_seed(0)
     ref = bert_core.BertModel(cfg()).eval()
     sd = bert_core.hf.to_hf_state_dict(ref.state_dict())
     sd = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
           for k, v in sd.items()}
     sd["embeddings.position_ids"] = torch.arange(64)[None]
-    torch.save(sd, tmp_path / "pytorch_model.bin")
     ref.config.to_json_file(tmp_path / "config.json")
+    torch.save(sd, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="pytorch_model.bin: pickled weights are not loaded .*save_pretrained"):
+        bert_core.BertModel.from_pretrained(tmp_path)
+    (tmp_path / "pytorch_model.bin").unlink()
+    bert_core.hf.save_weights({k: v.contiguous() for k, v in sd.items()}, tmp_path / "model.safetensors")
     m, info = bert_core.BertModel.from_pretrained(tmp_path, output_loading_info=True)
     assert info == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": []}
     ids, mask, _ = batch()

@@ -1,8 +1,10 @@
 """Run by tests/pretraining/test_compile_cache.py in a fresh interpreter (Inductor's in-memory caches must be empty):
-`pretraining.loop.fit` with torch.compile (inductor) on real shards, checkpointing, resuming from any checkpoint found.
+`pretraining.loop.fit` with torch.compile on real shards, checkpointing, resuming from any checkpoint found.
 
-    python tests/pretraining/compile_cache_scenario.py DATASET_DIR CHECKPOINT_DIR STEPS  -> one JSON line on stdout
+    python tests/pretraining/compile_cache_scenario.py DATASET_DIR CHECKPOINT_DIR STEPS [BACKEND [COMPILE_CACHE]]
+    -> one JSON line on stdout
 
+BACKEND defaults to inductor; COMPILE_CACHE is the operator's trusted folder (`RuntimeConfig.compile_cache`).
 Prints Dynamo's cache counters (Inductor's FX-graph cache, AOTAutograd's cache) for this process, the step it
 resumed from and the files of the last checkpoint.
 """
@@ -24,7 +26,8 @@ from training.worker import Worker
 from pipeline.schema import read_manifest
 
 
-def main(dataset: str, checkpoints: str, steps: int) -> None:
+def main(dataset: str, checkpoints: str, steps: int, backend: str = "inductor",
+         compile_cache: str | None = None) -> None:
     from torch._dynamo.utils import counters
 
     torch.set_num_threads(1)
@@ -42,7 +45,8 @@ def main(dataset: str, checkpoints: str, steps: int) -> None:
         max_steps=steps, optimizer=OptimizerConfig(lr=1e-3),
         checkpoint=CheckpointConfig(every=1),
         tracking=TrackingConfig(log_every=1),
-        runtime=RuntimeConfig(device="cpu", threads=1, compile=True, compile_backend="inductor", seed=3),
+        runtime=RuntimeConfig(device="cpu", threads=1, compile=True, compile_backend=backend,
+                              compile_cache=compile_cache, seed=3),
     )
     result = fit(config, Worker(checkpoints=LocalCheckpoints(checkpoints, keep=1)))
     last = sorted(Path(checkpoints).glob("checkpoint-*"))[-1]
@@ -55,4 +59,4 @@ def main(dataset: str, checkpoints: str, steps: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:])

@@ -70,3 +70,16 @@ def test_local_paths_pass_through(tmp_path):
     assert fetch_model(str(tmp_path / "m"), tmp_path / "cache") == tmp_path / "m"
     assert fetch_model(f"file://{tmp_path}/m", tmp_path / "cache") == tmp_path / "m"
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_key_that_leaves_the_models_folder_is_refused(model_dir, s3_bucket, tmp_path):
+    """Whoever can write the bucket names the files: `models/x/../../escaped` must not land outside the cache."""
+    endpoint, bucket = s3_bucket
+    _, export = model_dir
+    upload_tree(export, f"s3://{bucket}/models/x", endpoint)
+    boto3.client("s3", endpoint_url=endpoint).put_object(Bucket=bucket, Key="models/x/../../escaped", Body=b"pwned")
+    keys = [o["Key"] for o in boto3.client("s3", endpoint_url=endpoint).list_objects_v2(Bucket=bucket)["Contents"]]
+    assert "models/x/../../escaped" in keys  # the store keeps the name as written
+    with pytest.raises(ValueError, match=r"s3://.*/models/x: file '\.\./\.\./escaped' is not a relative name"):
+        fetch_model(f"s3://{bucket}/models/x", tmp_path / "work" / "cache", endpoint)
+    assert not list(tmp_path.rglob("escaped"))
