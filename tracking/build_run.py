@@ -9,7 +9,7 @@ its end (figures, artifacts, the dataset), written after the build.
 
 Writes are queued on one thread (in order); ``on_stage`` raises at once if the run could not be opened, so a bad
 tracking store stops the build at its next stage rather than after it. The run is opened by
-``tracking.runs.open_run`` (dated from the job's start), the figures come from ``pipeline.report``, the dataset
+``tracking.runs.open_run`` (dated from the job's start), the figures come from ``tracking.build_report``, the dataset
 record from ``tracking.datasets.log_dataset`` (what pre-training calls for its input).
 """
 from __future__ import annotations
@@ -75,7 +75,7 @@ class BuildRun:
         self.vocab_run = child
 
     def _finish(self, output: str, m: Manifest, ended: float, nothing_done: bool) -> None:
-        from pipeline import report
+        from tracking import build_report as report
         from pipeline.schema import MANIFEST, VOCAB_FILE
         from pipeline.storage import join, read_bytes
         from tracking.datasets import log_dataset

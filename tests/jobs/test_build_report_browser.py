@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.report import FIGURES
+from tracking.build_report import FIGURES
 from pipeline.schema import read_manifest
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

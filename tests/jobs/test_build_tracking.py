@@ -7,7 +7,7 @@ import gzip
 import json
 
 from jobs import build_dataset
-from pipeline.report import FIGURES
+from tracking.build_report import FIGURES
 from pipeline.schema import read_manifest
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -1,4 +1,4 @@
-"""pipeline.report on a real build's manifest: every figure is a PNG of the expected size, the metrics are the
+"""tracking.build_report on a real build's manifest: every figure is a PNG of the expected size, the metrics are the
 manifest's statistics, and the new histograms add up to the manifest's totals."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 
 from PIL import Image
 
-from pipeline.report import FIGURES, figures, metrics
+from tracking.build_report import FIGURES, figures, metrics
 from pipeline.schema import read_manifest
 
 

@@ -1,9 +1,10 @@
-"""The dataset report: a finished build's manifest statistics as figures (PNG bytes) and flat metrics.
+"""The dataset report the build's MLflow run shows: a finished build's manifest statistics as figures (PNG bytes) and
+flat metrics.
 
     figures(manifest, name) -> {"seq_length.png": b"...", ...}     what a person looks at in the MLflow run
     metrics(manifest) -> {"instances": 12345.0, ...}                 the same statistics as numbers
 
-Pure functions of the manifest: no tracking here (the job logs what these return). Figures are drawn on
+Pure functions of the manifest: no MLflow calls here (`tracking.build_run` logs what these return). Figures are drawn on
 ``matplotlib.figure.Figure`` with the Agg canvas, never through ``pyplot``, whose global state is not safe in the
 background thread the job renders them in.
 """
