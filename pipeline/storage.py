@@ -308,14 +308,23 @@ def check_writable(url: str, endpoint_url: str | None = None) -> None:
         raise storage_error(url, e, "write output to") from e
 
 
+def _fresh(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    """Forget what this process cached of ``path``'s folder: s3fs answers ``info``/``exists`` (and sizes a
+    ``cat_file``) from its listing cache, so a file another process (a Ray worker) wrote after this one listed the
+    folder would read as missing."""
+    fs.invalidate_cache(posixpath.dirname(path.rstrip("/")))
+
+
 def exists(url: str, endpoint_url: str | None = None) -> bool:
     fs, path = filesystem_for(url, endpoint_url)
+    _fresh(fs, path)
     return fs.exists(path)
 
 
 def read_bytes(url: str, endpoint_url: str | None = None) -> bytes:
     """The bytes at ``url``, read again after a transient fault (bounded: ``safe_io.untrusted.read_bounded``)."""
     fs, path = filesystem_for(url, endpoint_url)
+    _fresh(fs, path)
     return retrying(lambda: fs.cat_file(path), f"read {url}")
 
 

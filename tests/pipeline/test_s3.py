@@ -142,3 +142,22 @@ def test_listing_probes_and_pieces_on_s3_run_in_parallel(s3_bucket, tmp_path, mo
     want = [(d.doc_id, d.lines) for u in plan_units([plain], opts, 64 << 10) for d in read_unit(u, opts)]
     got = [(d.doc_id, d.lines) for u in piece_units([marker], ctx) for d in read_unit(u, opts, endpoint)]
     assert got == want and len(got) > 100
+
+
+def test_a_file_another_process_wrote_after_a_listing_is_read(s3_bucket):
+    """The driver lists a folder (s3fs caches the listing), then a Ray worker writes a file in it (the trained
+    vocabulary, a marker): the driver must see it. s3fs sizes a cat_file from that cache, so a stale listing read
+    as 'not found' (a Ray build to S3 failed on its own _work/vocab.txt)."""
+    import boto3
+
+    from pipeline.storage import exists, list_names, read_bytes
+
+    endpoint, bucket = s3_bucket
+    folder = f"s3://{bucket}/work"
+    fs, _ = filesystem_for(folder, endpoint)
+    fs.pipe_file(f"{bucket}/work/first.txt", b"1")
+    assert list_names(folder, endpoint) == ["first.txt"]
+    fs.ls(f"{bucket}/work")  # the listing, cached in this process
+    boto3.client("s3", endpoint_url=endpoint).put_object(Bucket=bucket, Key="work/vocab.txt", Body=b"[PAD]\n")
+    assert exists(f"{folder}/vocab.txt", endpoint)
+    assert read_bytes(f"{folder}/vocab.txt", endpoint) == b"[PAD]\n"
