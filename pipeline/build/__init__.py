@@ -42,8 +42,9 @@ from pipeline.build.executor import Executor, LocalExecutor, Stage, run_stage
 from pipeline.build.identity import check_state, finished
 from pipeline.build.instances import InstancesMarker, instances_stage
 from pipeline.build.pieces import input_units, unit_sizes
-from pipeline.build.pool import (COMPRESSED_RATIO, PoolMarker, PoolPartStep, planned_tokens, pool_parts_stage,
-                                 pool_stage, pool_threshold)
+from pipeline.build.docs import SplitTokenize
+from pipeline.build.pool import (COMPRESSED_RATIO, LoadPool, PoolMarker, planned_tokens, pool_parts_stage, pool_stage,
+                                 pool_threshold)
 from pipeline.build.shards import SHARD_BYTES, default_num_shards, shards_stage
 from pipeline.build.vocab import VocabContext, VocabSample, train_vocab
 from pipeline.checks import settings_warnings, unk_check, vocab_size_warning
@@ -153,7 +154,7 @@ def _build(cfg: BuildConfig, executor: Executor | None, on_stage: OnStage | None
     # first stage that tokenizes.
     shared = executor.share(vocab_sha, tokens)
     num_shards = cfg.num_shards or default_num_shards(planned, cfg.dupe_factor, vocab.vocab_size)
-    executor.warm(PoolPartStep(ctx, shared).setup, max(len(units), num_shards))
+    executor.warm(SplitTokenize(ctx, shared, members="only").setup, max(len(units), num_shards))
     if cfg.num_shards is None:
         log.info("%d shards of at most about %d MiB (from the planned size; --num-shards to choose)", num_shards,
                  SHARD_BYTES >> 20)
@@ -164,6 +165,8 @@ def _build(cfg: BuildConfig, executor: Executor | None, on_stage: OnStage | None
         started = time.time()
         state.markers[stage.name] = run_stage(stage, executor, ctx.work, ep)
         told(stage.name, state.markers[stage.name], started, time.time())
+        if stage.name == "pool":  # the instances pass gets the merged pool as one shared object
+            state.pool = executor.share_result(f"pool:{build_id}", LoadPool(ctx))
         if stage.name == "pool_parts":  # the pool is a seeded sample of the corpus: refuse before the heavy stage
             _unk_check(cfg, state.markers["pool_parts"], "of the random-next pool's tokens (a seeded sample of the"
                        " corpus)")

@@ -84,4 +84,5 @@ class BuildState:
     planned_tokens: int
     unit_sizes: dict[str, int]  # bytes of text per unit uid (progress; estimated for compressed files)
     num_shards: int  # the config's, or the default from the planned size
+    pool: Shared | None = None  # the merged random-next pool, once its stage has run (an object reference on Ray)
     markers: dict[str, list[Marker]] = dataclasses.field(default_factory=dict)

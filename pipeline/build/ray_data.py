@@ -1,38 +1,114 @@
-"""The Ray adapter: ``RayDataExecutor`` runs the build's steps through Ray Data, one work item per Ray Data task.
+"""The Ray adapter: the build on Ray Data. Each per-unit pass is one Ray Data execution over rows:
 
-A stage is ``ray.data.from_items(work items)`` -> ``map_batches(step)`` (one block, one task per item) streamed
-back to the driver, which only collects the small markers: Ray Data's streaming executor schedules the tasks over
-every CPU of the cluster, retries a task whose worker or node died, shows its progress bars in a terminal and keeps
-per-operator statistics (logged at DEBUG). What Ray Data does not do stays in the steps: units cut at document
-boundaries, the seeded pool, the sliced balanced shards, the markers that make a build resumable
-(``executor.run_stage``). Bringing Ray up, the early worker processes and their warm-up: ``ray_cluster.py``.
+    ReadCorpus -> MapBatches(SplitTokenize) -> MapBatches(PairsAndMasks) -> Write (sink WriteUnits)
 
-Tasks rather than Ray Data's actor pools for steps with per-process state: an actor is a new process per stage
-(a second or more each, measured by benchmarks/build_overheads.py), while the job's task workers live across
-stages and their caches (``work.cached``) give what an actor's ``__init__`` would. A stage is one map operator fed
-from memory, so there are no read tasks for an actor pool to starve (the 2-CPU hang of NOTES-stack.md).
+``CorpusDatasource`` (a ``ray.data.Datasource``: one read task per planned unit, a row per document with its
+stable id) feeds the operators of a ``rows.RowStage`` (``map_batches``, one block per unit) and
+``UnitsDatasink`` (a ``ray.data.Datasink`` named after the stage's sink, ``WriteUnits`` / ``WritePoolParts``)
+commits each unit with its marker. Ray Data fuses the chain into one task per unit (same compute, same resources):
+Ray's Dashboard and ``Dataset.stats()`` show it as ``ReadCorpus->MapBatches(SplitTokenize)->...->Write`` with rows
+and bytes per operator, and a unit's rows never leave the process that read them before they are committed.
+
+The few one-item or per-file stages (pieces of big compressed files, the vocabulary, the pool's merge, the
+shards) are ``from_items(work items) -> map_batches(<step>)``, one Ray Data task per item; they are not rows
+because what they do is not per document: the shards' exact balance needs every unit's row count first and then
+hands each shard precisely its slices (docs/data.md says why no Ray Data repartition does that).
+
+What stays ours, and why: the units (Ray Data's file readers split by file or row group, never at a document
+boundary inside a big file or compressed stream, and give no byte offsets for the document ids the seeds come
+from), the seeded pool, the completion markers that make a killed build resumable. Bringing Ray up, the early
+worker processes and their warm-up: ``ray_cluster.py``.
 """
 from __future__ import annotations
 
-import functools
 import logging
 import pickle
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from pipeline.build.markers import Marker
-from pipeline.build.ray_cluster import RayCluster, raise_users, run_step
+import ray.data
+from ray.data import Datasource, ReadTask
+from ray.data.block import BlockMetadata
+from ray.data.datasource import Datasink
+
+from pipeline.build.markers import SUFFIX, Marker
+from pipeline.build.ray_cluster import RayCluster, run_step
+from pipeline.build.rows import RowStage, UserError
+from pipeline.readers import Unit
+from pipeline.storage import join, list_names, read_bytes
 
 log = logging.getLogger(__name__)
 
+POLL_S = 2.0  # how often the driver looks for new markers while a row pass runs (the progress lines)
 
-def _apply(step: Callable[[Any], Marker], batch: dict) -> dict:
-    """One Ray Data task: the step on the batch's item(s), the results pickled (a marker is a small dataclass)."""
-    return {"marker": [pickle.dumps(run_step(step, pickle.loads(b))) for b in batch["item"]]}
+
+class CorpusDatasource(Datasource):
+    """Our corpus as a Ray Data datasource: one read task per unit (the units the plan fixed), yielding the unit's
+    documents as rows (``docs.read_block``). Named ``ReadCorpus`` in Ray's plans, logs and Dashboard."""
+
+    def __init__(self, units: Sequence[Unit], read: Callable[[Unit], Any], sizes: dict[str, int] | None = None):
+        self._units, self._read, self._sizes = list(units), read, sizes or {}
+
+    def get_name(self) -> str:
+        return "Corpus"
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        return sum(self._sizes.get(u.uid, 0) for u in self._units) or None
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
+                       data_context: Any = None) -> list[ReadTask]:
+        # One task per unit whatever ``parallelism`` says: the units are the build's fixed plan.
+        read = self._read
+        return [ReadTask(lambda u=u: [read(u)],
+                         BlockMetadata(num_rows=None, size_bytes=self._sizes.get(u.uid), exec_stats=None,
+                                       input_files=(u.path,)), per_task_row_limit=per_task_row_limit)
+                for u in self._units]
+
+
+class UnitsDatasink(Datasink):
+    """A row stage's sink as a Ray Data datasink: each write task commits its units (``sink.write``) and returns
+    their markers, which the driver collects in ``on_write_complete``."""
+
+    def __init__(self, sink: Any):
+        self._sink = sink
+        self.results: list[Marker | UserError] = []
+
+    def get_name(self) -> str:
+        return type(self._sink).__name__  # WriteUnits, WritePoolParts
+
+    def write(self, blocks, ctx) -> list[bytes]:
+        import pyarrow as pa
+
+        tables = [b if isinstance(b, pa.Table) else pa.Table.from_pandas(b) for b in blocks]
+        return [pickle.dumps(m) for m in self._sink.write(tables)]
+
+    def on_write_complete(self, write_result) -> None:
+        self.results = [pickle.loads(b) for r in write_result.write_returns for b in r]
+
+
+class _Items:
+    """One Ray Data task per work item: the step on the batch's item(s), the results pickled (a marker is a small
+    dataclass). Subclassed per step (``_named``) so Ray's plans show ``MapBatches(<step>)``."""
+
+    def __init__(self, step: Callable[[Any], Marker]):
+        self.step = step
+
+    def __call__(self, batch: dict) -> dict:
+        return {"marker": [pickle.dumps(run_step(self.step, pickle.loads(b))) for b in batch["item"]]}
+
+
+def _call(fn: Callable[[], Any]) -> Any:
+    return fn()
+
+
+def _named(step: Callable[[Any], Marker]) -> _Items:
+    return type(type(step).__name__, (_Items,), {})(step)
 
 
 class RayDataExecutor(RayCluster):
-    """Runs steps through Ray Data. ``bars``: Ray Data's progress bars (a terminal) instead of the build's progress
+    """Runs the build on Ray Data. ``bars``: Ray Data's progress bars (a terminal) instead of the build's progress
     lines."""
 
     def __init__(self, num_cpus: int | None = None, init: Callable[[], None] | None = None, bars: bool = False):
@@ -40,36 +116,94 @@ class RayDataExecutor(RayCluster):
         self.bars = bars
 
     def _configure(self) -> None:
-        import ray.data
-
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = self.bars
-        # Each execution is one map operator: reserving resources per operator (against starving a later one) only
-        # holds CPUs back (16 tasks of 50 ms on 2 CPUs: 1.13 s with it, 0.66 s without; build_overheads.py).
+        # A pass is one (fused) operator: reserving resources per operator (against starving a later one) only holds
+        # CPUs back (16 tasks of 50 ms on 2 CPUs: 1.13 s with it, 0.66 s without; build_overheads.py).
         ctx.op_resource_reservation_enabled = False
+        if self.width:
+            # --num-cpus on a bigger cluster: Ray Data's own cap on an execution's CPUs. Not a pool size per operator
+            # (TaskPoolStrategy(size=...)): Ray Data 2.60 does not fuse operators with a size, and an unfused chain
+            # would hand a unit's rows from process to process.
+            ctx.execution_options.resource_limits = ctx.execution_options.resource_limits.copy(cpu=self.width)
         if not self.bars:
             # Ray Data announces every execution at INFO ("Starting execution of Dataset ...") and warns once that
             # its bars are off: in a log, the build's own progress lines say it per stage, with MB/s and ETA.
             logging.getLogger("ray.data").setLevel(logging.WARNING)
             logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
 
-    def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker]:
-        """Run ``step`` on every item, one Ray Data task each; the markers, in completion order."""
-        import ray.data
+    def _compute(self) -> ray.data.TaskPoolStrategy:
+        return ray.data.TaskPoolStrategy()  # the same for every operator, so that Ray Data fuses them
 
+    def share_result(self, key: str, fn: Callable[[], Any]):
+        from pipeline.build.ray_cluster import RayShared
+
+        self._wait()
+        # A task's return value is owned by the driver (it outlives the worker that made it); the driver never
+        # fetches it, the workers read it from their node's object store.
+        return RayShared(key, ray.remote(_call).options(**self._options()).remote(fn))
+
+    def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker | UserError]:
+        """Run ``step`` on every item, one Ray Data task each; the markers, in completion order."""
         if not items:
             return
         self._wait()
         ds = ray.data.from_items([{"item": pickle.dumps(item)} for item in items], override_num_blocks=len(items))
-        size = min(self.width, len(items)) if self.width else None
-        ds = ds.map_batches(functools.partial(_apply, step), batch_size=None, zero_copy_batch=True,
-                            compute=ray.data.TaskPoolStrategy(size=size), **self._options())
+        ds = ds.map_batches(_named(step), batch_size=None, zero_copy_batch=True, compute=self._compute(),
+                            **self._options())
         batches = iter(ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=0))
         try:
             for batch in batches:
                 for b in batch["marker"]:
-                    yield raise_users(pickle.loads(b))
+                    yield pickle.loads(b)
         finally:
             batches.close()  # a failed or abandoned stage stops its tasks now, not when garbage-collected
         if log.isEnabledFor(logging.DEBUG):
             log.debug("Ray Data's statistics of the stage:\n%s", ds.stats())
+
+    def dataset(self, stage: RowStage, units: Sequence[Unit]) -> ray.data.Dataset:
+        """The row stage's Dataset up to its sink: ReadCorpus -> MapBatches(<operator>) ..."""
+        opts, compute = self._options(), self._compute()
+        ds = ray.data.read_datasource(CorpusDatasource(units, stage.read, stage.sizes),
+                                      override_num_blocks=len(units), compute=compute, num_cpus=opts["num_cpus"],
+                                      ray_remote_args={k: v for k, v in opts.items() if k != "num_cpus"})
+        for op in stage.operators:
+            ds = ds.map_batches(op, batch_size=None, batch_format="pyarrow", zero_copy_batch=True, compute=compute,
+                                **opts)
+        return ds
+
+    def rows(self, stage: RowStage, units: Sequence[Unit]) -> Iterator[Marker | UserError]:
+        """One Ray Data execution: read, operators, sink. Markers are yielded as they are committed (the driver
+        lists the stage's marker folder every few seconds, for the progress lines), then the sink's results."""
+        if not units:
+            return
+        self._wait()
+        ds = self.dataset(stage, units)
+        sink = UnitsDatasink(stage.sink)
+        failed: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                ds.write_datasink(sink, ray_remote_args=self._options())
+            except BaseException as e:  # noqa: BLE001 - re-raised in the driver's thread
+                failed.append(e)
+
+        thread = threading.Thread(target=write, name=f"ray-data-{stage.name}", daemon=True)
+        thread.start()
+        work = stage.sink.ctx.work
+        ep = stage.sink.ctx.endpoint_url
+        wanted, seen = {u.uid for u in units}, set()
+        while thread.is_alive():
+            thread.join(POLL_S)
+            for name in list_names(join(work, stage.name), ep):
+                key = name[:-len(SUFFIX)] if name.endswith(SUFFIX) else None
+                if key in wanted and key not in seen:
+                    seen.add(key)
+                    yield stage.marker.from_json(read_bytes(join(work, stage.name, name), ep))
+        if failed:
+            raise failed[0]
+        for m in sink.results:
+            if isinstance(m, UserError) or m.key not in seen:
+                yield m
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("Ray Data's statistics of the %s pass:\n%s", stage.name, ds.stats())
