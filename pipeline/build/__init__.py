@@ -35,9 +35,11 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 from pipeline.build.config import BuildConfig, BuildState
 from pipeline.build.docs import doc_totals
+from pipeline.build.documents import check_columns, dataset_stamp, dataset_units
 from pipeline.build.executor import Executor, LocalExecutor, Stage, run_stage
 from pipeline.build.identity import check_state, finished
 from pipeline.build.instances import InstancesMarker, instances_stage
@@ -92,27 +94,43 @@ def _histogram(markers: list, field: str) -> dict[str, int]:
     return dict(sorted(hist.items(), key=lambda kv: int(kv[0])))
 
 
-def build(cfg: BuildConfig, executor: Executor | None = None, on_stage: OnStage | None = None) -> Manifest:
+def build(cfg: BuildConfig, executor: Executor | None = None, on_stage: OnStage | None = None,
+          documents: Any = None, id_column: str = "id") -> Manifest:
     """Run (or resume, or confirm) the build; returns its manifest. ``on_stage`` hears of every finished stage.
-    One build writes an output at a time: it holds the output's lease (pipeline/safe_io/lease.py) from its first write."""
+    One build writes an output at a time: it holds the output's lease (pipeline/safe_io/lease.py) from its first write.
+
+    The input is ``cfg.inputs`` (files, folders, globs) or ``documents``: a ``ray.data.Dataset`` with an
+    ``id_column`` and a ``cfg.read.text_field`` column (``pipeline/build/ray_data/documents.py``)."""
     with contextlib.ExitStack() as held:
-        return _build(cfg, executor, on_stage,
+        return _build(cfg, executor, on_stage, documents, id_column,
                       hold=lambda: held.enter_context(output_lease(cfg.output, ep=cfg.endpoint_url)))
 
 
-def _build(cfg: BuildConfig, executor: Executor | None, on_stage: OnStage | None, hold: Callable) -> Manifest:
+def _build(cfg: BuildConfig, executor: Executor | None, on_stage: OnStage | None, documents: Any, id_column: str,
+           hold: Callable) -> Manifest:
     executor = executor or LocalExecutor()
     out, ep = cfg.output, cfg.endpoint_url
     t0 = time.time()
     told = on_stage or (lambda *a: None)
+    if (documents is None) == (not cfg.inputs):
+        raise ValueError("no inputs: pass at least one --input" if documents is None else
+                         "both inputs and a documents Dataset: give the build one of them")
     warnings = settings_warnings(cfg.instances)
     for w in warnings:
         log.warning("%s", w)
     # Everything that can fail cheaply fails here, before any work: inputs, vocab, output, config clashes.
     ignored: list[str] = []
-    files = expand_inputs(list(cfg.inputs), ep, skipped=ignored)
-    inputs = [{"path": f.path, "size": f.size, "etag": f.etag, "mtime": f.mtime}
-              | ({"digest": f.digest} if f.digest else {}) for f in files]  # http(s) without ETag: its bytes
+    if documents is not None:
+        if cfg.vocab is None:
+            raise ValueError("a build of a documents Dataset needs a vocabulary: pass BuildConfig(vocab=...) (train"
+                             " one with jobs/train_tokenizer.py)")
+        check_columns(documents, id_column, cfg.read.text_field)
+        documents = documents.materialize()  # the user's pipeline runs once; read twice (digest, units)
+        inputs = [dataset_stamp(documents, id_column, cfg.read.text_field)]
+    else:
+        files = expand_inputs(list(cfg.inputs), ep, skipped=ignored)
+        inputs = [{"path": f.path, "size": f.size, "etag": f.etag, "mtime": f.mtime}
+                  | ({"digest": f.digest} if f.digest else {}) for f in files]  # http(s) without ETag: its bytes
     vocab_bytes = None
     if cfg.vocab:
         try:
@@ -131,7 +149,11 @@ def _build(cfg: BuildConfig, executor: Executor | None, on_stage: OnStage | None
     executor.begin()  # a cluster comes up while the driver plans
     report = ReadReport()
     started = time.time()
-    units = input_units(files, cfg.read, cfg.unit_bytes, cfg.work, executor, report, ep)
+    if documents is not None:
+        files, units = dataset_units(documents, inputs[0], id_column, cfg.read.text_field, cfg.work, cfg.unit_bytes,
+                                     ep)
+    else:
+        units = input_units(files, cfg.read, cfg.unit_bytes, cfg.work, executor, report, ep)
     told("pieces", [], started, time.time())
     if vocab_bytes is None:
         # Without --vocab: one item trains WordPiece on a seeded sample of bounded size (pipeline/build/vocab.py).

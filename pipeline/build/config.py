@@ -37,8 +37,6 @@ class BuildConfig:
     checks: CheckConfig = CheckConfig()
 
     def __post_init__(self) -> None:
-        if not self.inputs:
-            raise ValueError("no inputs: pass at least one --input")
         if not self.output:
             raise ValueError("no output: pass --output")
         if self.dupe_factor < 1:

@@ -127,9 +127,14 @@ class RayDataExecutor(RayCluster):
             # would hand a unit's rows from process to process.
             ctx.execution_options.resource_limits = ctx.execution_options.resource_limits.copy(cpu=self.width)
         if not self.bars:
-            # Ray Data announces every execution at INFO ("Starting execution of Dataset ...") and warns once that
-            # its bars are off: in a log, the build's own progress lines say it per stage, with MB/s and ETA.
-            logging.getLogger("ray.data").setLevel(logging.WARNING)
+            # Ray Data announces every execution on the console at INFO ("Starting execution of Dataset ...") and
+            # warns once that its bars are off: in a log, the build's own progress lines say it per stage, with MB/s
+            # and ETA. Its log file (<session>/logs/ray-data/) keeps everything: the plans, the sinks' totals.
+            from ray.data._internal.logging import SessionFileHandler
+
+            for h in logging.getLogger("ray.data").handlers:
+                if not isinstance(h, SessionFileHandler):
+                    h.setLevel(logging.WARNING)
             logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
 
     def _compute(self) -> ray.data.TaskPoolStrategy:
