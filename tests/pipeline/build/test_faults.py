@@ -57,8 +57,8 @@ def _same(a, b):
     assert not os.path.exists(os.path.join(b, "_work"))
 
 
-@pytest.mark.parametrize("module, stage", [(pipeline.build.pool, "pool_part_step"),
-                                           (pipeline.build.instances, "instances_step"),
+@pytest.mark.parametrize("module, stage", [(pipeline.build.pool, "write_pool_part"),
+                                           (pipeline.build.instances, "write_unit"),
                                            (pipeline.build.shards, "write_shard")])
 def test_failure_in_any_stage_then_rerun_gives_the_same_rows(tmp_path, sample_dir, monkeypatch, module, stage):
     corpus = _corpus(tmp_path / "c.jsonl")
