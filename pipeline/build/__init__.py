@@ -1,30 +1,37 @@
 """The dataset build: the stages the driver walks, one file each, and the manifest (written last).
 
-    plan (inputs -> fixed units) -> [pieces of big compressed inputs] -> [vocab] -> pool parts -> pool
-    -> instances (read, split, tokenize, pairs, masks: one unit in one process) -> shards -> manifest
+    plan (inputs -> fixed units; or a Ray Dataset of documents -> units) -> [pieces of big compressed inputs]
+    -> [vocab] -> pool parts -> pool -> instances -> shards -> manifest
+
+    the per-unit passes, as Ray Data pipelines over rows (rows.py):
+    pool parts  ReadCorpus -> SplitTokenize (pool members only) -> WritePoolParts
+    instances   ReadCorpus -> SplitTokenize (members skipped) -> PairsAndMasks (pool as an object ref) -> WriteUnits
 
     config.py     BuildConfig (what decides the dataset), BuildState (what the stage planners see)
     identity.py   the config hash and input stamps of an output folder: finished, resumable or refused
     executor.py   Stage, run_stage (resume by markers), the Executor protocol and the plain-loop LocalExecutor
-    ray_data.py   RayDataExecutor: the same steps through Ray Data (the engine); ray_tasks.py: as plain Ray tasks
+    rows.py       RowStage: a read, operators over rows, a sink that commits units; users' errors as values
+    ray_data.py   RayDataExecutor: the build on Ray Data (CorpusDatasource, the operators, UnitsDatasink)
+    documents.py  a Ray Dataset of documents as the input: its digest (identity) and units
     progress.py   a progress line per stage every few seconds (items, MB of text, MB/s, ETA, wall seconds)
     markers.py    the base completion marker; work.py: the _work folder, its Arrow tables, per-process caches
     pieces.py vocab.py pool.py instances.py shards.py
-                  one stage each (pool.py two): its work item, its step (a picklable callable), its marker, its
-                  planner; docs.py: a unit's documents read, split and tokenized, what the per-unit stages share
+                  one stage each (pool.py two): its work item or operators, its sink or step, its marker, its
+                  planner; docs.py: ReadCorpus and SplitTokenize, what the per-unit passes share
 
-Each stage is a ``Stage`` (a step mapped over items, one marker per item) planned from the markers of the stages
-before it; ``build`` walks ``STAGES`` and runs each with ``run_stage`` on the executor it was given. The driver only
-plans and sums markers: it reads no corpus bytes and no per-document data, so its work is O(units) of metadata.
-Barriers are the ones the algorithm needs: the instances need the whole corpus's pool, the shards need every unit's
-row counts. Output never depends on the executor, CPUs, nodes or blocks: ids and seeds come from the files.
+Each stage is a ``Stage`` (a step mapped over items) or a ``RowStage`` (read, operators, sink over units), one
+marker per item or unit, planned from the markers of the stages before it; ``build`` walks ``STAGES`` and runs each
+with ``run_stage`` on the executor it was given. The driver only plans and sums markers: it reads no corpus bytes
+and no per-document data, so its work is O(units) of metadata. Barriers are the ones the algorithm needs: the
+instances need the whole corpus's pool, the shards need every unit's row counts. Output never depends on the
+executor, CPUs, nodes or blocks: ids and seeds come from the files (or the Dataset's id column).
 
 Resume: every item of every stage commits atomically with a completion marker, so a killed build rerun with the same
 command redoes only what has no marker (``identity.py`` says which reruns are refused).
 
-To add a stage, write ``<name>_stage(state) -> Stage`` in a file of its own (its work item, step and marker beside
-it) and put it in ``STAGES``; later stages read its markers from ``state.markers[name]``. The per-unit stages map
-over ``state.units``, so a stage before them (cutting big files into pieces) only has to change the units.
+To add a stage, write ``<name>_stage(state) -> Stage | RowStage`` in a file of its own (its work item, step and
+marker beside it) and put it in ``STAGES``; later stages read its markers from ``state.markers[name]``. The per-unit
+stages map over ``state.units``, so a stage before them (cutting big files into pieces) only has to change the units.
 """
 from __future__ import annotations
 

@@ -167,6 +167,6 @@ def test_rays_logs_show_our_read_our_row_operators_and_our_sink(ray_local, ray_t
     wrote = [line for line in logs.splitlines() if "Data sink WriteUnits finished" in line]
     assert wrote, "no line from our WriteUnits sink"
     rows = [int(line.split("finished. ")[1].split(" rows")[0]) for line in wrote]
-    assert any(m["totals"]["instances"] < r < m["totals"]["instances"] + 100 for r in rows), rows
+    assert any(m.totals.instances < r < m.totals.instances + 100 for r in rows), rows
     assert "Data sink WritePoolParts finished" in logs
     assert "'rows_outputs_of_finished_tasks'" in logs and "'bytes_outputs_of_finished_tasks'" in logs
