@@ -3,7 +3,7 @@
     python jobs/build_dataset.py --input URL [--input URL ...] --output URL [--vocab PATH_OR_URL] [options]
     ray job submit --working-dir . -- python jobs/build_dataset.py ...        # same flags, on a cluster
 
-Runs on Ray Data (``ReadCorpus -> SplitTokenize -> PairsAndMasks -> WriteUnits``, pipeline/build/ray_data.py): on the cluster it is attached to (``ray job
+Runs on Ray Data (``ReadCorpus -> SplitTokenize -> PairsAndMasks -> WriteUnits``, pipeline/build/ray_data/): on the cluster it is attached to (``ray job
 submit`` sets RAY_ADDRESS), else on a local Ray on loopback capped at ``--num-cpus``; ``--no-ray`` runs the same steps
 as a plain loop. Prints a one-line JSON summary at the end (with the build's warnings). Users' mistakes end the job with one line on stderr and status 2.
 
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     if run is not None:
         run.finish(cfg.output, manifest, time.time())
         # Written before Ray shuts down: a thread busy while it does can free Ray objects after it (the process then
-        # ends with exit code 1; pipeline.build.ray_cluster.RayCluster.end).
+        # ends with exit code 1; pipeline.build.ray_data.cluster.RayCluster.end).
         run_id = run.wait()
     executor.end()  # Ray's own exit handler takes longer (measured in docs/benchmarks.md)
     t = manifest.totals

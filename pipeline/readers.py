@@ -1,8 +1,7 @@
 """Input formats -> documents, over fixed work units so that parallelism never changes the output.
 
 Formats: plain text (blank line between documents, free-running text inside; with ``presplit`` one sentence per
-line, the reference contract), JSON Lines with a text field, Parquet with a text column; and ``documents``, the
-units of a Ray Dataset given to the build (``pipeline.build.documents``). ``.gz .bz2 .xz .zst`` are
+line, the reference contract), JSON Lines with a text field, Parquet with a text column. ``.gz .bz2 .xz .zst`` are
 decompressed on the fly.
 
 Work units are fixed by the files alone: byte ranges of ``unit_bytes`` for uncompressed text and JSON Lines, one
@@ -25,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import re
 from collections import Counter
 from collections.abc import Collection, Iterator
 from typing import IO
@@ -93,15 +91,6 @@ class ReadReport:
 
     dropped: Counter = dataclasses.field(default_factory=Counter)
     bad_files: dict[str, str] = dataclasses.field(default_factory=dict)
-
-
-_NUMBERED = re.compile(r"^(.*):(\d{1,20})$")
-
-
-def sort_key(doc_id: str) -> str:
-    """Document ids in natural order: ``file:99`` before ``file:100`` (the order of a file's documents)."""
-    m = _NUMBERED.match(doc_id)
-    return f"{m.group(1)}:{int(m.group(2)):020d}" if m else doc_id
 
 
 def detect_format(path: str, fmt: str = "auto") -> str:
@@ -173,9 +162,6 @@ def read_unit(unit: Unit, opts: ReadOptions, endpoint_url: str | None = None,
               report: ReadReport | None = None) -> Iterator[Doc]:
     """The documents of one unit, in file order. Dropped records go to ``report``."""
     report = report if report is not None else ReadReport()
-    if unit.fmt == "documents":
-        yield from _dataset_docs(unit, opts, endpoint_url, report)
-        return
     fs, path = filesystem_for(unit.data or unit.path, endpoint_url)
     try:
         if unit.fmt == "parquet":
@@ -383,28 +369,3 @@ def _parquet_docs(fs, path: str, unit: Unit, opts: ReadOptions, report: ReadRepo
             _bad_record(opts, report, unit, first + i, None, "missing_text_field", f"row {first + i}: null text")
             continue
         yield Doc(f"{unit.key}:{first + i}", text.split("\n") if opts.presplit else [text])
-
-
-def _dataset_docs(unit: Unit, opts: ReadOptions, endpoint_url: str | None, report: ReadReport) -> Iterator[Doc]:
-    """A unit of a Ray Dataset's documents (``pipeline.build.documents``): its fragments, in id order."""
-    import pyarrow as pa
-
-    from pipeline.storage import list_names
-
-    fs, folder = filesystem_for(unit.data, endpoint_url)
-    tables = []
-    for name in sorted(list_names(unit.data, endpoint_url)):
-        with fs.open(f"{folder}/{name}", "rb") as f:
-            tables.append(pa.ipc.open_file(f).read_all())
-    ids = [i for t in tables for i in t.column("id").to_pylist()]
-    texts = [x for t in tables for x in t.column("text").to_pylist()]
-    order = sorted(range(len(ids)), key=lambda k: sort_key(ids[k]))
-    for a, b in zip(order, order[1:]):
-        if ids[a] == ids[b]:
-            raise InputError(f"the documents Dataset has two documents with id {ids[a]!r}: ids must be unique"
-                             " (they seed every random choice of the build)")
-    for k in order:
-        if texts[k] is None:
-            _bad_record(opts, report, unit, k, None, "missing_text_field", f"document {ids[k]!r}: null text")
-            continue
-        yield Doc(ids[k], texts[k].split("\n") if opts.presplit else [texts[k]])

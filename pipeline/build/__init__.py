@@ -11,8 +11,8 @@
     identity.py   the config hash and input stamps of an output folder: finished, resumable or refused
     executor.py   Stage, run_stage (resume by markers), the Executor protocol and the plain-loop LocalExecutor
     rows.py       RowStage: a read, operators over rows, a sink that commits units; users' errors as values
-    ray_data.py   RayDataExecutor: the build on Ray Data (CorpusDatasource, the operators, UnitsDatasink)
-    documents.py  a Ray Dataset of documents as the input: its digest (identity) and units
+    ray_data/     the build on Ray Data: RayDataExecutor, CorpusDatasource and UnitsDatasink, the cluster's set-up,
+                  and documents.py: a Ray Dataset of documents as the input (its digest, its units)
     progress.py   a progress line per stage every few seconds (items, MB of text, MB/s, ETA, wall seconds)
     markers.py    the base completion marker; work.py: the _work folder, its Arrow tables, per-process caches
     pieces.py vocab.py pool.py instances.py shards.py
@@ -46,7 +46,7 @@ from typing import Any
 
 from pipeline.build.config import BuildConfig, BuildState
 from pipeline.build.docs import doc_totals
-from pipeline.build.documents import check_columns, dataset_stamp, dataset_units
+from pipeline.build.ray_data.documents import check_columns, dataset_stamp, dataset_units
 from pipeline.build.executor import Executor, LocalExecutor, Stage, run_stage
 from pipeline.build.identity import check_state, finished
 from pipeline.build.instances import InstancesMarker, instances_stage

@@ -55,7 +55,13 @@ class UnitText:
 def read_docs(unit: Unit, ctx: StepContext) -> UnitText:
     report = ReadReport()
     doc_ids, lines = [], []
-    for doc in read_unit(unit, ctx.read, ctx.endpoint_url, report):
+    if unit.fmt == "documents":  # a unit of a Ray Dataset given to the build
+        from pipeline.build.ray_data.documents import read_documents
+
+        docs = read_documents(unit, ctx.read, ctx.endpoint_url, report)
+    else:
+        docs = read_unit(unit, ctx.read, ctx.endpoint_url, report)
+    for doc in docs:
         doc_ids.append(doc.doc_id)
         lines.append(doc.lines)
     return UnitText(unit.uid, unit.path, doc_ids, lines, report)

@@ -55,7 +55,7 @@ def test_num_cpus_below_one_is_refused_before_ray_starts(n):
 def test_a_cluster_without_cpus_is_refused_after_a_bounded_wait(ray_shutdown, ray_tmpdir, monkeypatch):
     import ray
 
-    import pipeline.build.ray_cluster as ray_cluster
+    import pipeline.build.ray_data.cluster as ray_cluster
     from pipeline.build.ray_data import RayDataExecutor
 
     monkeypatch.setattr(ray_cluster, "CPU_WAIT_S", 1.0)

@@ -12,8 +12,7 @@ gives no order and no fixed blocks, so the build fixes its own, from the documen
   documents are read in id order (a trailing ``:<number>`` compared as a number, so ``file:99`` < ``file:100``).
   Each unit is a folder of fragments under ``_work/documents/`` (one per (block, unit), written by a Ray Data
   ``map_batches``): no shuffle, so no all-to-all operator and no actor pool on a small cluster. ``ReadCorpus``
-  reads a unit by concatenating its fragments and ordering them by id (``readers.read_unit``, format
-  ``documents``).
+  reads a unit by concatenating its fragments and ordering them by id (``read_documents``, format ``documents``).
 
 So the same documents give the same shards whatever their blocks or order. The same documents from a file give
 the same shards as that file when they carry the file's document ids (``<file key>:<offset>``) and the file is one
@@ -27,17 +26,26 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from pipeline.readers import Unit, sort_key  # noqa: F401 - sort_key: the units' order, used by the reader
+from pipeline.readers import Doc, InputError, ReadOptions, ReadReport, Unit
 from pipeline.rng import derive_seed
-from pipeline.storage import FileInfo, join, open_atomic, remove_tree
+from pipeline.storage import FileInfo, filesystem_for, join, list_names, open_atomic, remove_tree
 
 DATASET_PATH = "ray.data.Dataset"  # how the input is named in the manifest, its stamps and messages
 DOCUMENTS_DIR = "documents"
+_NUMBERED = re.compile(r"^(.*):(\d{1,20})$")
+
+
+def sort_key(doc_id: str) -> str:
+    """Document ids in natural order: ``file:99`` before ``file:100`` (the order of a file's documents)."""
+    m = _NUMBERED.match(doc_id)
+    return f"{m.group(1)}:{int(m.group(2)):020d}" if m else doc_id
 @dataclasses.dataclass(frozen=True)
 class Digest:
     """One batch's documents: count, text bytes and the order-free sum of their sha256 (as a hex string)."""
@@ -116,3 +124,28 @@ def dataset_units(ds: Any, stamp: dict[str, Any], id_column: str, text_column: s
                   stamp["size"] if u == n - 1 else (u + 1) * per_unit, data=join(folder, f"{u:05d}"))
              for u in range(n)]
     return [info], units
+
+
+def read_documents(unit: Unit, opts: ReadOptions, endpoint_url: str | None, report: ReadReport) -> Iterator[Doc]:
+    """A unit of a Dataset's documents (format ``documents``): its fragments, in id order. A null text is a
+    dropped record (``missing_text_field``), or fails with on_error='fail'."""
+    fs, folder = filesystem_for(unit.data, endpoint_url)
+    tables = []
+    for name in sorted(list_names(unit.data, endpoint_url)):
+        with fs.open(f"{folder}/{name}", "rb") as f:
+            tables.append(pa.ipc.open_file(f).read_all())
+    ids = [i for t in tables for i in t.column("id").to_pylist()]
+    texts = [x for t in tables for x in t.column("text").to_pylist()]
+    order = sorted(range(len(ids)), key=lambda k: sort_key(ids[k]))
+    for a, b in zip(order, order[1:]):
+        if ids[a] == ids[b]:
+            raise InputError(f"the documents Dataset has two documents with id {ids[a]!r}: ids must be unique"
+                             " (they seed every random choice of the build)")
+    for k in order:
+        if texts[k] is None:
+            if opts.on_error == "fail":
+                raise InputError(f"the documents Dataset: document {ids[k]!r} has a null text [missing_text_field]."
+                                 " Drop it (ds.filter) or pass on_error='skip'.")
+            report.dropped["missing_text_field"] += 1
+            continue
+        yield Doc(ids[k], texts[k].split("\n") if opts.presplit else [texts[k]])

@@ -1,24 +1,4 @@
-"""The Ray adapter: the build on Ray Data. Each per-unit pass is one Ray Data execution over rows:
-
-    ReadCorpus -> MapBatches(SplitTokenize) -> MapBatches(PairsAndMasks) -> Write (sink WriteUnits)
-
-``CorpusDatasource`` (a ``ray.data.Datasource``: one read task per planned unit, a row per document with its
-stable id) feeds the operators of a ``rows.RowStage`` (``map_batches``, one block per unit) and
-``UnitsDatasink`` (a ``ray.data.Datasink`` named after the stage's sink, ``WriteUnits`` / ``WritePoolParts``)
-commits each unit with its marker. Ray Data fuses the chain into one task per unit (same compute, same resources):
-Ray's Dashboard and ``Dataset.stats()`` show it as ``ReadCorpus->MapBatches(SplitTokenize)->...->Write`` with rows
-and bytes per operator, and a unit's rows never leave the process that read them before they are committed.
-
-The few one-item or per-file stages (pieces of big compressed files, the vocabulary, the pool's merge, the
-shards) are ``from_items(work items) -> map_batches(<step>)``, one Ray Data task per item; they are not rows
-because what they do is not per document: the shards' exact balance needs every unit's row count first and then
-hands each shard precisely its slices (docs/data.md says why no Ray Data repartition does that).
-
-What stays ours, and why: the units (Ray Data's file readers split by file or row group, never at a document
-boundary inside a big file or compressed stream, and give no byte offsets for the document ids the seeds come
-from), the seeded pool, the completion markers that make a killed build resumable. Bringing Ray up, the early
-worker processes and their warm-up: ``ray_cluster.py``.
-"""
+"""``RayDataExecutor``: the build's stages on Ray Data (the package's docstring says how)."""
 from __future__ import annotations
 
 import logging
@@ -29,12 +9,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import ray.data
-from ray.data import Datasource, ReadTask
-from ray.data.block import BlockMetadata
-from ray.data.datasource import Datasink
 
 from pipeline.build.markers import SUFFIX, Marker
-from pipeline.build.ray_cluster import RayCluster, run_step
+from pipeline.build.ray_data.cluster import RayCluster, RayShared, run_step
+from pipeline.build.ray_data.datasource import CorpusDatasource, UnitsDatasink
 from pipeline.build.rows import RowStage, UserError
 from pipeline.readers import Unit
 from pipeline.storage import join, list_names, read_bytes
@@ -42,50 +20,6 @@ from pipeline.storage import join, list_names, read_bytes
 log = logging.getLogger(__name__)
 
 POLL_S = 2.0  # how often the driver looks for new markers while a row pass runs (the progress lines)
-
-
-class CorpusDatasource(Datasource):
-    """Our corpus as a Ray Data datasource: one read task per unit (the units the plan fixed), yielding the unit's
-    documents as rows (``docs.read_block``). Named ``ReadCorpus`` in Ray's plans, logs and Dashboard."""
-
-    def __init__(self, units: Sequence[Unit], read: Callable[[Unit], Any], sizes: dict[str, int] | None = None):
-        self._units, self._read, self._sizes = list(units), read, sizes or {}
-
-    def get_name(self) -> str:
-        return "Corpus"
-
-    def estimate_inmemory_data_size(self) -> int | None:
-        return sum(self._sizes.get(u.uid, 0) for u in self._units) or None
-
-    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
-                       data_context: Any = None) -> list[ReadTask]:
-        # One task per unit whatever ``parallelism`` says: the units are the build's fixed plan.
-        read = self._read
-        return [ReadTask(lambda u=u: [read(u)],
-                         BlockMetadata(num_rows=None, size_bytes=self._sizes.get(u.uid), exec_stats=None,
-                                       input_files=(u.path,)), per_task_row_limit=per_task_row_limit)
-                for u in self._units]
-
-
-class UnitsDatasink(Datasink):
-    """A row stage's sink as a Ray Data datasink: each write task commits its units (``sink.write``) and returns
-    their markers, which the driver collects in ``on_write_complete``."""
-
-    def __init__(self, sink: Any):
-        self._sink = sink
-        self.results: list[Marker | UserError] = []
-
-    def get_name(self) -> str:
-        return type(self._sink).__name__  # WriteUnits, WritePoolParts
-
-    def write(self, blocks, ctx) -> list[bytes]:
-        import pyarrow as pa
-
-        tables = [b if isinstance(b, pa.Table) else pa.Table.from_pandas(b) for b in blocks]
-        return [pickle.dumps(m) for m in self._sink.write(tables)]
-
-    def on_write_complete(self, write_result) -> None:
-        self.results = [pickle.loads(b) for r in write_result.write_returns for b in r]
 
 
 class _Items:
@@ -141,8 +75,6 @@ class RayDataExecutor(RayCluster):
         return ray.data.TaskPoolStrategy()  # the same for every operator, so that Ray Data fuses them
 
     def share_result(self, key: str, fn: Callable[[], Any]):
-        from pipeline.build.ray_cluster import RayShared
-
         self._wait()
         # A task's return value is owned by the driver (it outlives the worker that made it); the driver never
         # fetches it, the workers read it from their node's object store.
