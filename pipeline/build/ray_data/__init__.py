@@ -14,9 +14,13 @@ shards) are ``from_items(work items) -> map_batches(<step>)``, one Ray Data task
 because what they do is not per document: the shards' exact balance needs every unit's row count first and then
 hands each shard precisely its slices (docs/data.md says why no Ray Data repartition does that).
 
-What stays ours, and why: the units (Ray Data's file readers split by file or row group, never at a document
-boundary inside a big file or compressed stream, and give no byte offsets for the document ids the seeds come
-from), the seeded pool, the completion markers that make a killed build resumable. Bringing Ray up, the early
+What stays ours, and why: the reading of ``--input`` files (``pipeline/readers.py``, for every format: Ray Data's
+``read_text``/``read_json``/``read_parquet`` give no byte offsets or row indices for the ``<file>:<offset>``
+document ids every seed derives from, split by file or row group only, never at a document boundary inside a big
+file or compressed stream, and know neither blank-line-separated documents nor the reference's one-sentence-per-line
+format; our listing also gives the size/etag stamps of the build's identity in one LIST per prefix); the pieces of
+big compressed files; the seeded pool; the completion markers that make a killed build resumable. Ray Data's own
+readers are for the other input: ``build(config, documents=ray.data.read_parquet(...))``, ids from a column. Bringing Ray up, the early
 worker processes and their warm-up: ``cluster.py``. A Ray Dataset of documents as the input: ``documents.py``.
 
     executor.py    RayDataExecutor (row passes: read_datasource -> map_batches -> write_datasink; item stages)

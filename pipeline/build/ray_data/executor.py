@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import pickle
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
