@@ -182,7 +182,8 @@ def test_bad_inputs_fail_naming_the_file_or_are_counted(tmp_path, sample_dir):
         with pytest.raises(InputError, match=rf"{name}.*{reason}"):
             build(dataclasses.replace(cfg, inputs=(files["good"], files[name])))
     cfg = _cfg(tmp_path, files["good"], "skip", sample_dir, unit_bytes=1 << 20, read=ReadOptions(on_error="skip"))
-    m = build(dataclasses.replace(cfg, inputs=tuple(files.values())))
+    build(dataclasses.replace(cfg, inputs=tuple(files.values())))
+    m = json.loads((tmp_path / "skip" / "manifest.json").read_text())
     dropped = m["totals"]["dropped"]
     assert dropped["empty_file"] == 1 and dropped["corrupt_file"] == 1 and dropped["record_too_long"] == 1
     assert dropped["bad_json"] == 1 and dropped["missing_text_field"] == 1 and dropped["undecodable"] == 1
