@@ -257,11 +257,11 @@ def phases(log_text: str, wall: float) -> dict[str, float]:
     return out
 
 
-def run(corpus: Path, mb: float, cpus: int, out: Path, args, head: Head | None, engine: str = "data",
+def run(corpus: Path, mb: float, cpus: int, out: Path, args, head: Head | None,
         no_ray: bool = False) -> dict:
     cmd = [sys.executable, "-c", LAUNCH, "--input", str(corpus), "--output", str(out),
            "--vocab", str(VOCAB), "--dupe-factor", str(args.dupe_factor), "--max-seq-length", "128",
-           "--num-cpus", str(cpus), "--log-level", "INFO", "--engine", engine, "--progress", "lines"]
+           "--num-cpus", str(cpus), "--log-level", "INFO", "--progress", "lines"]
     if no_ray:
         cmd.append("--no-ray")
     if args.mlflow:
@@ -379,7 +379,6 @@ def main() -> None:
     ap.add_argument("--dupe-factor", type=int, default=5)
     ap.add_argument("--fixed-mb", type=float, default=1.0, help="size of the fixed-cost build (MB of text)")
     ap.add_argument("--fixed-repeats", type=int, default=3)
-    ap.add_argument("--engine", default="data", choices=("data", "tasks"), help="the job's --engine")
     ap.add_argument("--no-mlflow", dest="mlflow", action="store_false", help="no MLflow run (default: sqlite store)")
     args = ap.parse_args()
     scales = sorted(int(s) for s in args.scales.split(",") if s)  # --scales '': the fixed cost only
@@ -397,7 +396,7 @@ def main() -> None:
     try:
         small, small_mb = small_corpus(args.corpus, work, int(args.fixed_mb * 1e6))
         if args.mlflow:  # the store exists before the timed runs (a user's store does): its creation is not timed
-            run(small, small_mb, 1, work / "out-mlflow-prime", args, None, "data", no_ray=True)
+            run(small, small_mb, 1, work / "out-mlflow-prime", args, None, no_ray=True)
 
         def head_for(c: int) -> Head:
             if c not in heads:
@@ -406,7 +405,7 @@ def main() -> None:
                 heads.clear()
                 heads[c] = Head(c, work)
                 # A running cluster has run jobs before: one small build brings up Ray Data's detached actors.
-                run(small, small_mb, c, work / "out-prime", args, heads[c], args.engine)
+                run(small, small_mb, c, work / "out-prime", args, heads[c])
             return heads[c]
 
         for scale in scales:
@@ -418,7 +417,7 @@ def main() -> None:
                 for mode in modes:
                     key = f"{scale}x/{c}cpu/{mode}"
                     r = run(corpus, unit_mb * scale, c, work / f"out-{scale}x-{c}-{mode}", args,
-                            head_for(c) if mode == "attached" else None, args.engine)
+                            head_for(c) if mode == "attached" else None)
                     results[key] = r
                     print(_line(key, r), flush=True)
             shutil.rmtree(corpus, ignore_errors=True)
@@ -426,7 +425,7 @@ def main() -> None:
         for mode in modes:
             for i in range(args.fixed_repeats):
                 r = run(small, small_mb, top, work / f"out-fixed-{mode}-{i}", args,
-                        head_for(top) if mode == "attached" else None, args.engine)
+                        head_for(top) if mode == "attached" else None)
                 fixed[mode].append(r)
                 print(_line(f"fixed/{top}cpu/{mode}", r), flush=True)
                 print(" " * 23 + "s since start: " + "  ".join(f"{k} {v:.2f}" for k, v in r["phases_s"].items()),
@@ -440,7 +439,7 @@ def main() -> None:
         print(line)
     print(json.dumps({"machine": f"{platform.node()} {os.cpu_count()} CPU {platform.machine()}",
                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv),
-                      "engine": args.engine, "mlflow": args.mlflow, "load_avg_at_end": os.getloadavg(),
+                      "mlflow": args.mlflow, "load_avg_at_end": os.getloadavg(),
                       "ceilings": ceilings, "results": results, "fixed": fixed, "targets": verdicts}, indent=1))
 
 

@@ -3,7 +3,7 @@
     python jobs/build_dataset.py --input URL [--input URL ...] --output URL [--vocab PATH_OR_URL] [options]
     ray job submit --working-dir . -- python jobs/build_dataset.py ...        # same flags, on a cluster
 
-Runs its stages on Ray (Ray Data; ``--engine tasks``: plain Ray tasks): on the cluster it is attached to (``ray job
+Runs on Ray Data (``ReadCorpus -> SplitTokenize -> PairsAndMasks -> WriteUnits``, pipeline/build/ray_data/): on the cluster it is attached to (``ray job
 submit`` sets RAY_ADDRESS), else on a local Ray on loopback capped at ``--num-cpus``; ``--no-ray`` runs the same steps
 as a plain loop. Prints a one-line JSON summary at the end (with the build's warnings). Users' mistakes end the job with one line on stderr and status 2.
 
@@ -67,8 +67,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         " the text); 1 builds anyway. A share above 1%% is a warning")
     p.add_argument("--endpoint-url", help="S3-compatible endpoint (MinIO, Ceph, a test server)")
     p.add_argument("--no-ray", action="store_true", help="run the steps as a plain loop (debugging)")
-    p.add_argument("--engine", choices=("data", "tasks"), default="data",
-                   help="data: Ray Data (progress bars, per-operator stats); tasks: plain Ray tasks (docs/scaling.md)")
     p.add_argument("--progress", choices=("auto", "bars", "lines"), default="auto",
                    help="Ray Data's progress bars (auto: when stderr is a terminal) or a log line per stage every few"
                         " seconds")
@@ -117,10 +115,6 @@ def main(argv: list[str] | None = None) -> int:
         run = BuildRun(tracking_uri, args.experiment, cfg, args, started)
     if args.no_ray:
         executor = LocalExecutor()
-    elif args.engine == "tasks":
-        from pipeline.build.ray_tasks import RayTasksExecutor
-
-        executor = RayTasksExecutor(args.num_cpus, init=lambda: init_ray(args.num_cpus))
     else:
         from pipeline.build.ray_data import RayDataExecutor
 
@@ -139,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if run is not None:
         run.finish(cfg.output, manifest, time.time())
         # Written before Ray shuts down: a thread busy while it does can free Ray objects after it (the process then
-        # ends with exit code 1; pipeline.build.ray_cluster.RayCluster.end).
+        # ends with exit code 1; pipeline.build.ray_data.cluster.RayCluster.end).
         run_id = run.wait()
     executor.end()  # Ray's own exit handler takes longer (measured in docs/benchmarks.md)
     t = manifest.totals

@@ -160,7 +160,7 @@ def readable_params(args: Any, cfg: Any) -> dict[str, Any]:
 
     shown = list(cfg.inputs[:20]) + ([f"... ({len(cfg.inputs) - 20} more)"] if len(cfg.inputs) > 20 else [])
     params: dict[str, Any] = {"inputs": ", ".join(shown), "output": cfg.output,
-                              "executor": "plain loop (--no-ray)" if args.no_ray else f"ray {args.engine}",
+                              "executor": "plain loop (--no-ray)" if args.no_ray else "ray data",
                               "num_cpus": args.num_cpus if args.num_cpus is not None else "all"}
     params |= flatten_params(cfg.read, "read") | flatten_params(cfg.instances, "instances")
     params |= {k: getattr(cfg, k) for k in ("do_lower_case", "dupe_factor", "pool_tokens", "unit_bytes")}

@@ -1,30 +1,37 @@
 """The dataset build: the stages the driver walks, one file each, and the manifest (written last).
 
-    plan (inputs -> fixed units) -> [pieces of big compressed inputs] -> [vocab] -> pool parts -> pool
-    -> instances (read, split, tokenize, pairs, masks: one unit in one process) -> shards -> manifest
+    plan (inputs -> fixed units; or a Ray Dataset of documents -> units) -> [pieces of big compressed inputs]
+    -> [vocab] -> pool parts -> pool -> instances -> shards -> manifest
+
+    the per-unit passes, as Ray Data pipelines over rows (rows.py):
+    pool parts  ReadCorpus -> SplitTokenize (pool members only) -> WritePoolParts
+    instances   ReadCorpus -> SplitTokenize (members skipped) -> PairsAndMasks (pool as an object ref) -> WriteUnits
 
     config.py     BuildConfig (what decides the dataset), BuildState (what the stage planners see)
     identity.py   the config hash and input stamps of an output folder: finished, resumable or refused
     executor.py   Stage, run_stage (resume by markers), the Executor protocol and the plain-loop LocalExecutor
-    ray_data.py   RayDataExecutor: the same steps through Ray Data (the engine); ray_tasks.py: as plain Ray tasks
+    rows.py       RowStage: a read, operators over rows, a sink that commits units; users' errors as values
+    ray_data/     the build on Ray Data: RayDataExecutor, CorpusDatasource and UnitsDatasink, the cluster's set-up,
+                  and documents.py: a Ray Dataset of documents as the input (its digest, its units)
     progress.py   a progress line per stage every few seconds (items, MB of text, MB/s, ETA, wall seconds)
     markers.py    the base completion marker; work.py: the _work folder, its Arrow tables, per-process caches
     pieces.py vocab.py pool.py instances.py shards.py
-                  one stage each (pool.py two): its work item, its step (a picklable callable), its marker, its
-                  planner; docs.py: a unit's documents read, split and tokenized, what the per-unit stages share
+                  one stage each (pool.py two): its work item or operators, its sink or step, its marker, its
+                  planner; docs.py: ReadCorpus and SplitTokenize, what the per-unit passes share
 
-Each stage is a ``Stage`` (a step mapped over items, one marker per item) planned from the markers of the stages
-before it; ``build`` walks ``STAGES`` and runs each with ``run_stage`` on the executor it was given. The driver only
-plans and sums markers: it reads no corpus bytes and no per-document data, so its work is O(units) of metadata.
-Barriers are the ones the algorithm needs: the instances need the whole corpus's pool, the shards need every unit's
-row counts. Output never depends on the executor, CPUs, nodes or blocks: ids and seeds come from the files.
+Each stage is a ``Stage`` (a step mapped over items) or a ``RowStage`` (read, operators, sink over units), one
+marker per item or unit, planned from the markers of the stages before it; ``build`` walks ``STAGES`` and runs each
+with ``run_stage`` on the executor it was given. The driver only plans and sums markers: it reads no corpus bytes
+and no per-document data, so its work is O(units) of metadata. Barriers are the ones the algorithm needs: the
+instances need the whole corpus's pool, the shards need every unit's row counts. Output never depends on the
+executor, CPUs, nodes or blocks: ids and seeds come from the files (or the Dataset's id column).
 
 Resume: every item of every stage commits atomically with a completion marker, so a killed build rerun with the same
 command redoes only what has no marker (``identity.py`` says which reruns are refused).
 
-To add a stage, write ``<name>_stage(state) -> Stage`` in a file of its own (its work item, step and marker beside
-it) and put it in ``STAGES``; later stages read its markers from ``state.markers[name]``. The per-unit stages map
-over ``state.units``, so a stage before them (cutting big files into pieces) only has to change the units.
+To add a stage, write ``<name>_stage(state) -> Stage | RowStage`` in a file of its own (its work item, step and
+marker beside it) and put it in ``STAGES``; later stages read its markers from ``state.markers[name]``. The per-unit
+stages map over ``state.units``, so a stage before them (cutting big files into pieces) only has to change the units.
 """
 from __future__ import annotations
 
@@ -35,15 +42,18 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 from pipeline.build.config import BuildConfig, BuildState
 from pipeline.build.docs import doc_totals
+from pipeline.build.ray_data.documents import check_columns, dataset_stamp, dataset_units
 from pipeline.build.executor import Executor, LocalExecutor, Stage, run_stage
 from pipeline.build.identity import check_state, finished
 from pipeline.build.instances import InstancesMarker, instances_stage
 from pipeline.build.pieces import input_units, unit_sizes
-from pipeline.build.pool import (COMPRESSED_RATIO, PoolMarker, PoolPartStep, planned_tokens, pool_parts_stage,
-                                 pool_stage, pool_threshold)
+from pipeline.build.docs import SplitTokenize
+from pipeline.build.pool import (COMPRESSED_RATIO, LoadPool, PoolMarker, planned_tokens, pool_parts_stage, pool_stage,
+                                 pool_threshold)
 from pipeline.build.shards import SHARD_BYTES, default_num_shards, shards_stage
 from pipeline.build.vocab import VocabContext, VocabSample, train_vocab
 from pipeline.checks import settings_warnings, unk_check, vocab_size_warning
@@ -92,28 +102,45 @@ def _histogram(markers: list, field: str) -> dict[str, int]:
     return dict(sorted(hist.items(), key=lambda kv: int(kv[0])))
 
 
-def build(cfg: BuildConfig, executor: Executor | None = None, on_stage: OnStage | None = None) -> Manifest:
+def build(cfg: BuildConfig, executor: Executor | None = None, on_stage: OnStage | None = None,
+          documents: Any = None, id_column: str = "id") -> Manifest:
     """Run (or resume, or confirm) the build; returns its manifest. ``on_stage`` hears of every finished stage.
-    One build writes an output at a time: it holds the output's lease (pipeline/safe_io/lease.py) from its first write."""
+    One build writes an output at a time: it holds the output's lease (pipeline/safe_io/lease.py) from its first write.
+
+    The input is ``cfg.inputs`` (files, folders, globs) or ``documents``: a ``ray.data.Dataset`` with an
+    ``id_column`` and a ``cfg.read.text_field`` column (``pipeline/build/ray_data/documents.py``)."""
     with contextlib.ExitStack() as held:
-        return _build(cfg, executor, on_stage,
+        return _build(cfg, executor, on_stage, documents, id_column,
                       hold=lambda: held.enter_context(output_lease(cfg.output, ep=cfg.endpoint_url)))
 
 
-def _build(cfg: BuildConfig, executor: Executor | None, on_stage: OnStage | None, hold: Callable) -> Manifest:
+def _build(cfg: BuildConfig, executor: Executor | None, on_stage: OnStage | None, documents: Any, id_column: str,
+           hold: Callable) -> Manifest:
     executor = executor or LocalExecutor()
     out, ep = cfg.output, cfg.endpoint_url
     t0 = time.time()
     told = on_stage or (lambda *a: None)
+    if (documents is None) == (not cfg.inputs):
+        raise ValueError("no inputs: pass at least one --input" if documents is None else
+                         "both inputs and a documents Dataset: give the build one of them")
     warnings = settings_warnings(cfg.instances)
     for w in warnings:
         log.warning("%s", w)
     # Everything that can fail cheaply fails here, before any work: inputs, vocab, output, config clashes.
     ignored: list[str] = []
-    files = expand_inputs(list(cfg.inputs), ep, skipped=ignored)
-    # An input's identity is its redacted URL (no userinfo, no signature): what the manifest shows and reruns compare.
-    inputs = [{"path": redact_url(f.path), "size": f.size, "etag": f.etag, "mtime": f.mtime}
-              | ({"digest": f.digest} if f.digest else {}) for f in files]  # http(s) without ETag: its bytes
+    if documents is not None:
+        if cfg.vocab is None:
+            raise ValueError("a build of a documents Dataset needs a vocabulary: pass BuildConfig(vocab=...) (train"
+                             " one with jobs/train_tokenizer.py)")
+        check_columns(documents, id_column, cfg.read.text_field)
+        documents = documents.materialize()  # the user's pipeline runs once; read twice (digest, units)
+        inputs = [dataset_stamp(documents, id_column, cfg.read.text_field)]
+    else:
+        files = expand_inputs(list(cfg.inputs), ep, skipped=ignored)
+        # An input's identity is its redacted URL (no userinfo, no signature): what the manifest shows and reruns
+        # compare; an http(s) input without an ETag adds its bytes' digest.
+        inputs = [{"path": redact_url(f.path), "size": f.size, "etag": f.etag, "mtime": f.mtime}
+                  | ({"digest": f.digest} if f.digest else {}) for f in files]
     vocab_bytes = None
     if cfg.vocab:
         try:
@@ -132,7 +159,11 @@ def _build(cfg: BuildConfig, executor: Executor | None, on_stage: OnStage | None
     executor.begin()  # a cluster comes up while the driver plans
     report = ReadReport()
     started = time.time()
-    units = input_units(files, cfg.read, cfg.unit_bytes, cfg.work, executor, report, ep)
+    if documents is not None:
+        files, units = dataset_units(documents, inputs[0], id_column, cfg.read.text_field, cfg.work, cfg.unit_bytes,
+                                     ep)
+    else:
+        units = input_units(files, cfg.read, cfg.unit_bytes, cfg.work, executor, report, ep)
     told("pieces", [], started, time.time())
     if vocab_bytes is None:
         # Without --vocab: one item trains WordPiece on a seeded sample of bounded size (pipeline/build/vocab.py).
@@ -155,7 +186,7 @@ def _build(cfg: BuildConfig, executor: Executor | None, on_stage: OnStage | None
     # first stage that tokenizes.
     shared = executor.share(vocab_sha, tokens)
     num_shards = cfg.num_shards or default_num_shards(planned, cfg.dupe_factor, vocab.vocab_size)
-    executor.warm(PoolPartStep(ctx, shared).setup, max(len(units), num_shards))
+    executor.warm(SplitTokenize(ctx, shared, members="only").setup, max(len(units), num_shards))
     if cfg.num_shards is None:
         log.info("%d shards of at most about %d MiB (from the planned size; --num-shards to choose)", num_shards,
                  SHARD_BYTES >> 20)
@@ -166,6 +197,8 @@ def _build(cfg: BuildConfig, executor: Executor | None, on_stage: OnStage | None
         started = time.time()
         state.markers[stage.name] = run_stage(stage, executor, ctx.work, ep)
         told(stage.name, state.markers[stage.name], started, time.time())
+        if stage.name == "pool":  # the instances pass gets the merged pool as one shared object
+            state.pool = executor.share_result(f"pool:{build_id}", LoadPool(ctx))
         if stage.name == "pool_parts":  # the pool is a seeded sample of the corpus: refuse before the heavy stage
             _unk_check(cfg, state.markers["pool_parts"], "of the random-next pool's tokens (a seeded sample of the"
                        " corpus)")

@@ -38,8 +38,6 @@ class BuildConfig:
     checks: CheckConfig = CheckConfig()
 
     def __post_init__(self) -> None:
-        if not self.inputs:
-            raise ValueError("no inputs: pass at least one --input")
         if not self.output:
             raise ValueError("no output: pass --output")
         if self.dupe_factor < 1:
@@ -86,4 +84,5 @@ class BuildState:
     planned_tokens: int
     unit_sizes: dict[str, int]  # bytes of text per unit uid (progress; estimated for compressed files)
     num_shards: int  # the config's, or the default from the planned size
+    pool: Shared | None = None  # the merged random-next pool, once its stage has run (an object reference on Ray)
     markers: dict[str, list[Marker]] = dataclasses.field(default_factory=dict)

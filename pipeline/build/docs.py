@@ -13,6 +13,7 @@ WordPiece encoder is loaded once per process and cached by vocabulary.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -54,7 +55,13 @@ class UnitText:
 def read_docs(unit: Unit, ctx: StepContext) -> UnitText:
     report = ReadReport()
     doc_ids, lines = [], []
-    for doc in read_unit(unit, ctx.read, ctx.endpoint_url, report):
+    if unit.fmt == "documents":  # a unit of a Ray Dataset given to the build
+        from pipeline.build.ray_data.documents import read_documents
+
+        docs = read_documents(unit, ctx.read, ctx.endpoint_url, report)
+    else:
+        docs = read_unit(unit, ctx.read, ctx.endpoint_url, report)
+    for doc in docs:
         doc_ids.append(doc.doc_id)
         lines.append(doc.lines)
     return UnitText(unit.uid, unit.path, doc_ids, lines, report)
@@ -159,3 +166,112 @@ def doc_totals(markers: list, report: ReadReport, on_error: str) -> tuple[Counte
     for reason in bad_files.values():
         dropped[reason] += 1  # file-level reasons count files
     return dropped, bad_files
+
+
+# --- Rows: what the per-unit stages hand each other (pipeline/build/rows.py runs them; Ray Data or a loop).
+# A unit's block holds one row per document, in unit order (``ord``), then the unit's report row (``id`` null,
+# ``report`` the reader's counts as JSON, or the user's error). Every operator passes the report row on, so the
+# sink that commits the unit knows what the reader saw even when the unit had no document at all.
+
+def read_block(unit: Unit, ctx: StepContext) -> pa.Table:
+    """ReadCorpus: a unit's documents as rows (``unit``, ``ord``, ``id``, ``lines``) and its report row."""
+    try:
+        text = read_docs(unit, ctx)
+    except (InputError, ValueError) as e:  # a user's mistake: carried to the driver as a value (rows.UserError)
+        if not type(e).__module__.startswith(("pipeline", "builtins")):
+            raise
+        report = {"path": unit.path, "error": [type(e).__name__, str(e)]}
+        return _block(unit.uid, [], [], report)
+    report = {"path": unit.path, "read_documents": len(text.doc_ids), "dropped": dict(text.report.dropped),
+              "bad_files": dict(text.report.bad_files)}
+    return _block(unit.uid, text.doc_ids, text.lines, report)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadCorpus:
+    """The read of one unit as rows (``read_block``): what each of the datasource's read tasks runs."""
+
+    ctx: StepContext
+
+    def __call__(self, unit: Unit) -> pa.Table:
+        return read_block(unit, self.ctx)
+
+
+def vocab_info_for(vocab: Shared):
+    from pipeline.create_instances import VocabInfo
+
+    return cached("vocab_info", vocab.key, lambda: VocabInfo.from_tokens(vocab.get()))
+
+
+def _block(uid: str, doc_ids: list[str], lines: list[list[str]], report: dict) -> pa.Table:
+    n = len(doc_ids)
+    return pa.table({"unit": pa.array([uid] * (n + 1), pa.string()),
+                     "ord": pa.array(np.arange(n + 1, dtype=np.int64)),
+                     "id": pa.array(doc_ids + [None], pa.string()),
+                     "lines": pa.array(lines + [None], pa.list_(pa.string())),
+                     "report": pa.array([None] * n + [json.dumps(report, sort_keys=True)], pa.string())})
+
+
+def _list_array(values: np.ndarray, lengths: np.ndarray, valid: np.ndarray) -> pa.Array:
+    offsets = np.zeros(len(lengths) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values), mask=pa.array(~valid))
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitTokenize:
+    """Documents -> sentences -> WordPiece ids, per row: adds ``tokens`` (the document's ids), ``sent_offsets``
+    (where each sentence starts in them, then the end) and ``tokenized`` (False: not tokenized here).
+
+    ``members``: "only" keeps only the random-next pool's members (the pool pass), "skip" passes the members on
+    untokenized (the instances pass: their tokens come from the pool, so each document is tokenized once). A
+    document with no tokens has ``tokenized`` True and null ``tokens``."""
+
+    ctx: StepContext
+    vocab: Shared
+    members: str  # "only" | "skip"
+
+    def setup(self) -> None:
+        import pipeline.sentences  # noqa: F401 - imported here so a warm worker's first unit does not pay for it
+        encoder_for(self.vocab, self.ctx.do_lower_case)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        ids = batch.column("id").to_pylist()
+        is_doc = np.array([i is not None for i in ids], dtype=bool)
+        member = np.zeros(len(ids), dtype=bool)
+        member[is_doc] = pool_members([i for i in ids if i is not None], self.ctx)
+        if self.members == "only":
+            batch = batch.filter(pa.array(member | ~is_doc))
+            ids = batch.column("id").to_pylist()
+            is_doc, member = is_doc[member | ~is_doc], member[member | ~is_doc]
+            todo = is_doc
+        else:
+            todo = is_doc & ~member
+        lines = batch.column("lines").to_pylist()
+        idx = np.flatnonzero(todo).tolist()
+        encoder = encoder_for(self.vocab, self.ctx.do_lower_case)
+        packed = tokenize_docs([split(lines[i], self.ctx.read.presplit) for i in idx], encoder, self.ctx.vocab_size)
+        dtype = token_dtype(self.ctx.vocab_size)
+        docs: list[PackedDoc | None] = [None] * len(ids)
+        for i, d in zip(idx, packed):
+            docs[i] = d
+        valid = np.array([d is not None for d in docs], dtype=bool)
+        got = [d for d in docs if d is not None]
+        tokens = _list_array(np.concatenate([d.tokens for d in got]).astype(dtype, copy=False) if got
+                             else np.zeros(0, dtype), np.array([len(d.tokens) if d else 0 for d in docs]), valid)
+        offsets = _list_array(np.concatenate([d.sent_offsets for d in got]).astype(np.int64, copy=False) if got
+                              else np.zeros(0, np.int64),
+                              np.array([len(d.sent_offsets) if d else 0 for d in docs]), valid)
+        return (batch.drop_columns(["lines"]).append_column("member", pa.array(member))
+                .append_column("tokenized", pa.array(todo)).append_column("tokens", tokens)
+                .append_column("sent_offsets", offsets))
+
+
+def packed_docs(batch: pa.Table) -> list[PackedDoc | None]:
+    """The ``tokens``/``sent_offsets`` of SplitTokenize's rows as PackedDocs (zero-copy views), None where null."""
+    tokens, offsets = batch.column("tokens").combine_chunks(), batch.column("sent_offsets").combine_chunks()
+    tv, to = tokens.values.to_numpy(zero_copy_only=False), tokens.offsets.to_numpy()
+    ov, oo = offsets.values.to_numpy(zero_copy_only=False), offsets.offsets.to_numpy()
+    valid = tokens.is_valid().to_numpy(zero_copy_only=False)
+    return [PackedDoc(tv[to[i]:to[i + 1]], ov[oo[i]:oo[i + 1]]) if valid[i] else None for i in range(len(tokens))]
+

@@ -7,9 +7,10 @@ debugging), ``pipeline.build.ray_data.RayDataExecutor`` runs the very same steps
 ``share(obj)`` gives a handle that steps resolve with ``.get()``: the object itself here, one object-store copy on
 Ray.
 
-A ``Stage`` is a name, a step and its items by key; ``run_stage`` reads the stage's committed markers (resume), maps
-the step over the items that have none, shows its progress (``progress.py``) and returns every item's marker, in
-item order. Output never depends on which executor ran, nor on CPUs, nodes or arrival order: ids and seeds come
+A ``Stage`` is a name, a step and its items by key; a ``rows.RowStage`` (the per-unit passes) is a read, operators
+over rows and a sink, run with ``rows(stage, units)``. ``run_stage`` reads the stage's committed markers (resume),
+runs the items or units that have none, shows its progress (``progress.py``) and returns every marker, in item
+order. Output never depends on which executor ran, nor on CPUs, nodes or arrival order: ids and seeds come
 from the items and the files.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, Protocol
 
 from pipeline.build.markers import Marker, read_markers
 from pipeline.build.progress import StageProgress
+from pipeline.build.rows import RowStage, UserError
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +56,14 @@ class Executor(Protocol):
         """Start the worker processes that stages of at most ``items`` items will use and run ``setup`` (loading
         per-process state: the tokenizer) once in each, ahead of the stages and without waiting for it."""
 
-    def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker]:
+    def share_result(self, key: str, fn: Callable[[], Any]) -> Shared:
+        """A handle to what ``fn()`` returns, computed by a worker (the driver never holds it)."""
+
+    def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker | UserError]:
         """Run ``step`` on every item; the markers as they come, in any order."""
+
+    def rows(self, stage: RowStage, units: Sequence[Any]) -> Iterator[Marker | UserError]:
+        """Read ``units`` as rows, apply the stage's operators and commit through its sink; the markers."""
 
     def end(self) -> None:
         """Release what ``begin`` started (disconnect from Ray, or stop the local Ray it started)."""
@@ -75,8 +83,18 @@ class LocalExecutor:
     def warm(self, setup: Callable[[], None], items: int) -> None:
         pass  # the first item loads what it needs
 
+    def share_result(self, key: str, fn: Callable[[], Any]) -> Shared:
+        return LocalShared(key, fn())
+
     def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker]:
         return (step(item) for item in items)
+
+    def rows(self, stage: RowStage, units: Sequence[Any]) -> Iterator[Marker | UserError]:
+        for unit in units:  # the same callables Ray Data runs, one unit at a time
+            table = stage.read(unit)
+            for op in stage.operators:
+                table = op(table)
+            yield from stage.sink.write([table])
 
     def end(self) -> None:
         pass
@@ -95,11 +113,13 @@ class Stage:
     noun: str = "items"
 
 
-def run_stage(stage: Stage, executor: Executor, work: str, endpoint_url: str | None = None) -> list[Marker]:
+def run_stage(stage: Stage | RowStage, executor: Executor, work: str, endpoint_url: str | None = None
+              ) -> list[Marker]:
     """Every item's marker in item order, running only the items that have none committed."""
     assert stage.marker.stage == stage.name, (stage.marker, stage.name)
-    done = {k: m for k, m in read_markers(work, stage.marker, endpoint_url).items() if k in stage.items}
-    pending = {k: item for k, item in stage.items.items() if k not in done}
+    items = stage.units if isinstance(stage, RowStage) else stage.items
+    done = {k: m for k, m in read_markers(work, stage.marker, endpoint_url).items() if k in items}
+    pending = {k: item for k, item in items.items() if k not in done}
     sizes = stage.sizes or {}
     log.info("%s: %d %s to run%s", stage.name, len(pending), stage.noun,
              f" ({len(done)} done before)" if done else "")
@@ -107,12 +127,16 @@ def run_stage(stage: Stage, executor: Executor, work: str, endpoint_url: str | N
                              lines=not executor.bars)
     try:
         if pending:
-            for m in executor.map(stage.step, list(pending.values())):
+            run = (executor.rows(stage, list(pending.values())) if isinstance(stage, RowStage)
+                   else executor.map(stage.step, list(pending.values())))
+            for m in run:
+                if isinstance(m, UserError):
+                    m.raise_()
                 done[m.key] = m
                 progress.add(sizes.get(m.key, 0))
     finally:
         summary = progress.finish()
     log.info("%s", summary)
-    missing = [k for k in stage.items if k not in done]
+    missing = [k for k in items if k not in done]
     assert not missing, f"{stage.name}: no marker for {missing[:5]}"
-    return [done[k] for k in stage.items]
+    return [done[k] for k in items]

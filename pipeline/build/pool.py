@@ -1,14 +1,16 @@
 """The pool stages: the random-next pool, a seeded sample of the WHOLE corpus, tokenized and merged into one file.
 
-    PoolPartStep  unit -> its members, tokenized -> _work/pool/parts/<uid>.arrow, PoolPartMarker
+    pool parts    ReadCorpus -> SplitTokenize (members only) -> WritePoolParts: a unit's members, tokenized, as
+                  _work/pool/parts/<uid>.arrow, then its PoolPartMarker (a row pipeline, rows.py)
     PoolStep      "pool" -> the parts merged, in unit order, into _work/pool/pool.arrow, PoolMarker
                   [one item: the barrier the algorithm needs, since every instance may draw from any unit's members]
 
 The sample is planned before any text is read: ``pool_threshold`` turns the token budget and the input's planned
 size (``planned_tokens``, from metadata only) into a 64-bit hash threshold, and a unit's members are the documents
 whose seeded hash falls below it (``docs.pool_members``): decided from document ids, so only the members are split
-and tokenized here. The instances stage loads the merged pool once per worker process (``pool_for``) and takes the
-members' tokens from it instead of tokenizing them again.
+and tokenized here. The instances pass gets the merged pool as a shared object (``LoadPool``: an object reference
+on Ray), builds it once per worker process (``pool_for``) and takes the members' tokens from it instead of
+tokenizing them again.
 """
 from __future__ import annotations
 
@@ -18,11 +20,13 @@ from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.build.config import BuildState
-from pipeline.build.docs import (doc_arrays, doc_totals, docs_table, encoder_for, pool_members, read_docs, split,
-                                 tokenize_docs)
+from pipeline.build.docs import (ReadCorpus, SplitTokenize, doc_arrays, doc_totals, docs_table, packed_docs,
+                                 vocab_info_for)
 from pipeline.build.executor import Shared, Stage
+from pipeline.build.rows import RowStage, UserError, by_unit, report_of, user_error
 from pipeline.build.markers import Marker, write_marker
 from pipeline.build.work import StepContext, cached, read_table, write_table
 from pipeline.create_instances import RandomDocPool
@@ -91,38 +95,40 @@ def pool_threshold(pool_tokens: int, planned: int) -> int:
     return 1 << 64 if p >= 1.0 else int(p * (1 << 64))
 
 
-def pool_part_step(unit: Unit, ctx: StepContext, encoder) -> PoolPartMarker:
-    """Read one unit, split and tokenize its members only, commit them (in unit order), then the marker."""
-    text = read_docs(unit, ctx)
-    idx = np.flatnonzero(pool_members(text.doc_ids, ctx)).tolist()
-    packed = tokenize_docs([split(text.lines[i], ctx.read.presplit) for i in idx], encoder, ctx.vocab_size)
-    members = [(text.doc_ids[i], d) for i, d in zip(idx, packed) if d is not None]
+def write_pool_part(uid: str, rows: pa.Table, ctx: StepContext, unk_id: int) -> PoolPartMarker | UserError:
+    """Commit one unit's members (SplitTokenize's rows, in unit order), then the marker."""
+    report = report_of(rows)
+    if (err := user_error(report)) is not None:
+        return err
+    docs = rows.filter(pc.invert(pc.is_null(rows.column("id"))))
+    members = [(i, d) for i, d in zip(docs.column("id").to_pylist(), packed_docs(docs)) if d is not None]
     if members:
-        write_table(ctx.pool_part_url(unit.uid), docs_table(members, ctx.vocab_size), ctx)
-    marker = PoolPartMarker(uid=unit.uid, path=unit.path, read_documents=len(text.doc_ids),
-                            dropped=dict(text.report.dropped), bad_files=dict(text.report.bad_files),
+        write_table(ctx.pool_part_url(uid), docs_table(members, ctx.vocab_size), ctx)
+    marker = PoolPartMarker(uid=uid, path=report["path"], read_documents=report["read_documents"],
+                            dropped=report["dropped"], bad_files=report["bad_files"],
                             documents=len(members), tokens=int(sum(len(d.tokens) for _, d in members)),
-                            unk_tokens=sum(int(np.count_nonzero(d.tokens == encoder.unk_id)) for _, d in members))
+                            unk_tokens=sum(int(np.count_nonzero(d.tokens == unk_id)) for _, d in members))
     write_marker(ctx.work, marker, ctx.endpoint_url)
     return marker
 
 
 @dataclasses.dataclass(frozen=True)
-class PoolPartStep:
+class WritePoolParts:
+    """The pool pass's sink: each unit's members committed as ``_work/pool/parts/<uid>.arrow``, then its marker."""
+
     ctx: StepContext
     vocab: Shared
 
-    def setup(self) -> None:
-        import pipeline.sentences  # noqa: F401 - imported here so a warm worker's first unit does not pay for it
-        encoder_for(self.vocab, self.ctx.do_lower_case)
-
-    def __call__(self, unit: Unit) -> PoolPartMarker:
-        return pool_part_step(unit, self.ctx, encoder_for(self.vocab, self.ctx.do_lower_case))
+    def write(self, tables: list[pa.Table]) -> list[PoolPartMarker | UserError]:
+        unk_id = vocab_info_for(self.vocab).unk_id
+        return [write_pool_part(uid, rows, self.ctx, unk_id) for uid, rows in by_unit(tables)]
 
 
-def pool_parts_stage(s: BuildState) -> Stage:
-    return Stage("pool_parts", PoolPartStep(s.ctx, s.vocab), {u.uid: u for u in s.units}, PoolPartMarker,
-                 s.unit_sizes, "units")
+def pool_parts_stage(s: BuildState) -> RowStage:
+    ctx = s.ctx
+    return RowStage("pool_parts", {u.uid: u for u in s.units}, ReadCorpus(ctx),
+                    (SplitTokenize(ctx, s.vocab, members="only"),), WritePoolParts(ctx, s.vocab), PoolPartMarker,
+                    s.unit_sizes)
 
 
 def pool_from(table: pa.Table) -> RandomDocPool:
@@ -130,9 +136,20 @@ def pool_from(table: pa.Table) -> RandomDocPool:
     return RandomDocPool.from_arrays(doc_ids, flat, inner.astype(np.int64), outer.astype(np.int64))
 
 
-def pool_for(ctx: StepContext) -> RandomDocPool:
-    """The merged pool, read once per process and build."""
-    return cached("pool", (ctx.pool_url(), ctx.build_id), lambda: pool_from(read_table(ctx.pool_url(), ctx)))
+def pool_for(pool: Shared) -> RandomDocPool:
+    """The merged pool, built once per process and build from the shared table (``load_pool``)."""
+    return cached("pool", pool.key, lambda: pool_from(pool.get()))
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadPool:
+    """The merged pool's table, read from _work by a worker: the object the instances pass shares (an object
+    reference on Ray, read once per node's object store rather than once per worker process from storage)."""
+
+    ctx: StepContext
+
+    def __call__(self) -> pa.Table:
+        return read_table(self.ctx.pool_url(), self.ctx)
 
 
 def pool_doc(pool: RandomDocPool, i: int) -> PackedDoc:

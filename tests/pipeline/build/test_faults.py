@@ -25,6 +25,7 @@ from pipeline.create_instances import InstanceConfig
 from pipeline.readers import InputError, ReadOptions
 
 REPO = str(Path(__file__).resolve().parents[3])
+LEASE_STALE_ENV, LEASE_STALE_S = "BERT_LEASE_STALE_SECONDS", 3.0  # a killed build's lease, stale soon
 
 
 def _corpus(path, n_docs=40, sentences=15):
@@ -57,8 +58,8 @@ def _same(a, b):
     assert not os.path.exists(os.path.join(b, "_work"))
 
 
-@pytest.mark.parametrize("module, stage", [(pipeline.build.pool, "pool_part_step"),
-                                           (pipeline.build.instances, "instances_step"),
+@pytest.mark.parametrize("module, stage", [(pipeline.build.pool, "write_pool_part"),
+                                           (pipeline.build.instances, "write_unit"),
                                            (pipeline.build.shards, "write_shard")])
 def test_failure_in_any_stage_then_rerun_gives_the_same_rows(tmp_path, sample_dir, monkeypatch, module, stage):
     corpus = _corpus(tmp_path / "c.jsonl")
@@ -90,12 +91,14 @@ def test_failure_in_any_stage_then_rerun_gives_the_same_rows(tmp_path, sample_di
 
 
 @pytest.mark.timeout(240)
-def test_sigkill_mid_build_then_rerun_gives_the_same_rows(tmp_path, sample_dir):
+def test_sigkill_mid_build_then_rerun_gives_the_same_rows(tmp_path, sample_dir, monkeypatch):
+    # The killed build's output lease (pipeline/safe_io/lease.py) is taken over once its heartbeat is this old.
+    monkeypatch.setenv(LEASE_STALE_ENV, str(LEASE_STALE_S))
     corpus = _corpus(tmp_path / "c.jsonl", n_docs=120)
     cfg = _cfg(tmp_path, corpus, "killed", sample_dir)
     code = (f"import sys; sys.path.insert(0, {REPO!r}); import pickle; from pipeline.build import build; "
             f"build(pickle.loads({repr(__import__('pickle').dumps(cfg))}))")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=dict(os.environ))
     work = tmp_path / "killed" / "_work" / "instances"
     deadline = time.time() + 180
     while time.time() < deadline and proc.poll() is None:
@@ -105,6 +108,7 @@ def test_sigkill_mid_build_then_rerun_gives_the_same_rows(tmp_path, sample_dir):
     proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL, "the build ended before it could be killed"
     assert not (tmp_path / "killed" / "manifest.json").exists(), "the build finished before it could be killed"
+    time.sleep(LEASE_STALE_S + 0.5)  # the dead build's lease goes stale
     build(cfg)
     build(_cfg(tmp_path, corpus, "clean", sample_dir))
     _same(tmp_path / "clean", tmp_path / "killed")
@@ -112,11 +116,12 @@ def test_sigkill_mid_build_then_rerun_gives_the_same_rows(tmp_path, sample_dir):
 
 @pytest.mark.timeout(300)
 def test_sigkill_of_a_ray_data_build_and_its_ray_then_rerun_on_ray_gives_the_same_rows(ray_local, tmp_path,
-                                                                                       sample_dir):
+                                                                                       sample_dir, monkeypatch):
     """The job's whole process group (driver, its local Ray's daemons and workers) killed in the instances stage;
     the rerun, on another Ray, through Ray Data, equals an uninterrupted plain loop."""
     from pipeline.build.ray_data import RayDataExecutor
 
+    monkeypatch.setenv(LEASE_STALE_ENV, str(LEASE_STALE_S))
     corpus = _corpus(tmp_path / "c.jsonl", n_docs=240)
     cfg = _cfg(tmp_path, corpus, "killed", sample_dir)
     ray_tmp = tempfile.mkdtemp(prefix="rk", dir="/tmp")  # short: Unix socket paths are limited to ~107 bytes
@@ -143,6 +148,7 @@ def test_sigkill_of_a_ray_data_build_and_its_ray_then_rerun_on_ray_gives_the_sam
     assert not (tmp_path / "killed" / "manifest.json").exists(), "the build finished before it could be killed"
     done = sum(n.endswith(".done.json") for n in os.listdir(work))
     assert done >= 2
+    time.sleep(LEASE_STALE_S + 0.5)  # the dead build's lease goes stale
     build(cfg, RayDataExecutor(num_cpus=2))
     build(_cfg(tmp_path, corpus, "clean", sample_dir))
     _same(tmp_path / "clean", tmp_path / "killed")
@@ -182,7 +188,8 @@ def test_bad_inputs_fail_naming_the_file_or_are_counted(tmp_path, sample_dir):
         with pytest.raises(InputError, match=rf"{name}.*{reason}"):
             build(dataclasses.replace(cfg, inputs=(files["good"], files[name])))
     cfg = _cfg(tmp_path, files["good"], "skip", sample_dir, unit_bytes=1 << 20, read=ReadOptions(on_error="skip"))
-    m = build(dataclasses.replace(cfg, inputs=tuple(files.values())))
+    build(dataclasses.replace(cfg, inputs=tuple(files.values())))
+    m = json.loads((tmp_path / "skip" / "manifest.json").read_text())
     dropped = m["totals"]["dropped"]
     assert dropped["empty_file"] == 1 and dropped["corrupt_file"] == 1 and dropped["record_too_long"] == 1
     assert dropped["bad_json"] == 1 and dropped["missing_text_field"] == 1 and dropped["undecodable"] == 1

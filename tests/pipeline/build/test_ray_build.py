@@ -1,5 +1,6 @@
-"""The Ray Data adapter (and the plain-tasks one) runs the same steps as the plain loop: identical shards whatever the CPUs or raylets, and
-the driver itself reads no corpus bytes (every step runs in a Ray worker)."""
+"""The build on Ray Data runs the same operators as the plain loop: identical shards whatever the CPUs or raylets,
+the driver itself reads no corpus bytes (every step runs in a Ray worker), and Ray's own logs show our read
+operator, our operators over rows and our sink."""
 from __future__ import annotations
 
 import json
@@ -42,7 +43,6 @@ def _same(out, ref):
 @pytest.mark.timeout(300)
 def test_ray_equals_plain_loop_and_cpu_count_does_not_matter(ray_local, tmp_path, sample_dir):
     from pipeline.build.ray_data import RayDataExecutor
-    from pipeline.build.ray_tasks import RayTasksExecutor
 
     corpus = _corpus(tmp_path / "c.jsonl")
     build(_cfg(tmp_path, corpus, sample_dir, "plain"), LocalExecutor())
@@ -51,10 +51,8 @@ def test_ray_equals_plain_loop_and_cpu_count_does_not_matter(ray_local, tmp_path
     assert 0 < mp["random_pool"]["documents"] < mp["totals"]["documents"]  # a sample, not every document
     build(_cfg(tmp_path, corpus, sample_dir, "ray1"), RayDataExecutor(num_cpus=1))
     build(_cfg(tmp_path, corpus, sample_dir, "ray2"), RayDataExecutor(num_cpus=2))
-    build(_cfg(tmp_path, corpus, sample_dir, "tasks"), RayTasksExecutor(num_cpus=2))  # the plain-tasks engine
     _same(tmp_path / "ray1", tmp_path / "plain")
     _same(tmp_path / "ray2", tmp_path / "plain")
-    _same(tmp_path / "tasks", tmp_path / "plain")
 
 
 @pytest.mark.timeout(300)
@@ -74,7 +72,7 @@ def test_the_driver_reads_no_corpus_bytes(ray_local, tmp_path, sample_dir, monke
     def forbidden(*a, **k):
         raise AssertionError("the driver read corpus data")
     for mod, name in [(pipeline.readers, "read_unit"), (pipeline.build.docs, "read_unit"),
-                      (pipeline.build.pool, "read_docs"), (pipeline.build.instances, "read_docs"),
+                      (pipeline.build.docs, "read_docs"), (pipeline.build.docs, "read_block"),
                       (pipeline.build.pool, "read_table"), (pipeline.build.shards, "_read_slice")]:
         monkeypatch.setattr(mod, name, forbidden)
     build(_cfg(tmp_path, corpus, sample_dir, "ray"), RayDataExecutor(num_cpus=2))
@@ -117,3 +115,58 @@ def test_a_bad_input_fails_through_ray_naming_the_file(ray_local, tmp_path, samp
     cfg = _cfg(tmp_path, corpus, sample_dir, "bad")
     with pytest.raises(InputError, match=r"bad\.jsonl.*bad_json"):
         build(BuildConfig(**{**cfg.__dict__, "inputs": (corpus, str(bad))}), RayDataExecutor(num_cpus=2))
+
+
+@pytest.mark.timeout(600)
+def test_real_text_at_1_2_and_4_cpus_equals_the_plain_loop(ray_shutdown, ray_tmpdir, tmp_path, sample_dir):
+    """Two shared corpus files (one big enough to be cut into pieces, units of 256 KiB: ~20 units), a sampled pool:
+    a local Ray of 1, 2 and 4 CPUs started by the executor gives the plain loop's shards byte for byte."""
+    import ray
+
+    from pipeline.build.ray_data import RayDataExecutor
+
+    def cfg(name):
+        return BuildConfig(inputs=("/work/shared/data/corpora/mobydick.jsonl.gz", str(sample_dir / "corpus" /
+                                                                                       "austen.jsonl.gz")),
+                           output=str(tmp_path / name), dupe_factor=2, num_shards=4, pool_tokens=300_000,
+                           unit_bytes=256 << 10,
+                           vocab=str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"))
+    build(cfg("plain"))
+    for n in (1, 2, 4):
+        init = (lambda n=n: ray.init(address="local", num_cpus=n, include_dashboard=False, _temp_dir=ray_tmpdir,
+                                     log_to_driver=False, configure_logging=False))
+        executor = RayDataExecutor(num_cpus=n, init=init)
+        try:
+            build(cfg(f"ray{n}"), executor)
+        finally:
+            executor.end()
+        _same(tmp_path / f"ray{n}", tmp_path / "plain")
+    m, _ = _shards(tmp_path / "plain")
+    assert 0 < m["random_pool"]["documents"] < m["totals"]["documents"]
+
+
+@pytest.mark.timeout(300)
+def test_rays_logs_show_our_read_our_row_operators_and_our_sink(ray_local, ray_tmpdir, tmp_path, sample_dir):
+    """What a Ray user reads in Ray Data's logs (<session>/logs/ray-data/, what the Dashboard's Data view shows):
+    the per-unit passes as ReadCorpus -> MapBatches(SplitTokenize) -> MapBatches(PairsAndMasks) -> Write, fused
+    into one task per unit, the sinks by their names with the rows they wrote, and rows per operator."""
+    import glob
+
+    from pipeline.build.ray_data import RayDataExecutor
+
+    corpus = _corpus(tmp_path / "c.jsonl")
+    m = build(_cfg(tmp_path, corpus, sample_dir, "ray"), RayDataExecutor(num_cpus=2))
+    # Every session of the test run under Ray's temp folder: Ray Data's process-wide ray-data.log stays with the
+    # first session this process started, its per-dataset logs go to the current one.
+    logs = "".join(open(f, errors="replace").read()
+                   for f in glob.glob(os.path.join(ray_tmpdir, "**", "ray-data", "*.log"), recursive=True))
+    assert "TaskPoolMapOperator[ReadCorpus->MapBatches(SplitTokenize)->MapBatches(PairsAndMasks)->Write]" in logs
+    assert "TaskPoolMapOperator[ReadCorpus->MapBatches(SplitTokenize)->Write]" in logs  # the pool pass
+    assert "TaskPoolMapOperator[MapBatches(ShardStep)]" in logs
+    # The sink's rows: every instance, plus one summary row per unit (what becomes its marker).
+    wrote = [line for line in logs.splitlines() if "Data sink WriteUnits finished" in line]
+    assert wrote, "no line from our WriteUnits sink"
+    rows = [int(line.split("finished. ")[1].split(" rows")[0]) for line in wrote]
+    assert any(m.totals.instances < r < m.totals.instances + 100 for r in rows), rows
+    assert "Data sink WritePoolParts finished" in logs
+    assert "'rows_outputs_of_finished_tasks'" in logs and "'bytes_outputs_of_finished_tasks'" in logs

@@ -17,44 +17,45 @@ def _ctx(tmp_path) -> StepContext:
 
 @pytest.mark.timeout(180)
 def test_warm_up_loads_the_tokenizer_once_per_worker_before_any_item(ray_local, tmp_path, sample_dir):
-    from pipeline.build.pool import PoolPartStep
+    from pipeline.build.docs import SplitTokenize
     from pipeline.build.ray_data import RayDataExecutor
 
     tokens = (sample_dir / "reference" / "bert-base-uncased-vocab.txt").read_text().splitlines()
     executor = RayDataExecutor(num_cpus=2)
     executor.begin()
     vocab = executor.share("vocab-test-warm", tokens)
-    executor.warm(PoolPartStep(_ctx(tmp_path), vocab).setup, items=16)
+    executor.warm(SplitTokenize(_ctx(tmp_path), vocab, members="only").setup, items=16)
     # The build never waits for the warm-up (a stage's first items may overtake it and load the tokenizer
     # themselves, once); here we wait, to see where it went: one warm-up per worker process.
     warmed = ray_local.get(executor._warming)
     assert len(set(warmed)) == 2, warmed
-    # Steps that load nothing see what the warm-up left in their process: the tokenizer, loaded once.
+    # Steps that load nothing see what the warm-up left in their process: the tokenizer, loaded by the warm-up
+    # (the session's earlier tests may have loaded other vocabularies' encoders in these processes: counted per pid).
     seen = list(executor.map(process_state, list(range(16))))
     assert len(seen) == 16
     assert {s["pid"] for s in seen} <= set(warmed)  # Ray Data's tasks run in the warmed processes
-    assert {s["loads"].get("encoder") for s in seen} == {1}, seen
+    loads = {s["pid"]: s["loads"].get("encoder") for s in seen}
+    assert all(n >= 1 for n in loads.values()) and len({(s["pid"], s["loads"].get("encoder")) for s in seen}) == len(
+        loads), seen
     # A second stage: the same processes, nothing loaded again.
     again = list(executor.map(process_state, list(range(8))))
     assert {s["pid"] for s in again} <= set(warmed)
-    assert {s["loads"].get("encoder") for s in again} == {1}
+    assert all(s["loads"].get("encoder") == loads[s["pid"]] for s in again)
 
 
 @pytest.mark.parametrize("n", [0, -2])
 def test_num_cpus_below_one_is_refused_before_ray_starts(n):
     from pipeline.build.ray_data import RayDataExecutor
-    from pipeline.build.ray_tasks import RayTasksExecutor
 
-    for executor in (RayDataExecutor, RayTasksExecutor):
-        with pytest.raises(ValueError, match=rf"--num-cpus {n}: .*use at least 1"):
-            executor(num_cpus=n)
+    with pytest.raises(ValueError, match=rf"--num-cpus {n}: .*use at least 1"):
+        RayDataExecutor(num_cpus=n)
 
 
 @pytest.mark.timeout(120)
 def test_a_cluster_without_cpus_is_refused_after_a_bounded_wait(ray_shutdown, ray_tmpdir, monkeypatch):
     import ray
 
-    import pipeline.build.ray_cluster as ray_cluster
+    import pipeline.build.ray_data.cluster as ray_cluster
     from pipeline.build.ray_data import RayDataExecutor
 
     monkeypatch.setattr(ray_cluster, "CPU_WAIT_S", 1.0)

@@ -1,4 +1,4 @@
-"""What both Ray executors share: bringing Ray up early, the worker processes started and warmed ahead of the
+"""The Ray side of the build's executor: bringing Ray up early, the worker processes started and warmed ahead of the
 stages, the vocabulary in the object store, users' errors carried back as values, and never a hang for CPUs.
 
 - ``begin`` brings Ray up (``init``: ``pipeline.build.ray_start.init_ray`` attaches to RAY_ADDRESS, as ``ray job submit``
@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pipeline.build.markers import Marker
+from pipeline.build.rows import UserError
 from pipeline.readers import InputError
 
 log = logging.getLogger(__name__)
@@ -49,28 +50,14 @@ class RayShared:
         return ray.get(self.ref)
 
 
-@dataclasses.dataclass(frozen=True)
-class UserError:
-    """A user's mistake (a bad input, a bad value) raised by a step, carried back as the task's result: through
-    Ray's wrappers (RayTaskError, Ray Data's UserCodeException, whose cause is lost on the way) the user would get
-    a stack trace instead of the one line that names the file and the fix."""
-
-    error: BaseException
-
-
 def run_step(step: Callable[[Any], Marker], item: Any) -> Marker | UserError:
+    """A step in a worker, a user's mistake returned as a value (``rows.UserError`` says why)."""
     try:
         return step(item)
     except (InputError, ValueError) as e:
         if not type(e).__module__.startswith(("pipeline", "builtins")):
             raise
-        return UserError(e)
-
-
-def raise_users(out: Marker | UserError) -> Marker:
-    if isinstance(out, UserError):
-        raise out.error
-    return out
+        return UserError(type(e).__name__ if isinstance(e, InputError) else "ValueError", str(e))
 
 
 def _warm(setup: Callable[[], None]) -> int:
@@ -214,5 +201,5 @@ class RayCluster(abc.ABC):
             ray.shutdown()
 
     @abc.abstractmethod
-    def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker]:
+    def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker | UserError]:
         """Run ``step`` on every item on the cluster; the markers, in completion order."""
