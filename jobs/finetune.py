@@ -20,6 +20,12 @@ import sys
 import time
 from pathlib import Path
 
+if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the project; outside its venv, say how in one line
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from jobs._preflight import require_project_env
+
+    require_project_env(__file__)
+
 from finetuning.config import FinetuneConfig
 from finetuning.examples import TASKS, TaskColumns
 from finetuning.finetune_job import FinetuneJob, run_finetuning

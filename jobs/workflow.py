@@ -21,6 +21,12 @@ import os
 import sys
 from pathlib import Path
 
+if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the project; outside its venv, say how in one line
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from jobs._preflight import require_project_env
+
+    require_project_env(__file__)
+
 from jobs._common import setup_logging
 from pipeline.safe_io.redact import redact_text
 from workflows.driver import Workflow, load_workflow, run_workflow, stages_to_run
