@@ -336,9 +336,22 @@ def _reduce_window(run: _Run, out: dict) -> tuple[dict[str, float], bool]:
 def _evaluate(run: _Run) -> dict[str, float]:
     cfg, data = run.config, run.config.data
     t_eval = time.perf_counter()
-    batches = (to_device(b, run.device) for b in data_mod.eval_batches(
+    counts: list[torch.Tensor] = []  # the eval labels' token counts: the most frequent token's share is the
+    #                                   accuracy of a model that always predicts it (what a stuck MLM scores)
+
+    def counted(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        labels = torch.as_tensor(batch["masked_lm_labels"])
+        counts.append(torch.bincount(labels[labels >= 0].reshape(-1)))
+        return batch
+
+    batches = (to_device(counted(b), run.device) for b in data_mod.eval_batches(
         run.eval_rows, cfg.eval, data.micro_batch_size, run.worker.rank, run.worker.world_size, data.length_buckets))
     metrics = evaluate(run.raw, batches, run.autocast_dtype).all_reduce().summary(prefix="eval_")
+    if counts and run.worker.world_size == 1:  # (with several ranks each sees a part; the share is left out)
+        total = torch.zeros(max(len(c) for c in counts), dtype=torch.int64)
+        for c in counts:
+            total[:len(c)] += c
+        metrics["eval_mlm_top_token_share"] = float(total.max() / total.sum())
     run.window.pause(time.perf_counter() - t_eval)  # evaluation does not count against throughput
     return metrics
 
