@@ -81,6 +81,9 @@ def _all_reduce_host(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
     return t.cpu()
 
 
+SLOW_ON_CPU = "try a smaller --preset (bert_tiny, bert_mini), fewer --max-steps, or --use-gpu on a GPU machine"
+
+
 def _log_first_step(device: torch.device) -> None:
     """How long a (re)start took to its first step: the fast-restart figure (compile caches, present buckets)."""
     if device.type == "cuda":
@@ -143,6 +146,9 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
     run = _set_up(config, worker, device)
     result = FitResult(run.step, {}, None, run.resumed_from)
     log_every, eval_every = config.tracking.log_every, config.eval.every if config.eval else 0
+    # Rank 0 says where the run is at least once a minute, however long a step takes (training.progress).
+    beat = run.progress.heartbeat(log.info) if worker.rank == 0 else contextlib.nullcontext()
+    beat.__enter__()  # (left in the `finally` below, which the loop already has)
     try:
         _steps(run, result, log_every, eval_every)
     except Exception as e:
@@ -151,6 +157,7 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
             raise
         raise fault from e
     finally:
+        beat.__exit__(None, None, None)
         if run.batches is not None:
             run.batches.close()
         run.tracker.close()
@@ -187,6 +194,9 @@ def _steps(run: _Run, result: FitResult, log_every: int, eval_every: int) -> Non
             _record(run, result, metrics)
         if save:
             _save_checkpoint(run, result, metrics, last)
+        if worker.rank == 0:
+            for line in run.progress.notes(run.step):
+                log.info("%s", line)
         if last:
             break
     result.step = run.step
@@ -256,7 +266,8 @@ def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> _Ru
     run = _Run(config=config, worker=worker, device=device, raw=raw, model=model, optimizer=optimizer,
                scheduler=scheduler, initial_state=initial, autocast_dtype=autocast_dtype, step=step,
                resumed_from=step, guard=guard, tracker=tracker,
-               progress=Progress(config.max_steps, rt.max_seconds),
+               progress=Progress(config.max_steps, rt.max_seconds, on_cpu=device.type == "cpu",
+                                 slow_advice=SLOW_ON_CPU, first_step=step),
                vocab_text=_read_vocab(config) if worker.rank == 0 else None, peak=peak_flops(device, rt.peak_flops),
                eval_rows=data_mod.eval_rows(config.eval, config.data.endpoint_url) if config.eval is not None else None, warmup=warmup,
                compiled=compile_model)
@@ -300,7 +311,7 @@ def _train_step(run: _Run) -> dict:
     run.executed += 1
     if run.executed == 1 and run.worker.rank == 0:
         _log_first_step(run.device)
-    run.progress.advance()
+    run.progress.advance(step=run.step)
     run.step_log.add(run.step, out["loss"], out["finite"])
     if run.executed == run.warmup:
         if run.device.type == "cuda":
@@ -384,7 +395,7 @@ def _roll_back(run: _Run, result: FitResult, divergence: Divergence, metrics: di
     """Back to the last checkpoint (or the initial weights), the batches since then skipped; or give up. Either way
     the window that diverged is logged (`metrics`, at this step) with the guard's counters after the verdict."""
     cfg, opt = run.config, run.config.optimizer
-    tips = advice(opt.lr, opt.max_grad_norm, opt.warmup_steps)
+    tips = advice(opt.lr, opt.max_grad_norm, opt.warmup_steps, cfg.model.bert.hidden_size)
     at = run.step
 
     def record() -> None:
