@@ -12,10 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.safe_io.redact import redact_text
+from tracking.links import run_url, ui_command
 from tracking.params import MAX_PARAM_LENGTH
 from tracking.store import get_or_create_experiment
 
 log = logging.getLogger(__name__)
+# MLflow prints its own "View run / View experiment" links to stdout when a run on a tracking server ends; they open
+# the GenAI view (tracking/links.py). The jobs log their own link, in the model-training view, instead.
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 RUN_NAME_TAG = "bert.run_name"  # the tag a rerun of pre-training finds its run by
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI nests a run under its parent
@@ -121,6 +125,8 @@ def open_run(tracking_uri: str, experiment: str, run_name: str, *, params: Mappi
         run = Run(tracking_uri, client.create_run(exp_id, start_time=started, run_name=run_name, tags=tags).info.run_id,
                   exp_id)
         log.info("MLflow run %s (%s) in experiment %r at %s", run.run_id, run_name, experiment, tracking_uri)
+    log.info("MLflow run page: %s%s", run_url(tracking_uri, exp_id, run.run_id),
+             f"  (serve the store first: {ui_command(tracking_uri)})" if ui_command(tracking_uri) else "")
     run.log_params(params)
     run.set_tags(tags)
     return run

@@ -52,8 +52,7 @@ def _inputs(entry: Mapping[str, Any], where: str, what: str) -> list[str]:
 
 class TrainTokenizer(JobSpec):
     job = "train_tokenizer"
-    wired = frozenset({"input", "output"})
-    tracked = False
+    wired = frozenset({"input", "output"}) | TRACKING_FLAGS
     key_metrics = ("vocab_size",)
     named = False
 
@@ -62,7 +61,7 @@ class TrainTokenizer(JobSpec):
         base = to_argv(self.args(entry, name)) + to_argv({"input": inputs})
         fp = fingerprint(self.job, base, [], input_stamps(inputs))
         out = join(planned.workdir, "vocab", f"vocab-{fp[:8]}.txt")
-        return JobStage(name, self.job, base + ["--output", out], [], fp, {"vocab": out}, tracked=False)
+        return JobStage(name, self.job, base + ["--output", out], [], fp, {"vocab": out})
 
     def complete(self, stage):
         return storage.exists(stage.outputs["vocab"])
