@@ -81,6 +81,7 @@ def _all_reduce_host(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
     return t.cpu()
 
 
+STOPPED_TAG = "stopped_by"  # the run's tag when the wall-clock budget ended it before --max-steps
 SLOW_ON_CPU = "try a smaller --preset (bert_tiny, bert_mini), fewer --max-steps, or --use-gpu on a GPU machine"
 
 
@@ -148,16 +149,15 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
     log_every, eval_every = config.tracking.log_every, config.eval.every if config.eval else 0
     # Rank 0 says where the run is at least once a minute, however long a step takes (training.progress).
     beat = run.progress.heartbeat(log.info) if worker.rank == 0 else contextlib.nullcontext()
-    beat.__enter__()  # (left in the `finally` below, which the loop already has)
     try:
-        _steps(run, result, log_every, eval_every)
+        with beat:
+            _steps(run, result, log_every, eval_every)
     except Exception as e:
         fault = kernel_options.as_fault(e, run.raw, device)
         if fault is None:
             raise
         raise fault from e
     finally:
-        beat.__exit__(None, None, None)
         if run.batches is not None:
             run.batches.close()
         run.tracker.close()
@@ -175,6 +175,7 @@ def _steps(run: _Run, result: FitResult, log_every: int, eval_every: int) -> Non
             metrics, time_up = _reduce_window(run, out)
             if time_up and not last:  # every rank sees the same sum, so all stop at this step
                 log.info("step %d: the --max-minutes budget is spent; finishing here", run.step)
+                run.tracker.set_tag(STOPPED_TAG, f"--max-minutes at step {run.step} of {config.max_steps}")
                 last = True
         save = worker.checkpoints is not None and (run.step % config.checkpoint.every == 0 or last)
         if metrics or save:

@@ -152,8 +152,26 @@ def run_exists(tracking_uri: str, run_id: str) -> bool:
     return True
 
 
+def run_tags(tracking_uri: str, run_id: str) -> dict[str, str]:
+    from mlflow.tracking import MlflowClient
+
+    return dict(MlflowClient(tracking_uri).get_run(run_id).data.tags)
+
+
 def run_metrics(tracking_uri: str, run_id: str) -> dict[str, float]:
     """The latest value of every metric of a run (a finished stage's, read by the workflow)."""
     from mlflow.tracking import MlflowClient
 
     return dict(MlflowClient(tracking_uri).get_run(run_id).data.metrics)
+
+
+def run_summary(tracking_uri: str, run_id: str) -> dict[str, str] | None:
+    """{"run_id", "experiment_id", "name"} of a run of this store (None when it is not there): what a link to it
+    needs."""
+    from mlflow.tracking import MlflowClient
+
+    try:
+        run = MlflowClient(tracking_uri).get_run(run_id)
+    except Exception:  # noqa: BLE001 (each store raises its own type for an unknown or deleted run)
+        return None
+    return {"run_id": run_id, "experiment_id": run.info.experiment_id, "name": run.info.run_name or run_id}

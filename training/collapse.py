@@ -85,6 +85,6 @@ def diagnose_mlm(metrics: Mapping[str, float], lr: float, steps: int) -> Collaps
     acc, share = metrics.get("eval_mlm_accuracy"), metrics.get("eval_mlm_top_token_share")
     if acc is None or share is None or not acc == acc or acc > MLM_STUCK_FACTOR * share:
         return None
-    return Collapse(f"held-out MLM accuracy {acc:.3f} is stuck at the most frequent token's share {share:.3f} (a "
-                    "model that predicts that token everywhere)",
+    return Collapse(f"held-out MLM accuracy {acc:.3f} is no better than always predicting the most frequent token "
+                    f"({share:.3f} of the masked tokens)",
                     f"try a higher --lr (this run: {lr:g}), warm-up, or more --max-steps (this run: {steps})")

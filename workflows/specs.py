@@ -92,8 +92,8 @@ class BuildDataset(JobSpec):
 class Pretrain(JobSpec):
     job = "pretrain"
     wired = frozenset({"data", "eval-data", "storage", "run-name", "export", "init"}) | TRACKING_FLAGS
-    key_metrics = ("loss", "mlm_accuracy", "nsp_accuracy", "eval_loss", "eval_mlm_accuracy", "eval_nsp_accuracy",
-                   "sequences_per_second", "mfu", "hfu")
+    key_metrics = ("loss", "mlm_accuracy", "nsp_accuracy", "eval_loss", "eval_mlm_accuracy", "eval_mlm_top_token_share",
+                   "eval_nsp_accuracy", "sequences_per_second", "mfu", "hfu")
 
     def stage(self, name, entry, planned):
         where, datasets = f"pretrain.{name}", planned.by_section.get("datasets", {})

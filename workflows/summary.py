@@ -29,6 +29,12 @@ def summary_lines(name: str, stages: list[JobStage], results: dict[str, dict[str
         nums = "  ".join(f"{k} {_fmt(v)}" for k, v in results[s.name].get("metrics", {}).items())
         if nums:
             lines.append(f"  {'':<24} {nums}")
+        result = results[s.name].get("result", {})
+        # What the numbers alone hide: a budget that ended the stage early, a model that learnt nothing.
+        if result.get("stopped"):
+            lines.append(f"  {'':<24} STOPPED EARLY: by {result['stopped']} (the model is trained that far only)")
+        if result.get("collapse"):
+            lines.append(f"  {'':<24} WARNING: {result['collapse']}")
     lines.append(f"\nMLflow: parent run {parent_run_id} (experiment {experiment!r}) holds every stage as a child run; "
                  f"store {tracking_uri}")
     exp_id = experiment_id(tracking_uri, experiment)
