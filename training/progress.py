@@ -124,10 +124,11 @@ class Progress:
                 + self._advice(floor))
 
     @contextlib.contextmanager
-    def heartbeat(self, log: Callable[[str], None], poll: float = 5.0) -> Iterator[None]:
+    def heartbeat(self, log: Callable[[str], None]) -> Iterator[None]:
         """While the block runs, a thread logs `waiting()`'s line whenever one is due (a step slower than a
         minute, a long evaluation): no minute of wall time goes by without a line."""
         stop = threading.Event()
+        poll = HEARTBEAT / 12  # 5 s: a line is at most that late
 
         def beat() -> None:
             while not stop.wait(poll):

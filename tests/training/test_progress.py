@@ -86,7 +86,7 @@ def test_the_heartbeat_speaks_during_a_slow_step(monkeypatch):
     monkeypatch.setattr(progress_mod, "HOURS", 60.0)  # the scale shrunk with the step: "hours" is a minute here
     lines: list[str] = []
     p = Progress(500, on_cpu=True, slow_advice=ADVICE)
-    with p.heartbeat(lines.append, poll=0.02):
+    with p.heartbeat(lines.append):
         for step in (1, 2):
             time.sleep(0.5)  # the slow step
             p.advance(step=step)
