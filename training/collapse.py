@@ -1,4 +1,5 @@
-"""A collapsed model, named: a classifier that predicts one class (or nearly), a regressor that predicts a
+"""A collapsed model, named: a classifier that predicts one class (or nearly: >= 95% of the evaluation set), or
+whose predictions carry no information (accuracy at the majority share, MCC ~0), a regressor that predicts a
 near-constant, a tagger that predicts only the outside tag. `figures` measures it on the evaluation set (numbers
 that go to MLflow with the epoch's metrics); `diagnose` turns the best epoch's figures into one line saying what
 happened and what to try. A collapsed model can still score the majority share of accuracy, which looks like
@@ -14,6 +15,10 @@ import numpy as np
 # A classifier whose most predicted class covers this share of the evaluation set has (nearly) stopped looking at
 # its input. 95%: a real model on the most unbalanced shared task (wordnet_wic, 89.5% one class) stays below it.
 COLLAPSE_SHARE = 0.95
+# Or a classifier spread over several classes whose accuracy is within this margin of the majority share with a
+# Matthews correlation this close to 0: its predictions carry no information about the labels.
+NO_BETTER_MARGIN = 0.01
+NO_BETTER_MCC = 0.05
 # A regressor whose predictions spread less than this fraction of the labels' spread predicts a near-constant.
 COLLAPSE_SPREAD = 0.05
 OUTSIDE = "O"
@@ -63,6 +68,12 @@ def diagnose(task: str, metrics: Mapping[str, float], lr: float, epochs: int) ->
     if task in ("classification", "pair_classification") and top is not None and top >= COLLAPSE_SHARE:
         return Collapse(f"predicts one class for {top:.1%} of the evaluation set (the majority class is "
                         f"{majority:.1%} of its labels), so its accuracy is no sign of learning", advice)
+    accuracy, mcc = get("accuracy"), get("mcc")
+    if (task in ("classification", "pair_classification") and None not in (accuracy, mcc, majority)
+            and accuracy <= majority + NO_BETTER_MARGIN and abs(mcc) <= NO_BETTER_MCC):
+        # Not one class, but no signal either: its predictions are as good as a constant's (an untrained head).
+        return Collapse(f"does no better than always predicting the majority class (accuracy {accuracy:.3f} vs the "
+                        f"majority's {majority:.3f}, MCC {mcc:.3f})", advice)
     spread = get("prediction_spread")
     if task == "regression" and spread is not None and spread < COLLAPSE_SPREAD:
         return Collapse(f"predicts a near-constant (its predictions spread {spread:.1%} of the labels' standard "

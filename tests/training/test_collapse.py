@@ -27,6 +27,14 @@ def test_nearly_one_class_is_the_threshold(share, collapsed):
     assert (found is not None) == collapsed
 
 
+def test_a_classifier_no_better_than_the_majority_is_named_too():
+    found = diagnose("classification", {"eval_predicted_top_share": 0.6, "eval_majority_share": 0.504,
+                                        "eval_accuracy": 0.51, "eval_mcc": 0.02}, lr=1e-7, epochs=3)
+    assert found is not None and "no better than always predicting the majority class" in found.figure
+    assert diagnose("classification", {"eval_predicted_top_share": 0.6, "eval_majority_share": 0.504,
+                                       "eval_accuracy": 0.62, "eval_mcc": 0.24}, lr=1e-3, epochs=3) is None
+
+
 def test_a_regressor_predicting_a_near_constant_is_named():
     y = [0.0, 1.0, 2.0, 3.0, 4.0]
     assert regression_figures(y, [2.0] * 5) == {"prediction_spread": 0.0}
