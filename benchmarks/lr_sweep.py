@@ -14,9 +14,10 @@ to OUT/results.jsonl; a (stage, preset, lr, seed, task) already there is not rer
   is built (dupe factor 1, seq 128, an 8,192-entry WordPiece vocabulary trained on the train part).
 - Pre-training: --steps steps of --pretrain-batch sequences, warm-up 10% of the steps, linear decay; the figure is
   held-out MLM accuracy at the end (and the most frequent masked token's share of the held-out labels beside it).
-- Fine-tuning: from each preset's pre-trained model at the best pre-training lr (seed 0), on each task a seeded
-  90/10 split (`--split-eval-from-train 0.1 --split-seed 0`) of a seeded subset, 3 epochs (the job's default),
-  warm-up 10%, seq 64; the figure is held-out accuracy, the eval set's majority share beside it.
+- Fine-tuning: from each preset's pre-trained model at the best pre-training lr among those done (seed 0), on each
+  task a seeded 90/10 split (`--split-eval-from-train 0.1 --split-seed 0`), seeded subsets (TASKS; 300 evaluation
+  examples), 3 epochs (the job's default), warm-up 10%, seq 64; the figure is held-out accuracy, the evaluation
+  rows' majority share beside it.
 """
 from __future__ import annotations
 
@@ -37,13 +38,14 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = next((d for d in (REPO.parent / "shared" / "data", REPO.parent.parent / "shared" / "data") if d.is_dir()),
               REPO.parent / "shared" / "data")
 CORPORA = ("austen.jsonl.gz", "mobydick.jsonl.gz")
-# task -> (file, --task, extra flags); subsets sized so a run takes seconds to a few minutes on one core. 5,000 for
-# lexname: a smaller subset misses rare classes that the eval subset has (the job refuses unseen labels).
+# task -> (file, --task, extra flags); seeded subsets sized so a run takes minutes on a busy shared core (2,000
+# lexname examples hold every class of its 300 evaluation examples: the job refuses labels unseen in training).
+EVAL_EXAMPLES = 300
 TASKS = {
-    "rt_sentiment": ("rt_sentiment.jsonl.gz", "classification", ["--max-train-examples", "3000"]),
-    "wordnet_lexname": ("wordnet_lexname.jsonl.gz", "classification", ["--max-train-examples", "5000"]),
+    "rt_sentiment": ("rt_sentiment.jsonl.gz", "classification", ["--max-train-examples", "1000"]),
+    "wordnet_lexname": ("wordnet_lexname.jsonl.gz", "classification", ["--max-train-examples", "2000"]),
     "wordnet_wic": ("wordnet_wic.jsonl.gz", "pair_classification",
-                    ["--max-train-examples", "4000", "--text-column", "sentence1", "--text-pair-column", "sentence2"]),
+                    ["--max-train-examples", "2000", "--text-column", "sentence1", "--text-pair-column", "sentence2"]),
 }
 ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
        "RAY_DATA_DISABLE_PROGRESS_BARS": "1", "OMP_NUM_THREADS": "1"}
@@ -147,7 +149,7 @@ def finetune(out: Path, args: argparse.Namespace) -> None:
                     name = f"{preset}-{task}-lr{lr:g}-seed{seed}"
                     cmd = [sys.executable, str(REPO / "jobs" / "finetune.py"), "--no-ray", "--cpus-per-worker", "1",
                            "--task", family, "--train", str(SHARED / "tasks" / file), "--init", init,
-                           "--split-eval-from-train", "0.1", "--split-seed", "0", "--max-eval-examples", "1000",
+                           "--split-eval-from-train", "0.1", "--split-seed", "0", "--max-eval-examples", str(EVAL_EXAMPLES),
                            "--max-seq-length", "64", "--lr", f"{lr:g}", "--seed", str(seed), *extra,
                            "--mlflow-tracking-uri", f"sqlite:///{out / 'mlflow.db'}", "--experiment", "lr-sweep",
                            "--output", str(out / "finetuned" / name)]
@@ -161,11 +163,11 @@ def finetune(out: Path, args: argparse.Namespace) -> None:
 
 def eval_majority(task: str) -> float:
     """The majority label's share of the rows the jobs evaluate on: the held-out 10% (split seed 0) and its seeded
-    1,000, selected by the job's own split functions."""
+    EVAL_EXAMPLES, selected by the job's own split functions."""
     from finetuning.records import split_train_eval, subsample
 
     rows = [json.loads(line) for line in gzip.open(SHARED / "tasks" / TASKS[task][0], "rt", encoding="utf-8")]
-    held = subsample(split_train_eval(rows, 0.1, 0)[1], 1000, 0)
+    held = subsample(split_train_eval(rows, 0.1, 0)[1], EVAL_EXAMPLES, 0)
     return Counter(str(r["label"]) for r in held).most_common(1)[0][1] / len(held)
 
 

@@ -23,14 +23,14 @@ SAMPLE = REPO / "data" / "sample"
 # The shared tasks (../shared/data beside the checkout, or two levels up from a worktree), else the bundled copies.
 SHARED = next((d for d in (REPO.parent / "shared" / "data" / "tasks", REPO.parent.parent / "shared" / "data" / "tasks")
                if d.is_dir()), None)
-# task -> (file, flags): rt_sentiment is bundled whole; wordnet_lexname's full file holds every class in a 5,000
-# subset (the bundled 3,000-row sample loses rare classes to the split).
+# task -> (file, flags): rt_sentiment is bundled whole; wordnet_lexname's full file (else the bundled 3,000-row
+# sample) with a 2,000-example subset that holds every class of the 300 evaluation examples.
 TASKS = {
-    "rt_sentiment": ((SHARED or SAMPLE / "tasks") / "rt_sentiment.jsonl.gz", ["--max-train-examples", "3000"]),
+    "rt_sentiment": ((SHARED or SAMPLE / "tasks") / "rt_sentiment.jsonl.gz", ["--max-train-examples", "1000"]),
     "wordnet_lexname": ((SHARED / "wordnet_lexname.jsonl.gz") if SHARED else SAMPLE / "tasks" /
-                        "wordnet_lexname.sample.jsonl.gz", ["--max-train-examples", "5000"]),
+                        "wordnet_lexname.sample.jsonl.gz", ["--max-train-examples", "2000"]),
 }
-EVAL_EXAMPLES = 1000
+EVAL_EXAMPLES = 300
 
 
 def last_json(capsys) -> dict:
@@ -39,7 +39,7 @@ def last_json(capsys) -> dict:
 
 def majority_share(path: Path) -> float:
     """The majority label's share of the rows the job evaluates on, from the file: the seeded 10% it holds out
-    (--split-eval-from-train 0.1 --split-seed 0) and the seeded 1,000 of them (--max-eval-examples), selected by
+    (--split-eval-from-train 0.1 --split-seed 0) and the seeded 300 of them (--max-eval-examples), selected by
     the job's own split functions."""
     rows = [json.loads(line) for line in gzip.open(path, "rt", encoding="utf-8")]
     held = subsample(split_train_eval(rows, 0.1, 0)[1], EVAL_EXAMPLES, 0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,18 @@ def run_every_stage(tmp_path: Path, sample_dir: Path, uri: str, capsys) -> dict[
     return ids
 
 
+def open_from_list(b: Browser, exp_id: str) -> None:
+    """Clicks the experiment in the list (again if the list was still rendering) until its page opens."""
+    for _ in range(5):
+        b.click_link(EXPERIMENT)
+        try:
+            b.wait_for_url(f"/experiments/{exp_id}", timeout=10)
+            return
+        except AssertionError:
+            continue
+    raise AssertionError(f"clicking {EXPERIMENT!r} in the list did not open it: {b.url()}")
+
+
 def test_the_jobs_runs_open_in_the_model_training_view(tmp_path, sample_dir, capsys):
     from mlflow.tracking import MlflowClient
 
@@ -75,25 +88,34 @@ def test_the_jobs_runs_open_in_the_model_training_view(tmp_path, sample_dir, cap
         # The link a job prints: the runs table, model-training view, every stage's run in it.
         with Browser(tmp_path / "profile-link") as b:
             b.goto(experiment_url(uri, exp_id))
-            text = b.wait_for(names["finetune"])
+            # Every stage's run (the fine-tuning run is nested under its pre-training run), and the Dataset column:
+            # the build's output is the pre-training's input.
+            for needle in ("4 matching runs", names["vocab"], names["build"], names["pretrain"], "moby-64"):
+                text = b.wait_for(needle)
             b.screenshot(shots / "printed-link-runs.png")
             assert "/runs" in b.url() and "workflowType=machine_learning" in b.url()
-            assert all(n in text for n in names.values()), text[:2000]
-            assert "Traces" not in text.split("Runs")[0]  # the GenAI sidebar (Overview, Traces, ...) is not shown
+            assert "Observability" not in text and "Detect Issues" not in text  # not the GenAI view
 
-        # The experiment list, a fresh browser: one click on the switch, then the experiment opens on its runs.
+        # The experiment list, a fresh browser. As MLflow 3.17.2 ships, a click on the experiment opens the GenAI
+        # overview (kept as a screenshot, not asserted: tracking/links.py); after one click on the switch, it
+        # opens the runs, then and later.
         with Browser(tmp_path / "profile-list") as b:
             b.goto(f"{uri}/#/experiments")
             b.wait_for(EXPERIMENT)
             b.screenshot(shots / "list.png")
-            b.click_text("Model training")
-            b.click_link(EXPERIMENT)
-            b.wait_for(names["pretrain"])
-            b.screenshot(shots / "list-click-runs.png")
-            assert f"/experiments/{exp_id}/runs" in b.url() and "workflowType=machine_learning" in b.url()
-            b.goto(f"{uri}/#/experiments")  # and again later: the browser remembers the view
+            open_from_list(b, exp_id)
+            time.sleep(3)
+            b.screenshot(shots / "list-click-fresh-browser.png")
+            b.goto(f"{uri}/#/experiments")
             b.wait_for(EXPERIMENT)
-            b.click_link(EXPERIMENT)
+            b.click_text("Model training")
+            open_from_list(b, exp_id)
+            b.wait_for(names["pretrain"])
+            b.screenshot(shots / "list-click-after-switch.png")
+            assert f"/experiments/{exp_id}/runs" in b.url() and "workflowType=machine_learning" in b.url()
+            b.click_link("Experiments")  # back to the list, and the experiment again: the browser remembers
+            b.wait_for_url("#/experiments")
+            open_from_list(b, exp_id)
             b.wait_for(names["pretrain"])
             assert f"/experiments/{exp_id}/runs" in b.url()
 
