@@ -119,7 +119,7 @@ def test_the_jobs_runs_open_in_the_model_training_view(tmp_path, sample_dir, cap
             b.wait_for(names["pretrain"])
             assert f"/experiments/{exp_id}/runs" in b.url()
 
-        with Browser(tmp_path / "profile-runs") as b:
+        with Browser(tmp_path / "profile-runs", height=1700) as b:  # tall: the description below the fold too
             b.goto(run_url(uri, exp_id, ids["pretrain"]))
             text = b.wait_for("moby-64")  # its dataset input
             b.screenshot(shots / "pretrain-run.png")
@@ -137,7 +137,13 @@ def test_the_jobs_runs_open_in_the_model_training_view(tmp_path, sample_dir, cap
             text = b.wait_for("Fine-tuning for")
             assert "rt.jsonl" in text  # the task data, as its dataset input and in the description
             b.screenshot(shots / "finetune-run.png")
-            b.click_link(f"pre-training run {names['pretrain']}")  # the lineage link in the description
+            # The lineage link in the description: MLflow opens a description's links in a new tab (target
+            # _blank); the tab gets the link's address, which is opened here.
+            link = b.eval("[...document.querySelectorAll('a')].filter(a => a.innerText.trim() === "
+                          f"{json.dumps('pre-training run ' + names['pretrain'])}).map(a => a.href)[0]")
+            assert link and ids["pretrain"] in link and "workflowType=machine_learning" in link, link
+            b.goto(link)
             b.wait_for_url(ids["pretrain"])
-            b.wait_for("moby-64")
-            b.screenshot(shots / "finetune-lineage-click.png")
+            text = b.wait_for("moby-64")
+            assert names["pretrain"] in text
+            b.screenshot(shots / "finetune-lineage-link-opened.png")
