@@ -5,13 +5,13 @@ explicit --lr always wins; the jobs log the value resolved here (and it is in th
 
 Where the numbers come from (docs/learning-rates.md has the table, the command, the machine and the date):
 - At the narrow end, the sweep `benchmarks/lr_sweep.py` on this project's shared corpora and tasks: bert_tiny
-  (hidden width 128) pre-trained 400 steps of 32 sequences at seq 128 with 10% warm-up, and fine-tuned from it for
-  3 epochs on two classification tasks, 4 learning rates x 2 seeds each.
+  (hidden width 128) pre-trained 400 steps of 32 sequences at seq 128 with 10% warm-up (4 rates), and fine-tuned
+  from it for 3 epochs on rt_sentiment (4 rates); seeds and the figures in docs/learning-rates.md.
 - At BERT-base's width (768), the paper's rates: 1e-4 for pre-training (Devlin et al. 2019, batch 256, 10k warm-up
   steps) and 5e-5 for fine-tuning (the top of its 2e-5..5e-5 grid, the previous default here).
 - Between and beyond them, log-linear in the width (rate ~ width^-p through the two anchors), clamped outside.
-  That is a projection for bert_mini .. bert_medium, not a measurement: on this 2-core machine a bert_mini
-  pre-training of 400 steps took ~1 hour (docs/learning-rates.md says what was measured of it).
+  That is a projection for bert_mini .. bert_medium, not a measurement: on the shared 2-core machine a bert_mini
+  pre-training of 400 steps ran at 0.12 steps/s (about an hour) and was not swept.
 """
 from __future__ import annotations
 
