@@ -30,14 +30,14 @@ def test_a_filter_drops_its_message_and_nothing_else(caplog):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_ray_training_job_prints_none_of_rays_noise(tiny_pretrain_data, tmp_path):
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_TMPDIR": str(tmp_path / "ray")}
+def test_a_ray_training_job_prints_none_of_rays_noise(tiny_pretrain_data, ray_tmpdir, tmp_path):
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_TMPDIR": ray_tmpdir}  # short: socket paths
     env.pop("RAY_ADDRESS", None)
     # Another Ray on this machine (another user's, another job's): what made the state API find several.
     other = subprocess.Popen([sys.executable, "-c", "import ray, time; ray.init(address='local', num_cpus=1, "
                               "include_dashboard=False, _node_ip_address='127.0.0.1'); print('up', flush=True); "
-                              "time.sleep(900)"], env=env, stdout=subprocess.PIPE, text=True,
-                             start_new_session=True)
+                              "time.sleep(900)"], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             text=True, start_new_session=True)
     try:
         assert other.stdout.readline().strip() == "up"
         out = subprocess.run([sys.executable, str(REPO / "jobs" / "pretrain.py"), "--data", tiny_pretrain_data["train"],
