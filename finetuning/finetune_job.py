@@ -156,8 +156,9 @@ def run_finetuning(job: FinetuneJob) -> FinetuneResult:
                     shutil.rmtree(Path(launch.storage) / launch.name, ignore_errors=True)
     finally:
         if remove:
-            with contextlib.suppress(OSError):  # the folder of our default storage, when no other run uses it
+            with contextlib.suppress(OSError):  # the folders of our default storage, when no other run uses them
                 Path(launch.storage).rmdir()
+                Path(launch.storage).parent.rmdir()
     main = MAIN_METRIC[config.data.task]
     log.info("best model (epoch %d, %s %.4g%s) exported to %s; MLflow run %s%s", final["best_epoch"], main,
              final.get(main, float("nan")),

@@ -110,7 +110,8 @@ def job_from(a: argparse.Namespace) -> FinetuneJob:
     name = f"finetune-{a.task}-{source}-{time.strftime('%Y%m%d-%H%M%S')}"  # task, weights, time: tell runs apart
     output = a.output or str(Path.cwd() / "finetune_output" / name)
     beside = Path.cwd() if is_url(output) else Path(output).resolve().parent  # the job's local folders
-    storage = a.storage_path or str(beside / ".finetune-checkpoints")
+    # Per output: two jobs started in the same second (a sweep) have the same run name, never the same output.
+    storage = a.storage_path or str(beside / ".finetune-checkpoints" / Path(output.rstrip("/")).name)
     columns = TaskColumns(text_column=a.text_column, text_pair_column=a.text_pair_column,
                           label_column=a.label_column, tokens_column=a.tokens_column, tags_column=a.tags_column)
     head = HeadConfig(init=a.init if a.init == "random" else absolute(a.init),
