@@ -266,6 +266,8 @@ def run(corpus: Path, mb: float, cpus: int, out: Path, args, head: Head | None,
         cmd.append("--no-ray")
     if args.mlflow:
         cmd += ["--mlflow-tracking-uri", f"sqlite:///{out.parent / 'mlflow' / 'mlflow.db'}"]
+    else:
+        cmd.append("--no-mlflow")
     env = head.job_env() if head else dict(os.environ, **BASE_ENV)
     if not head:
         env.pop("RAY_ADDRESS", None)

@@ -34,8 +34,7 @@ def run(out: Path, tracking: str | None, mode: str) -> tuple[float, float | None
            str(SAMPLE / "corpus" / "mobydick.jsonl.gz"), "--output", str(out), "--vocab",
            str(SAMPLE / "reference" / "bert-base-uncased-vocab.txt"), "--dupe-factor", "1", "--num-shards", "2",
            "--log-level", "INFO", "--progress", "lines"] + (["--no-ray"] if mode == "no-ray" else [])
-    if tracking:
-        cmd += ["--mlflow-tracking-uri", tracking]
+    cmd += ["--mlflow-tracking-uri", tracking] if tracking else ["--no-mlflow"]
     env = os.environ | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # loopback only
     env.pop("RAY_ADDRESS", None)
     t0 = time.perf_counter()

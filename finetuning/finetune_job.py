@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from finetuning.config import FinetuneConfig
+from finetuning.evaluation import MAIN_METRIC
 from finetuning.loop import BEST_METRICS_FILE, fit
 from finetuning.task_model import tokenizer_for
 from finetuning.prepare import PreparedTask, prepare
@@ -27,7 +28,10 @@ from training.launch import LaunchConfig
 from tracking.config import RunRef
 from tracking.store import check_tracking_reachable
 from tracking.params import flatten_params
-from tracking.runs import open_run, run_exists
+from tracking.datasets import log_task_data
+from tracking.notes import NOTE_TAG, finetune_note
+from tracking.runs import Run, open_run, run_summary
+from training.collapse import diagnose
 
 log = logging.getLogger(__name__)
 
@@ -49,25 +53,54 @@ class FinetuneResult:
     run_id: str
     output: str
     final: dict[str, float]  # the best epoch's evaluation, its number and the job's seconds
+    collapse: str | None = None  # the best model predicts (nearly) one class, a constant, only O: what and what to try
 
 
-def _parent_and_tags(job: FinetuneJob) -> tuple[str | None, dict[str, str]]:
-    """The run's parent (the workflow's, else the pre-training run the weights came from, when in this store) and
-    the lineage tags."""
+def _parent_and_tags(job: FinetuneJob) -> tuple[str | None, dict[str, str], dict[str, str] | None]:
+    """The run's parent (the workflow's, else the pre-training run the weights came from, when in this store), the
+    lineage tags, and the pre-training run as its description links it (None without one)."""
     model, parent = job.config.model, job.parent_run_id
     tags = {"job": "finetune", "task": job.config.data.task, "lineage.init": model.init}
     model_dir = model.model_dir
     lineage = read_lineage(model.init, model_dir, model_dir.parent) if model_dir is not None else None
+    pretrain = None
     if lineage:
         tags["lineage.pretrain_run_id"] = lineage["mlflow_run_id"]
         tags["lineage.pretrain_tracking_uri"] = lineage["tracking_uri"]
-        if not parent and lineage["tracking_uri"] in ("", job.tracking_uri):
-            if run_exists(job.tracking_uri, lineage["mlflow_run_id"]):
-                parent = lineage["mlflow_run_id"]
+        pretrain = {"run_id": lineage["mlflow_run_id"], "tracking_uri": lineage["tracking_uri"]}
+        if lineage["tracking_uri"] in ("", job.tracking_uri):
+            found = run_summary(job.tracking_uri, lineage["mlflow_run_id"])
+            if found:
+                pretrain = found
+                parent = parent or found["run_id"]
             else:
                 log.warning("pre-training run %s is not in %s; lineage kept as a tag only",
                             lineage["mlflow_run_id"], job.tracking_uri)
-    return parent, tags
+    return parent, tags, pretrain
+
+
+def _log_data(job: FinetuneJob, run: Run, prepared: PreparedTask) -> None:
+    """The task data as the run's dataset inputs (the runs table's Dataset column): the training file, and the
+    evaluation file or the held-out part of the training file, each with what selects its rows."""
+    data = job.config.data
+    rows = {"split_eval_from_train": data.split_eval_from_train, "split_seed": data.split_seed}
+    train_profile = {**rows, "max_train_examples": data.max_train_examples,
+                     "examples": prepared.train.num_examples}
+    log_task_data(job.tracking_uri, run.run_id, data.train, context="training", profile=train_profile,
+                  name=Path(data.train).name, endpoint_url=job.launch.endpoint_url)
+    eval_profile = {**rows, "max_eval_examples": data.max_eval_examples, "examples": prepared.eval.num_examples}
+    eval_name = (Path(data.eval).name if data.eval else
+                 f"{Path(data.train).name} (held-out {data.split_eval_from_train:g})")
+    log_task_data(job.tracking_uri, run.run_id, data.eval or data.train, context="eval", profile=eval_profile,
+                  name=eval_name, endpoint_url=job.launch.endpoint_url)
+
+
+def _note(job: FinetuneJob, prepared: PreparedTask, pretrain: dict[str, str] | None,
+          final: dict[str, float] | None = None, collapse: str | None = None) -> str:
+    data = job.config.data
+    return finetune_note(task=data.task, init=job.config.model.init, data=Path(data.train).name,
+                         train_examples=prepared.train.num_examples, eval_examples=prepared.eval.num_examples,
+                         pretrain=pretrain, final=final, collapse=collapse)
 
 
 def _facts(job: FinetuneJob, prepared: PreparedTask) -> dict[str, Any]:
@@ -89,16 +122,19 @@ def run_finetuning(job: FinetuneJob) -> FinetuneResult:
                          f"--num-workers {launch.num_workers}")
     tokenizer, _ = tokenizer_for(config.model)
     prepared = prepare(config.data, tokenizer)  # every check of the data, here, once
-    parent, tags = _parent_and_tags(job)
+    parent, tags, pretrain = _parent_and_tags(job)
     params = {**{k: v for k, v in job.flags.items() if v is not None}, **flatten_params(config),
               **_facts(job, prepared)}
     remove = not job.keep_checkpoints and not is_url(launch.storage)
+    collapse = None
     try:
         with launch.writer_lease("fine-tuning run"):  # one job writes this run's checkpoints (and removes them)
             run = open_run(job.tracking_uri, job.experiment, launch.name, params=params, tags=tags,
                            parent_run_id=parent)
             try:
                 with run.ending():
+                    _log_data(job, run, prepared)
+                    run.set_tags({NOTE_TAG: _note(job, prepared, pretrain)})
                     with launcher.run(fit, config, launch, inputs=prepared,
                                       tracking=RunRef(job.tracking_uri, run.run_id, launch.name)) as best:
                         metrics = json.loads((best / BEST_METRICS_FILE).read_text())
@@ -106,13 +142,26 @@ def run_finetuning(job: FinetuneJob) -> FinetuneResult:
                     final = {k.removeprefix("eval_"): v for k, v in metrics.items() if k.startswith("eval_")}
                     final.update(best_epoch=int(metrics["epoch"]), job_seconds=round(time.perf_counter() - t0, 1))
                     run.log_metrics({f"final_{k}": v for k, v in final.items()})
-                    run.set_tags({"model_output": job.output})
+                    found = diagnose(config.data.task, metrics, config.schedule.lr, config.schedule.epochs)
+                    if found is not None:
+                        collapse = found.message
+                        log.warning("%s", collapse)
+                        run.set_tags({"collapse": found.figure})
+                    shown = {k: v for k, v in final.items() if k in ("accuracy", "f1", "mcc", "pearson",
+                                                                    "exact_match", "majority_share", "best_epoch")}
+                    run.set_tags({"model_output": job.output,
+                                  NOTE_TAG: _note(job, prepared, pretrain, shown, collapse)})
             finally:
                 if remove:
                     shutil.rmtree(Path(launch.storage) / launch.name, ignore_errors=True)
     finally:
         if remove:
-            with contextlib.suppress(OSError):  # the folder of our default storage, when no other run uses it
+            with contextlib.suppress(OSError):  # the folders of our default storage, when no other run uses them
                 Path(launch.storage).rmdir()
-    log.info("best model (epoch %d) exported to %s; MLflow run %s", final["best_epoch"], job.output, run.run_id)
-    return FinetuneResult(run.run_id, job.output, final)
+                Path(launch.storage).parent.rmdir()
+    main = MAIN_METRIC[config.data.task]
+    log.info("best model (epoch %d, %s %.4g%s) exported to %s; MLflow run %s%s", final["best_epoch"], main,
+             final.get(main, float("nan")),
+             f", majority class {final['majority_share']:.4g}" if "majority_share" in final else "", job.output,
+             run.run_id, "; but it has COLLAPSED (see the warning above)" if collapse else "")
+    return FinetuneResult(run.run_id, job.output, final, collapse)

@@ -12,6 +12,7 @@ as the epoch's checkpoint (the launcher keeps the last one written: the best). E
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BEST_METRICS_FILE = "eval_metrics.json"  # beside the model in a checkpoint: the epoch's evaluation
+SLOW_ON_CPU = ("try a smaller model (--init of a smaller preset), fewer --epochs or --max-train-examples, or --use-gpu "
+               "on a GPU machine")
 LOG_EVERY = 50  # optimizer steps between progress lines (and MLflow train_loss_step points)
 
 
@@ -125,13 +128,16 @@ def fit(config: FinetuneConfig, worker: Worker | None = None) -> FitResult:
     best = -math.inf
     eval_idx = rank_indices(len(prepared.eval.features), world, rank, None)
     result = FitResult(0, {}, None)
-    progress = Progress(total)
+    progress = Progress(total, on_cpu=device.type == "cpu", slow_advice=SLOW_ON_CPU)
+    # Rank 0 says where the run is at least once a minute, however long a step takes (training.progress).
+    beat = progress.heartbeat(log.info) if rank == 0 else contextlib.nullcontext()
 
     def write(directory: Path, metrics: dict[str, float]) -> None:
         core.save_pretrained(directory / MODEL_DIR, vocab_file=tokenizer.vocab_file,
                              do_lower_case=tokenizer.do_lower_case)
         (directory / BEST_METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
 
+    beat.__enter__()  # (left in the `finally` below, which the loop already has)
     try:
         for epoch in range(1, sched.epochs + 1):
             t0 = time.perf_counter()
@@ -141,8 +147,8 @@ def fit(config: FinetuneConfig, worker: Worker | None = None) -> FitResult:
                 batch = to_tensors(collate_features(prepared.train.features, idx[b : b + per_worker],
                                                     tokenizer.pad_id), device)
                 losses.append(finetune_step(model, batch, optimizer, scheduler))
-                progress.advance()
                 step = (epoch - 1) * steps_per_epoch + len(losses)
+                progress.advance(step=step)
                 if rank == 0 and step % LOG_EVERY == 0:
                     # A non-finite loss (its update was skipped: training.step) shows as NaN, never hidden.
                     recent = float(torch.stack(losses[-LOG_EVERY:]).float().mean())
@@ -150,6 +156,9 @@ def fit(config: FinetuneConfig, worker: Worker | None = None) -> FitResult:
                              progress.describe(step), recent,
                              min(b + per_worker, len(idx)) * world / (time.perf_counter() - t0))
                     tracker.log({"train_loss_step": recent}, step)
+                if rank == 0:
+                    for line in progress.notes(step):
+                        log.info("epoch %d/%d %s", epoch, sched.epochs, line)
             train_s = time.perf_counter() - t0
             outputs = predict(core, task, prepared.eval.features, eval_idx, sched.eval_batch_size, tokenizer.pad_id,
                               device)
@@ -185,5 +194,6 @@ def fit(config: FinetuneConfig, worker: Worker | None = None) -> FitResult:
                 result.metrics = metrics
             result.step = epoch * steps_per_epoch
     finally:
+        beat.__exit__(None, None, None)
         tracker.close()
     return result

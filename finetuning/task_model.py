@@ -56,6 +56,14 @@ class HeadConfig:
                              "(a path or a URL such as s3://bucket/model), or random")
 
     @property
+    def hidden_size(self) -> int:
+        """The model's hidden width (what its default learning rate is chosen by: training.defaults)."""
+        if self.init == "random":
+            return PRESETS[self.preset]().hidden_size if self.preset in PRESETS else BertConfig.from_json_file(
+                Path(self.preset) / "config.json").hidden_size
+        return BertConfig.from_json_file(self.model_dir / "config.json").hidden_size
+
+    @property
     def model_dir(self) -> Path | None:
         """The directory holding config.json and the weights (inside a checkpoint: its model/), None for random. A
         URL is fetched first (once per machine and version of the model there)."""

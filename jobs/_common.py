@@ -1,7 +1,10 @@
 """What every job shares: logging set-up (configured once, here; library code only logs), with every URL in a log
-line redacted (`pipeline.safe_io.redact`: no userinfo, no signed or token query values)."""
+line redacted (`pipeline.safe_io.redact`: no userinfo, no signed or token query values), and the --help format
+(every default shown)."""
 from __future__ import annotations
 
+import argparse
+import copy
 import logging
 
 from pipeline.safe_io.redact import install_log_redaction
@@ -14,3 +17,27 @@ def setup_logging(level: str = "INFO") -> None:
         datefmt="%H:%M:%S",
     )
     install_log_redaction()
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """`--help` lists every default: "(default: X)" after each option that has one, also after options without help
+    text (which argparse's ArgumentDefaultsHelpFormatter skips). An option whose default is None (chosen at run
+    time, e.g. --lr by the model's size) says so in its own help; an on/off switch shows no "(default: False)". The
+    description keeps its line breaks."""
+
+    @staticmethod
+    def shows_default(action: argparse.Action) -> bool:
+        return bool(action.option_strings) and action.default not in (None, argparse.SUPPRESS) and not (
+            action.nargs == 0 and action.default is False and not isinstance(action, argparse.BooleanOptionalAction))
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if not action.help and self.shows_default(action):
+            action = copy.copy(action)
+            action.help = "(default: %(default)s)"
+        return super()._format_action(action)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "%(default)" in text or not self.shows_default(action):
+            return text
+        return f"{text} (default: %(default)s)"

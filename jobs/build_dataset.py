@@ -7,8 +7,8 @@ Runs on Ray Data (``ReadCorpus -> SplitTokenize -> PairsAndMasks -> WriteUnits``
 submit`` sets RAY_ADDRESS), else on a local Ray on loopback capped at ``--num-cpus``; ``--no-ray`` runs the same steps
 as a plain loop. Prints a one-line JSON summary at the end (with the build's warnings). Users' mistakes end the job with one line on stderr and status 2.
 
-With a tracking URI (--mlflow-tracking-uri or MLFLOW_TRACKING_URI) the build has an MLflow run that spans it
-(``tracking/build_run.py``): named ``build <output folder> seq<length>``, the report's figures, the dataset as its
+The build has an MLflow run that spans it, in the store the other jobs log to (--mlflow-tracking-uri, else
+MLFLOW_TRACKING_URI, else ./mlruns/mlflow.db; --no-mlflow for none) (``tracking/build_run.py``): named ``build <output folder> seq<length>``, the report's figures, the dataset as its
 output, and a child run for the vocabulary stage when one is trained.
 """
 from __future__ import annotations
@@ -18,7 +18,14 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 import time
+
+if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the project; outside its venv, say how in one line
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from jobs._preflight import require_project_env
+
+    require_project_env(__file__)
 
 from jobs import _common
 from tracking.build_run import BuildRun
@@ -29,13 +36,13 @@ from pipeline.create_instances import InstanceConfig
 from pipeline.readers import FORMATS, ON_ERROR, ReadOptions
 from pipeline.safe_io.redact import redact, redact_text
 from pipeline.build.ray_start import init_ray
-from tracking.store import check_tracking_reachable
+from tracking.store import check_tracking_reachable, resolve_tracking_uri
 
 log = logging.getLogger("build_dataset")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=_common.HelpFormatter,
                                 allow_abbrev=False)  # a typo must fail, not match a longer flag
     p.add_argument("--input", action="append", required=True, help="file, directory or glob; repeatable")
     p.add_argument("--output", required=True, help="output folder (local path or s3://...)")
@@ -70,7 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--progress", choices=("auto", "bars", "lines"), default="auto",
                    help="Ray Data's progress bars (auto: when stderr is a terminal) or a log line per stage every few"
                         " seconds")
-    p.add_argument("--mlflow-tracking-uri")
+    p.add_argument("--mlflow-tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else "
+                   "./mlruns/mlflow.db, where pre-training and fine-tuning log too)")
+    p.add_argument("--no-mlflow", action="store_true", help="log no MLflow run")
     p.add_argument("--experiment", default="bert-dataset")
     p.add_argument("--parent-run-id")
     p.add_argument("--run-name", help="the MLflow run's name (default: build <output folder> seq<max-seq-length>)")
@@ -107,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     _common.setup_logging(args.log_level)
     check_args(args)
     cfg = config_from(args)
-    tracking_uri = args.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    # The store every job logs to (the flag, MLFLOW_TRACKING_URI, else ./mlruns): pre-training's Datasets column
+    # then points at a build that has a run.
+    tracking_uri = None if args.no_mlflow else resolve_tracking_uri(args.mlflow_tracking_uri)
     run = None
     if tracking_uri:
         check_tracking_reachable(tracking_uri)

@@ -20,6 +20,12 @@ import sys
 import time
 from pathlib import Path
 
+if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the project; outside its venv, say how in one line
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from jobs._preflight import require_project_env
+
+    require_project_env(__file__)
+
 from finetuning.config import FinetuneConfig
 from finetuning.examples import TASKS, TaskColumns
 from finetuning.finetune_job import FinetuneJob, run_finetuning
@@ -27,9 +33,10 @@ from finetuning.schedule import ScheduleConfig
 from finetuning.task_model import DEFAULT_VOCAB, HeadConfig
 from finetuning.prepare import FeatureConfig, TaskConfig
 from finetuning.records import FORMATS
-from jobs._common import setup_logging
+from jobs._common import HelpFormatter, setup_logging
 from pipeline.safe_io.redact import redact
 from pipeline.storage import absolute, is_url
+from training.defaults import WARMUP_FRACTION, default_lr
 from training.launch import LaunchConfig
 from tracking.store import resolve_tracking_uri
 
@@ -37,7 +44,8 @@ log = logging.getLogger("finetune")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="finetune", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p = argparse.ArgumentParser(prog="finetune", description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                                formatter_class=HelpFormatter)
     p.add_argument("--task", required=True, choices=TASKS)
     p.add_argument("--train", required=True, help="training data URL (any fsspec URL)")
     p.add_argument("--eval", help="evaluation data URL")
@@ -54,15 +62,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--label-column", default="label")
     p.add_argument("--tokens-column", default="tokens")
     p.add_argument("--tags-column", default="tags")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--lr", type=float, default=5e-5)
-    p.add_argument("--batch-size", type=int, default=32, help="global batch (split over workers)")
+    p.add_argument("--epochs", type=int, default=3,
+                   help="passes over the training data, each epoch evaluated (the best epoch's model is kept); a "
+                        "small or briefly pre-trained model that stays at the majority class may need more (the job "
+                        "names a collapsed model at the end)")
+    p.add_argument("--lr", type=float,
+                   help="peak learning rate (AdamW, linear decay). Default: chosen for the model's width, 1e-3 for "
+                        "bert_tiny (H=128) down to 5e-5 for bert_base (H=768) (training/defaults.py, "
+                        "docs/learning-rates.md); the value used is logged. Too low and a small model predicts one "
+                        "class; too high and the loss jumps: try a factor of 3 either way")
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="global batch (split over workers); with a larger batch, raise --lr roughly in proportion")
     p.add_argument("--eval-batch-size", type=int, default=64)
     p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--doc-stride", type=int, default=64, help="QA: tokens between window starts")
     p.add_argument("--max-query-length", type=int, default=64)
     p.add_argument("--max-answer-length", type=int, default=30)
-    p.add_argument("--warmup-ratio", type=float, default=0.1)
+    p.add_argument("--warmup-ratio", type=float, default=WARMUP_FRACTION,
+                   help="fraction of the steps over which the rate ramps up from 0; 0 turns warm-up off (a high "
+                        "--lr without warm-up can wreck the pre-trained weights in the first steps)")
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=42, help="weights of new heads / random init, dropout, data order")
     p.add_argument("--split-seed", type=int, default=0,
@@ -92,9 +110,14 @@ def job_from(a: argparse.Namespace) -> FinetuneJob:
     name = f"finetune-{a.task}-{source}-{time.strftime('%Y%m%d-%H%M%S')}"  # task, weights, time: tell runs apart
     output = a.output or str(Path.cwd() / "finetune_output" / name)
     beside = Path.cwd() if is_url(output) else Path(output).resolve().parent  # the job's local folders
-    storage = a.storage_path or str(beside / ".finetune-checkpoints")
+    # Per output: two jobs started in the same second (a sweep) have the same run name, never the same output.
+    storage = a.storage_path or str(beside / ".finetune-checkpoints" / Path(output.rstrip("/")).name)
     columns = TaskColumns(text_column=a.text_column, text_pair_column=a.text_pair_column,
                           label_column=a.label_column, tokens_column=a.tokens_column, tags_column=a.tags_column)
+    head = HeadConfig(init=a.init if a.init == "random" else absolute(a.init),
+                      preset=absolute(a.preset) if a.preset and os.path.isdir(a.preset) else a.preset,
+                      vocab=a.vocab and absolute(a.vocab), cache_dir=str(beside / ".init-cache"),
+                      endpoint_url=a.endpoint_url)
     config = FinetuneConfig(
         data=TaskConfig(task=a.task, train=absolute(a.train), eval=a.eval and absolute(a.eval),
                         split_eval_from_train=a.split_eval_from_train,
@@ -102,12 +125,9 @@ def job_from(a: argparse.Namespace) -> FinetuneJob:
                         max_eval_examples=a.max_eval_examples, columns=columns,
                         features=FeatureConfig(max_seq_length=a.max_seq_length, doc_stride=a.doc_stride,
                                                max_query_length=a.max_query_length)),
-        model=HeadConfig(init=a.init if a.init == "random" else absolute(a.init),
-                         preset=absolute(a.preset) if a.preset and os.path.isdir(a.preset) else a.preset,
-                         vocab=a.vocab and absolute(a.vocab), cache_dir=str(beside / ".init-cache"),
-                         endpoint_url=a.endpoint_url),
+        model=head,
         schedule=ScheduleConfig(epochs=a.epochs, batch_size=a.batch_size, eval_batch_size=a.eval_batch_size,
-                                lr=a.lr, warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay,
+                                lr=lr_for(a, head), warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay,
                                 max_answer_length=a.max_answer_length),
         seed=a.seed)
     # Only the best epoch writes a checkpoint, so keeping one keeps the best.
@@ -116,6 +136,17 @@ def job_from(a: argparse.Namespace) -> FinetuneJob:
                           endpoint_url=a.endpoint_url)
     return FinetuneJob(config, launch, resolve_tracking_uri(a.mlflow_tracking_uri), output, a.experiment,
                        a.parent_run_id, keep_checkpoints=bool(a.storage_path), flags=vars(a))
+
+
+def lr_for(a: argparse.Namespace, head: HeadConfig) -> float:
+    """--lr, else the default for the model's width (training.defaults), said in the log."""
+    if a.lr is not None:
+        return a.lr
+    width = head.hidden_size
+    lr = default_lr(width, "finetune")
+    log.info("--lr %g: the default for a model of hidden width %d (pass --lr to choose; docs/learning-rates.md)",
+             lr, width)
+    return lr
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", e)
         return 2
     print(json.dumps(redact({"task": args.task, **result.final, "output": result.output,
-                             "mlflow_run_id": result.run_id})), flush=True)
+                             "mlflow_run_id": result.run_id, "collapse": result.collapse})), flush=True)
     return 0
 
 

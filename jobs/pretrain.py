@@ -33,11 +33,18 @@ import sys
 import time
 from pathlib import Path
 
-from jobs._common import setup_logging
+if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the project; outside its venv, say how in one line
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from jobs._preflight import require_project_env
+
+    require_project_env(__file__)
+
+from jobs._common import HelpFormatter, setup_logging
 from pipeline.safe_io.redact import redact
 from pipeline.schema import read_manifest
 from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
 from tracking.config import TrackingConfig
+from training.defaults import WARMUP_FRACTION, default_lr, default_warmup_steps
 from training.launch import LaunchConfig
 from pretraining.loader import DataConfig, EvalConfig, batch_geometry
 from pretraining.memory import MemoryConfig, micro_batch_for
@@ -49,7 +56,7 @@ log = logging.getLogger("jobs.pretrain")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="pretrain", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter)
     d = p.add_argument_group("data")
     d.add_argument("--data", required=True, help="dataset directory written by jobs/build_dataset.py (local/s3://)")
     d.add_argument("--eval-data", help="held-out dataset (same vocabulary) for eval_* metrics")
@@ -68,13 +75,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     m.add_argument("--preset", default="bert_base", help="bert_tiny|bert_mini|bert_small|bert_medium|bert_base|...")
     m.add_argument("--init", help="start from an export, a checkpoint directory or any HF BERT directory: a local "
                    "path or a URL (s3://, gs://; fetched into STORAGE/.init-cache, or ./.init-cache)")
-    m.add_argument("--max-steps", type=int, required=True)
-    m.add_argument("--batch-size", type=int, default=256, help="GLOBAL sequences per optimizer step")
+    m.add_argument("--max-steps", type=int, required=True,
+                   help="optimizer steps; the job states the run's estimated length after its first steps: on CPU, "
+                        "a bert_base step takes minutes, a bert_tiny one well under a second")
+    m.add_argument("--batch-size", type=int, default=256,
+                   help="GLOBAL sequences per optimizer step. The default --lr values hold at 32 (bert_tiny, "
+                        "measured) and 256 (bert_base, the paper's); far from those, scale --lr with about the "
+                        "square root of the batch")
     m.add_argument("--micro-batch-size", type=int, help="sequences per forward per worker (default: as many as "
                    "fit in memory, up to all of them; gradient accumulation keeps --batch-size)")
     m.add_argument("--optimizer", choices=("adamw", "lamb"), default="adamw")
-    m.add_argument("--lr", type=float, default=1e-4)
-    m.add_argument("--warmup-steps", type=int, default=0)
+    m.add_argument("--lr", type=float,
+                   help="peak learning rate. Default: chosen for the model's width (--preset or --init), 2e-3 for "
+                        "bert_tiny (H=128) down to 1e-4 for bert_base (H=768) (training/defaults.py, "
+                        "docs/learning-rates.md); the value used is logged. An MLM accuracy stuck at the most "
+                        "frequent token's share says: higher; a divergence: lower (the job names a value)")
+    m.add_argument("--warmup-steps", type=int,
+                   help=f"steps over which the rate ramps up from 0. Default: {100 * WARMUP_FRACTION:.0f}%% of --max-steps; "
+                        "0 turns it off (a small model at a high rate without warm-up stalls or diverges early)")
     m.add_argument("--weight-decay", type=float, default=0.01)
     m.add_argument("--decay", choices=("linear", "poly"), default="linear")
     m.add_argument("--poly-power", type=float, default=0.5, help="power of --decay poly")
@@ -162,8 +180,9 @@ def job_from(args: argparse.Namespace) -> PretrainJob:
                         mask_id=data.vocab.mask_id, masked_lm_prob=data.masked_lm_prob, packing=args.packing,
                         pack_sequences=args.pack_sequences),
         max_steps=args.max_steps,
-        optimizer=OptimizerConfig(name=args.optimizer, lr=args.lr, weight_decay=args.weight_decay,
-                                  warmup_steps=args.warmup_steps, decay=args.decay, poly_power=args.poly_power,
+        optimizer=OptimizerConfig(name=args.optimizer, lr=lr_for(args, model.bert.hidden_size),
+                                  weight_decay=args.weight_decay, warmup_steps=warmup_for(args), decay=args.decay,
+                                  poly_power=args.poly_power,
                                   max_grad_norm=args.max_grad_norm),
         eval=EvalConfig(data=eval_data, sequences=args.eval_sequences,
                         every=args.eval_every) if eval_data else None,
@@ -185,6 +204,25 @@ def job_from(args: argparse.Namespace) -> PretrainJob:
                        args.parent_run_id, args.export, flags=vars(args))
 
 
+def lr_for(args: argparse.Namespace, width: int) -> float:
+    """--lr, else the default for the model's width (training.defaults), said in the log."""
+    if args.lr is not None:
+        return args.lr
+    lr = default_lr(width, "pretrain")
+    log.info("--lr %g: the default for a model of hidden width %d (pass --lr to choose; docs/learning-rates.md)",
+             lr, width)
+    return lr
+
+
+def warmup_for(args: argparse.Namespace) -> int:
+    if args.warmup_steps is not None:
+        return args.warmup_steps
+    steps = default_warmup_steps(args.max_steps)
+    log.info("--warmup-steps %d: %.0f%% of --max-steps %d (pass --warmup-steps to choose, 0 for none)", steps,
+             100 * WARMUP_FRACTION, args.max_steps)
+    return steps
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging()
@@ -196,10 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # users' mistakes: one line saying what to fix
         log.error("%s", e)
         return 2
-    log.info("done: MLflow run %s, checkpoints under %s%s", result.run_id, result.checkpoints,
-             f", model exported to {result.export}" if result.export else "")
+    log.info("done%s: MLflow run %s, checkpoints under %s%s", f" (stopped by {result.stopped})" if result.stopped
+             else "", result.run_id, result.checkpoints, f", model exported to {result.export}" if result.export else "")
     summary = {"run_name": args.run_name, "mlflow_run_id": result.run_id, "checkpoints": result.checkpoints,
-               "export": result.export, **result.metrics}
+               "export": result.export, **result.metrics, "stopped": result.stopped, "collapse": result.collapse}
     print(json.dumps(redact(summary)), flush=True)
     return 0
 

@@ -7,6 +7,9 @@ By default it trains on a seeded sample of about 256 MB of text: blocks of --uni
 It calls the build's own vocabulary stage (``pipeline.build.vocab.train_vocab``, as a plain loop in this process):
 with the same --unit-bytes and --seed as jobs/build_dataset.py it picks the same sample as a build without --vocab,
 so it gives the same vocabulary. --sample-bytes 0 trains on the whole corpus.
+
+Its MLflow run (``tracking.build_run.vocab_run``, in the store the other jobs log to; --no-mlflow for none) holds
+the settings, the sample's figures, a description and the vocab.txt.
 """
 from __future__ import annotations
 
@@ -15,6 +18,14 @@ import json
 import logging
 import sys
 import tempfile
+import time
+from pathlib import Path
+
+if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the project; outside its venv, say how in one line
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from jobs._preflight import require_project_env
+
+    require_project_env(__file__)
 
 from jobs import _common
 from pipeline.safe_io.redact import redact_text
@@ -24,12 +35,14 @@ from pipeline.build.pieces import input_units
 from pipeline.build.vocab import VocabContext, VocabSample, train_vocab
 from pipeline.readers import FORMATS, ON_ERROR, ReadOptions, ReadReport, plan_units
 from pipeline.storage import expand_inputs
+from tracking.build_run import vocab_run
+from tracking.store import check_tracking_reachable, resolve_tracking_uri
 
 log = logging.getLogger("train_tokenizer")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=_common.HelpFormatter,
                                 allow_abbrev=False)  # a typo must fail, not match a longer flag
     p.add_argument("--input", action="append", required=True, help="file, directory or glob; repeatable")
     p.add_argument("--output", required=True, help="where to write vocab.txt (path or URL)")
@@ -48,6 +61,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--on-error", choices=ON_ERROR, default="fail")
     p.add_argument("--endpoint-url")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--mlflow-tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else "
+                   "./mlruns/mlflow.db, where the other jobs log too)")
+    p.add_argument("--experiment", default="bert-dataset")
+    p.add_argument("--parent-run-id", help="log this run as a child of that MLflow run")
+    p.add_argument("--run-name", help="the MLflow run's name (default: vocab <output file name>)")
+    p.add_argument("--no-mlflow", action="store_true", help="log no MLflow run")
     args = p.parse_args(argv)
     if args.sample_bytes < 0:
         p.error("--sample-bytes must be 0 (whole corpus) or a positive byte budget")
@@ -57,8 +76,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.time()
     args = parse_args(argv)
     _common.setup_logging(args.log_level)
+    tracking_uri = None if args.no_mlflow else resolve_tracking_uri(args.mlflow_tracking_uri)
+    if tracking_uri:
+        check_tracking_reachable(tracking_uri)
     opts = ReadOptions(fmt=args.format, presplit=args.presplit, text_field=args.text_field, on_error=args.on_error)
     files = expand_inputs(args.input, args.endpoint_url)
     report = ReadReport()
@@ -74,9 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     dropped = dict(marker.dropped)
     for reason in report.bad_files.values():
         dropped[reason] = dropped.get(reason, 0) + 1
+    run_id = None
+    if tracking_uri:
+        params = {k.replace("_", "-"): v for k, v in vars(args).items()
+                  if v is not None and k not in ("mlflow_tracking_uri", "parent_run_id", "no_mlflow", "log_level")}
+        params["input"] = ", ".join(args.input)
+        run = vocab_run(tracking_uri, args.experiment, args.run_name or f"vocab {Path(args.output).name}", params,
+                        marker, started, time.time(), parent_run_id=args.parent_run_id,
+                        tags={"job": "train_tokenizer"}, vocab_file=args.output)
+        run_id = run.run_id
     print(json.dumps({"output": args.output, "vocab_size": marker.vocab_size, "files": len(files),
                       "sampled_blocks": marker.blocks, "sampled_bytes": marker.sampled_bytes, "documents": marker.documents,
-                      "dropped": dropped}))
+                      "dropped": dropped, "mlflow_run_id": run_id}))
     return 0
 
 

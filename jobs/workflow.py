@@ -21,7 +21,13 @@ import os
 import sys
 from pathlib import Path
 
-from jobs._common import setup_logging
+if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the project; outside its venv, say how in one line
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from jobs._preflight import require_project_env
+
+    require_project_env(__file__)
+
+from jobs._common import HelpFormatter, setup_logging
 from pipeline.safe_io.redact import redact_text
 from workflows.driver import Workflow, load_workflow, run_workflow, stages_to_run
 from workflows.execute import StageFailed
@@ -30,7 +36,7 @@ log = logging.getLogger("workflow")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="workflow", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="workflow", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     p.add_argument("--config", required=True, help="workflow YAML (configs/quickstart.yaml, configs/gpu-cluster.yaml)")
     p.add_argument("--workdir", help="where stage outputs and done-markers go (default: the config's `workdir`)")
     p.add_argument("--dry-run", action="store_true", help="print each stage's command and whether it would run")

@@ -81,6 +81,10 @@ def _all_reduce_host(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
     return t.cpu()
 
 
+STOPPED_TAG = "stopped_by"  # the run's tag when the wall-clock budget ended it before --max-steps
+SLOW_ON_CPU = "try a smaller --preset (bert_tiny, bert_mini), fewer --max-steps, or --use-gpu on a GPU machine"
+
+
 def _log_first_step(device: torch.device) -> None:
     """How long a (re)start took to its first step: the fast-restart figure (compile caches, present buckets)."""
     if device.type == "cuda":
@@ -143,8 +147,11 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
     run = _set_up(config, worker, device)
     result = FitResult(run.step, {}, None, run.resumed_from)
     log_every, eval_every = config.tracking.log_every, config.eval.every if config.eval else 0
+    # Rank 0 says where the run is at least once a minute, however long a step takes (training.progress).
+    beat = run.progress.heartbeat(log.info) if worker.rank == 0 else contextlib.nullcontext()
     try:
-        _steps(run, result, log_every, eval_every)
+        with beat:
+            _steps(run, result, log_every, eval_every)
     except Exception as e:
         fault = kernel_options.as_fault(e, run.raw, device)
         if fault is None:
@@ -168,6 +175,7 @@ def _steps(run: _Run, result: FitResult, log_every: int, eval_every: int) -> Non
             metrics, time_up = _reduce_window(run, out)
             if time_up and not last:  # every rank sees the same sum, so all stop at this step
                 log.info("step %d: the --max-minutes budget is spent; finishing here", run.step)
+                run.tracker.set_tag(STOPPED_TAG, f"--max-minutes at step {run.step} of {config.max_steps}")
                 last = True
         save = worker.checkpoints is not None and (run.step % config.checkpoint.every == 0 or last)
         if metrics or save:
@@ -187,6 +195,9 @@ def _steps(run: _Run, result: FitResult, log_every: int, eval_every: int) -> Non
             _record(run, result, metrics)
         if save:
             _save_checkpoint(run, result, metrics, last)
+        if worker.rank == 0:
+            for line in run.progress.notes(run.step):
+                log.info("%s", line)
         if last:
             break
     result.step = run.step
@@ -256,7 +267,8 @@ def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> _Ru
     run = _Run(config=config, worker=worker, device=device, raw=raw, model=model, optimizer=optimizer,
                scheduler=scheduler, initial_state=initial, autocast_dtype=autocast_dtype, step=step,
                resumed_from=step, guard=guard, tracker=tracker,
-               progress=Progress(config.max_steps, rt.max_seconds),
+               progress=Progress(config.max_steps, rt.max_seconds, on_cpu=device.type == "cpu",
+                                 slow_advice=SLOW_ON_CPU, first_step=step),
                vocab_text=_read_vocab(config) if worker.rank == 0 else None, peak=peak_flops(device, rt.peak_flops),
                eval_rows=data_mod.eval_rows(config.eval, config.data.endpoint_url) if config.eval is not None else None, warmup=warmup,
                compiled=compile_model)
@@ -300,7 +312,7 @@ def _train_step(run: _Run) -> dict:
     run.executed += 1
     if run.executed == 1 and run.worker.rank == 0:
         _log_first_step(run.device)
-    run.progress.advance()
+    run.progress.advance(step=run.step)
     run.step_log.add(run.step, out["loss"], out["finite"])
     if run.executed == run.warmup:
         if run.device.type == "cuda":
@@ -336,9 +348,22 @@ def _reduce_window(run: _Run, out: dict) -> tuple[dict[str, float], bool]:
 def _evaluate(run: _Run) -> dict[str, float]:
     cfg, data = run.config, run.config.data
     t_eval = time.perf_counter()
-    batches = (to_device(b, run.device) for b in data_mod.eval_batches(
+    counts: list[torch.Tensor] = []  # the eval labels' token counts: the most frequent token's share is the
+    #                                   accuracy of a model that always predicts it (what a stuck MLM scores)
+
+    def counted(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        labels = torch.as_tensor(batch["masked_lm_labels"])
+        counts.append(torch.bincount(labels[labels >= 0].reshape(-1)))
+        return batch
+
+    batches = (to_device(counted(b), run.device) for b in data_mod.eval_batches(
         run.eval_rows, cfg.eval, data.micro_batch_size, run.worker.rank, run.worker.world_size, data.length_buckets))
     metrics = evaluate(run.raw, batches, run.autocast_dtype).all_reduce().summary(prefix="eval_")
+    if counts and run.worker.world_size == 1:  # (with several ranks each sees a part; the share is left out)
+        total = torch.zeros(max(len(c) for c in counts), dtype=torch.int64)
+        for c in counts:
+            total[:len(c)] += c
+        metrics["eval_mlm_top_token_share"] = float(total.max() / total.sum())
     run.window.pause(time.perf_counter() - t_eval)  # evaluation does not count against throughput
     return metrics
 
@@ -371,7 +396,7 @@ def _roll_back(run: _Run, result: FitResult, divergence: Divergence, metrics: di
     """Back to the last checkpoint (or the initial weights), the batches since then skipped; or give up. Either way
     the window that diverged is logged (`metrics`, at this step) with the guard's counters after the verdict."""
     cfg, opt = run.config, run.config.optimizer
-    tips = advice(opt.lr, opt.max_grad_norm, opt.warmup_steps)
+    tips = advice(opt.lr, opt.max_grad_norm, opt.warmup_steps, cfg.model.bert.hidden_size)
     at = run.step
 
     def record() -> None:

@@ -18,11 +18,12 @@ from pipeline.schema import read_manifest
 from training import launch as launcher
 from training.checkpoint import MODEL_DIR
 from pretraining.config import PretrainConfig
-from pretraining.loop import fit
+from pretraining.loop import STOPPED_TAG, fit
 from training.export import PRETRAIN_LINEAGE, check_destination, export_model, read_lineage
 from training.launch import LaunchConfig
 from tracking.config import RunRef
-from tracking.runs import RUN_NAME_TAG, open_run, run_metrics
+from tracking.runs import RUN_NAME_TAG, open_run, run_metrics, run_tags
+from training.collapse import diagnose_mlm
 from tracking.store import check_tracking_reachable
 from tracking.params import flatten_params
 from tracking.datasets import log_dataset
@@ -34,9 +35,11 @@ log = logging.getLogger(__name__)
 # two runs, and the second must not write into the first's MLflow run.
 RUN_KEY_TAG = "bert.run_checkpoints"
 
-# The figures a finished job reports on its last line (and the workflow puts on its summary).
+# The figures a finished job reports on its last line (and the workflow puts on its summary). Throughput is the
+# run's steady mean (compile warm-up excluded: `run_*`), not the last logging window's.
 KEY_METRICS = ("loss", "mlm_accuracy", "nsp_accuracy", "eval_loss", "eval_mlm_accuracy", "eval_nsp_accuracy",
-               "sequences_per_second", "mfu")
+               "eval_mlm_top_token_share", "sequences_per_second", "mfu")
+RUN_MEAN = {"sequences_per_second": "run_sequences_per_second", "mfu": "run_mfu"}
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,9 @@ class JobResult:
     run_id: str
     checkpoints: str  # the run's checkpoint folder (local or URL)
     export: str | None
-    metrics: dict[str, float]  # the KEY_METRICS the run logged last
+    metrics: dict[str, float]  # the KEY_METRICS the run logged last (throughput: the run's mean)
+    stopped: str | None = None  # "--max-minutes at step 400 of 1500" when the budget ended it early
+    collapse: str | None = None  # held-out MLM accuracy stuck at the most frequent token's share: what to try
 
 
 def params_of(job: PretrainJob) -> dict[str, Any]:
@@ -119,4 +124,11 @@ def run_pretraining(job: PretrainJob) -> JobResult:
                               tracking=RunRef(job.tracking_uri, run.run_id, launch.name)) as final_checkpoint:
                 export_model(final_checkpoint / MODEL_DIR, job.export, run, PRETRAIN_LINEAGE, launch.endpoint_url)
     metrics = run_metrics(job.tracking_uri, run.run_id)
-    return JobResult(run.run_id, checkpoints, job.export, {k: metrics[k] for k in KEY_METRICS if k in metrics})
+    metrics |= {k: metrics[mean] for k, mean in RUN_MEAN.items() if mean in metrics}
+    stopped = run_tags(job.tracking_uri, run.run_id).get(STOPPED_TAG)
+    found = diagnose_mlm(metrics, job.config.optimizer.lr, job.config.max_steps)
+    if found is not None:
+        log.warning("%s", found.message)
+        run.set_tags({"collapse": found.figure})
+    return JobResult(run.run_id, checkpoints, job.export, {k: metrics[k] for k in KEY_METRICS if k in metrics},
+                     stopped, found.message if found else None)

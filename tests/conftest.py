@@ -6,6 +6,7 @@ Everything binds to 127.0.0.1. Ray tests use `ray_local`; a test that needs its 
 """
 from __future__ import annotations
 
+import atexit
 import gzip
 import json
 import os
@@ -26,6 +27,11 @@ os.environ.pop("RAY_ADDRESS", None)
 # moto's throwaway credentials, before any Ray starts: Ray's workers get credentials as on a real host, by inheriting
 # the environment of the process that started Ray (nothing passes them through runtime_env).
 os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+# Every job logs to MLFLOW_TRACKING_URI, else ./mlruns under its working directory: a test that names no store logs
+# into this session's throw-away one, never into the checkout.
+_SESSION_MLRUNS = tempfile.mkdtemp(prefix="pytest-mlruns-")
+os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{_SESSION_MLRUNS}/mlflow.db")
+atexit.register(shutil.rmtree, _SESSION_MLRUNS, True)
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "data" / "sample"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pipeline.schema import Manifest
+
+from pipeline.storage import is_url
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +66,8 @@ class BuildRun:
 
     def _vocab_run(self, parent: str, marker: Any, started: float, ended: float) -> None:
         """The vocabulary stage's own run, a child of the build's: what was asked, what came out."""
-        from tracking.runs import open_run
-
-        child = open_run(self.uri, self.experiment, f"vocab {self.label}", params=self.vocab_params,
-                         tags={"job": "build_dataset", "stage": "vocab", "vocab.sha256": marker.sha256},
-                         parent_run_id=parent, start_time=started)
-        child.log_metrics({"vocab_size": marker.vocab_size, "sampled_bytes": marker.sampled_bytes,
-                           "sampled_blocks": marker.blocks, "documents": marker.documents}
-                          | {f"dropped.{k}": v for k, v in marker.dropped.items()})
-        child.end("FINISHED", end_time=ended)
-        self.vocab_run = child
+        self.vocab_run = vocab_run(self.uri, self.experiment, f"vocab {self.label}", self.vocab_params, marker,
+                                   started, ended, parent_run_id=parent, tags={"job": "build_dataset"})
 
     def _finish(self, output: str, m: Manifest, ended: float, nothing_done: bool) -> None:
         from tracking import build_report as report
@@ -136,6 +131,33 @@ class BuildRun:
             return run.run_id
         finally:
             self._thread.shutdown(wait=False)
+
+
+def vocab_run(tracking_uri: str, experiment: str, name: str, params: dict[str, Any], marker: Any, started: float,
+              ended: float, *, parent_run_id: str | None = None, tags: dict[str, str] | None = None,
+              vocab_file: str | None = None):
+    """A finished vocabulary stage (a ``pipeline.build.vocab`` marker) as its own run: what was asked (params),
+    what came out (size, sample, documents, drops), a description, and the vocab.txt when `vocab_file` is given.
+    The build's vocabulary stage is a child of the build's run; ``jobs/train_tokenizer.py`` logs one on its own."""
+    from tracking.runs import open_run
+
+    run = open_run(tracking_uri, experiment, name, params=params,
+                   tags={"stage": "vocab", **(tags or {}), "vocab.sha256": marker.sha256},
+                   parent_run_id=parent_run_id, start_time=started)
+    run.log_metrics({"vocab_size": marker.vocab_size, "sampled_bytes": marker.sampled_bytes,
+                     "sampled_blocks": marker.blocks, "documents": marker.documents}
+                    | {f"dropped.{k}": v for k, v in marker.dropped.items()})
+    run.set_tags({"mlflow.note.content": (
+        f"WordPiece vocabulary of {marker.vocab_size:,} entries trained on {marker.sampled_bytes:,} bytes of text "
+        f"({marker.blocks} sampled blocks, {marker.documents:,} documents); sha256 `{marker.sha256[:16]}`."
+        + (f"\n\nWritten to `{vocab_file}` (Artifacts > vocab/)." if vocab_file else ""))})
+    if vocab_file is not None and not is_url(vocab_file):
+        with tempfile.TemporaryDirectory(prefix="vocab-run-") as d:
+            (Path(d) / "vocab").mkdir()
+            shutil.copyfile(vocab_file, Path(d) / "vocab" / "vocab.txt")
+            run.log_artifacts(Path(d) / "vocab", "vocab")
+    run.end("FINISHED", end_time=ended)
+    return run
 
 
 def _note(output: str, m: Manifest, nothing_done: bool) -> str:

@@ -58,3 +58,39 @@ def log_dataset(tracking_uri: str, run_id: str, manifest: Any, context: str) -> 
     entity = built_dataset(manifest)._to_mlflow_entity()
     MlflowClient(tracking_uri).log_inputs(run_id, datasets=[
         DatasetInput(entity, tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])])
+
+
+def log_task_data(tracking_uri: str, run_id: str, url: str, *, context: str, name: str, profile: dict[str, Any],
+                  endpoint_url: str | None = None) -> None:
+    """A fine-tuning run's task data as an MLflow dataset input (the runs table's Dataset column): named after the
+    file (and the split), its source the file's URL, its digest the file's sha256 plus what selects the rows
+    (`profile`: split, seed, subset sizes), so two runs on the same rows show the same dataset."""
+    import hashlib
+    import json
+    import warnings
+
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.tracking import MlflowClient
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    from pipeline.storage import read_bytes
+
+    digest = hashlib.sha256(read_bytes(url, endpoint_url)).hexdigest()
+    digest = hashlib.sha256(f"{digest} {json.dumps(profile, sort_keys=True)}".encode()).hexdigest()
+
+    class TaskData(MetaDataset):
+        @property
+        def profile(self) -> dict[str, Any]:
+            return profile
+
+        def to_dict(self) -> dict[str, str]:
+            return super().to_dict() | {"profile": json.dumps(profile)}
+
+    with warnings.catch_warnings():  # a local path "can be interpreted in multiple ways": all of them local
+        warnings.simplefilter("ignore", UserWarning)
+        source = resolve_dataset_source(url)
+    entity = TaskData(source, name=name, digest=digest[:DATASET_DIGEST_CHARS])._to_mlflow_entity()
+    MlflowClient(tracking_uri).log_inputs(run_id, datasets=[
+        DatasetInput(entity, tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])])

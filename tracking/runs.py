@@ -12,10 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.safe_io.redact import redact_text
+from tracking.links import run_url, ui_command
 from tracking.params import MAX_PARAM_LENGTH
 from tracking.store import get_or_create_experiment
 
 log = logging.getLogger(__name__)
+# MLflow prints its own "View run / View experiment" links to stdout when a run on a tracking server ends; they open
+# the GenAI view (tracking/links.py). The jobs log their own link, in the model-training view, instead.
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 RUN_NAME_TAG = "bert.run_name"  # the tag a rerun of pre-training finds its run by
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI nests a run under its parent
@@ -121,6 +125,8 @@ def open_run(tracking_uri: str, experiment: str, run_name: str, *, params: Mappi
         run = Run(tracking_uri, client.create_run(exp_id, start_time=started, run_name=run_name, tags=tags).info.run_id,
                   exp_id)
         log.info("MLflow run %s (%s) in experiment %r at %s", run.run_id, run_name, experiment, tracking_uri)
+    log.info("MLflow run page: %s%s", run_url(tracking_uri, exp_id, run.run_id),
+             f"  (serve the store first: {ui_command(tracking_uri)})" if ui_command(tracking_uri) else "")
     run.log_params(params)
     run.set_tags(tags)
     return run
@@ -146,8 +152,26 @@ def run_exists(tracking_uri: str, run_id: str) -> bool:
     return True
 
 
+def run_tags(tracking_uri: str, run_id: str) -> dict[str, str]:
+    from mlflow.tracking import MlflowClient
+
+    return dict(MlflowClient(tracking_uri).get_run(run_id).data.tags)
+
+
 def run_metrics(tracking_uri: str, run_id: str) -> dict[str, float]:
     """The latest value of every metric of a run (a finished stage's, read by the workflow)."""
     from mlflow.tracking import MlflowClient
 
     return dict(MlflowClient(tracking_uri).get_run(run_id).data.metrics)
+
+
+def run_summary(tracking_uri: str, run_id: str) -> dict[str, str] | None:
+    """{"run_id", "experiment_id", "name"} of a run of this store (None when it is not there): what a link to it
+    needs."""
+    from mlflow.tracking import MlflowClient
+
+    try:
+        run = MlflowClient(tracking_uri).get_run(run_id)
+    except Exception:  # noqa: BLE001 (each store raises its own type for an unknown or deleted run)
+        return None
+    return {"run_id": run_id, "experiment_id": run.info.experiment_id, "name": run.info.run_name or run_id}

@@ -10,8 +10,9 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 DEFAULT_TRACKING_DIR = "mlruns"
-# MLflow 3 opens an experiment without this tag in its GenAI view (traces, prompts); this value selects the
-# model-training view (runs, metrics, charts). The values are the UI's ExperimentKind enum (mlflow 3.17).
+# The experiment's kind (the UI's ExperimentKind enum): model training. MLflow 3.17.2's UI does not read it to pick
+# an experiment's view (its GenAI | Model training switch does, see tracking/links.py: the links we print carry the
+# switch's URL parameter); it reads it where the switch is off, and other clients (the API, search) see it.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 
@@ -65,3 +66,11 @@ def get_or_create_experiment(name: str, tracking_uri: str) -> str:
     if EXPERIMENT_KIND_TAG not in exp.tags:
         client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     return exp.experiment_id
+
+
+def experiment_id(tracking_uri: str, name: str) -> str | None:
+    """The id of experiment `name` in the store (None when it does not exist)."""
+    from mlflow.tracking import MlflowClient
+
+    exp = MlflowClient(tracking_uri).get_experiment_by_name(name)
+    return exp.experiment_id if exp is not None else None

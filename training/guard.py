@@ -60,9 +60,19 @@ class Divergence:
     reason: str
 
 
-def advice(lr: float, max_grad_norm: float, warmup_steps: int) -> str:
-    """What to try, in the flags' words."""
-    tips = [f"a lower --lr (now {lr:g}, e.g. {lr / 10:g})"]
+def advice(lr: float, max_grad_norm: float, warmup_steps: int, width: int | None = None) -> str:
+    """What to try, in the flags' words, with a concrete lower rate: a tenth of the one that diverged, and never
+    above the default for a model of this hidden `width` (a tenth of an absurd --lr 10000 is still absurd)."""
+    lower = lr / 10
+    why = "a tenth of this run's"
+    if width is not None:
+        from training.defaults import default_lr
+
+        default = default_lr(width, "pretrain")
+        if lower > default:
+            lower, why = default, "the default for this model's width"
+    tips = [f"--lr {lower:.2g} ({why} {lr:g})" if why.startswith("a tenth") else f"--lr {lower:.2g} ({why}; this "
+            f"run: {lr:g})"]
     if max_grad_norm <= 0:
         tips.append("gradient clipping (--max-grad-norm 1.0; it is off)")
     else:

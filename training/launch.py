@@ -18,12 +18,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from training.ray_noise import quiet_train_worker
 
 if TYPE_CHECKING:
     from tracking.config import RunRef
@@ -176,6 +179,11 @@ def _on_ray(fit: Callable, config, launch: LaunchConfig, inputs: Any = None,
     from pipeline.build.ray_start import init_ray
     from training.rendezvous import LocalRendezvous
 
+    if not os.environ.get("RAY_ADDRESS"):
+        # A local one-node Ray (init_ray starts it): Ray Train's preemption watcher looks for cloud nodes being
+        # drained, which cannot happen to it, and logs an error line about its own actor in every job. Off here; on
+        # a cluster (RAY_ADDRESS) it stays on.
+        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     init_ray(dashboard=True)
     cpus = _cpus_per_worker(launch)
     resources = {"CPU": cpus, **({"GPU": 1} if launch.use_gpu else {})}
@@ -261,6 +269,7 @@ def ray_worker(loop_config: dict[str, Any]) -> dict[str, str]:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     install_log_redaction()  # the worker's lines land in Ray's session logs
+    quiet_train_worker()
     torch.set_num_threads(loop_config["threads"])
     ctx = ray.train.get_context()
     world = ctx.get_world_size()

@@ -1,6 +1,12 @@
 """Where a run is, in an operator's words: `step 300/1000 (30.0%) 2.41 steps/s ETA 4m50s`, plus the --max-minutes
 budget when there is one (`budget 10m: 7m55s left, ends near step 1440`), for pre-training's and fine-tuning's log
-lines.
+lines; and, before an afternoon is wasted, how long the run will take.
+
+- After its first steps (ESTIMATE_AFTER steps, or the first minute), the run's estimated length, once; when that is
+  an hour or more on CPU, one line of advice (the caller's words: a smaller --preset, --use-gpu).
+- A line at least every HEARTBEAT seconds of wall time whatever a step costs: `notes` after a step, and
+  `heartbeat`'s thread while a step runs (a bert_base step on 2 CPUs takes minutes). During the first step the
+  line states a lower bound of the run's length: the step has taken at least that long.
 
 The rate counts the steps this process ran since it started training (a resumed run does not count the steps it
 inherited; a rolled-back run counts the steps it redid), so the ETA is what the remaining steps will take at the
@@ -8,8 +14,14 @@ pace seen so far. The ETA is the sooner of the steps' end and the budget's.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+HEARTBEAT = 60.0  # seconds of wall time without a progress line, at most
+ESTIMATE_AFTER = 3  # steps before the run's length is estimated (the first ones carry start-up costs)
+HOURS = 3600.0  # an estimate from here on, on CPU, gets the advice
 
 
 def duration(seconds: float) -> str:
@@ -25,19 +37,32 @@ def duration(seconds: float) -> str:
 
 
 class Progress:
-    """Percentage, rate and ETA of a loop of `total` steps (optionally under a wall-clock budget)."""
+    """Percentage, rate and ETA of a loop of `total` steps (optionally under a wall-clock budget). `on_cpu` and
+    `slow_advice` ("try a smaller --preset ... or --use-gpu"): what to say when the estimate is hours on CPU."""
 
     def __init__(self, total: int, budget_seconds: float | None = None, unit: str = "steps",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, on_cpu: bool = False,
+                 slow_advice: str = "", first_step: int = 0) -> None:
         self.total, self.budget, self.unit, self.clock = total, budget_seconds, unit, clock
+        self.on_cpu, self.slow_advice = on_cpu, slow_advice
         self.start, self.done = clock(), 0
+        self.last_line = self.step_started = self.start
+        self.step = first_step  # the last step finished (its number in the run, resumed steps included)
+        self.estimated = False
 
-    def advance(self, steps: int = 1) -> None:
+    def advance(self, steps: int = 1, step: int | None = None) -> None:
         self.done += steps
+        self.step = self.step + steps if step is None else step
+        self.step_started = self.clock()
+
+    def rate(self) -> float:
+        elapsed = self.clock() - self.start
+        return self.done / elapsed if elapsed > 0 and self.done else 0.0
 
     def describe(self, step: int) -> str:
-        elapsed = self.clock() - self.start
-        rate = self.done / elapsed if elapsed > 0 and self.done else 0.0
+        self.last_line = now = self.clock()
+        elapsed = now - self.start
+        rate = self.rate()
         text = f"step {step}/{self.total} ({100 * step / self.total:.1f}%)"
         if rate <= 0:
             return text
@@ -50,3 +75,71 @@ class Progress:
                         f"step {min(self.total, step + int(rate * budget_left))})")
             return f"{text} ETA {duration(left)} (budget {duration(self.budget)}: {duration(budget_left)} left)"
         return f"{text} ETA {duration(left)}"
+
+    def _advice(self, seconds: float) -> str:
+        if self.on_cpu and seconds >= HOURS and self.slow_advice:
+            return f"; that is hours on CPU: {self.slow_advice}"
+        return ""
+
+    def estimate(self, step: int) -> str:
+        """The run's estimated length from the pace so far (what the budget allows, when it ends first)."""
+        rate = self.rate()
+        left = (self.total - step) / rate
+        total = self.clock() - self.start + left
+        text = (f"estimated run length: {duration(total)} for {self.total - step + self.done} {self.unit} at "
+                f"{rate:.3g} {self.unit}/s (from the first {self.done})")
+        if self.budget and self.budget < total:
+            text += (f", but the --max-minutes budget of {duration(self.budget)} stops it near step "
+                     f"{min(self.total, step + int(rate * max(0.0, self.budget - (self.clock() - self.start))))}")
+            return text + self._advice(total)
+        return text + self._advice(total)
+
+    def notes(self, step: int) -> list[str]:
+        """Lines due after step `step`: the estimate (once, after the first steps) and the progress line when none
+        was logged for HEARTBEAT seconds. The caller logs them."""
+        lines = []
+        now = self.clock()
+        if not self.estimated and self.done and (self.done >= ESTIMATE_AFTER or now - self.start >= HEARTBEAT):
+            self.estimated = True
+            lines.append(f"{self.describe(step)}; {self.estimate(step)}")
+        elif now - self.last_line >= HEARTBEAT:
+            lines.append(self.describe(step))
+        return lines
+
+    def waiting(self) -> str | None:
+        """The line for a step that has run HEARTBEAT seconds with no line logged (None when one is not due)."""
+        now = self.clock()
+        if now - self.last_line < HEARTBEAT:
+            return None
+        self.last_line = now
+        running = now - self.step_started
+        text = f"step {self.step + 1}/{self.total} has been running for {duration(running)}"
+        if self.estimated or self.done >= ESTIMATE_AFTER:
+            return f"{text}; {self.describe(self.step)}"
+        # No estimate yet: each remaining step takes at least what this one has taken so far.
+        floor = running * (self.total - self.step)
+        if self.done:
+            floor = max(floor, (self.total - self.step) / self.rate())
+        return (f"{text} ({self.done} finished so far): the run will take at least {duration(floor)} at this pace"
+                + self._advice(floor))
+
+    @contextlib.contextmanager
+    def heartbeat(self, log: Callable[[str], None]) -> Iterator[None]:
+        """While the block runs, a thread logs `waiting()`'s line whenever one is due (a step slower than a
+        minute, a long evaluation): no minute of wall time goes by without a line."""
+        stop = threading.Event()
+        poll = HEARTBEAT / 12  # 5 s: a line is at most that late
+
+        def beat() -> None:
+            while not stop.wait(poll):
+                line = self.waiting()
+                if line:
+                    log(line)
+
+        thread = threading.Thread(target=beat, name="progress-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()

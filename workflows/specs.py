@@ -52,8 +52,7 @@ def _inputs(entry: Mapping[str, Any], where: str, what: str) -> list[str]:
 
 class TrainTokenizer(JobSpec):
     job = "train_tokenizer"
-    wired = frozenset({"input", "output"})
-    tracked = False
+    wired = frozenset({"input", "output"}) | TRACKING_FLAGS
     key_metrics = ("vocab_size",)
     named = False
 
@@ -62,7 +61,7 @@ class TrainTokenizer(JobSpec):
         base = to_argv(self.args(entry, name)) + to_argv({"input": inputs})
         fp = fingerprint(self.job, base, [], input_stamps(inputs))
         out = join(planned.workdir, "vocab", f"vocab-{fp[:8]}.txt")
-        return JobStage(name, self.job, base + ["--output", out], [], fp, {"vocab": out}, tracked=False)
+        return JobStage(name, self.job, base + ["--output", out], [], fp, {"vocab": out})
 
     def complete(self, stage):
         return storage.exists(stage.outputs["vocab"])
@@ -93,8 +92,8 @@ class BuildDataset(JobSpec):
 class Pretrain(JobSpec):
     job = "pretrain"
     wired = frozenset({"data", "eval-data", "storage", "run-name", "export", "init"}) | TRACKING_FLAGS
-    key_metrics = ("loss", "mlm_accuracy", "nsp_accuracy", "eval_loss", "eval_mlm_accuracy", "eval_nsp_accuracy",
-                   "sequences_per_second", "mfu", "hfu")
+    key_metrics = ("loss", "mlm_accuracy", "nsp_accuracy", "eval_loss", "eval_mlm_accuracy", "eval_mlm_top_token_share",
+                   "eval_nsp_accuracy", "sequences_per_second", "mfu", "hfu")
 
     def stage(self, name, entry, planned):
         where, datasets = f"pretrain.{name}", planned.by_section.get("datasets", {})

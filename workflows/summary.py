@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tracking.links import experiment_url, ui_base, ui_command
+from tracking.store import experiment_id
 from workflows.stage import JobStage
 from workflows.state import STATE_DIR
 
@@ -27,15 +29,22 @@ def summary_lines(name: str, stages: list[JobStage], results: dict[str, dict[str
         nums = "  ".join(f"{k} {_fmt(v)}" for k, v in results[s.name].get("metrics", {}).items())
         if nums:
             lines.append(f"  {'':<24} {nums}")
+        result = results[s.name].get("result", {})
+        # What the numbers alone hide: a budget that ended the stage early, a model that learnt nothing.
+        if result.get("stopped"):
+            lines.append(f"  {'':<24} STOPPED EARLY: by {result['stopped']} (the model is trained that far only)")
+        if result.get("collapse"):
+            lines.append(f"  {'':<24} WARNING: {result['collapse']}")
     lines.append(f"\nMLflow: parent run {parent_run_id} (experiment {experiment!r}) holds every stage as a child run; "
                  f"store {tracking_uri}")
-    if tracking_uri.startswith(("http://", "https://")):
-        lines.append(f"  open {tracking_uri}  to compare the runs")
+    exp_id = experiment_id(tracking_uri, experiment)
+    url = experiment_url(tracking_uri, exp_id) if exp_id is not None else ui_base(tracking_uri)
+    # The mlflow beside this interpreter: a fresh shell (no venv activated) can run the line as printed.
+    command = ui_command(tracking_uri, str(Path(sys.executable).parent / "mlflow"))
+    if command:
+        lines.append(f"  open the UI:  {command}   then {url}")
     else:
-        # The mlflow beside this interpreter: a fresh shell (no venv activated) can run the line as printed.
-        mlflow = Path(sys.executable).parent / "mlflow"
-        lines.append(f"  open the UI:  {mlflow} ui --backend-store-uri {tracking_uri} --port 5000   then "
-                     "http://127.0.0.1:5000")
+        lines.append(f"  open {url}  to compare the runs")
     lines.append(f"  done-markers and stage logs: {workdir / STATE_DIR}; this summary: {workdir / 'summary.json'}")
     return lines
 

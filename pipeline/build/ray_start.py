@@ -23,6 +23,7 @@ import logging
 import os
 import secrets
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -30,6 +31,25 @@ log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 START_ATTEMPTS = 3
+GCS_PORT_VARIABLE = "RAY_GCS_SERVER_PORT"  # ray._private.ray_constants.GCS_PORT_ENVIRONMENT_VARIABLE
+
+
+class DropMessages(logging.Filter):
+    """Drops the records of one logger whose message starts with one of `prefixes` (the rest of it still shows)."""
+
+    def __init__(self, *prefixes: str) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefixes)
+
+
+def drop_messages(logger_name: str, *prefixes: str) -> None:
+    """Installs `DropMessages(prefixes)` on that logger, once."""
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, DropMessages) and f.prefixes == prefixes for f in logger.filters):
+        logger.addFilter(DropMessages(*prefixes))
 
 
 def init_ray(num_cpus: int | None = None, dashboard: bool = False) -> None:
@@ -44,6 +64,9 @@ def init_ray(num_cpus: int | None = None, dashboard: bool = False) -> None:
         # Read by Ray when it is imported and by every process it starts: with it, a node's listeners bind to
         # loopback and it advertises 127.0.0.1 (the node address alone does not stop the external one).
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    # The job handles SIGTERM itself; Ray's warning that a ray.init from a thread (the build starts Ray in the
+    # background) sets no handler is noise. Filtered by logger and message only.
+    drop_messages("ray._private.worker", "SIGTERM handler is not set because current thread is not the main thread")
     import ray
     from ray._private import ray_constants
 
@@ -63,7 +86,7 @@ def init_ray(num_cpus: int | None = None, dashboard: bool = False) -> None:
     # `ray start`, another job's session) and then refuses num_cpus; we promised a fresh local Ray.
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, _node_ip_address=LOOPBACK)
+            _start_local(ray, num_cpus, dashboard)
             return
         except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this; anything else re-raises
             if "timed out during startup" not in str(e) or attempt == START_ATTEMPTS:
@@ -98,3 +121,23 @@ def _stop_and_remove(folder: Path) -> None:
 
     ray.shutdown()  # the token's last users first (atexit runs this before Ray's own hook)
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def _start_local(ray, num_cpus: int | None, dashboard: bool) -> None:
+    """A local Ray whose GCS port we choose, so its workers can be told their cluster's address (RAY_ADDRESS in the
+    job's environment): Ray's state API, which Ray Train's placement-group cleaner calls from a worker, otherwise
+    looks the cluster up among every Ray on the machine and, with another one running (other users, other jobs),
+    fails with "Found multiple active Ray instances" and a 30-line traceback in the job's output."""
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        port = s.getsockname()[1]
+    before = os.environ.get(GCS_PORT_VARIABLE)
+    os.environ[GCS_PORT_VARIABLE] = str(port)  # read by Ray when it starts the head's GCS
+    try:
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, _node_ip_address=LOOPBACK,
+                 runtime_env={"env_vars": {"RAY_ADDRESS": f"{LOOPBACK}:{port}"}})
+    finally:
+        if before is None:
+            os.environ.pop(GCS_PORT_VARIABLE, None)
+        else:
+            os.environ[GCS_PORT_VARIABLE] = before

@@ -130,3 +130,22 @@ def test_on_ray_the_run_hears_every_stage_and_the_callers_ray_stays_up(ray_shutd
     assert {f"stage_seconds.{s}" for s in ("pool_parts", "pool", "instances", "shards")} <= run.data.metrics.keys()
     assert run.inputs.dataset_inputs[0].dataset.digest == read_manifest(str(out)).sha256[:16]
     assert ray.is_initialized()  # the job leaves a Ray it did not start
+
+
+def test_a_build_without_a_tracking_uri_logs_to_the_store_the_other_jobs_use(tmp_path, sample_dir, capsys,
+                                                                              monkeypatch):
+    """No flag, no MLFLOW_TRACKING_URI: ./mlruns/mlflow.db under the working directory, as pre-training and
+    fine-tuning do (tracking.store.resolve_tracking_uri), so the pre-training's Datasets column names a build that
+    has a run."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert build_dataset.main(["--input", corpus(tmp_path, sample_dir, "a.jsonl", 0, 10), "--output",
+                               str(tmp_path / "ds"), "--vocab", str(sample_dir / "reference" /
+                                                                   "bert-base-uncased-vocab.txt"),
+                               "--max-seq-length", "64", "--dupe-factor", "1", "--num-shards", "1", "--no-ray"]) == 0
+    run_id = last_json(capsys.readouterr().out)["mlflow_run_id"]
+    store = tmp_path / "mlruns" / "mlflow.db"
+    assert store.is_file()
+    assert MlflowClient(f"sqlite:///{store}").get_run(run_id).info.status == "FINISHED"

@@ -32,3 +32,27 @@ def test_train_tokenizer_job_uses_the_builds_sample(tmp_path, sample_dir, capsys
     assert (tmp_path / "v.txt").read_bytes() == (tmp_path / "ds" / "vocab.txt").read_bytes()
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert 300_000 <= out["sampled_bytes"] < 300_000 + UNIT and out["sampled_blocks"] == -(-300_000 // UNIT)
+
+
+def test_the_vocabulary_job_has_its_own_run(tmp_path, sample_dir, mlflow_uri, capsys):
+    from mlflow.tracking import MlflowClient
+
+    assert train_tokenizer.main(["--input", str(sample_dir / "corpus" / "mobydick.jsonl.gz"), "--output",
+                                 str(tmp_path / "v.txt"), "--vocab-size", "500", "--experiment", "vocab"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    client = MlflowClient(mlflow_uri)
+    run = client.get_run(out["mlflow_run_id"])
+    assert run.info.status == "FINISHED" and run.info.run_name == "vocab v.txt"
+    assert run.data.metrics["vocab_size"] == 500 and run.data.params["vocab-size"] == "500"
+    assert run.data.tags["stage"] == "vocab" and "WordPiece vocabulary of 500 entries" in run.data.tags[
+        "mlflow.note.content"]
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "vocab")] == ["vocab/vocab.txt"]
+
+
+def test_no_mlflow_logs_no_run(tmp_path, sample_dir, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert train_tokenizer.main(["--input", str(sample_dir / "corpus" / "mobydick.jsonl.gz"), "--output",
+                                 str(tmp_path / "v.txt"), "--vocab-size", "500", "--no-mlflow"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["mlflow_run_id"] is None
+    assert not (tmp_path / "mlruns").exists()

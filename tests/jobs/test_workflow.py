@@ -184,20 +184,22 @@ def rerun_resumes_and_completes_end_to_end(wf):
     assert "loss" in stages["pretrain phase1"]["metrics"]
     assert "accuracy" in stages["finetune rt"]["result"]
     assert (Path(stages["finetune rt"]["outputs"]["model"]) / "config.json").is_file()
-    # One parent run holding the three MLflow-tracked stages as children (the resumed pre-training run is the one
+    # One parent run holding the four stages as children (the resumed pre-training run is the one
     # the killed attempt opened); the parent carries the key metrics. A stage retried after Ray missed its
     # start-up deadline on a busy machine may leave a FAILED run beside them.
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(wf["uri"])
     kids = [r for r in child_runs(wf) if r.info.status == "FINISHED"]
-    assert sorted(r.data.tags.get("job", r.info.run_name) for r in kids) == ["build_dataset", "finetune", "pretrain"]
+    assert sorted(r.data.tags.get("job", r.info.run_name) for r in kids) == ["build_dataset", "finetune", "pretrain",
+                                                                             "train_tokenizer"]
     pretrain = next(r for r in kids if r.data.tags.get("job") == "pretrain")
     assert pretrain.info.run_id == killed.info.run_id
     assert max(m.step for m in client.get_metric_history(pretrain.info.run_id, "loss")) == 40
     parent = client.get_run(summary["mlflow"]["parent_run_id"])
     assert parent.info.status == "FINISHED" and "pretrain.phase1.loss" in parent.data.metrics
     assert "mlflow ui --backend-store-uri" in out.stdout
+    assert f"#/experiments/{parent.info.experiment_id}/runs?workflowType=machine_learning" in out.stdout
 
 
 def rerun_skips_everything(wf):

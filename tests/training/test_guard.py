@@ -145,9 +145,13 @@ def test_nonfinite_tensors_names_weights_and_optimizer_state():
     assert nonfinite_tensors(model_and_optimizer_tensors(model, opt)) == ["weight", "optimizer[bias].exp_avg_sq"]
 
 
-def test_advice_names_the_flags():
-    assert advice(1e4, 1.0, 0) == ("try a lower --lr (now 10000, e.g. 1000), a lower --max-grad-norm (now 1) or more "
-                                   "--warmup-steps (now 0)")
+def test_advice_names_the_flags_and_a_concrete_lower_rate():
+    assert advice(1e-3, 1.0, 0) == ("try --lr 0.0001 (a tenth of this run's 0.001), a lower --max-grad-norm (now 1) "
+                                    "or more --warmup-steps (now 0)")
+    # A tenth of an absurd rate is still absurd: never above the default for the model's width.
+    assert advice(1e4, 1.0, 0, width=768).startswith("try --lr 0.0001 (the default for this model's width; this "
+                                                       "run: 10000)")
+    assert advice(1e-3, 1.0, 0, width=128).startswith("try --lr 0.0001 (a tenth of this run's 0.001)")
     assert "gradient clipping (--max-grad-norm 1.0; it is off)" in advice(1e-3, 0.0, 10)
 
 
