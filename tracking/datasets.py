@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pipeline.safe_io.redact import redact_url
+from pipeline.safe_io.redact import redact_text, redact_url
 
 DATASET_DIGEST_CHARS = 16  # of the manifest's sha256 (MLflow keeps at most 36 characters of a digest)
 
@@ -90,7 +90,7 @@ def log_task_data(tracking_uri: str, run_id: str, url: str, *, context: str, nam
 
     with warnings.catch_warnings():  # a local path "can be interpreted in multiple ways": all of them local
         warnings.simplefilter("ignore", UserWarning)
-        source = resolve_dataset_source(url)
-    entity = TaskData(source, name=name, digest=digest[:DATASET_DIGEST_CHARS])._to_mlflow_entity()
+        source = resolve_dataset_source(redact_url(url))  # what MLflow shows; the full URL only reads
+    entity = TaskData(source, name=redact_text(name), digest=digest[:DATASET_DIGEST_CHARS])._to_mlflow_entity()
     MlflowClient(tracking_uri).log_inputs(run_id, datasets=[
         DatasetInput(entity, tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])])

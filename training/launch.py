@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -179,11 +178,6 @@ def _on_ray(fit: Callable, config, launch: LaunchConfig, inputs: Any = None,
     from pipeline.build.ray_start import init_ray
     from training.rendezvous import LocalRendezvous
 
-    if not os.environ.get("RAY_ADDRESS"):
-        # A local one-node Ray (init_ray starts it): Ray Train's preemption watcher looks for cloud nodes being
-        # drained, which cannot happen to it, and logs an error line about its own actor in every job. Off here; on
-        # a cluster (RAY_ADDRESS) it stays on.
-        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     init_ray(dashboard=True)
     cpus = _cpus_per_worker(launch)
     resources = {"CPU": cpus, **({"GPU": 1} if launch.use_gpu else {})}

@@ -82,6 +82,10 @@ def init_ray(num_cpus: int | None = None, dashboard: bool = False) -> None:
     # Something imported Ray before the variable was set: correct what Ray read from it (pinned Ray: private name).
     ray_constants.ENABLE_RAY_CLUSTER = False
     local_token()
+    # A local one-node Ray: Ray Train's preemption watcher looks for cloud nodes being drained, which cannot happen
+    # to it, and logs an error line about its own actor in every job. Off for the Ray this process starts; a Ray it
+    # joins (a cluster, or one a caller initialised, e.g. several raylets) keeps it.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     # address="local": without it, ray.init() joins any cluster already running on this machine (someone's
     # `ray start`, another job's session) and then refuses num_cpus; we promised a fresh local Ray.
     for attempt in range(1, START_ATTEMPTS + 1):

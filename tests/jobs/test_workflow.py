@@ -63,7 +63,10 @@ def wf():
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_DATA_DISABLE_PROGRESS_BARS="1",
                MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING="false", TOKENIZERS_PARALLELISM="false",
                # Ray starts workers at nice 15: on a shared CI box they would crawl behind everything else.
-               RAY_worker_niceness="0")
+               RAY_worker_niceness="0",
+               # A killed stage's writer lease (pipeline/safe_io/lease.py) is taken over once its heartbeat is this
+               # old: short here, so the rerun after the kill need not wait the default 60 s.
+               BERT_LEASE_STALE_SECONDS="5")
     env.pop("RAY_ADDRESS", None)
     yield {"root": root, "config": config, "corpus": corpus, "env": env, "ray_tmp": ray_tmp,
            "uri": env["MLFLOW_TRACKING_URI"]}
@@ -156,7 +159,9 @@ def killed_mid_pretraining_leaves_nothing_running(wf):
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the workflow and the stage it runs, at once
         proc.wait()
+    killed_at = time.time()
     assert wait_gone(wf["ray_tmp"]) == []
+    time.sleep(max(0.0, killed_at + 6 - time.time()))  # the killed stage's lease goes stale: the rerun takes it over
     done = markers(wf)
     assert {"vocab", "dataset.train"} <= set(done) and "pretrain.phase1" not in done
     assert [r.data.tags.get("job", r.info.run_name) for r in child_runs(wf)

@@ -234,9 +234,9 @@ def test_build_with_a_sampled_pool_matches_reference_stats(sample_dir, tmp_path)
                           instances=InstanceConfig(seed=seed), dupe_factor=DUPE_FACTOR, num_shards=4,
                           pool_tokens=90_000)
         m = build_dataset(cfg)
-        docs = m["totals"]["documents"]
-        assert 0.1 * docs < m["random_pool"]["documents"] < 0.5 * docs  # a sample, not every document
-        table = pa.concat_tables([pq.read_table(out / s["file"]) for s in m["shards"]])
+        docs = m.totals.documents
+        assert 0.1 * docs < dict(m.random_pool)["documents"] < 0.5 * docs  # a sample, not every document
+        table = pa.concat_tables([pq.read_table(out / s.file) for s in m.shards])
         draws.append(instance_stats(table, mask_id=103, max_seq_length=128))
     want = json.loads((ref / "mobydick.reference_stats.json").read_text())["stats"]
     check({k: sum(d[k] for d in draws) / 3 for k in REFERENCE_OTHER_SEEDS},
