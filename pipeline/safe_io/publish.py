@@ -91,7 +91,9 @@ def swap_in_local(staged: Path, target: Path) -> None:
 # ---- object storage ----------------------------------------------------------------------------------------------
 
 def _new_version() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
+    """Sorts by time (microseconds: two exports in one second must still sort in order, or pruning keeps the wrong
+    ones); the random part only tells apart two writers' versions in the same microsecond."""
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ") + "-" + uuid.uuid4().hex[:8]
 
 
 def publish_remote(local: Path, url: str, endpoint_url: str | None = None) -> str:
