@@ -10,15 +10,12 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+import _browser
 from tracking.build_report import FIGURES
 from pipeline.schema import read_manifest
 
@@ -27,42 +24,11 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium: apt-ge
 REPO = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def mlflow_server(tmp_path):
     """An MLflow server on loopback over a sqlite store; its artifacts under tmp_path. Yields its URL."""
-    port = free_port()
-    env = os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # ~0.5 GB and ~7 s instead of 1.5 GB, 29 s
-    log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
-                             f"sqlite:///{tmp_path / 'server.db'}", "--host", "127.0.0.1", "--port", str(port),
-                             "--workers", "1"], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()
-            assert time.time() < deadline, "mlflow server did not answer in 120 s"
-            time.sleep(0.5)
+    with _browser.mlflow_server(tmp_path) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the server and its uvicorn worker
-        proc.wait(30)
-        log.close()
 
 
 def chromium(url: str, user_dir: Path, screenshot: Path) -> str:
