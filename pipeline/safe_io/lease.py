@@ -170,8 +170,10 @@ class Lease:
             out = retrying(lambda: self._fs.pipe_file(self._path, data, mode="create"), f"create {self.url}",
                            done=lambda: self._is_ours())
         except FileExistsError:
-            return False
-        self._etag = _etag_of(out)
+            # botocore retries a PUT whose answer was dropped by itself: the retry then fails against the record
+            # the first attempt wrote. The token says whether that record is ours.
+            return self._is_ours()
+        self._etag = _etag_of(out) or self._etag
         return True
 
     def _is_ours(self) -> bool:
@@ -197,7 +199,9 @@ class Lease:
                            done=lambda: self._is_ours())
         except OSError as e:  # s3fs: a failed If-Match is OSError(EINVAL, "...pre-conditions ... did not hold")
             if isinstance(e, (FileExistsError, FileNotFoundError)) or "condition" in str(e).lower():
-                return False
+                # Someone else's record, or our own: botocore retried a PUT whose answer was dropped, and the retry
+                # failed against the record its first attempt wrote. The token tells the two apart.
+                return self._is_ours()
             raise
         self._etag = _etag_of(out) or self._etag
         return True

@@ -122,3 +122,23 @@ def test_lease_beside_a_folder():
     assert lease_url_beside("/data/runs/r1") == "/data/runs/r1.lease.json"
     with pytest.raises(ValueError, match="not its root"):
         lease_url_beside("s3://bucket")
+
+
+def test_dropped_answers_do_not_cost_the_holder_its_lease(s3_bucket, monkeypatch):
+    """Every other answer from the store is cut off mid-way (the PUT was applied, its answer lost). botocore retries
+    such a PUT by itself, and the retry's condition (If-None-Match on create, If-Match on a heartbeat) then fails
+    against the record the first attempt wrote: the holder must see that record is its own, keep beating and
+    release it at the end, rather than refusing itself or stopping its job as if it had been taken over."""
+    from _fault_proxy import FaultProxy
+
+    endpoint, bucket = s3_bucket
+    url, target = f"s3://{bucket}/out/_writer.lease.json", f"s3://{bucket}/out"
+    monkeypatch.setenv(STALE_ENV, "2")  # a heartbeat every 0.5 s
+    with FaultProxy(endpoint, slow_every=10**9, drop_every=2) as proxy:
+        with holding(url, target, "dataset build", proxy.url) as lease:
+            time.sleep(6)
+            assert not lease.lost
+            assert json.loads(storage.read_bytes(url, endpoint))["token"] == lease.token
+    assert proxy.counts["dropped"] >= 6, proxy.counts
+    assert not lease.lost
+    assert not storage.exists(url, endpoint)
