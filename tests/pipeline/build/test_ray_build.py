@@ -104,6 +104,56 @@ def test_two_raylet_cluster_of_16_cpus_equals_plain_loop(ray_shutdown, tmp_path,
     _same(tmp_path / "cluster", tmp_path / "plain")
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_node_removed_mid_build_gives_the_same_bytes(ray_shutdown, tmp_path, sample_dir):
+    """Three raylets (a head with no CPU, two nodes of one CPU each, all on 127.0.0.1). Once the build has committed
+    its first units, one node is removed abruptly (its raylet and the tasks on it die, as when a machine goes away):
+    Ray retries the lost tasks on the other node, the build completes in the same call, and its shards are the
+    plain loop's, byte for byte. A build that finished before the removal fails the test (nothing was survived)."""
+    import threading
+    import time
+    from pathlib import Path
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from pipeline.build.markers import SUFFIX
+    from pipeline.build.ray_data import RayDataExecutor
+
+    corpus = _corpus(tmp_path / "c.jsonl", n_docs=240)
+    build(_cfg(tmp_path, corpus, sample_dir, "plain"), LocalExecutor())
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    nodes = [cluster.add_node(num_cpus=1), cluster.add_node(num_cpus=1)]
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["manifest"] = build(_cfg(tmp_path, corpus, sample_dir, "cluster"), RayDataExecutor())
+        except BaseException as e:  # noqa: BLE001 - the test reports it
+            outcome["error"] = e
+
+    work = Path(tmp_path / "cluster" / "_work")
+    try:
+        ray.init(address=cluster.address, log_to_driver=False)
+        job = threading.Thread(target=run, daemon=True)
+        job.start()
+        deadline = time.monotonic() + 300
+        while not any(work.rglob(f"*{SUFFIX}")) and job.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert job.is_alive() and any(work.rglob(f"*{SUFFIX}")), "the build ended (or stalled) before a unit committed"
+        cluster.remove_node(nodes[0], allow_graceful=False)
+        job.join(timeout=max(1.0, deadline - time.monotonic()))
+        assert not job.is_alive(), "the build did not finish after the node was removed"
+        assert "error" not in outcome, outcome.get("error")
+        assert len([n for n in ray.nodes() if n["Alive"]]) == 2  # the head and the surviving node
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    _same(tmp_path / "cluster", tmp_path / "plain")
+    assert not work.exists()  # the finished build cleaned its markers up
+
+
 @pytest.mark.timeout(120)
 def test_a_bad_input_fails_through_ray_naming_the_file(ray_local, tmp_path, sample_dir):
     from pipeline.build.ray_data import RayDataExecutor
