@@ -30,7 +30,8 @@ from typing import IO
 
 import pyarrow.parquet as pq
 
-from pipeline.storage import FileInfo, compression_of, filesystem_for, map_threads, strip_compression
+from pipeline.safe_io.redact import redact_url
+from pipeline.storage import FileInfo, compression_of, filesystem_for, map_threads, storage_error, strip_compression
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ FORMATS = ("auto", "text", "jsonl", "parquet")
 ON_ERROR = ("fail", "skip")
 _CONTEXT = 64 << 10  # bytes read before a unit's start to learn whether its first line starts a document
 _CHUNK = 256 << 10
+# The modules whose exceptions are a storage client's failure (after its retries), not a bug of ours.
+_STORAGE_CLIENTS = ("aiohttp", "botocore", "s3fs", "fsspec", "gcsfs", "adlfs", "urllib3", "requests")
 
 
 class InputError(ValueError):
@@ -143,6 +146,7 @@ def _row_groups(f: FileInfo, endpoint_url: str | None) -> int | Exception:
 
 
 def _bad_file(opts: ReadOptions, report: ReadReport | None, path: str, reason: str, what: str) -> None:
+    path = redact_url(path)  # shown, logged and kept in markers in the output folder: no userinfo, no signature
     if opts.on_error == "fail":
         raise InputError(f"input {path}: {what} [{reason}]. Fix or remove the file, or pass --on-error skip.")
     log.warning("skipping input %s: %s", path, what)
@@ -154,7 +158,7 @@ def _bad_record(opts: ReadOptions, report: ReadReport, unit: Unit, offset: int, 
                 reason: str, what: str, fix: str = "Fix the record or pass --on-error skip.") -> None:
     if opts.on_error == "fail":
         where = f"line {lineno} (byte offset {offset})" if lineno is not None else f"byte offset {offset}"
-        raise InputError(f"input {unit.path}, {where}: {what} [{reason}]. {fix}")
+        raise InputError(f"input {redact_url(unit.path)}, {where}: {what} [{reason}]. {fix}")
     report.dropped[reason] += 1
 
 
@@ -178,6 +182,12 @@ def read_unit(unit: Unit, opts: ReadOptions, endpoint_url: str | None = None,
     except (EOFError, OSError, ValueError, RuntimeError) as e:
         # Truncated gzip (EOFError), not-gzip/xz/zstd junk (OSError, LZMAError, ZstdError), corrupt Parquet.
         _bad_file(opts, report, unit.path, "corrupt_file", f"cannot be read to the end ({type(e).__name__}: {e})")
+    except Exception as e:  # noqa: BLE001 - only a storage client's own errors (aiohttp's, botocore's) are caught
+        if not type(e).__module__.startswith(_STORAGE_CLIENTS):
+            raise
+        # The store failed us after the retries (an http 500, a refused read): not the file's fault, so not a bad
+        # file to skip; one line naming the input (redacted) and the usual fix.
+        raise storage_error(unit.path, e, "read input") from e
 
 
 def _position(f: IO[bytes], pos: int, seekable: bool) -> None:

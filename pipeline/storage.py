@@ -27,7 +27,7 @@ import fsspec
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from pipeline.safe_io.redact import check_endpoint_url
+from pipeline.safe_io.redact import check_endpoint_url, redact_text
 from pipeline.safe_io.retry import retrying, s3_options
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,9 @@ def storage_error(url: str, e: BaseException, doing: str) -> ValueError:
         hint = " The bucket does not exist: create it or fix the URL."
     elif "connect" in low or "endpoint" in low:
         hint = " Check --endpoint-url and that the server is reachable."
-    return ValueError(f"cannot {doing} {_describe(url)}: {text}.{hint}")
+    # Redacted: storage clients quote the URL they were given (aiohttp with its signed query), and this message
+    # is shown, logged and, from a Ray task, carried to the driver.
+    return ValueError(redact_text(f"cannot {doing} {_describe(url)}: {text}.{hint}"))
 
 
 def _stamp(info: dict) -> tuple[str | None, str | None]:

@@ -26,6 +26,7 @@ from pipeline.build.work import StepContext, cached
 from pipeline.pairs import PackedDoc
 from pipeline.readers import InputError, ReadReport, Unit, read_unit
 from pipeline.rng import derive_seed
+from pipeline.safe_io.redact import redact_text, redact_url
 from pipeline.schema import token_dtype, work_docs_schema
 
 _ENCODE_BATCH = 20000  # sentences per encode call: bounds the tokenizer's temporary memory
@@ -180,9 +181,10 @@ def read_block(unit: Unit, ctx: StepContext) -> pa.Table:
     except (InputError, ValueError) as e:  # a user's mistake: carried to the driver as a value (rows.UserError)
         if not type(e).__module__.startswith(("pipeline", "builtins")):
             raise
-        report = {"path": unit.path, "error": [type(e).__name__, str(e)]}
+        report = {"path": redact_url(unit.path), "error": [type(e).__name__, redact_text(str(e))]}
         return _block(unit.uid, [], [], report)
-    report = {"path": unit.path, "read_documents": len(text.doc_ids), "dropped": dict(text.report.dropped),
+    # The path as markers keep it (in the output folder): without userinfo or signature, like the bad files'.
+    report = {"path": redact_url(unit.path), "read_documents": len(text.doc_ids), "dropped": dict(text.report.dropped),
               "bad_files": dict(text.report.bad_files)}
     return _block(unit.uid, text.doc_ids, text.lines, report)
 

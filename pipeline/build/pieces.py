@@ -35,6 +35,7 @@ from typing import ClassVar
 from pipeline.build.executor import Executor, Stage, run_stage
 from pipeline.build.markers import Marker, write_marker
 from pipeline.readers import InputError, ReadOptions, ReadReport, Unit, detect_format, plan_units
+from pipeline.safe_io.redact import redact_url
 from pipeline.storage import (FileInfo, compression_of, filesystem_for, join, map_threads, open_atomic,
                               write_bytes_atomic)
 
@@ -254,6 +255,7 @@ def pieces_step(item: PieceItem, ctx: PieceContext) -> PieceMarker:
     rss_peak = rss0
     pieces: list[tuple[str, int, int]] = []
     bad: dict[str, str] = {}
+    shown = redact_url(item.path)  # in messages and in the marker (the output folder): no userinfo, no signature
     cutter = _Cutter(item.fmt)
     pos = 0  # decompressed bytes consumed
     buffer = 0
@@ -309,7 +311,7 @@ def pieces_step(item: PieceItem, ctx: PieceContext) -> PieceMarker:
         what = f"cannot be read to the end ({type(e.__cause__).__name__}: {e.__cause__})"
         if ctx.read.on_error == "fail":
             _discard(writer, e)
-            raise InputError(f"input {item.path}: {what} [corrupt_file]. Fix or remove the file, or pass "
+            raise InputError(f"input {shown}: {what} [corrupt_file]. Fix or remove the file, or pass "
                              "--on-error skip.") from e
         if writer is not None:  # keep the documents read to the end, as reading the file directly would
             start, name = pos - writer.size, f"{item.index:05d}-{len(pieces):05d}.zst"
@@ -318,18 +320,18 @@ def pieces_step(item: PieceItem, ctx: PieceContext) -> PieceMarker:
             kept = _keep_complete_documents(ctx.url(name), item.fmt, ctx.endpoint_url)
             if kept:
                 pieces.append((name, start, start + kept))
-        log.warning("input %s %s: keeping the %d pieces read before", item.path, what, len(pieces))
-        bad[item.path] = "corrupt_file"
+        log.warning("input %s %s: keeping the %d pieces read before", shown, what, len(pieces))
+        bad[shown] = "corrupt_file"
     except BaseException as e:  # a failed write, a kill: no piece is left half-written
         _discard(writer, e)
         raise
     if pos == 0 and not bad:
         if ctx.read.on_error == "fail":
-            raise InputError(f"input {item.path}: no data after decompression [empty_file]. Fix or remove the "
+            raise InputError(f"input {shown}: no data after decompression [empty_file]. Fix or remove the "
                              "file, or pass --on-error skip.")
-        bad[item.path] = "empty_file"
+        bad[shown] = "empty_file"
     marker = PieceMarker(
-        index=item.index, path=item.path, file_key=item.key, fmt=item.fmt, pieces=tuple(pieces), decompressed_bytes=pos,
+        index=item.index, path=shown, file_key=item.key, fmt=item.fmt, pieces=tuple(pieces), decompressed_bytes=pos,
         largest_piece_bytes=max((e - s for _, s, e in pieces), default=0), buffer_bytes=buffer,
         rss_growth_bytes=None if rss0 is None else rss_peak - rss0, bad_files=bad, worker=worker_id())
     write_marker(ctx.work, marker, ctx.endpoint_url)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import traceback
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
@@ -57,14 +58,22 @@ def redact_url(url: str) -> str:
 
 
 # A query parameter outside a full URL (a file name a listing shows, `corpus.txt?X-Amz-Signature=...`).
-_PARAM = re.compile(r"([?&])([^=&?\s'\"<>`]+)=([^&\s'\"<>`]*)")
+# A parameter's value ends at the next parameter, a blank or a quote; punctuation right before those ends prose.
+_PARAM = re.compile(r"([?&])([^=&?\s'\"<>`]+)=([^&\s'\"<>`]*?)(?=[.,;:)\]}]*(?:[&\s'\"<>`]|$))")
+
+
+def _redact_match(m: re.Match) -> str:
+    """A URL found in prose, its trailing punctuation (``URL: error``, ``URL.``) kept outside the redaction."""
+    url = m.group(0)
+    tail = len(url) - len(url.rstrip(".,;:)]}"))
+    return redact_url(url[:len(url) - tail]) + url[len(url) - tail:] if tail else redact_url(url)
 
 
 def redact_text(text: str) -> str:
     """`text` (a log line, an error message) with every URL in it redacted, and the values of signing/token query
     parameters wherever they appear (a bare file name from a listing carries its URL's query)."""
     if "://" in text:
-        text = _URL.sub(lambda m: redact_url(m.group(0)), text)
+        text = _URL.sub(_redact_match, text)
     if "=" in text:
         text = _PARAM.sub(lambda m: f"{m.group(1)}{m.group(2)}={REDACTED}" if _secret_param(m.group(2))
                           else m.group(0), text)
@@ -137,3 +146,35 @@ def redact_exception(error: BaseException) -> BaseException:
                     pass
         e = e.__cause__ or e.__context__
     return error
+
+
+class WorkerError(RuntimeError):
+    """What a worker process raises in place of an unexpected exception: its type, message and traceback as text,
+    every URL in them redacted. Ray writes a task's exception to its session logs and the driver's console itself,
+    from the exception's own ``str`` (which for some libraries' errors is built from attributes, not ``args``:
+    aiohttp's quotes the request URL with its query), so only a new exception made of redacted text is safe."""
+
+
+def redacted_error(error: BaseException) -> WorkerError:
+    text = "".join(traceback.format_exception(error)).rstrip()
+    return WorkerError(redact_text(f"{type(error).__name__}: {error}\n{text}"))
+
+
+_worker_logging = False
+
+
+def redact_worker_logging() -> None:
+    """In a worker process (Ray's): a root handler if there is none (else records go to logging's last-resort
+    handler, which no filter reaches) and the redacting filter on every root handler. Idempotent and cheap."""
+    global _worker_logging
+    if _worker_logging:
+        return
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        root.addHandler(handler)
+        if root.level > logging.INFO:
+            root.setLevel(logging.INFO)
+    install_log_redaction(root)
+    _worker_logging = True

@@ -45,8 +45,21 @@ LOOPBACK = ("127.0.0.1", "::1")
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
+    """The folder over http; a GET under /failing/ is answered 500 from the second on (the build's driver reads the
+    input's head, then its read task in a Ray worker fails)."""
+
+    failing_gets = 0
+
     def log_message(self, *args) -> None:  # the test's output is grepped too; keep it ours
         pass
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/failing/"):
+            type(self).failing_gets += 1
+            if type(self).failing_gets > 1:
+                self.send_error(500, "store failure")
+                return
+        super().do_GET()
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +68,8 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("http")
     with gzip.open(_chapters(root / "c.jsonl.gz", 1, 9), "rt") as f:
         (root / "corpus.txt").write_text("\n\n".join(json.loads(line)["text"] for line in f))
+    (root / "failing").mkdir()
+    shutil.copy(root / "corpus.txt", root / "failing" / "corpus.txt")
     with gzip.open(SAMPLE / "tasks" / "rt_sentiment.jsonl.gz", "rt") as f:
         rows = [line for line in f][:48]
     (root / "train.jsonl").write_text("".join(rows[:32]))
@@ -172,6 +187,14 @@ def jobs(served, s3_server, tmp_path_factory):
             result["logs"][name] = log
             result[name] = {"rc": rc, "listeners": listeners}
             assert rc == 0, f"{name} failed:\n" + log.read_text()[-4000:]
+        # A store that fails the build's read task (in a Ray worker): a one-line error naming the input, redacted.
+        failed = tmp / "failed-build.log"
+        rc, _ = run_job("build_dataset.py", [
+            "--input", f"{http_auth}/failing/corpus.txt?X-Amz-Signature={SIGNATURE}", "--format", "text",
+            "--output", str(tmp / "failed"), "--vocab", str(SAMPLE / "reference" / "bert-base-uncased-vocab.txt"),
+            "--max-seq-length", "64", "--num-shards", "2", "--dupe-factor", "1", "--num-cpus", "1",
+            "--progress", "lines", *common], env, tmp, failed)
+        result["failed_build"] = {"rc": rc, "log": failed, "gets": _Quiet.failing_gets}
         refused = subprocess.run([sys.executable, str(REPO / "jobs" / "build_dataset.py"), "--input",
                                   f"http://{served}/corpus.txt", "--output", f"s3://{bucket}/other",
                                   "--endpoint-url", f"http://user:{PASSWORD}@{s3_server.split('://')[1]}"],
@@ -217,6 +240,18 @@ def test_no_canary_in_anything_the_jobs_ray_or_mlflow_wrote(jobs):
                  and any(c.encode() in body for c in CANARIES)})
     assert not hits
     assert any(p.name.startswith("session_") for p in (jobs["ray_tmp"] / "ray").iterdir())  # Ray wrote there
+
+
+@pytest.mark.slow
+def test_a_store_failing_a_build_task_is_one_redacted_line(jobs):
+    """The failure happened in the read task (the server failed the second GET, the first was the driver's), and
+    the job ended on one line naming the input without its secrets (the search above covers Ray's logs of it)."""
+    failed = jobs["failed_build"]
+    assert failed["gets"] >= 2
+    lines = failed["log"].read_text().splitlines()
+    assert failed["rc"] == 2 and not any(line.startswith("Traceback") for line in lines), lines[-20:]
+    assert lines[-1].startswith("build_dataset: error: cannot read input http://REDACTED@127.0.0.1:"), lines[-1]
+    assert "/failing/corpus.txt?X-Amz-Signature=REDACTED" in lines[-1] and "500" in lines[-1]
 
 
 @pytest.mark.slow

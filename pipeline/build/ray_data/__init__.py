@@ -27,6 +27,7 @@ worker processes and their warm-up: ``cluster.py``. A Ray Dataset of documents a
     datasource.py  CorpusDatasource (ReadCorpus), UnitsDatasink (WriteUnits, WritePoolParts)
     cluster.py     Ray brought up early, warm worker processes, the vocabulary in the object store
     documents.py   build(config, documents=ds): the Dataset's digest and units
+    guard.py       in_worker/guarded: every task's code with our log lines and its exceptions redacted
 """
 from __future__ import annotations
 

@@ -29,8 +29,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pipeline.build.markers import Marker
+from pipeline.build.ray_data.guard import in_worker
 from pipeline.build.rows import UserError
 from pipeline.readers import InputError
+from pipeline.safe_io.redact import redact_text
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +55,11 @@ class RayShared:
 def run_step(step: Callable[[Any], Marker], item: Any) -> Marker | UserError:
     """A step in a worker, a user's mistake returned as a value (``rows.UserError`` says why)."""
     try:
-        return step(item)
+        return in_worker(step, item)
     except (InputError, ValueError) as e:
         if not type(e).__module__.startswith(("pipeline", "builtins")):
             raise
-        return UserError(type(e).__name__ if isinstance(e, InputError) else "ValueError", str(e))
+        return UserError(type(e).__name__ if isinstance(e, InputError) else "ValueError", redact_text(str(e)))
 
 
 def _warm(setup: Callable[[], None]) -> int:

@@ -13,8 +13,10 @@ from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasink
 
 from pipeline.build.markers import Marker
+from pipeline.build.ray_data.guard import in_worker
 from pipeline.build.rows import UserError
 from pipeline.readers import Unit
+from pipeline.safe_io.redact import redact_url
 
 
 class CorpusDatasource(Datasource):
@@ -34,9 +36,9 @@ class CorpusDatasource(Datasource):
                        data_context: Any = None) -> list[ReadTask]:
         # One task per unit whatever ``parallelism`` says: the units are the build's fixed plan.
         read = self._read
-        return [ReadTask(lambda u=u: [read(u)],
+        return [ReadTask(lambda u=u: [in_worker(read, u)],
                          BlockMetadata(num_rows=None, size_bytes=self._sizes.get(u.uid), exec_stats=None,
-                                       input_files=(u.path,)), per_task_row_limit=per_task_row_limit)
+                                       input_files=(redact_url(u.path),)), per_task_row_limit=per_task_row_limit)
                 for u in self._units]
 
 
@@ -55,7 +57,7 @@ class UnitsDatasink(Datasink):
         import pyarrow as pa
 
         tables = [b if isinstance(b, pa.Table) else pa.Table.from_pandas(b) for b in blocks]
-        return [pickle.dumps(m) for m in self._sink.write(tables)]
+        return [pickle.dumps(m) for m in in_worker(self._sink.write, tables)]
 
     def on_write_complete(self, write_result) -> None:
         self.results = [pickle.loads(b) for r in write_result.write_returns for b in r]

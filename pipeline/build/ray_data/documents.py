@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from pipeline.build.ray_data.guard import guarded
 from pipeline.readers import Doc, InputError, ReadOptions, ReadReport, Unit
 from pipeline.rng import derive_seed
 from pipeline.storage import FileInfo, filesystem_for, join, list_names, open_atomic, remove_tree
@@ -103,7 +104,7 @@ def check_columns(ds: Any, id_column: str, text_column: str) -> None:
 
 def dataset_stamp(ds: Any, id_column: str, text_column: str) -> dict[str, Any]:
     """The Dataset's identity: {"path", "size" (bytes of text), "etag" (the digest), "mtime", "documents"}."""
-    rows = ds.map_batches(Digest(id_column, text_column), batch_size=None, batch_format="pyarrow").take_all()
+    rows = ds.map_batches(guarded(Digest(id_column, text_column)), batch_size=None, batch_format="pyarrow").take_all()
     digest = sum(int(r["digest"], 16) for r in rows) % (1 << 256)
     return {"path": DATASET_PATH, "size": int(sum(r["bytes"] for r in rows)), "etag": f"{digest:064x}",
             "mtime": None, "documents": int(sum(r["documents"] for r in rows))}
@@ -116,7 +117,7 @@ def dataset_units(ds: Any, stamp: dict[str, Any], id_column: str, text_column: s
     folder = join(work, DOCUMENTS_DIR)
     remove_tree(folder, endpoint_url)
     n = max(1, -(-stamp["size"] // unit_bytes))
-    ds.map_batches(WriteFragments(id_column, text_column, folder, n, endpoint_url), batch_size=None,
+    ds.map_batches(guarded(WriteFragments(id_column, text_column, folder, n, endpoint_url)), batch_size=None,
                    batch_format="pyarrow").materialize()
     info = FileInfo(DATASET_PATH, DATASET_PATH, stamp["size"], stamp["etag"], None)
     per_unit = stamp["size"] // n

@@ -11,6 +11,7 @@ import ray.data
 
 from pipeline.build.markers import SUFFIX, Marker
 from pipeline.build.ray_data.cluster import RayCluster, RayShared, run_step
+from pipeline.build.ray_data.guard import guarded, in_worker
 from pipeline.build.ray_data.datasource import CorpusDatasource, UnitsDatasink
 from pipeline.build.rows import RowStage, UserError
 from pipeline.readers import Unit
@@ -33,7 +34,7 @@ class _Items:
 
 
 def _call(fn: Callable[[], Any]) -> Any:
-    return fn()
+    return in_worker(fn)
 
 
 def _named(step: Callable[[Any], Marker]) -> _Items:
@@ -104,7 +105,7 @@ class RayDataExecutor(RayCluster):
                                       override_num_blocks=len(units), compute=compute, num_cpus=opts["num_cpus"],
                                       ray_remote_args={k: v for k, v in opts.items() if k != "num_cpus"})
         for op in stage.operators:
-            ds = ds.map_batches(op, batch_size=None, batch_format="pyarrow", zero_copy_batch=True, compute=compute,
+            ds = ds.map_batches(guarded(op), batch_size=None, batch_format="pyarrow", zero_copy_batch=True, compute=compute,
                                 **opts)
         return ds
 
