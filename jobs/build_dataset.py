@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input", action="append", required=True, help="file, directory or glob; repeatable")
     p.add_argument("--output", required=True, help="output folder (local path or s3://...)")
     p.add_argument("--vocab", help="BERT vocab.txt (path or URL); without it one is trained on the input")
-    p.add_argument("--vocab-size", type=int, default=30522, help="size of the trained vocabulary (no --vocab)")
+    p.add_argument("--vocab-size", type=int, default=BuildConfig.vocab_size, help="size of the trained vocabulary (no --vocab)")
     p.add_argument("--vocab-sample-bytes", type=int, default=256 << 20,
                    help="train the vocabulary (no --vocab) on a seeded sample of about this many bytes; 0 = all")
     p.add_argument("--presplit", action="store_true", help="one sentence per line (the reference's format)")
@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--short-seq-prob", type=float, default=0.1)
     p.add_argument("--dupe-factor", type=int, default=10)
     p.add_argument("--whole-word-mask", action="store_true")
-    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--seed", type=int, default=InstanceConfig.seed)
     case = p.add_mutually_exclusive_group()
     case.add_argument("--do-lower-case", dest="do_lower_case", action="store_true", default=True)
     case.add_argument("--cased", dest="do_lower_case", action="store_false")

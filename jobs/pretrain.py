@@ -112,7 +112,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="bert_core's fused Triton kernels (auto: on CUDA when Triton is installed)")
     m.add_argument("--low-precision-residual", action="store_true",
                    help="fused LayerNorm sites keep the residual stream in bf16 under autocast")
-    m.add_argument("--seed", type=int, default=12345)
+    m.add_argument("--seed", type=int, default=RuntimeConfig.seed)
     r = p.add_argument_group("resources")
     r.add_argument("--num-workers", type=int, default=1)
     r.add_argument("--use-gpu", action="store_true", help="one GPU per worker, NCCL, bf16 autocast, fused AdamW")

@@ -46,12 +46,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 allow_abbrev=False)  # a typo must fail, not match a longer flag
     p.add_argument("--input", action="append", required=True, help="file, directory or glob; repeatable")
     p.add_argument("--output", required=True, help="where to write vocab.txt (path or URL)")
-    p.add_argument("--vocab-size", type=int, default=30522)
+    p.add_argument("--vocab-size", type=int, default=VocabContext.vocab_size)
     p.add_argument("--min-frequency", type=int, default=2)
     p.add_argument("--sample-bytes", type=int, default=DEFAULT_SAMPLE_BYTES,
                    help="train on a seeded sample of about this many bytes of text; 0 = the whole corpus")
     p.add_argument("--unit-bytes", type=int, default=4 << 20, help="sample block size (the build's unit size)")
-    p.add_argument("--seed", type=int, default=12345, help="the sample's seed (the build's --seed)")
+    p.add_argument("--seed", type=int, default=VocabSample.seed, help="the sample's seed (the build's --seed)")
     case = p.add_mutually_exclusive_group()
     case.add_argument("--do-lower-case", dest="do_lower_case", action="store_true", default=True)
     case.add_argument("--cased", dest="do_lower_case", action="store_false")

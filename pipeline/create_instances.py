@@ -26,7 +26,7 @@ from pipeline.masking import MaskedBatch, VocabInfo, apply_masks, choose_positio
 from pipeline.pairs import (BlockPairs, RandomDocPool, finish_pairs, pack_sentences, pair_words, pass_target,
                             walk_chunks)
 from pipeline.ragged import ragged_indices
-from pipeline.rng import derive_seed, mix64, stream
+from pipeline.rng import DEFAULT_SEED, derive_seed, mix64, stream
 from pipeline.schema import SHARD_COLUMNS
 
 __all__ = ["InstanceConfig", "RandomDocPool", "VocabInfo", "create_instances", "create_instances_batch",
@@ -46,7 +46,7 @@ class InstanceConfig:
     masked_lm_prob: float = 0.15
     short_seq_prob: float = 0.1
     whole_word_mask: bool = False
-    seed: int = 12345
+    seed: int = DEFAULT_SEED
 
     def __post_init__(self) -> None:
         if not MIN_SEQ_LENGTH <= self.max_seq_length <= 65535:

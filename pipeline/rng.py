@@ -11,6 +11,9 @@ import threading
 
 import numpy as np
 
+# The seed of every random decision when none is given: create_pretraining_data.py's --random_seed.
+DEFAULT_SEED = 12345
+
 # A separator that cannot occur inside the encoded parts keeps ("ab", "c") and ("a", "bc") apart.
 _SEP = b"\x1f"
 

@@ -226,9 +226,13 @@ class WordPieceEncoder:
         return [self.tokens[i] for i in self.encode([text])[0]]
 
 
+# The size of a trained vocabulary when none is given: BERT's WordPiece vocabularies (bert-base-uncased).
+BERT_VOCAB_SIZE = 30522
+
+
 def train_wordpiece(
     texts: Iterable[str] | Callable[[], Iterable[str]],
-    vocab_size: int = 30522,
+    vocab_size: int = BERT_VOCAB_SIZE,
     do_lower_case: bool = True,
     min_frequency: int = 2,
 ) -> list[str]:

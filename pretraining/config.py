@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bert_core.config import BertConfig
+from pipeline.rng import DEFAULT_SEED
 from pipeline.storage import is_url
 from training.guard import GuardConfig
 from pretraining.loader import DataConfig, EvalConfig
@@ -132,7 +133,7 @@ class RuntimeConfig:
     threads: int | None = None  # torch intra-op threads on CPU
     peak_flops: float | None = None  # the accelerator's peak for mfu (default: known GPUs' bf16 peak)
     max_seconds: float | None = None
-    seed: int = 12345
+    seed: int = DEFAULT_SEED
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:

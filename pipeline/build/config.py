@@ -13,6 +13,7 @@ from pipeline.readers import ReadOptions, ReadReport, Unit
 from pipeline.safe_io.redact import redact
 from pipeline.schema import WORK_DIR
 from pipeline.storage import join
+from pipeline.tokenize import BERT_VOCAB_SIZE
 
 DEFAULT_SAMPLE_BYTES = 256 << 20  # the trained vocabulary's sample (pipeline/build/vocab.py says why)
 
@@ -26,7 +27,7 @@ class BuildConfig:
     read: ReadOptions = ReadOptions()
     instances: InstanceConfig = InstanceConfig()
     vocab: str | None = None
-    vocab_size: int = 30522  # only used to train a vocabulary when none is given
+    vocab_size: int = BERT_VOCAB_SIZE  # only used to train a vocabulary when none is given
     min_frequency: int = 2
     vocab_sample_bytes: int = DEFAULT_SAMPLE_BYTES  # the trained vocabulary's sample (0: the whole corpus)
     do_lower_case: bool = True

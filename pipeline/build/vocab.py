@@ -31,8 +31,9 @@ from pipeline.build.markers import Marker, write_marker
 from pipeline.build.pieces import worker_id
 from pipeline.checks import vocab_size_warning
 from pipeline.readers import ReadOptions, ReadReport, Unit, read_unit
-from pipeline.rng import derive_seed
+from pipeline.rng import DEFAULT_SEED, derive_seed
 from pipeline.storage import FileInfo, write_bytes_atomic
+from pipeline.tokenize import BERT_VOCAB_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class VocabContext:
     read: ReadOptions
-    vocab_size: int = 30522
+    vocab_size: int = BERT_VOCAB_SIZE
     min_frequency: int = 2
     do_lower_case: bool = True
     endpoint_url: str | None = None
@@ -164,7 +165,7 @@ class VocabSample:
 
     unit_bytes: int
     sample_bytes: int = DEFAULT_SAMPLE_BYTES
-    seed: int = 12345
+    seed: int = DEFAULT_SEED
 
 
 def train_vocab(files: list[FileInfo], units: list[Unit], ctx: VocabContext, sample: VocabSample, output: str,
