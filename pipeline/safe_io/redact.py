@@ -170,11 +170,10 @@ def redact_worker_logging() -> None:
     if _worker_logging:
         return
     root = logging.getLogger()
-    if not root.handlers:
+    if not root.handlers:  # what logging's last resort would print (WARNING and up, to stderr), filtered
         handler = logging.StreamHandler()
+        handler.setLevel(logging.WARNING)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
         root.addHandler(handler)
-        if root.level > logging.INFO:
-            root.setLevel(logging.INFO)
     install_log_redaction(root)
     _worker_logging = True
