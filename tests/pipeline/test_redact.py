@@ -4,6 +4,8 @@ from __future__ import annotations
 import io
 import logging
 
+import pytest
+
 from pipeline.safe_io.redact import REDACTED, install_log_redaction, redact, redact_text, redact_url
 
 PRESIGNED = ("https://bucket.s3.amazonaws.com/corpus/part-0.txt?X-Amz-Algorithm=AWS4-HMAC-SHA256"
@@ -106,3 +108,35 @@ def test_an_exception_and_its_causes_are_redacted_in_place():
         e, same = caught, redact_exception(caught)
     assert same is e and type(e) is ValueError and e.args[1] == 7 and e.__traceback__ is not None
     assert "CANARY" not in str(e) + str(e.__cause__) and e.__cause__.errno == 2
+
+
+def test_a_task_error_leaves_the_worker_redacted_and_a_users_mistake_as_it_is():
+    """What a Ray task of the build raises (pipeline/build/ray_data/guard.py): an exception whose message is built
+    from its attributes (as aiohttp's is, from the request URL) becomes a WorkerError of redacted text, its
+    traceback included; a user's mistake stays itself, to be carried back as a value."""
+    from pipeline.build.ray_data.guard import guarded, in_worker
+    from pipeline.readers import InputError
+    from pipeline.safe_io.redact import WorkerError
+
+    class ResponseError(Exception):  # like aiohttp.ClientResponseError: str() from attributes, args empty
+        url = "http://127.0.0.1:9/c.txt?X-Amz-Signature=SECRETSIG"
+
+        def __str__(self) -> str:
+            return f"500, message='boom', url='{self.url}'"
+
+    def fails():
+        raise ResponseError()
+
+    with pytest.raises(WorkerError) as caught:
+        in_worker(fails)
+    text = str(caught.value)
+    assert "SECRETSIG" not in text and "X-Amz-Signature=REDACTED" in text
+    assert text.startswith("ResponseError: 500") and "in fails" in text  # the type and the traceback survive
+
+    def mistake(_):
+        raise InputError("input http://u:pw@h/c.txt: bad json [bad_json]")
+
+    op = guarded(type("SplitTokenize", (), {"__call__": lambda self, x: mistake(x)})())
+    assert type(op).__name__ == "SplitTokenize"  # Ray's plans name the operator, not the guard
+    with pytest.raises(InputError):
+        op(1)
