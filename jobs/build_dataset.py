@@ -47,7 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input", action="append", required=True, help="file, directory or glob; repeatable")
     p.add_argument("--output", required=True, help="output folder (local path or s3://...)")
     p.add_argument("--vocab", help="BERT vocab.txt (path or URL); without it one is trained on the input")
-    p.add_argument("--vocab-size", type=int, default=BuildConfig.vocab_size, help="size of the trained vocabulary (no --vocab)")
+    p.add_argument("--vocab-size", type=int, default=BuildConfig.vocab_size,
+                   help="size of the trained vocabulary (no --vocab)")
     p.add_argument("--vocab-sample-bytes", type=int, default=256 << 20,
                    help="train the vocabulary (no --vocab) on a seeded sample of about this many bytes; 0 = all")
     p.add_argument("--presplit", action="store_true", help="one sentence per line (the reference's format)")

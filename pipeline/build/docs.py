@@ -184,8 +184,8 @@ def read_block(unit: Unit, ctx: StepContext) -> pa.Table:
         report = {"path": redact_url(unit.path), "error": [type(e).__name__, redact_text(str(e))]}
         return _block(unit.uid, [], [], report)
     # The path as markers keep it (in the output folder): without userinfo or signature, like the bad files'.
-    report = {"path": redact_url(unit.path), "read_documents": len(text.doc_ids), "dropped": dict(text.report.dropped),
-              "bad_files": dict(text.report.bad_files)}
+    report = {"path": redact_url(unit.path), "read_documents": len(text.doc_ids),
+              "dropped": dict(text.report.dropped), "bad_files": dict(text.report.bad_files)}
     return _block(unit.uid, text.doc_ids, text.lines, report)
 
 

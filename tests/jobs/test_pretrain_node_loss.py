@@ -1,10 +1,10 @@
-"""A node removed mid-training: jobs/pretrain.py on a `ray.cluster_utils.Cluster` (every node on 127.0.0.1) whose
-head has no CPU and two nodes have one each, so the one training worker (1 CPU) runs on one of them and the other is
+"""A node removed mid-training: jobs/pretrain.py on a `ray.cluster_utils.Cluster` (every node on 127.0.0.1) whose head
+has no CPU and two nodes have one each, so the one training worker (1 CPU) runs on one of them and the other is
 spare. Once Ray Train's controller has registered a checkpoint (its snapshot beside the checkpoints names it; a
-checkpoint folder on disk is not enough, the controller may not have heard of it yet), the worker's node (the one whose CPU is taken) is removed, abruptly
-(its raylet and the worker die, as when a machine goes away): Ray Train restarts the group on the spare node, which
-resumes from that checkpoint, and the run finishes in the same MLflow run (one run, FINISHED, tagged with the step it
-resumed from; the last step's metrics logged).
+checkpoint folder on disk is not enough, the controller may not have heard of it yet), the worker's node (the one
+whose CPU is taken) is removed, abruptly (its raylet and the worker die, as when a machine goes away): Ray Train
+restarts the group on the spare node, which resumes from that checkpoint, and the run finishes in the same MLflow run
+(one run, FINISHED, tagged with the step it resumed from; the last step's metrics logged).
 
 Nothing here depends on timing but the kill landing before the run ends: the run is 10x longer than the step the kill
 waits for, and a run that ended first fails the test rather than passing it (no resume tag). Slow: three raylets and

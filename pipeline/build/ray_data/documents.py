@@ -104,7 +104,8 @@ def check_columns(ds: Any, id_column: str, text_column: str) -> None:
 
 def dataset_stamp(ds: Any, id_column: str, text_column: str) -> dict[str, Any]:
     """The Dataset's identity: {"path", "size" (bytes of text), "etag" (the digest), "mtime", "documents"}."""
-    rows = ds.map_batches(guarded(Digest(id_column, text_column)), batch_size=None, batch_format="pyarrow").take_all()
+    rows = ds.map_batches(guarded(Digest(id_column, text_column)), batch_size=None,
+                          batch_format="pyarrow").take_all()
     digest = sum(int(r["digest"], 16) for r in rows) % (1 << 256)
     return {"path": DATASET_PATH, "size": int(sum(r["bytes"] for r in rows)), "etag": f"{digest:064x}",
             "mtime": None, "documents": int(sum(r["documents"] for r in rows))}

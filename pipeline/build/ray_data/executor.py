@@ -11,8 +11,8 @@ import ray.data
 
 from pipeline.build.markers import SUFFIX, Marker
 from pipeline.build.ray_data.cluster import RayCluster, RayShared, run_step
-from pipeline.build.ray_data.guard import guarded, in_worker
 from pipeline.build.ray_data.datasource import CorpusDatasource, UnitsDatasink
+from pipeline.build.ray_data.guard import guarded, in_worker
 from pipeline.build.rows import RowStage, UserError
 from pipeline.readers import Unit
 from pipeline.storage import join, list_names, read_bytes
@@ -105,8 +105,8 @@ class RayDataExecutor(RayCluster):
                                       override_num_blocks=len(units), compute=compute, num_cpus=opts["num_cpus"],
                                       ray_remote_args={k: v for k, v in opts.items() if k != "num_cpus"})
         for op in stage.operators:
-            ds = ds.map_batches(guarded(op), batch_size=None, batch_format="pyarrow", zero_copy_batch=True, compute=compute,
-                                **opts)
+            ds = ds.map_batches(guarded(op), batch_size=None, batch_format="pyarrow", zero_copy_batch=True,
+                                compute=compute, **opts)
         return ds
 
     def rows(self, stage: RowStage, units: Sequence[Unit]) -> Iterator[Marker | UserError]:
