@@ -24,17 +24,38 @@ SAMPLE = REPO / "data" / "sample"
 SHARED = next((d for d in (REPO.parent / "shared" / "data" / "tasks", REPO.parent.parent / "shared" / "data" / "tasks")
                if d.is_dir()), None)
 # task -> (file, flags): rt_sentiment is bundled whole; wordnet_lexname's full file (else the bundled 3,000-row
-# sample) with a 2,000-example subset that holds every class of the 300 evaluation examples.
+# sample, its rare classes left out: see task_file) with a 2,000-example subset that holds every class of the 300
+# evaluation examples.
 TASKS = {
     "rt_sentiment": ((SHARED or SAMPLE / "tasks") / "rt_sentiment.jsonl.gz", ["--max-train-examples", "1000"]),
     "wordnet_lexname": ((SHARED / "wordnet_lexname.jsonl.gz") if SHARED else SAMPLE / "tasks" /
                         "wordnet_lexname.sample.jsonl.gz", ["--max-train-examples", "2000"]),
 }
 EVAL_EXAMPLES = 300
+RARE = 20  # rows: the bundled sample's classes below this are left out (one had a single row, held out for eval)
 
 
 def last_json(capsys) -> dict:
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def task_file(task: str, folder: Path) -> Path:
+    """The task's file as the job reads it. The shared file holds every class many times; the bundled sample of
+    wordnet_lexname does not (the job rightly refuses a held-out label the training part never has), so its rare
+    classes are left out, in a copy under ``folder``, and the copy is checked the way the job checks it."""
+    path, flags = TASKS[task]
+    if SHARED or task != "wordnet_lexname":
+        return path
+    rows = [json.loads(line) for line in gzip.open(path, "rt", encoding="utf-8")]
+    counts = Counter(str(r["label"]) for r in rows)
+    rows = [r for r in rows if counts[str(r["label"])] >= RARE]
+    train, held = split_train_eval(rows, 0.1, 0)
+    train = subsample(train, int(flags[flags.index("--max-train-examples") + 1]), 0)
+    assert {str(r["label"]) for r in held} <= {str(r["label"]) for r in train}
+    copy = folder / path.name
+    with gzip.open(copy, "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    return copy
 
 
 def majority_share(path: Path) -> float:
@@ -61,7 +82,7 @@ def pretrained(tmp_path_factory) -> Path:
 
 
 def run_finetune(model: Path, task: str, tmp_path: Path, capsys, *extra: str) -> dict:
-    path, flags = TASKS[task]
+    path, flags = task_file(task, tmp_path), TASKS[task][1]
     capsys.readouterr()
     assert finetune.main(["--task", "classification", "--train", str(path), "--split-eval-from-train", "0.1",
                           "--init", str(model), "--max-eval-examples", str(EVAL_EXAMPLES), "--max-seq-length", "64",
@@ -72,7 +93,7 @@ def run_finetune(model: Path, task: str, tmp_path: Path, capsys, *extra: str) ->
 
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_default_flags_train_above_the_majority_class(pretrained, task, tmp_path, capsys, caplog):
-    majority = majority_share(TASKS[task][0])
+    majority = majority_share(task_file(task, tmp_path))
     result = run_finetune(pretrained, task, tmp_path, capsys)
     print(f"{task}: accuracy {result['accuracy']:.3f} with the default flags, majority share {majority:.3f}")
     assert result["majority_share"] == pytest.approx(majority)  # what the job measured is what the data says

@@ -134,7 +134,7 @@ def test_a_task_error_leaves_the_worker_redacted_and_a_users_mistake_as_it_is():
     assert text.startswith("ResponseError: 500") and "in fails" in text  # the type and the traceback survive
 
     def mistake(_):
-        raise InputError("input http://u:pw@h/c.txt: bad json [bad_json]")
+        raise InputError("input http://u:p@h/c.txt: bad json [bad_json]")
 
     op = guarded(type("SplitTokenize", (), {"__call__": lambda self, x: mistake(x)})())
     assert type(op).__name__ == "SplitTokenize"  # Ray's plans name the operator, not the guard
