@@ -8,6 +8,7 @@ import gzip
 import json
 import os
 import random
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,7 +20,8 @@ from pipeline.build import BuildConfig, build
 from pipeline.build.executor import LocalExecutor
 from pipeline.create_instances import InstanceConfig
 
-CORPUS = "/work/shared/data/corpora/mobydick.jsonl.gz"
+# A shared corpus file (../shared/data/corpora holds the same bytes), bundled so that a fresh clone has it.
+CORPUS = str(Path(__file__).resolve().parents[3] / "data" / "sample" / "corpus" / "mobydick.jsonl.gz")
 
 
 def _records(path=CORPUS) -> list[dict]:

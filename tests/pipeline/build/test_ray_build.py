@@ -176,8 +176,8 @@ def test_real_text_at_1_2_and_4_cpus_equals_the_plain_loop(ray_shutdown, ray_tmp
     from pipeline.build.ray_data import RayDataExecutor
 
     def cfg(name):
-        return BuildConfig(inputs=("/work/shared/data/corpora/mobydick.jsonl.gz", str(sample_dir / "corpus" /
-                                                                                       "austen.jsonl.gz")),
+        return BuildConfig(inputs=(str(sample_dir / "corpus" / "mobydick.jsonl.gz"),
+                                   str(sample_dir / "corpus" / "austen.jsonl.gz")),
                            output=str(tmp_path / name), dupe_factor=2, num_shards=4, pool_tokens=300_000,
                            unit_bytes=256 << 10,
                            vocab=str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"))
