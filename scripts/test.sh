@@ -4,7 +4,7 @@
 # Two pytest processes (pytest-xdist), each file's tests in one of them (--dist loadfile: a module's fixtures, such as
 # a job run several tests read, are made once). Most of the suite's time is one busy core (interpreters importing
 # torch, Ray and MLflow; Ray starting; jobs in subprocesses), so two processes nearly halve it on a 2-core machine:
-# pytest took 15.0 minutes with two against 25.5 in one (CI's run of the same suite), 2026-11-26.
+# pytest took 14.3-15.0 minutes with two against 25.5 in one (CI's run of the same suite), 2026-11-26.
 # BERT_TEST_WORKERS=N for another count; add `-n 0` to run in this process, with output shown as it happens.
 set -euo pipefail
 source "$(dirname "$0")/_venv.sh" "[test]"
