@@ -60,4 +60,5 @@ class UnitsDatasink(Datasink):
         return [pickle.dumps(m) for m in in_worker(self._sink.write, tables)]
 
     def on_write_complete(self, write_result) -> None:
+        # Our write tasks' return values through Ray's object store (not storage): see executor._Items.
         self.results = [pickle.loads(b) for r in write_result.write_returns for b in r]

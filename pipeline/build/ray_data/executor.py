@@ -24,7 +24,9 @@ POLL_S = 2.0  # how often the driver looks for new markers while a row pass runs
 
 class _Items:
     """One Ray Data task per work item: the step on the batch's item(s), the results pickled (a marker is a small
-    dataclass). Subclassed per step (``_named``) so Ray's plans show ``MapBatches(<step>)``."""
+    dataclass). Subclassed per step (``_named``) so Ray's plans show ``MapBatches(<step>)``. The pickles are this
+    build's own objects in Ray's object store, made by the driver and our tasks (Ray pickles every task argument
+    the same way); nothing read from storage is unpickled: markers on disk are JSON (``markers.py``)."""
 
     def __init__(self, step: Callable[[Any], Marker]):
         self.step = step
