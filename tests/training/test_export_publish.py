@@ -102,18 +102,7 @@ def test_an_s3_export_interrupted_between_files_reads_as_the_previous_one(tmp_pa
     first_files = _files(fetched)
 
     fs, _ = storage.filesystem_for(url, endpoint)
-    real_put, puts = fs.put_file, []  # fsspec caches the instance: the export uses this one
-
-    def killed_after_two_files(lpath, rpath, *a, **k):
-        puts.append(rpath)
-        if len(puts) == 3:
-            raise KeyboardInterrupt("killed between files")
-        return real_put(lpath, rpath, *a, **k)
-
-    monkeypatch.setattr(fs, "put_file", killed_after_two_files)
-    with pytest.raises(KeyboardInterrupt):
-        export_model(second_dir, url, run, PRETRAIN_LINEAGE, endpoint)
-    monkeypatch.setattr(fs, "put_file", real_put)
+    _killed_after(2, fs, monkeypatch, lambda: export_model(second_dir, url, run, PRETRAIN_LINEAGE, endpoint))
     s3 = boto3.client("s3", endpoint_url=endpoint)
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="models/bert/")["Contents"]]
     assert len({k.split("/")[3] for k in keys if k.startswith(f"models/bert/{VERSIONS}/")}) == 2  # half a new one
@@ -123,24 +112,30 @@ def test_an_s3_export_interrupted_between_files_reads_as_the_previous_one(tmp_pa
     _same_weights(BertForPreTraining.from_pretrained(again), first)
 
 
+def _killed_after(files: int, fs, monkeypatch, export) -> None:
+    """``export()`` with its upload killed (a KeyboardInterrupt, as from a signal) once ``files`` files are up;
+    ``fs`` is the cached filesystem instance the export uses. The upload is restored afterwards."""
+    real_put, puts = fs.put_file, []
+
+    def killed(lpath, rpath, *a, **k):
+        puts.append(rpath)
+        if len(puts) == files + 1:
+            raise KeyboardInterrupt("killed between files")
+        return real_put(lpath, rpath, *a, **k)
+
+    monkeypatch.setattr(fs, "put_file", killed)
+    with pytest.raises(KeyboardInterrupt):
+        export()
+    monkeypatch.setattr(fs, "put_file", real_put)
+
+
 def test_an_interrupted_first_s3_export_is_refused(tmp_path, mlflow_uri, s3_bucket, monkeypatch):
     endpoint, bucket = s3_bucket
     url = f"s3://{bucket}/models/first"
     run = open_run(mlflow_uri, "export", "r")
     _, model_dir = _model(tmp_path, 3)
     fs, _ = storage.filesystem_for(url, endpoint)
-    real_put, puts = fs.put_file, []
-
-    def killed(lpath, rpath, *a, **k):
-        puts.append(rpath)
-        if len(puts) == 2:
-            raise KeyboardInterrupt("killed between files")
-        return real_put(lpath, rpath, *a, **k)
-
-    monkeypatch.setattr(fs, "put_file", killed)
-    with pytest.raises(KeyboardInterrupt):
-        export_model(model_dir, url, run, PRETRAIN_LINEAGE, endpoint)
-    monkeypatch.setattr(fs, "put_file", real_put)
+    _killed_after(1, fs, monkeypatch, lambda: export_model(model_dir, url, run, PRETRAIN_LINEAGE, endpoint))
     assert not storage.exists(f"{url}/{MARKER}", endpoint)
     with pytest.raises(ValueError, match=r"^s3://.*/models/first holds an incomplete export .*export to it again$"):
         fetch_model(url, tmp_path / "cache", endpoint)
