@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.build.executor import Shared
+from pipeline.build.rows import users_mistake
 from pipeline.build.work import StepContext, cached
 from pipeline.pairs import PackedDoc
 from pipeline.readers import InputError, ReadReport, Unit, read_unit
@@ -179,7 +180,7 @@ def read_block(unit: Unit, ctx: StepContext) -> pa.Table:
     try:
         text = read_docs(unit, ctx)
     except (InputError, ValueError) as e:  # a user's mistake: carried to the driver as a value (rows.UserError)
-        if not type(e).__module__.startswith(("pipeline", "builtins")):
+        if not users_mistake(e):
             raise
         report = {"path": redact_url(unit.path), "error": [type(e).__name__, redact_text(str(e))]}
         return _block(unit.uid, [], [], report)

@@ -32,6 +32,12 @@ from pipeline.build.markers import Marker
 from pipeline.readers import InputError, Unit
 
 
+def users_mistake(e: BaseException) -> bool:
+    """Whether ``e`` is a user's mistake (an ``InputError``, or a ``ValueError`` raised by our code or Python's) rather
+    than a fault: a library's ValueError subclass (a storage client's, say) is not one."""
+    return isinstance(e, (InputError, ValueError)) and type(e).__module__.startswith(("pipeline", "builtins"))
+
+
 @dataclasses.dataclass(frozen=True)
 class UserError:
     """A user's mistake (a bad input, a bad value) met in a worker, carried back as a value: through Ray's wrappers

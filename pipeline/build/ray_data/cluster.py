@@ -30,7 +30,7 @@ from typing import Any
 
 from pipeline.build.markers import Marker
 from pipeline.build.ray_data.guard import in_worker
-from pipeline.build.rows import UserError
+from pipeline.build.rows import UserError, users_mistake
 from pipeline.readers import InputError
 from pipeline.safe_io.redact import redact_text
 
@@ -57,7 +57,7 @@ def run_step(step: Callable[[Any], Marker], item: Any) -> Marker | UserError:
     try:
         return in_worker(step, item)
     except (InputError, ValueError) as e:
-        if not type(e).__module__.startswith(("pipeline", "builtins")):
+        if not users_mistake(e):
             raise
         return UserError(type(e).__name__ if isinstance(e, InputError) else "ValueError", redact_text(str(e)))
 

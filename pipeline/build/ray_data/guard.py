@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.readers import InputError
+from pipeline.build.rows import users_mistake
 from pipeline.safe_io.redact import redact_worker_logging, redacted_error
 
 
@@ -18,11 +18,9 @@ def in_worker(fn: Callable[..., Any], *args: Any) -> Any:
     redact_worker_logging()
     try:
         return fn(*args)
-    except (InputError, ValueError) as e:
-        if type(e).__module__.startswith(("pipeline", "builtins")):
+    except Exception as e:  # noqa: BLE001 - re-raised: a user's mistake as it is, anything else redacted
+        if users_mistake(e):
             raise
-        raise redacted_error(e) from None
-    except Exception as e:  # noqa: BLE001 - re-raised, redacted
         raise redacted_error(e) from None
 
 
