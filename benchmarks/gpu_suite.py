@@ -133,8 +133,8 @@ def parts(work: Path, dry: bool, stack: Stack) -> list[Part]:
              after="data"),
         # The fresh run compiles into its own empty caches; the resumed one starts on empty ones too (a cold node):
         # only --compile-cache carries the compiled artifacts across.
-        Part("job_fresh", 2, 130, _py(*job, "--max-steps", str(fresh)), "job", _cold(work, "fresh"), after="data"),
-        Part("job_resumed", 2, 70, _py(*job, "--max-steps", str(resumed)), "job", _cold(work, "resumed"),
+        Part("job_fresh", 2, 120, _py(*job, "--max-steps", str(fresh)), "job", _cold(work, "fresh"), after="data"),
+        Part("job_resumed", 2, 80, _py(*job, "--max-steps", str(resumed)), "job", _cold(work, "resumed"),
              after="job_fresh"),
         Part("pytest_gpu", 3, BUDGET, _py("-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider",
                                           "tests"), "pytest"),
@@ -156,6 +156,8 @@ def run_part(part: Part, work: Path, seconds: int) -> PartResult:
     log, first = work / f"{part.name}.log", []
     t0 = time.monotonic()
     with open(log, "w") as f:
+        f.write(f"$ {' '.join(part.command)}\n")
+        f.flush()
         # A new session: on timeout the whole group goes (a job's Ray workers, pytest's children).
         proc = subprocess.Popen(part.command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, errors="replace", start_new_session=True)
