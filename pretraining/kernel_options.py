@@ -107,7 +107,8 @@ def as_fault(error: BaseException, model: nn.Module, device: torch.device,
     """`error` as a `KernelFault` when it is a GPU kernel's (CUDA, Triton or Inductor's launch of one) and the
     model ran fused kernels on `device`; None otherwise (the error stays what it was). `stage` says when."""
     options = current_options(model)
-    if isinstance(error, Verdict) or not options.use_fused(torch.empty(0, device=device)):
+    in_use = kernels_in_use(options)  # none left when the self-check switched every one off
+    if isinstance(error, Verdict) or not in_use or not options.use_fused(torch.empty(0, device=device)):
         return None
     chain, seen = [], error
     while seen is not None and len(chain) < 8:
@@ -119,7 +120,7 @@ def as_fault(error: BaseException, model: nn.Module, device: torch.device,
         return None
     first = (str(error).strip().splitlines() or [""])[0][:300]
     return KernelFault(f"a GPU kernel failed {stage} with bert_core's fused kernels on "
-                       f"({', '.join(kernels_in_use(options))}) ({type(error).__name__}: {first}); rerun with {FLAG}")
+                       f"({', '.join(in_use)}) ({type(error).__name__}: {first}); rerun with {FLAG}")
 
 
 @contextlib.contextmanager
