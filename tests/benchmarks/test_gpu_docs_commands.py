@@ -10,6 +10,7 @@ idle 2-core box. No timing is asserted."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -110,8 +111,7 @@ def test_every_gpu_command_of_the_docs_runs_on_cpu(tmp_path):
     todo = sorted((s for s in smokes.values() if isinstance(s, tuple)), key=lambda s: s[0] != "build_dataset")
     assert todo[0][0] == "build_dataset" and any("DIR512" in c for c in commands)
     done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(todo)], cwd=REPO, capture_output=True,
-                          text=True, timeout=1150, env={**__import__("os").environ, "TRITON_INTERPRET": "1",
-                                                        "HF_HUB_OFFLINE": "1"})
+                          text=True, timeout=1150, env={**os.environ, "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1"})
     results = [json.loads(line[len("SMOKE "):]) for line in done.stdout.splitlines() if line.startswith("SMOKE ")]
     assert len(results) == len(todo), done.stdout[-3000:] + done.stderr[-3000:]
     failed = [f"{' '.join(r['argv'])}\n{r['error']}" for r in results if not r["ok"]]
