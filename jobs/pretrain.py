@@ -42,6 +42,7 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
 from jobs._common import HelpFormatter, setup_logging
 from pipeline.safe_io.redact import redact
 from pipeline.schema import read_manifest
+from pretraining import kernel_options
 from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
 from tracking.config import TrackingConfig
 from training.defaults import WARMUP_FRACTION, default_lr, default_warmup_steps
@@ -108,10 +109,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "read from --storage)")
     m.add_argument("--cuda-graphs", action="store_true",
                    help="replay the compiled step as CUDA graphs (GPU, micro-batch = batch per worker only)")
-    m.add_argument("--fused-kernels", choices=("auto", "on", "off"), default="auto",
-                   help="bert_core's fused Triton kernels (auto: on CUDA when Triton is installed)")
-    m.add_argument("--low-precision-residual", action="store_true",
-                   help="fused LayerNorm sites keep the residual stream in bf16 under autocast")
+    m.add_argument("--fused-kernels", choices=tuple(kernel_options.FUSED_KERNELS), default="auto",
+                   help=kernel_options.FUSED_KERNELS_HELP)
+    m.add_argument("--low-precision-residual", action="store_true", help=kernel_options.LOW_PRECISION_RESIDUAL_HELP)
     m.add_argument("--seed", type=int, default=RuntimeConfig.seed)
     r = p.add_argument_group("resources")
     r.add_argument("--num-workers", type=int, default=1)
@@ -193,7 +193,7 @@ def job_from(args: argparse.Namespace) -> PretrainJob:
         runtime=RuntimeConfig(device="cuda" if args.use_gpu else "cpu", compile=args.compile,
                               compile_backend=args.compile_backend, cuda_graphs=args.cuda_graphs,
                               compile_cache=str(Path(args.compile_cache).resolve()) if args.compile_cache else None,
-                              fused_kernels={"auto": None, "on": True, "off": False}[args.fused_kernels],
+                              fused_kernels=kernel_options.FUSED_KERNELS[args.fused_kernels],
                               low_precision_residual=args.low_precision_residual,
                               threads=args.threads or max(1, round(args.cpus_per_worker)),
                               peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,

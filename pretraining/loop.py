@@ -150,13 +150,8 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
     # Rank 0 says where the run is at least once a minute, however long a step takes (training.progress).
     beat = run.progress.heartbeat(log.info) if worker.rank == 0 else contextlib.nullcontext()
     try:
-        with beat:
+        with beat, kernel_options.kernel_faults(run.raw, device, "during training"):
             _steps(run, result, log_every, eval_every)
-    except Exception as e:
-        fault = kernel_options.as_fault(e, run.raw, device)
-        if fault is None:
-            raise
-        raise fault from e
     finally:
         if run.batches is not None:
             run.batches.close()
@@ -165,7 +160,7 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
 
 
 def _steps(run: _Run, result: FitResult, log_every: int, eval_every: int) -> None:
-    """The step loop of `_fit` (its try turns a GPU kernel's error into a `KernelFault`)."""
+    """The step loop of `_fit` (which turns a GPU kernel's error into a `KernelFault`)."""
     config, worker = run.config, run.worker
     while run.step < config.max_steps:
         out = _train_step(run)
@@ -256,8 +251,9 @@ def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> _Ru
         if rt.compile_cache is not None:  # the operator's trusted folder; never the checkpoint's (shared storage)
             compile_mod.load_artifacts(rt.compile_cache, compile_mod.compile_key(rt, data, raw.config, device))
         model = compile_mod.compile_model(model, rt, data, device)
-        if rt.precompile_buckets:
-            compile_mod.precompile(model, data, raw.config.vocab_size, device, autocast_dtype)
+        if rt.precompile_buckets:  # the fused kernels' first build inside Inductor's graphs: a fault is the verdict
+            with kernel_options.kernel_faults(raw, device, "while precompiling"):
+                compile_mod.precompile(model, data, raw.config.vocab_size, device, autocast_dtype)
     tracker = NullTracker()
     if worker.rank == 0:
         tracker = worker.tracker or make_tracker(worker.tracking, config.tracking.system_metrics)
