@@ -35,7 +35,7 @@ from pipeline.checks import DEFAULT_MAX_UNK_FRACTION, CheckConfig
 from pipeline.create_instances import InstanceConfig
 from pipeline.readers import FORMATS, ON_ERROR, ReadOptions
 from pipeline.safe_io.redact import redact, redact_text
-from pipeline.build.ray_start import init_ray
+from pipeline.cluster.ray_start import init_ray
 from tracking.store import check_tracking_reachable, resolve_tracking_uri
 
 log = logging.getLogger("build_dataset")
