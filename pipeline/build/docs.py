@@ -148,6 +148,20 @@ def power_of_two_histogram(counts: Sequence[int]) -> dict[str, int]:
     return {str(int(k)): int(v) for k, v in zip(lows, n)}
 
 
+def unk_check(cfg, markers: list, of: str) -> str | None:
+    """What the tokenized text says about the vocabulary: [UNK] per file, warned or refused (pipeline/checks.py).
+    ``markers``: per-unit markers with ``path``, ``unk_tokens`` and ``tokens``."""
+    from pipeline.checks import unk_check as check
+
+    per_file: dict[str, tuple[int, int]] = {}
+    for m in markers:
+        u, t = per_file.get(m.path, (0, 0))
+        per_file[m.path] = (u + m.unk_tokens, t + m.tokens)
+    vocab = f"--vocab {cfg.vocab}" if cfg.vocab else "the vocabulary trained on the input"
+    return check(sum(m.unk_tokens for m in markers), sum(m.tokens for m in markers), per_file, vocab,
+                 cfg.checks.max_unk_fraction, of)
+
+
 def doc_totals(markers: list, report: ReadReport, on_error: str) -> tuple[Counter, dict[str, str]]:
     """Records dropped by reason and files skipped, from per-unit markers (``path``, ``read_documents``,
     ``dropped``, ``bad_files``); fails on (or, with on_error=skip, counts) files that gave nothing at all

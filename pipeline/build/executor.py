@@ -103,7 +103,9 @@ class LocalExecutor:
 @dataclasses.dataclass(frozen=True)
 class Stage:
     """``items``: key -> item, the key naming the item's marker (``<work>/<name>/<key>.done.json``); ``sizes``:
-    bytes of text per key, for the progress lines' MB/s and ETA (None: items only); ``noun`` names the items."""
+    bytes of text per key, for the progress lines' MB/s and ETA (None: items only); ``noun`` names the items;
+    ``after``: the stage's hook, called by the driver with the build's state once the stage's markers are in it
+    (what the next stages need from this one: the units, the vocabulary, the pool, a check that refuses early)."""
 
     name: str
     step: Callable[[Any], Marker]
@@ -111,6 +113,7 @@ class Stage:
     marker: type[Marker]
     sizes: dict[str, int] | None = None
     noun: str = "items"
+    after: Callable[[Any], None] | None = None
 
 
 def run_stage(stage: Stage | RowStage, executor: Executor, work: str, endpoint_url: str | None = None
@@ -118,6 +121,8 @@ def run_stage(stage: Stage | RowStage, executor: Executor, work: str, endpoint_u
     """Every item's marker in item order, running only the items that have none committed."""
     assert stage.marker.stage == stage.name, (stage.marker, stage.name)
     items = stage.units if isinstance(stage, RowStage) else stage.items
+    if not items:
+        return []
     done = {k: m for k, m in read_markers(work, stage.marker, endpoint_url).items() if k in items}
     pending = {k: item for k, item in items.items() if k not in done}
     sizes = stage.sizes or {}

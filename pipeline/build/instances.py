@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections import Counter
 from typing import ClassVar
 
@@ -23,18 +24,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.build.config import BuildState
-from pipeline.build.docs import ReadCorpus, SplitTokenize, packed_docs, power_of_two_histogram, vocab_info_for
+from pipeline.build.docs import (ReadCorpus, SplitTokenize, packed_docs, power_of_two_histogram, unk_check,
+                                 vocab_info_for)
 from pipeline.build.executor import Shared
 from pipeline.build.markers import Marker, write_marker
 from pipeline.build.pool import pool_doc, pool_for
 from pipeline.build.rows import RowStage, UserError, by_unit, user_error
 from pipeline.build.shards import chunk_bounds, chunks_per_pass
+from pipeline.build.state import BuildState
 from pipeline.build.work import WORK_SUFFIX, StepContext
 from pipeline.create_instances import create_instances_flat
 from pipeline.pairs import PackedDoc
 from pipeline.schema import token_dtype, work_instance_schema
 from pipeline.storage import open_atomic
+
+log = logging.getLogger(__name__)
 
 LIST_COLUMNS = ("input_ids", "masked_lm_positions", "masked_lm_ids")
 
@@ -255,4 +259,11 @@ def instances_stage(s: BuildState) -> RowStage:
     chunks = chunks_per_pass(len(s.units), s.cfg.dupe_factor, s.num_shards)
     return RowStage("instances", {u.uid: u for u in s.units}, ReadCorpus(s.ctx),
                     (SplitTokenize(s.ctx, s.vocab, members="skip"), PairsAndMasks(s.ctx, s.vocab, s.pool)),
-                    WriteUnits(s.ctx, chunks), InstancesMarker, s.unit_sizes)
+                    WriteUnits(s.ctx, chunks), InstancesMarker, s.unit_sizes, after=_warn_of_unk)
+
+
+def _warn_of_unk(s: BuildState) -> None:
+    """Every token counted: the [UNK] share the manifest keeps, warned about (or refused) once."""
+    if (w := unk_check(s.cfg, s.markers["instances"], "of the corpus's tokens")) is not None:
+        log.warning("%s", w)
+        s.warnings.append(w)

@@ -5,41 +5,36 @@
     PoolStep      "pool" -> the parts merged, in unit order, into _work/pool/pool.arrow, PoolMarker
                   [one item: the barrier the algorithm needs, since every instance may draw from any unit's members]
 
-The sample is planned before any text is read: ``pool_threshold`` turns the token budget and the input's planned
-size (``planned_tokens``, from metadata only) into a 64-bit hash threshold, and a unit's members are the documents
-whose seeded hash falls below it (``docs.pool_members``): decided from document ids, so only the members are split
-and tokenized here. The instances pass gets the merged pool as a shared object (``LoadPool``: an object reference
-on Ray), builds it once per worker process (``pool_for``) and takes the members' tokens from it instead of
-tokenizing them again.
+The sample is planned before any text is read (``sizes.pool_threshold``: a 64-bit hash threshold from the budget and
+the planned size); a unit's members are the documents whose seeded hash falls below it (``docs.pool_members``). The
+instances pass gets the merged pool as a shared object (``LoadPool``: an object reference on Ray), built once per
+worker process (``pool_for``), and takes the members' tokens from it instead of tokenizing them again.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import logging
 from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.build.config import BuildState
 from pipeline.build.docs import (ReadCorpus, SplitTokenize, doc_arrays, doc_totals, docs_table, packed_docs,
-                                 vocab_info_for)
+                                 unk_check, vocab_info_for)
 from pipeline.build.executor import Shared, Stage
-from pipeline.build.rows import RowStage, UserError, by_unit, report_of, user_error
 from pipeline.build.markers import Marker, write_marker
+from pipeline.build.rows import RowStage, UserError, by_unit, report_of, user_error
+from pipeline.build.sizes import BYTES_PER_TOKEN, SHARD_BYTES, pool_threshold  # noqa: F401 - the planners' figures
+from pipeline.build.state import BuildState
 from pipeline.build.work import StepContext, cached, read_table, write_table
 from pipeline.create_instances import RandomDocPool
 from pipeline.pairs import PackedDoc
-from pipeline.readers import ReadOptions, Unit, detect_format
 from pipeline.schema import work_docs_schema
-from pipeline.storage import FileInfo, compression_of
 
-# Planning the random-next pool before any text is read: tokens are estimated from the input's size. ~4.2 bytes of
-# English text per WordPiece token (bert-base-uncased on Moby Dick, news, docs); 4.0 errs towards a pool a little
-# under the budget. Compressed inputs count COMPRESSED_RATIO text bytes per stored byte.
-BYTES_PER_TOKEN = 4.0
-COMPRESSED_RATIO = 3  # text compresses ~3x (gzip/zstd/Parquet+zstd); only the pool's threshold uses it
+log = logging.getLogger(__name__)
+
 _POOL_READ_THREADS = 16  # pool parts read concurrently by the one pool item (many small objects on S3)
 
 
@@ -76,25 +71,6 @@ class PoolMarker(Marker):
         return "pool"
 
 
-def planned_tokens(files: list[FileInfo], units: list[Unit], read: ReadOptions) -> int:
-    """Tokens the inputs should hold, from metadata alone (no reads): listed sizes, and for big compressed inputs
-    the decompressed sizes of their pieces, so that a ``.gz`` and the same text uncompressed plan the same pool."""
-    pieces = [u for u in units if u.data is not None]
-    text_bytes = sum(u.end - u.start for u in pieces)
-    cut = {u.path for u in pieces}
-    for f in files:
-        if f.path not in cut:
-            packed = compression_of(f.path) or detect_format(f.path, read.fmt) == "parquet"
-            text_bytes += f.size * (COMPRESSED_RATIO if packed else 1)
-    return max(1, int(text_bytes / BYTES_PER_TOKEN))
-
-
-def pool_threshold(pool_tokens: int, planned: int) -> int:
-    """The 64-bit hash threshold that makes the pool a p = min(1, budget / planned tokens) sample of documents."""
-    p = min(1.0, pool_tokens / planned)
-    return 1 << 64 if p >= 1.0 else int(p * (1 << 64))
-
-
 def write_pool_part(uid: str, rows: pa.Table, ctx: StepContext, unk_id: int) -> PoolPartMarker | UserError:
     """Commit one unit's members (SplitTokenize's rows, in unit order), then the marker."""
     report = report_of(rows)
@@ -125,10 +101,21 @@ class WritePoolParts:
 
 
 def pool_parts_stage(s: BuildState) -> RowStage:
+    """The first pass that tokenizes: it starts (and warms) the worker processes every later stage uses."""
     ctx = s.ctx
+    s.executor.warm(SplitTokenize(ctx, s.vocab, members="only").setup, max(len(s.units), s.num_shards))
+    if s.cfg.num_shards is None:
+        log.info("%d shards of at most about %d MiB (from the planned size; --num-shards to choose)", s.num_shards,
+                 SHARD_BYTES >> 20)
     return RowStage("pool_parts", {u.uid: u for u in s.units}, ReadCorpus(ctx),
                     (SplitTokenize(ctx, s.vocab, members="only"),), WritePoolParts(ctx, s.vocab), PoolPartMarker,
-                    s.unit_sizes)
+                    s.unit_sizes, after=_refuse_a_vocabulary_that_does_not_fit)
+
+
+def _refuse_a_vocabulary_that_does_not_fit(s: BuildState) -> None:
+    # The pool is a seeded sample of the corpus: a vocabulary that turns it into [UNK] is refused before the heavy
+    # stage (a share above the warning level is warned about once, after the instances, on every token).
+    unk_check(s.cfg, s.markers["pool_parts"], "of the random-next pool's tokens (a seeded sample of the corpus)")
 
 
 def pool_from(table: pa.Table) -> RandomDocPool:
@@ -193,4 +180,9 @@ def pool_stage(s: BuildState) -> Stage:
                          " --format/--text-field and the inputs" if everything else f"the random-next pool sampled no document with tokens (budget "
                          f"{s.cfg.pool_tokens} tokens of an estimated {s.planned_tokens}): raise --pool-tokens")
     return Stage("pool", PoolStep(s.ctx, tuple(m.uid for m in parts if m.documents)), {"pool": "pool"},
-                 PoolMarker, noun="merge")
+                 PoolMarker, noun="merge", after=_share_pool)
+
+
+def _share_pool(s: BuildState) -> None:
+    """The instances pass gets the merged pool as one shared object, read by a worker (never by the driver)."""
+    s.pool = s.executor.share_result(f"pool:{s.build_id}", LoadPool(s.ctx))

@@ -64,6 +64,7 @@ class RowStage:
     marker: type[Marker]
     sizes: dict[str, int] | None = None
     noun: str = "units"
+    after: Callable[[Any], None] | None = None  # the stage's hook (executor.Stage says what for)
 
     def setup(self) -> None:
         """Load what the operators keep per process (the tokenizer, the pool): the warm-up runs it."""

@@ -1,0 +1,63 @@
+"""What the build reads before any work, in one place: its inputs (files listed with their stamps, or a Ray
+Dataset of documents) and the vocabulary's bytes when one is given. Everything here fails cheaply, naming the fix,
+before the output is touched."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any
+
+from pipeline.build.config import BuildConfig
+from pipeline.safe_io.redact import redact_url
+from pipeline.storage import FileInfo, expand_inputs, read_bytes
+
+
+@dataclasses.dataclass
+class BuildInputs:
+    """``stamps``: each input's identity (its redacted URL, size, etag, mtime; a digest for an http(s) input without
+    an ETag; a Dataset's digest), what ``_work/config.json`` and the manifest keep; ``ignored``: files of an input
+    folder that are not corpus files by name; ``documents``: the user's Dataset (None: files)."""
+
+    files: list[FileInfo]
+    stamps: list[dict[str, Any]]
+    ignored: list[str]
+    vocab_bytes: bytes | None
+    documents: Any = None
+    id_column: str = "id"
+
+    @property
+    def vocab_sha256(self) -> str | None:
+        return hashlib.sha256(self.vocab_bytes).hexdigest() if self.vocab_bytes is not None else None
+
+
+def read_vocab(cfg: BuildConfig) -> bytes | None:
+    if not cfg.vocab:
+        return None
+    try:
+        return read_bytes(cfg.vocab, cfg.endpoint_url)
+    except FileNotFoundError as e:
+        raise ValueError(f"--vocab {cfg.vocab} does not exist: pass a BERT vocab.txt, or omit --vocab to train"
+                         " one on the input") from e
+
+
+def read_inputs(cfg: BuildConfig, documents: Any = None, id_column: str = "id") -> BuildInputs:
+    """The inputs and the vocabulary, checked: files listed (an input's identity is its redacted URL: what the
+    manifest shows and reruns compare), or a Dataset's columns checked."""
+    if (documents is None) == (not cfg.inputs):
+        raise ValueError("no inputs: pass at least one --input" if documents is None else
+                         "both inputs and a documents Dataset: give the build one of them")
+    if documents is not None:
+        from pipeline.build.ray_data.documents import check_columns, dataset_stamp
+
+        if cfg.vocab is None:
+            raise ValueError("a build of a documents Dataset needs a vocabulary: pass BuildConfig(vocab=...) (train"
+                             " one with jobs/train_tokenizer.py)")
+        check_columns(documents, id_column, cfg.read.text_field)
+        documents = documents.materialize()  # the user's pipeline runs once; read twice (digest, units)
+        return BuildInputs([], [dataset_stamp(documents, id_column, cfg.read.text_field)], [], read_vocab(cfg),
+                           documents, id_column)
+    ignored: list[str] = []
+    files = expand_inputs(list(cfg.inputs), cfg.endpoint_url, skipped=ignored)
+    stamps = [{"path": redact_url(f.path), "size": f.size, "etag": f.etag, "mtime": f.mtime}
+              | ({"digest": f.digest} if f.digest else {}) for f in files]
+    return BuildInputs(files, stamps, [redact_url(p) for p in ignored], read_vocab(cfg))
