@@ -11,7 +11,7 @@ so they, and every seed derived from them, do not depend on the unit size or the
 compression suffix and offsets count decompressed bytes, so ``corpus.txt.gz`` gives the ids of ``corpus.txt``.
 
 Compressed streams cannot seek. A compressed file of about one unit or less is one unit; a bigger one goes through
-the pieces step first (``pipeline.build.pieces``): one item streams it once and commits pieces of about ``unit_bytes``
+the pieces step first (``pipeline.build.inputs.pieces``): one item streams it once and commits pieces of about ``unit_bytes``
 cut at document boundaries, and each piece becomes a unit whose ``data`` is the piece and whose ``base`` is the
 piece's offset in the decompressed input, so its documents keep the ids they have in the uncompressed file.
 ``plan_units(..., exclude=...)`` leaves those files to that step.

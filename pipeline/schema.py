@@ -61,8 +61,9 @@ def work_instance_schema(vocab_size: int) -> pa.Schema:
 
 
 def work_docs_schema(vocab_size: int) -> pa.Schema:
-    """Tokenized documents in _work: one row per document, its sentences as id lists."""
-    return pa.schema([("doc_id", pa.string()), ("sentences", pa.list_(pa.list_(_arrow(token_dtype(vocab_size)))))])
+    """Tokenized documents in _work: one row per document, its random-next pool hash, its sentences as id lists."""
+    return pa.schema([("doc_id", pa.string()), ("pool_hash", pa.uint64()),
+                      ("sentences", pa.list_(pa.list_(_arrow(token_dtype(vocab_size)))))])
 
 
 def shard_name(i: int, n: int) -> str:
@@ -177,7 +178,7 @@ class Manifest:
     warnings: tuple[str, ...] = ()
     skipped_files: tuple[tuple[str, str], ...] = ()  # (path, reason) with --on-error skip
     ignored_files: tuple[str, ...] = ()  # files of an input folder that are not corpus files by name
-    random_pool: tuple[tuple[str, float], ...] = ()  # documents, tokens, planned_tokens, sample_fraction
+    random_pool: tuple[tuple[str, float], ...] = ()  # corpus_tokens, documents, sample_fraction, tokens
     build_seconds: float | None = None
 
     @property

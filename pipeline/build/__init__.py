@@ -1,36 +1,40 @@
 """The dataset build: the stages the driver walks, one file each, and the manifest (written last).
 
-    [pieces of big compressed inputs] -> units -> [vocab] -> pool parts -> pool -> instances -> shards -> manifest
+    pieces (big compressed inputs cut; the units planned) -> [vocab] -> read -> pool -> instances -> shards
+    -> manifest
 
-    the per-unit passes, as Ray Data pipelines over rows (rows.py):
-    pool parts  ReadCorpus -> SplitTokenize (pool members only) -> WritePoolParts
-    instances   ReadCorpus -> SplitTokenize (members skipped) -> PairsAndMasks (pool as an object ref) -> WriteUnits
+    the per-unit passes, as Ray Data pipelines over rows (rows.py); the input is read once, by the first:
+    read       ReadCorpus -> [document filters] -> SplitTokenize -> WriteDocs (tokenized documents in _work)
+    instances  ReadDocs -> PairsAndMasks (the pool as an object reference) -> WriteUnits
 
-    config.py inputs.py state.py   BuildConfig; what the build reads first (inputs, stamps, vocabulary); BuildState
+    config.py state.py  BuildConfig (what decides the dataset); BuildState (what planners and hooks see)
+    inputs/       what the build reads: the inputs, their stamps and the vocabulary first; pieces.py, the first stage
     manifest.py   the typed Manifest, made from the markers and written by one writer, last
-    sizes.py      what the driver plans from metadata alone (planned tokens, the pool's threshold, shard count)
+    sizes.py      what the driver plans from counts (the pool's threshold, the default shard count)
     identity.py   the config hash and input stamps of an output folder: finished, resumable or refused
     executor.py   Stage, run_stage (resume by markers), the Executor protocol and the plain-loop LocalExecutor
     rows.py       RowStage: a read, operators over rows, a sink that commits units; users' errors as values
     ray_data/     the build on Ray Data (RayDataExecutor, its datasource and datasink, a Dataset as the input)
     progress.py   a progress line per stage; markers.py: completion markers; work.py: _work, per-process caches
-    pieces.py vocab.py pool.py instances.py shards.py: one stage each (pool.py two), with its work item or
-                  operators, its sink or step, its marker, its planner; docs.py: what the per-unit passes share
+    vocab.py read.py pool.py instances.py shards.py: one stage each, with its work item or operators, its sink or
+                  step, its marker, its planner and hook; docs.py: what the passes share (read, tokenize, tables)
 
 Each stage is a ``Stage`` (a step mapped over items) or a ``RowStage`` (read, operators, sink over units), one
 marker per item or unit, planned from the markers of the stages before it; ``build`` walks ``STAGES``, runs each
 with ``run_stage`` on the executor it was given, then calls the stage's hook (``after``), which adds to the state
-what the next stages need (the units, the vocabulary, the pool) or refuses early (a vocabulary that does not fit).
-The driver only plans and sums markers: it reads no corpus bytes and no per-document data (O(units) of metadata).
-Barriers are the ones the algorithm needs: the instances need the whole corpus's pool, the shards every unit's row
-counts. Output never depends on the executor, CPUs, nodes or blocks: ids and seeds come from the documents.
+what the next stages need (the units, the vocabulary, the corpus's token count, the pool) or refuses early (an
+input without documents, a vocabulary that does not fit). The driver only plans and sums markers: it reads no
+corpus bytes and no per-document data (O(units) of metadata). Barriers are the ones the algorithm needs: the pool
+needs every unit's documents (it is a sample of the whole corpus), the shards every unit's row counts. Output never
+depends on the executor, CPUs, nodes or blocks: ids and seeds come from the documents.
 
 Resume: every item of every stage commits atomically with a completion marker, so a killed build rerun with the same
 command redoes only what has no marker (``identity.py`` says which reruns are refused).
 
-To add a stage, write ``<name>_stage(state) -> Stage | RowStage | None`` in a file of its own (its work item, step and
-marker beside it, and its hook if later stages need more than its markers) and put it in ``STAGES``; later stages
-read its markers from ``state.markers[name]``. The driver has no stage names in it.
+To add a stage, write ``<name>_stage(state) -> Stage | RowStage | None`` in a file of its own (its work item, step
+and marker beside it, and its hook if later stages need more than its markers) and put it in ``STAGES``; later
+stages read its markers from ``state.markers[name]``. The driver has no stage names in it. A document filter is an
+operator of the read pass (``read.DOC_FILTERS``); docs/architecture.md says how to add either.
 """
 from __future__ import annotations
 
@@ -46,8 +50,9 @@ from pipeline.build.identity import check_state, finished
 from pipeline.build.inputs import read_inputs
 from pipeline.build.instances import instances_stage
 from pipeline.build.manifest import make_manifest, write_manifest
-from pipeline.build.pieces import pieces_stage
-from pipeline.build.pool import pool_parts_stage, pool_stage
+from pipeline.build.inputs.pieces import pieces_stage
+from pipeline.build.pool import pool_stage
+from pipeline.build.read import read_stage
 from pipeline.build.rows import RowStage
 from pipeline.build.shards import shards_stage
 from pipeline.build.state import BuildState
@@ -64,7 +69,7 @@ log = logging.getLogger(__name__)
 # The stages in order: each plans from the state (the stages before it; None: the stage does not apply to this
 # build), runs, then its hook adds to the state.
 STAGES: tuple[Callable[[BuildState], Stage | RowStage | None], ...] = (
-    pieces_stage, vocab_stage, pool_parts_stage, pool_stage, instances_stage, shards_stage)
+    pieces_stage, vocab_stage, read_stage, pool_stage, instances_stage, shards_stage)
 
 # Told when a stage has finished: (stage name, its markers, wall start, wall end). The job's MLflow run uses it.
 OnStage = Callable[[str, list, float, float], None]

@@ -39,13 +39,13 @@ def make_manifest(s: BuildState, ident: dict[str, Any], chash: str, seconds: flo
     import hashlib
 
     cfg = s.cfg
-    inst = s.markers["instances"]
+    read, inst = s.markers["read"], s.markers["instances"]
     (pool,) = s.markers["pool"]
-    dropped, bad_files = doc_totals(inst, s.report, cfg.read.on_error)
+    dropped, bad_files = doc_totals(read, s.report, cfg.read.on_error)
     folder = absolute(cfg.output)
     totals = Totals(
-        documents=sum(m.documents for m in inst), sentences=sum(m.sentences for m in inst),
-        tokens=sum(m.tokens for m in inst), unk_tokens=sum(m.unk_tokens for m in inst),
+        documents=sum(m.documents for m in read), sentences=sum(m.sentences for m in read),
+        tokens=sum(m.tokens for m in read), unk_tokens=sum(m.unk_tokens for m in read),
         instances=sum(sum(m.rows) for m in inst), random_next=sum(m.random_next for m in inst),
         masked_lm_positions=sum(m.masked for m in inst), dropped=tuple(sorted(dropped.items())))
     tokens = s.vocab_tokens
@@ -59,11 +59,11 @@ def make_manifest(s: BuildState, ident: dict[str, Any], chash: str, seconds: flo
         seq_len_histogram=_histogram(inst, "seq_len_histogram"), totals=totals, config=_as_json(ident),
         inputs=tuple(_as_json(s.inputs.stamps)), token_dtype=str(token_dtype(len(tokens))),
         masked_per_seq_histogram=_histogram(inst, "masked_per_seq_histogram"),
-        tokens_per_document_histogram=_histogram(inst, "tokens_per_document"),
+        tokens_per_document_histogram=_histogram(read, "tokens_per_document"),
         warnings=tuple(redact_text(w) for w in s.warnings), skipped_files=tuple(sorted(bad_files.items())),
         ignored_files=tuple(s.inputs.ignored),
-        random_pool=(("documents", pool.documents), ("planned_tokens", s.planned_tokens),
-                     ("sample_fraction", min(1.0, s.ctx.pool_threshold / (1 << 64))), ("tokens", pool.tokens)),
+        random_pool=(("corpus_tokens", s.corpus_tokens), ("documents", pool.documents),
+                     ("sample_fraction", pool.threshold / (1 << 64)), ("tokens", pool.tokens)),
         build_seconds=round(seconds, 2))
     return dataclasses.replace(m, sha256=m.digest())
 

@@ -1,11 +1,11 @@
 """The per-unit stages as pipelines over rows: a read of our own, operators over rows, a sink that commits units.
 
     ReadCorpus (docs.read_block: one read task per planned unit, a row per document with its stable id)
-      -> SplitTokenize (docs.py: sentences and WordPiece ids, per document)
-      -> PairsAndMasks (instances.py: NSP pairs and MLM masks; the random-next pool handed over as a shared object)
-      -> WriteUnits (instances.py: each unit's instances committed atomically, then its marker)
+      -> [document filters] -> SplitTokenize (docs.py: sentences and WordPiece ids, per document)
+      -> WriteDocs (read.py: each unit's tokenized documents committed atomically, then its marker)
 
-and for the random-next pool: ReadCorpus -> SplitTokenize (members only) -> WritePoolParts (pool.py).
+    ReadDocs (instances.py: a unit's tokenized documents) -> PairsAndMasks (NSP pairs and MLM masks; the
+      random-next pool handed over as a shared object) -> WriteUnits (each unit's instances, then its marker)
 
 A ``RowStage`` names the units to read, the operators (picklable callables, ``pa.Table -> pa.Table``) and the sink
 (``write(tables) -> markers``). ``pipeline.build.ray_data`` runs it as one Ray Data execution
@@ -81,13 +81,6 @@ def by_unit(tables: Sequence[pa.Table]) -> list[tuple[str, pa.Table]]:
     table = pa.concat_tables(tables, promote_options="default")
     units = table.column("unit")
     return [(u, table.filter(pc.equal(units, u))) for u in sorted(set(units.to_pylist()))]
-
-
-def report_of(rows: pa.Table) -> dict[str, Any]:
-    """The unit's report row (``docs.read_block``): present exactly once among a unit's rows."""
-    reports = [r for r in rows.column("report").to_pylist() if r is not None]
-    assert len(reports) == 1, f"a unit's rows must hold its one report row, got {len(reports)}"
-    return json.loads(reports[0])
 
 
 def user_error(report: dict[str, Any]) -> UserError | None:

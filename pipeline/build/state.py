@@ -11,7 +11,7 @@ from pipeline.build.config import BuildConfig
 from pipeline.build.executor import Shared
 from pipeline.build.inputs import BuildInputs
 from pipeline.build.markers import Marker
-from pipeline.build.sizes import default_num_shards, planned_tokens, pool_threshold
+from pipeline.build.sizes import default_num_shards
 from pipeline.build.work import StepContext
 from pipeline.readers import ReadReport, Unit
 
@@ -26,6 +26,7 @@ class BuildState:
     units: list[Unit] = dataclasses.field(default_factory=list)  # set by the pieces stage's hook
     unit_sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # bytes of text per unit (progress)
     vocab_bytes: bytes | None = None  # the given vocabulary, or the trained one once its stage has run
+    corpus_tokens: int = 0  # the tokens the read pass kept: exact, once it has run
     pool: Shared | None = None  # the merged random-next pool once its stage has run (an object reference on Ray)
     warnings: list[str] = dataclasses.field(default_factory=list)  # the manifest's, one line each
     markers: dict[str, list[Marker]] = dataclasses.field(default_factory=dict)  # by stage name, in item order
@@ -51,14 +52,10 @@ class BuildState:
 
     @functools.cached_property
     def ctx(self) -> StepContext:
-        threshold = pool_threshold(self.cfg.pool_tokens, self.planned_tokens)
-        return self.cfg.step_context(self.vocab_size, threshold, self.build_id)
+        return self.cfg.step_context(self.vocab_size, self.build_id)
 
-    @functools.cached_property
-    def planned_tokens(self) -> int:
-        return planned_tokens(self.inputs.files, self.units, self.cfg.read)
-
-    @functools.cached_property
+    @property
     def num_shards(self) -> int:
-        """The config's, or the default from the planned size (never from the CPUs)."""
-        return self.cfg.num_shards or default_num_shards(self.planned_tokens, self.cfg.dupe_factor, self.vocab_size)
+        """The config's, or the default from the corpus's tokens (never from the CPUs or how the input came)."""
+        assert self.corpus_tokens, "the shards are planned once the read pass has counted the tokens"
+        return self.cfg.num_shards or default_num_shards(self.corpus_tokens, self.cfg.dupe_factor, self.vocab_size)

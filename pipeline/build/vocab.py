@@ -28,7 +28,7 @@ from typing import ClassVar
 from pipeline.build.config import DEFAULT_SAMPLE_BYTES
 from pipeline.build.executor import Executor, Stage, run_stage
 from pipeline.build.markers import Marker, write_marker
-from pipeline.build.pieces import worker_id
+from pipeline.build.inputs.pieces import worker_id
 from pipeline.build.state import BuildState
 from pipeline.checks import vocab_size_warning
 from pipeline.readers import ReadOptions, ReadReport, Unit, read_unit

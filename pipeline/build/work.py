@@ -32,7 +32,6 @@ class StepContext:
     do_lower_case: bool
     dupe_factor: int
     vocab_size: int
-    pool_threshold: int  # a document is in the pool when its seeded 64-bit hash is below this (2**64: all)
     build_id: str
     endpoint_url: str | None = None
 

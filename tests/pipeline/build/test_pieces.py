@@ -1,4 +1,4 @@
-"""pipeline.build.pieces: one big compressed input is cut into pieces of about one unit, in bounded memory, and the
+"""pipeline.build.inputs.pieces: one big compressed input is cut into pieces of about one unit, in bounded memory, and the
 dataset built from it is byte-identical to the one built from the same text uncompressed; a killed pieces step
 resumes; bad compressed inputs fail naming the file or are counted."""
 from __future__ import annotations
@@ -10,10 +10,10 @@ import shutil
 
 import pytest
 
-import pipeline.build.pieces as pieces_mod
+import pipeline.build.inputs.pieces as pieces_mod
 from pipeline.build import BuildConfig, build
 from pipeline.create_instances import InstanceConfig
-from pipeline.build.pieces import CHUNK, PieceContext, PieceItem, PieceMarker, pieces_step, plan_pieces
+from pipeline.build.inputs.pieces import CHUNK, PieceContext, PieceItem, PieceMarker, pieces_step, plan_pieces
 from pipeline.readers import InputError, ReadOptions
 from pipeline.storage import expand_inputs
 
@@ -46,7 +46,7 @@ def _shard_bytes(out):
 
 
 def _record(monkeypatch):
-    """The markers of the pieces tasks the build runs (PiecesStep calls pipeline.build.pieces.pieces_step)."""
+    """The markers of the pieces tasks the build runs (PiecesStep calls pipeline.build.inputs.pieces.pieces_step)."""
     seen, real = [], pieces_mod.pieces_step
 
     def spy(task, ctx):

@@ -73,7 +73,8 @@ def test_the_driver_reads_no_corpus_bytes(ray_local, tmp_path, sample_dir, monke
         raise AssertionError("the driver read corpus data")
     for mod, name in [(pipeline.readers, "read_unit"), (pipeline.build.docs, "read_unit"),
                       (pipeline.build.docs, "read_docs"), (pipeline.build.docs, "read_block"),
-                      (pipeline.build.pool, "read_table"), (pipeline.build.shards, "_read_slice")]:
+                      (pipeline.build.pool, "read_table"), (pipeline.build.pool, "read_members"),
+                      (pipeline.build.instances, "read_table"), (pipeline.build.shards, "_read_slice")]:
         monkeypatch.setattr(mod, name, forbidden)
     build(_cfg(tmp_path, corpus, sample_dir, "ray"), RayDataExecutor(num_cpus=2))
     _same(tmp_path / "ray", tmp_path / "plain")
@@ -198,8 +199,9 @@ def test_real_text_at_1_2_and_4_cpus_equals_the_plain_loop(ray_shutdown, ray_tmp
 @pytest.mark.timeout(300)
 def test_rays_logs_show_our_read_our_row_operators_and_our_sink(ray_local, ray_tmpdir, tmp_path, sample_dir):
     """What a Ray user reads in Ray Data's logs (<session>/logs/ray-data/, what the Dashboard's Data view shows):
-    the per-unit passes as ReadCorpus -> MapBatches(SplitTokenize) -> MapBatches(PairsAndMasks) -> Write, fused
-    into one task per unit, the sinks by their names with the rows they wrote, and rows per operator."""
+    the per-unit passes as ReadCorpus -> MapBatches(SplitTokenize) -> Write (the read pass, the only one reading
+    the input) and ReadDocs -> MapBatches(PairsAndMasks) -> Write, each fused into one task per unit, the sinks by
+    their names with the rows they wrote, and rows per operator."""
     import glob
 
     from pipeline.build.ray_data import RayDataExecutor
@@ -210,13 +212,13 @@ def test_rays_logs_show_our_read_our_row_operators_and_our_sink(ray_local, ray_t
     # first session this process started, its per-dataset logs go to the current one.
     logs = "".join(open(f, errors="replace").read()
                    for f in glob.glob(os.path.join(ray_tmpdir, "**", "ray-data", "*.log"), recursive=True))
-    assert "TaskPoolMapOperator[ReadCorpus->MapBatches(SplitTokenize)->MapBatches(PairsAndMasks)->Write]" in logs
-    assert "TaskPoolMapOperator[ReadCorpus->MapBatches(SplitTokenize)->Write]" in logs  # the pool pass
+    assert "TaskPoolMapOperator[ReadCorpus->MapBatches(SplitTokenize)->Write]" in logs  # the read pass
+    assert "TaskPoolMapOperator[ReadDocs->MapBatches(PairsAndMasks)->Write]" in logs  # the instances pass
     assert "TaskPoolMapOperator[MapBatches(ShardStep)]" in logs
     # The sink's rows: every instance, plus one summary row per unit (what becomes its marker).
     wrote = [line for line in logs.splitlines() if "Data sink WriteUnits finished" in line]
     assert wrote, "no line from our WriteUnits sink"
     rows = [int(line.split("finished. ")[1].split(" rows")[0]) for line in wrote]
     assert any(m.totals.instances < r < m.totals.instances + 100 for r in rows), rows
-    assert "Data sink WritePoolParts finished" in logs
+    assert "Data sink WriteDocs finished" in logs
     assert "'rows_outputs_of_finished_tasks'" in logs and "'bytes_outputs_of_finished_tasks'" in logs

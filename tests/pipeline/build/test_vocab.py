@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 
 from pipeline.build.executor import LocalExecutor
-from pipeline.build.pieces import input_units
+from pipeline.build.inputs.pieces import input_units
 from pipeline.build.vocab import VocabContext, VocabItem, sample_blocks, vocab_step
 from pipeline.readers import ReadOptions, ReadReport, read_unit
 from pipeline.storage import expand_inputs

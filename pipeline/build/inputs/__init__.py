@@ -1,6 +1,7 @@
-"""What the build reads before any work, in one place: its inputs (files listed with their stamps, or a Ray
-Dataset of documents) and the vocabulary's bytes when one is given. Everything here fails cheaply, naming the fix,
-before the output is touched."""
+"""What the build reads, in one place: before any work, its inputs (files listed with their stamps, or a Ray
+Dataset of documents) and the vocabulary's bytes when one is given, all failing cheaply, naming the fix, before the
+output is touched (``read_inputs``); then the first stage, which cuts big compressed inputs into unit-sized pieces
+and plans the units (``pieces.py``). The read pass (``pipeline/build/read.py``) is the one pass over their text."""
 from __future__ import annotations
 
 import dataclasses
