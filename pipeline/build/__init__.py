@@ -100,15 +100,15 @@ def _build(cfg: BuildConfig, executor: Executor, told: OnStage, documents: Any, 
     chash = config_hash(ident)
     hold()  # before the first write (the probe, a finished build's _work clean-up, check_state's wipe)
     check_writable(out, ep)
-    if finished(cfg, chash, inputs.stamps):
+    # The inputs' identity: files' stamps now; a Dataset's digest once its read pass has taken it on the way.
+    known = inputs.stamps is not None
+    if known and finished(cfg, chash, inputs.stamps):
         return read_manifest(out, ep)
-    check_state(cfg, chash, inputs.stamps)
+    if known:
+        check_state(cfg, chash, inputs.stamps)
 
     executor.begin()  # a cluster comes up while the driver plans
-    # The id that keys per-process caches (the pool): the config and the input stamps, so a rebuild of changed
-    # inputs into the same output, in the same process, never sees the old pool.
-    state = BuildState(cfg, inputs, executor, config_hash({"config_hash": chash, "inputs": inputs.stamps}),
-                       vocab_bytes=inputs.vocab_bytes, warnings=warnings)
+    state = BuildState(cfg, inputs, executor, chash, vocab_bytes=inputs.vocab_bytes, warnings=warnings)
     for plan in STAGES:
         stage = plan(state)
         if stage is None:
@@ -118,6 +118,11 @@ def _build(cfg: BuildConfig, executor: Executor, told: OnStage, documents: Any, 
         if stage.after is not None:
             stage.after(state)
         told(stage.name, state.markers[stage.name], started, time.time())
+        if not known and inputs.stamps is not None:  # a Dataset's, taken by the read pass: checked as files' are
+            known = True
+            if finished(cfg, chash, inputs.stamps):
+                return read_manifest(out, ep)
+            check_state(cfg, chash, inputs.stamps, keep=(stage.name, "docs"))
 
     manifest = make_manifest(state, ident, chash, time.time() - t0)
     write_bytes_atomic(join(out, VOCAB_FILE), state.vocab_bytes, ep)

@@ -18,11 +18,13 @@ import pyarrow as pa
 
 from pipeline.build.executor import Shared
 from pipeline.build.rows import users_mistake
-from pipeline.build.work import StepContext, cached
+from pipeline.build.work import WORK_SUFFIX, StepContext, cached
 from pipeline.pairs import PackedDoc
 from pipeline.readers import InputError, ReadReport, Unit, read_unit
+from pipeline.rng import derive_seed
 from pipeline.safe_io.redact import redact_text, redact_url
 from pipeline.schema import token_dtype, work_docs_schema
+from pipeline.storage import open_atomic
 
 _ENCODE_BATCH = 20000  # sentences per encode call: bounds the tokenizer's temporary memory
 
@@ -51,13 +53,7 @@ class UnitText:
 def read_docs(unit: Unit, ctx: StepContext) -> UnitText:
     report = ReadReport()
     doc_ids, lines = [], []
-    if unit.fmt == "documents":  # a unit of a Ray Dataset given to the build
-        from pipeline.build.ray_data.documents import read_documents
-
-        docs = read_documents(unit, ctx.read, ctx.endpoint_url, report)
-    else:
-        docs = read_unit(unit, ctx.read, ctx.endpoint_url, report)
-    for doc in docs:
+    for doc in read_unit(unit, ctx.read, ctx.endpoint_url, report):
         doc_ids.append(doc.doc_id)
         lines.append(doc.lines)
     return UnitText(unit.uid, unit.path, doc_ids, lines, report)
@@ -116,6 +112,32 @@ def docs_table(docs: list[tuple[str, PackedDoc]], pool_hash: np.ndarray, vocab_s
     sentences = pa.ListArray.from_arrays(pa.array(outer), pa.ListArray.from_arrays(pa.array(inner), pa.array(values)))
     return pa.Table.from_arrays([pa.array([i for i, _ in docs], pa.string()),
                                  pa.array(np.asarray(pool_hash, np.uint64)), sentences], schema=schema)
+
+
+# Bands of the pool hash, one record batch each: [0, 2**44), [2**44, 2**45), ..., [2**63, 2**64). The pool of a
+# fraction p of the corpus reads the bands below p * 2**64: at most 2p of each unit's documents (for p >= 2**-20).
+POOL_BANDS: tuple[int, ...] = (0,) + tuple(1 << b for b in range(44, 65))
+DOCS_DIR = "docs"
+
+
+def docs_url(ctx: StepContext, uid: str) -> str:
+    return ctx.url(DOCS_DIR, uid + WORK_SUFFIX)
+
+
+def pool_hashes(ids: list[str], seed: int) -> np.ndarray:
+    """Each document's pool hash: it is in the random-next pool when the hash is below the pool's threshold."""
+    return np.array([derive_seed(seed, d, "pool") for d in ids], dtype=np.uint64)
+
+
+def write_batches(url: str, table: pa.Table, endpoint_url: str | None) -> None:
+    """Commit tokenized documents in pool-hash order as a docs file: one record batch per band (``POOL_BANDS``)."""
+    bounds = np.searchsorted(table.column("pool_hash").to_numpy(), np.array(POOL_BANDS[1:-1], np.uint64))
+    edges = [0, *bounds.tolist(), table.num_rows]
+    with open_atomic(url, endpoint_url) as f:
+        with pa.ipc.new_file(f, table.schema) as w:
+            for a, b in zip(edges, edges[1:]):
+                part = table.slice(a, b - a).combine_chunks().to_batches()
+                w.write_batch(part[0] if part else pa.RecordBatch.from_pylist([], schema=table.schema))
 
 
 def doc_arrays(table: pa.Table, id_column: str = "doc_id") -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:

@@ -22,12 +22,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.build.docs import doc_arrays, vocab_info_for
+from pipeline.build.docs import doc_arrays, docs_url, vocab_info_for
+from pipeline.build.drops import kept
 from pipeline.build.executor import Shared
 from pipeline.build.markers import Marker, write_marker
 from pipeline.build.pool import pool_for
-from pipeline.build.read import docs_url
-from pipeline.build.rows import RowStage, UserError, by_unit
+from pipeline.build.rows import RowStage, UserError, by_unit, take_ops, user_error
 from pipeline.build.shards import chunk_bounds, chunks_per_pass
 from pipeline.build.state import BuildState
 from pipeline.build.work import WORK_SUFFIX, StepContext, read_table
@@ -58,6 +58,7 @@ class InstancesMarker(Marker):
     masked: int
     seq_len_histogram: dict[str, int]
     masked_per_seq_histogram: dict[str, int]  # sequences by their number of masked positions
+    ops: dict[str, tuple] = dataclasses.field(default_factory=dict)  # the operators' statistics (rows.take_ops)
 
     @property
     def key(self) -> str:
@@ -70,9 +71,17 @@ class ReadDocs:
     ``sentences``) and a report row holding how many there are, so the sink knows it has all of them."""
 
     ctx: StepContext
+    dropped: frozenset[str] = frozenset()  # the docs files a global step gave a drop list (drops.py)
 
     def __call__(self, unit: Unit) -> pa.Table:
-        table = read_table(docs_url(self.ctx, unit.uid), self.ctx)
+        error = None
+        if unit.fmt == "documents":  # a unit of a Dataset's documents: its part of the fragments
+            from pipeline.build.ray_data.documents import read_dataset_unit
+
+            table, error = read_dataset_unit(unit, self.ctx, self.dropped)
+        else:
+            url = docs_url(self.ctx, unit.uid)
+            table = kept(read_table(url, self.ctx), url, self.dropped, self.ctx)
         n = table.num_rows
         tail = pa.table({"doc_id": pa.nulls(1, pa.string()), "pool_hash": pa.nulls(1, pa.uint64()),
                          "sentences": pa.nulls(1, table.schema.field("sentences").type)}, schema=table.schema)
@@ -80,7 +89,8 @@ class ReadDocs:
         return (table.drop_columns(["pool_hash"])
                 .append_column("unit", pa.array([unit.uid] * (n + 1), pa.string()))
                 .append_column("ord", pa.array(np.arange(n + 1, dtype=np.int64)))
-                .append_column("report", pa.array([None] * n + [json.dumps({"documents": n})], pa.string())))
+                .append_column("report", pa.array([None] * n + [json.dumps(
+                    {"documents": n} | ({"error": ["InputError", error]} if error else {}))], pa.string())))
 
 
 def _docs(rows: pa.Table) -> list[tuple[str, PackedDoc]]:
@@ -194,7 +204,8 @@ def _merge(summaries: list[dict]) -> dict:
     return out
 
 
-def write_unit(uid: str, rows: pa.Table, ctx: StepContext, chunks: int) -> InstancesMarker | UserError:
+def write_unit(uid: str, rows: pa.Table, ctx: StepContext, chunks: int, ops: dict | None = None
+               ) -> InstancesMarker | UserError:
     """Commit one unit's instance rows (all of them: checked against its report row) as
     ``_work/instances/<uid>.arrow``, each pass's rows cut into ``chunks`` record batches (contiguous, sizes differing
     by at most one row; batch ``p * chunks + c``), what the shards read; then its marker."""
@@ -202,6 +213,8 @@ def write_unit(uid: str, rows: pa.Table, ctx: StepContext, chunks: int) -> Insta
     s = _merge([json.loads(x) for x in rows.filter(is_summary).column("summary").to_pylist()])
     report = s.get("report")
     assert report is not None, f"unit {uid}: no report row among its rows"
+    if (err := user_error(report)) is not None:
+        return err
     assert s["seen"] == report["documents"], (uid, s["seen"], report["documents"])
     inst = rows.filter(pc.invert(is_summary))
     # Rows in document order within each pass: the shard writer orders its rows by key (sorting here too would
@@ -231,7 +244,7 @@ def write_unit(uid: str, rows: pa.Table, ctx: StepContext, chunks: int) -> Insta
     marker = InstancesMarker(
         uid=uid, documents=s["seen"], rows=tuple(rows_per_pass), chunks=chunks, random_next=random_next,
         masked=masked, seq_len_histogram={str(k): int(v) for k, v in sorted(hist.items()) if v},
-        masked_per_seq_histogram={str(k): int(v) for k, v in sorted(masked_hist.items())})
+        masked_per_seq_histogram={str(k): int(v) for k, v in sorted(masked_hist.items())}, ops=ops or {})
     write_marker(ctx.work, marker, ctx.endpoint_url)
     return marker
 
@@ -245,12 +258,11 @@ class WriteUnits:
     chunks: int = 1  # record batches per pass (shards.chunks_per_pass)
 
     def write(self, tables: list[pa.Table]) -> list[InstancesMarker | UserError]:
-        return [write_unit(uid, rows, self.ctx, self.chunks) for uid, rows in by_unit(tables)]
+        return [write_unit(uid, rows, self.ctx, self.chunks, take_ops()) for uid, rows in by_unit(tables)]
 
 
 def instances_stage(s: BuildState) -> RowStage:
     assert s.pool is not None, "the instances pass runs after the pool's merge"
     chunks = chunks_per_pass(len(s.units), s.cfg.dupe_factor, s.num_shards)
-    units = {m.uid: u for m, u in zip(s.markers["read"], s.units) if m.documents}  # type: ignore[attr-defined]
-    return RowStage("instances", units, ReadDocs(s.ctx), (PairsAndMasks(s.ctx, s.vocab, s.pool),),
+    return RowStage("instances", s.doc_units, ReadDocs(s.ctx, s.dropped), (PairsAndMasks(s.ctx, s.vocab, s.pool),),
                     WriteUnits(s.ctx, chunks), InstancesMarker, s.unit_sizes)

@@ -42,10 +42,13 @@ def make_manifest(s: BuildState, ident: dict[str, Any], chash: str, seconds: flo
     read, inst = s.markers["read"], s.markers["instances"]
     (pool,) = s.markers["pool"]
     dropped, bad_files = doc_totals(read, s.report, cfg.read.on_error)
+    out = s.left_out  # what a global step removed after the read pass (drops.py)
+    dropped.update(out.reasons)
     folder = absolute(cfg.output)
     totals = Totals(
-        documents=sum(m.documents for m in read), sentences=sum(m.sentences for m in read),
-        tokens=sum(m.tokens for m in read), unk_tokens=sum(m.unk_tokens for m in read),
+        documents=sum(m.documents for m in read) - out.documents,
+        sentences=sum(m.sentences for m in read) - out.sentences,
+        tokens=sum(m.tokens for m in read) - out.tokens, unk_tokens=sum(m.unk_tokens for m in read) - out.unk_tokens,
         instances=sum(sum(m.rows) for m in inst), random_next=sum(m.random_next for m in inst),
         masked_lm_positions=sum(m.masked for m in inst), dropped=tuple(sorted(dropped.items())))
     tokens = s.vocab_tokens
@@ -59,7 +62,9 @@ def make_manifest(s: BuildState, ident: dict[str, Any], chash: str, seconds: flo
         seq_len_histogram=_histogram(inst, "seq_len_histogram"), totals=totals, config=_as_json(ident),
         inputs=tuple(_as_json(s.inputs.stamps)), token_dtype=str(token_dtype(len(tokens))),
         masked_per_seq_histogram=_histogram(inst, "masked_per_seq_histogram"),
-        tokens_per_document_histogram=_histogram(read, "tokens_per_document"),
+        tokens_per_document_histogram=tuple(
+            (k, v - out.tokens_per_document.get(str(k), 0)) for k, v in _histogram(read, "tokens_per_document")
+            if v > out.tokens_per_document.get(str(k), 0)),
         warnings=tuple(redact_text(w) for w in s.warnings), skipped_files=tuple(sorted(bad_files.items())),
         ignored_files=tuple(s.inputs.ignored),
         random_pool=(("corpus_tokens", s.corpus_tokens), ("documents", pool.documents),

@@ -21,10 +21,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.build.docs import doc_arrays
+from pipeline.build.docs import POOL_BANDS, doc_arrays
+from pipeline.build.drops import kept
 from pipeline.build.executor import Shared, Stage
 from pipeline.build.markers import Marker, write_marker
-from pipeline.build.read import POOL_BANDS, docs_url
 from pipeline.build.sizes import pool_threshold
 from pipeline.build.state import BuildState
 from pipeline.build.work import StepContext, cached, read_table, write_table
@@ -72,13 +72,14 @@ class LoadPool:
         return read_table(self.ctx.pool_url(), self.ctx)
 
 
-def read_members(url: str, threshold: int, ctx: StepContext) -> pa.Table:
-    """A unit's pool members: the bands of its tokenized documents below ``threshold`` (read.py), filtered."""
+def read_members(url: str, threshold: int, ctx: StepContext, dropped: frozenset[str] = frozenset()) -> pa.Table:
+    """A unit's pool members: the bands of its tokenized documents below ``threshold`` (read.py), filtered, without
+    what a global step left out (drops.py)."""
     fs, path = filesystem_for(url, ctx.endpoint_url)
     with fs.open(path, "rb", block_size=1 << 16) as fh:
         reader = pa.ipc.open_file(fh)
         batches = [reader.get_batch(k) for k in range(reader.num_record_batches) if POOL_BANDS[k] < threshold]
-    table = pa.Table.from_batches(batches, schema=work_docs_schema(ctx.vocab_size))
+    table = kept(pa.Table.from_batches(batches, schema=work_docs_schema(ctx.vocab_size)), url, dropped, ctx)
     return table.filter(pc.less(table.column("pool_hash"), pa.scalar(threshold, pa.uint64()))) \
         if threshold < 1 << 64 else table
 
@@ -88,13 +89,15 @@ class PoolStep:
     """Merge the units' members into one file, in (hash, id) order: instances items then read one object each."""
 
     ctx: StepContext
-    uids: tuple[str, ...]  # the units that have documents
+    files: tuple[str, ...]  # every file of tokenized documents
     threshold: int
+    dropped: frozenset[str] = frozenset()  # the files with a drop list
 
     def __call__(self, item: str) -> PoolMarker:
         ctx = self.ctx
-        with concurrent.futures.ThreadPoolExecutor(max(1, min(_POOL_READ_THREADS, len(self.uids)))) as threads:
-            tables = list(threads.map(lambda u: read_members(docs_url(ctx, u), self.threshold, ctx), self.uids))
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(_POOL_READ_THREADS, len(self.files)))) as threads:
+            tables = list(threads.map(lambda url: read_members(url, self.threshold, ctx, self.dropped),
+                                      self.files))
         table = pa.concat_tables(tables) if tables else work_docs_schema(ctx.vocab_size).empty_table()
         table = table.sort_by([("pool_hash", "ascending"), ("doc_id", "ascending")]).combine_chunks()
         write_table(ctx.pool_url(), table, ctx)
@@ -106,8 +109,7 @@ class PoolStep:
 
 def pool_stage(s: BuildState) -> Stage:
     threshold = pool_threshold(s.cfg.pool_tokens, s.corpus_tokens)
-    uids = tuple(m.uid for m in s.markers["read"] if m.documents)  # type: ignore[attr-defined]
-    return Stage("pool", PoolStep(s.ctx, uids, threshold), {"pool": "pool"}, PoolMarker, noun="merge",
+    return Stage("pool", PoolStep(s.ctx, tuple(s.doc_files), threshold, s.dropped), {"pool": "pool"}, PoolMarker, noun="merge",
                  after=_share_pool)
 
 

@@ -29,32 +29,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.build.docs import (ReadCorpus, SplitTokenize, doc_totals, docs_table, packed_docs,
-                                 power_of_two_histogram, unk_check, vocab_info_for)
+from pipeline.build.docs import (DOCS_DIR, POOL_BANDS, ReadCorpus, SplitTokenize, doc_totals,  # noqa: F401
+                                 docs_table, docs_url, packed_docs, pool_hashes, power_of_two_histogram, unk_check,
+                                 vocab_info_for, write_batches)
 from pipeline.build.executor import Shared
 from pipeline.build.markers import Marker, write_marker
-from pipeline.build.rows import RowStage, UserError, by_unit, user_error
+from pipeline.build.rows import RowStage, UserError, by_unit, take_ops, user_error
 from pipeline.build.state import BuildState
-from pipeline.build.work import WORK_SUFFIX, StepContext
-from pipeline.rng import derive_seed
-from pipeline.storage import open_atomic
+from pipeline.build.work import StepContext
+from pipeline.storage import join, list_names, remove_tree
 
 log = logging.getLogger(__name__)
-
-# Bands of the pool hash, one record batch each: [0, 2**44), [2**44, 2**45), ..., [2**63, 2**64). The pool of a
-# fraction p of the corpus reads the bands below p * 2**64: at most 2p of each unit's documents (for p >= 2**-20).
-POOL_BANDS: tuple[int, ...] = (0,) + tuple(1 << b for b in range(44, 65))
-DOCS_DIR = "docs"
-
-
-def docs_url(ctx: StepContext, uid: str) -> str:
-    return ctx.url(DOCS_DIR, uid + WORK_SUFFIX)
-
-
-def pool_hashes(ids: list[str], seed: int) -> np.ndarray:
-    """Each document's pool hash: it is in the random-next pool when the hash is below the pool's threshold."""
-    return np.array([derive_seed(seed, d, "pool") for d in ids], dtype=np.uint64)
-
 
 @dataclasses.dataclass(frozen=True)
 class ReadMarker(Marker):
@@ -72,6 +57,7 @@ class ReadMarker(Marker):
     tokens: int
     unk_tokens: int
     tokens_per_document: dict[str, int]  # documents by tokens, in power-of-two bins keyed by their lower bound
+    ops: dict[str, tuple] = dataclasses.field(default_factory=dict)  # the operators' statistics (rows.take_ops)
 
     @property
     def key(self) -> str:
@@ -89,7 +75,8 @@ def merge_reports(reports: list[dict]) -> dict:
     return main | {"dropped": dict(dropped)}
 
 
-def write_docs(uid: str, rows: pa.Table, ctx: StepContext, unk_id: int) -> ReadMarker | UserError:
+def write_docs(uid: str, rows: pa.Table, ctx: StepContext, unk_id: int, ops: dict | None = None
+               ) -> ReadMarker | UserError:
     """Commit one unit's tokenized documents (pool-hash order, a record batch per band), then its marker."""
     report = merge_reports([json.loads(r) for r in rows.column("report").to_pylist() if r is not None])
     if (err := user_error(report)) is not None:
@@ -103,20 +90,23 @@ def write_docs(uid: str, rows: pa.Table, ctx: StepContext, unk_id: int) -> ReadM
         dropped["no_tokens"] += len(ids) - len(kept)  # the reference removes documents left empty
     hashes = pool_hashes([i for i, _ in kept], ctx.instances.seed)
     order = sorted(range(len(kept)), key=lambda k: (int(hashes[k]), kept[k][0]))
-    table = docs_table([kept[k] for k in order], hashes[order] if order else hashes, ctx.vocab_size)
-    bounds = np.searchsorted(table.column("pool_hash").to_numpy(), np.array(POOL_BANDS[1:-1], np.uint64))
-    edges = [0, *bounds.tolist(), table.num_rows]
-    with open_atomic(docs_url(ctx, uid), ctx.endpoint_url) as f:
-        with pa.ipc.new_file(f, table.schema) as w:
-            for a, b in zip(edges, edges[1:]):
-                part = table.slice(a, b - a).combine_chunks().to_batches()
-                w.write_batch(part[0] if part else pa.RecordBatch.from_pylist([], schema=table.schema))
+    twins = {k for a, k in zip(order, order[1:]) if kept[a][0] == kept[k][0]}  # equal ids sort side by side
+    if twins:
+        first = kept[min(twins)][0]
+        if ctx.read.on_error == "fail":
+            return UserError("InputError", f"input {report['path']}: two documents with id {first!r} "
+                             "[duplicate_id]: ids seed every random choice of the build, so they must be unique. Fix "
+                             "the ids, pass --id-field '' to name documents by their position, or --on-error skip")
+        dropped["duplicate_id"] += len(twins)
+        order = [k for k in order if k not in twins]
+    hashes, kept = hashes[order] if order else hashes[:0], [kept[k] for k in order]
+    write_batches(docs_url(ctx, uid), docs_table(kept, hashes, ctx.vocab_size), ctx.endpoint_url)
     marker = ReadMarker(
         uid=uid, path=report["path"], read_documents=report["read_documents"], dropped=dict(dropped),
         bad_files=report["bad_files"], documents=len(kept), sentences=sum(len(d.sent_offsets) - 1 for _, d in kept),
         tokens=int(sum(len(d.tokens) for _, d in kept)),
         unk_tokens=sum(int(np.count_nonzero(d.tokens == unk_id)) for _, d in kept),
-        tokens_per_document=power_of_two_histogram([len(d.tokens) for _, d in kept]))
+        tokens_per_document=power_of_two_histogram([len(d.tokens) for _, d in kept]), ops=ops or {})
     write_marker(ctx.work, marker, ctx.endpoint_url)
     return marker
 
@@ -130,7 +120,7 @@ class WriteDocs:
 
     def write(self, tables: list[pa.Table]) -> list[ReadMarker | UserError]:
         unk_id = vocab_info_for(self.vocab).unk_id
-        return [write_docs(uid, rows, self.ctx, unk_id) for uid, rows in by_unit(tables)]
+        return [write_docs(uid, rows, self.ctx, unk_id, take_ops()) for uid, rows in by_unit(tables)]
 
 
 # Operators over the reader's rows that drop documents (curation), planned from the state: each planner returns an
@@ -142,10 +132,51 @@ def read_stage(s: BuildState) -> RowStage:
     """The one pass over the input; it starts (and warms) the worker processes every later stage uses."""
     ctx = s.ctx
     tokenize = SplitTokenize(ctx, s.vocab)
-    s.executor.warm(tokenize.setup, len(s.units))
+    s.executor.warm(tokenize.setup, len(s.units) or 1 << 20)
     filters = tuple(op for plan in DOC_FILTERS if (op := plan(s)) is not None)
+    if s.inputs.documents is not None:  # a user's Dataset, streamed (ray_data/documents.py)
+        from pipeline.build.ray_data.documents import DatasetRows, WriteFragments
+
+        remove_tree(ctx.url(DOCS_DIR), ctx.endpoint_url)  # rewritten by every run: only the run knows what it read
+        rows = DatasetRows(s.inputs.id_column, s.cfg.read.text_field, s.cfg.read.presplit, s.cfg.read.on_error)
+        return RowStage("read", {}, ReadCorpus(ctx), (rows, *filters, tokenize), WriteFragments(ctx, s.vocab),
+                        ReadMarker, source=s.inputs.documents, after=_dataset_read)
     return RowStage("read", {u.uid: u for u in s.units}, ReadCorpus(ctx), (*filters, tokenize),
-                    WriteDocs(ctx, s.vocab), ReadMarker, s.unit_sizes, after=_read)
+                    WriteDocs(ctx, s.vocab), ReadMarker, s.unit_sizes, after=_files_read)
+
+
+def _files_read(s: BuildState) -> None:
+    markers: list[ReadMarker] = s.markers["read"]  # type: ignore[assignment]
+    s.doc_units = {m.uid: u for m, u in zip(markers, s.units) if m.documents}
+    s.doc_files = [docs_url(s.ctx, uid) for uid in s.doc_units]
+    _read(s)
+
+
+def _dataset_read(s: BuildState) -> None:
+    """What the Dataset's pass read: its stamp (the digest taken on the way), its units, the fragments."""
+    from pipeline.build.ray_data.documents import DATASET_PATH, bucket_dir, dataset_units
+
+    fragments = s.markers["read"]
+    text_bytes = sum(f.text_bytes for f in fragments)  # type: ignore[attr-defined]
+    digest = sum(f.digest for f in fragments) % (1 << 256)  # type: ignore[attr-defined]
+    read = sum(f.read_documents for f in fragments)  # type: ignore[attr-defined]
+    s.inputs.stamps = [{"path": DATASET_PATH, "size": text_bytes, "etag": f"{digest:064x}", "mtime": None,
+                        "documents": read}]
+    by_bucket: dict[int, list] = {}
+    for f in fragments:
+        by_bucket.setdefault(f.bucket, []).append(f)  # type: ignore[attr-defined]
+    s.markers["read"] = [ReadMarker(
+        uid=f"g{b:03d}", path=DATASET_PATH, read_documents=sum(f.read_documents for f in fs),
+        dropped=dict(sum((Counter(f.dropped) for f in fs), Counter())), bad_files={},
+        documents=sum(f.documents for f in fs), sentences=sum(f.sentences for f in fs),
+        tokens=sum(f.tokens for f in fs), unk_tokens=sum(f.unk_tokens for f in fs),
+        tokens_per_document=dict(sum((Counter(f.tokens_per_document) for f in fs), Counter())))
+        for b, fs in sorted(by_bucket.items())]
+    s.units = dataset_units(text_bytes, s.cfg.unit_bytes, s.cfg.work)
+    s.doc_units = {u.uid: u for u in s.units}
+    s.doc_files = [join(bucket_dir(s.ctx, b), name) for b in sorted(by_bucket)
+                   for name in sorted(list_names(bucket_dir(s.ctx, b), s.ctx.endpoint_url)) if name.endswith(".arrow")]
+    _read(s)
 
 
 def _read(s: BuildState) -> None:

@@ -8,12 +8,14 @@ import functools
 from typing import Any
 
 from pipeline.build.config import BuildConfig
+from pipeline.build.drops import LeftOut
 from pipeline.build.executor import Shared
 from pipeline.build.inputs import BuildInputs
 from pipeline.build.markers import Marker
 from pipeline.build.sizes import default_num_shards
 from pipeline.build.work import StepContext
 from pipeline.readers import ReadReport, Unit
+from pipeline.schema import config_hash
 
 
 @dataclasses.dataclass
@@ -21,12 +23,16 @@ class BuildState:
     cfg: BuildConfig
     inputs: BuildInputs
     executor: Any  # executor.Executor
-    build_id: str  # the config hash and the input stamps: keys the per-process caches (the pool)
+    chash: str  # the config's hash
     report: ReadReport = dataclasses.field(default_factory=ReadReport)
     units: list[Unit] = dataclasses.field(default_factory=list)  # set by the pieces stage's hook
     unit_sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # bytes of text per unit (progress)
     vocab_bytes: bytes | None = None  # the given vocabulary, or the trained one once its stage has run
     corpus_tokens: int = 0  # the tokens the read pass kept: exact, once it has run
+    doc_units: dict[str, Unit] = dataclasses.field(default_factory=dict)  # the instances pass's units, by uid
+    doc_files: list[str] = dataclasses.field(default_factory=list)  # every file of tokenized documents (the pool's)
+    dropped: frozenset[str] = frozenset()  # the doc files a global step gave a drop list (drops.py)
+    left_out: LeftOut = dataclasses.field(default_factory=LeftOut)  # what those lists remove
     pool: Shared | None = None  # the merged random-next pool once its stage has run (an object reference on Ray)
     warnings: list[str] = dataclasses.field(default_factory=list)  # the manifest's, one line each
     markers: dict[str, list[Marker]] = dataclasses.field(default_factory=dict)  # by stage name, in item order
@@ -50,9 +56,16 @@ class BuildState:
 
         return self.executor.share(hashlib.sha256(self.vocab_bytes).hexdigest(), self.vocab_tokens)
 
+    @property
+    def build_id(self) -> str:
+        """The config and the input stamps: keys the per-process caches (the pool), so that a rebuild of changed
+        inputs into the same output, in the same process, never sees the old pool."""
+        assert self.inputs.stamps is not None, "a Dataset's stamp is known once the read pass has run"
+        return config_hash({"config_hash": self.chash, "inputs": self.inputs.stamps})
+
     @functools.cached_property
     def ctx(self) -> StepContext:
-        return self.cfg.step_context(self.vocab_size, self.build_id)
+        return self.cfg.step_context(self.vocab_size, self.chash)
 
     @property
     def num_shards(self) -> int:

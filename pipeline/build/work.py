@@ -23,7 +23,7 @@ WORK_SUFFIX = ".arrow"
 @dataclasses.dataclass(frozen=True)
 class StepContext:
     """What the steps need (never the whole job config): where _work is, the component configs, and ``build_id``
-    (a hash of the config and the input stamps) that keys the per-process caches."""
+    (the config's hash)."""
 
     work: str
     output: str

@@ -128,6 +128,12 @@ def test_on_ray_the_run_hears_every_stage_and_the_callers_ray_stays_up(ray_shutd
     run = MlflowClient(mlflow_uri).get_run(last_json(capsys.readouterr().out)["mlflow_run_id"])
     assert run.info.status == "FINISHED" and run.data.params["executor"] == "ray data"
     assert {f"stage_seconds.{s}" for s in ("read", "pool", "instances", "shards")} <= run.data.metrics.keys()
+    # Per operator of the row passes, counted on Ray's workers (Ray Data fuses each pass into one task per unit).
+    m = run.data.metrics
+    docs = read_manifest(str(out)).totals.documents
+    assert m["op.read.SplitTokenize.rows_in"] == m["op.read.ReadCorpus.rows_out"] > docs  # documents + report rows
+    assert m["op.instances.ReadDocs.rows_out"] >= docs and m["op.instances.PairsAndMasks.rows_out"] > docs
+    assert m["op.read.SplitTokenize.cpu_s"] > 0 and m["op.instances.PairsAndMasks.mb_out"] > 0
     assert run.inputs.dataset_inputs[0].dataset.digest == read_manifest(str(out)).sha256[:16]
     assert ray.is_initialized()  # the job leaves a Ray it did not start
 

@@ -16,11 +16,11 @@ from pipeline.storage import FileInfo, expand_inputs, read_bytes
 @dataclasses.dataclass
 class BuildInputs:
     """``stamps``: each input's identity (its redacted URL, size, etag, mtime; a digest for an http(s) input without
-    an ETag; a Dataset's digest), what ``_work/config.json`` and the manifest keep; ``ignored``: files of an input
+    an ETag; a Dataset's digest, taken by the read pass), what ``_work/config.json`` and the manifest keep; ``ignored``: files of an input
     folder that are not corpus files by name; ``documents``: the user's Dataset (None: files)."""
 
     files: list[FileInfo]
-    stamps: list[dict[str, Any]]
+    stamps: list[dict[str, Any]] | None  # None: a Dataset's, known once the read pass has read it
     ignored: list[str]
     vocab_bytes: bytes | None
     documents: Any = None
@@ -48,17 +48,26 @@ def read_inputs(cfg: BuildConfig, documents: Any = None, id_column: str = "id") 
         raise ValueError("no inputs: pass at least one --input" if documents is None else
                          "both inputs and a documents Dataset: give the build one of them")
     if documents is not None:
-        from pipeline.build.ray_data.documents import check_columns, dataset_stamp
-
         if cfg.vocab is None:
             raise ValueError("a build of a documents Dataset needs a vocabulary: pass BuildConfig(vocab=...) (train"
                              " one with jobs/train_tokenizer.py)")
         check_columns(documents, id_column, cfg.read.text_field)
-        documents = documents.materialize()  # the user's pipeline runs once; read twice (digest, units)
-        return BuildInputs([], [dataset_stamp(documents, id_column, cfg.read.text_field)], [], read_vocab(cfg),
-                           documents, id_column)
+        return BuildInputs([], None, [], read_vocab(cfg), documents, id_column)
     ignored: list[str] = []
     files = expand_inputs(list(cfg.inputs), cfg.endpoint_url, skipped=ignored)
     stamps = [{"path": redact_url(f.path), "size": f.size, "etag": f.etag, "mtime": f.mtime}
               | ({"digest": f.digest} if f.digest else {}) for f in files]
     return BuildInputs(files, stamps, [redact_url(p) for p in ignored], read_vocab(cfg))
+
+
+def check_columns(ds: Any, id_column: str, text_column: str) -> None:
+    """The columns, when the Dataset knows them without running (a read or from_items; a map's output is only
+    known by running it, and the read pass names a missing column then)."""
+    schema = ds.schema(fetch_if_missing=False)
+    if schema is None:
+        return
+    names = list(schema.names)
+    for col, flag in ((id_column, "id_column"), (text_column, "read.text_field (--text-field)")):
+        if col not in names:
+            raise ValueError(f"the documents Dataset has no column {col!r} (columns: {names}): add it (for example"
+                             f" with map_batches) or name the column with BuildConfig.{flag}")

@@ -378,28 +378,18 @@ def _units(files: list[FileInfo], read: ReadOptions, unit_bytes: int, ctx: Piece
     return sorted(units + piece_units(markers, ctx), key=lambda u: u.uid)
 
 
-def pieces_stage(s: BuildState) -> Stage:
+def pieces_stage(s: BuildState) -> Stage | None:
     """The build's first stage: big compressed inputs cut into pieces; its hook plans every unit (``s.units``).
     A Dataset of documents has no files to cut: its units come from the Dataset (``ray_data/documents.py``)."""
     cfg = s.cfg
     stage, ctx = _stage(s.inputs.files, cfg.read, cfg.unit_bytes, cfg.work, cfg.endpoint_url)
     if s.inputs.documents is not None:
-        return dataclasses.replace(stage, items={}, after=_dataset_units)
+        return None  # no files to cut; the units come from the Dataset once its read pass has run
 
     def after(st: BuildState) -> None:
         st.units = _units(st.inputs.files, cfg.read, cfg.unit_bytes, ctx, stage, st.markers["pieces"], st.report)
         st.unit_sizes = unit_sizes(st.units, st.inputs.files, COMPRESSED_RATIO)
     return dataclasses.replace(stage, after=after)
-
-
-def _dataset_units(s: BuildState) -> None:
-    from pipeline.build.ray_data.documents import dataset_units
-
-    cfg = s.cfg
-    files, s.units = dataset_units(s.inputs.documents, s.inputs.stamps[0], s.inputs.id_column, cfg.read.text_field,
-                                   cfg.work, cfg.unit_bytes, cfg.endpoint_url)
-    s.inputs.files = files
-    s.unit_sizes = unit_sizes(s.units, files, COMPRESSED_RATIO)
 
 
 def unit_sizes(units: list[Unit], files: list[FileInfo], compressed_ratio: int) -> dict[str, int]:

@@ -15,7 +15,7 @@ shards) are ``from_items(work items) -> map_batches(<step>)``, one Ray Data task
 because what they do is not per document: the shards' exact balance needs every unit's row count first and then
 hands each shard precisely its slices (docs/data.md says why no Ray Data repartition does that).
 
-What stays ours, and why: the reading of ``--input`` files (``pipeline/readers.py``, for every format: Ray Data's
+What stays ours, and why: the reading of ``--input`` files (``pipeline/readers/``, for every format: Ray Data's
 ``read_text``/``read_json``/``read_parquet`` give no byte offsets or row indices for the ``<file>:<offset>``
 document ids every seed derives from, split by file or row group only, never at a document boundary inside a big
 file or compressed stream, and know neither blank-line-separated documents nor the reference's one-sentence-per-line
