@@ -35,7 +35,7 @@ from pipeline.checks import DEFAULT_MAX_UNK_FRACTION, CheckConfig
 from pipeline.create_instances import InstanceConfig
 from pipeline.readers import FORMATS, ON_ERROR, ReadOptions
 from pipeline.safe_io.redact import redact, redact_text
-from pipeline.build.ray_start import init_ray
+from pipeline.cluster.ray_start import init_ray
 from tracking.store import check_tracking_reachable, resolve_tracking_uri
 
 log = logging.getLogger("build_dataset")
@@ -54,6 +54,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--presplit", action="store_true", help="one sentence per line (the reference's format)")
     p.add_argument("--format", choices=FORMATS, default="auto")
     p.add_argument("--text-field", default="text", help="JSON Lines field / Parquet column holding the text")
+    p.add_argument("--id-field", default=ReadOptions.id_field,
+                   help="JSON Lines field / Parquet column holding a document's own id (its seeds come from it; the"
+                        " same records give the same shards in a file or a Ray Dataset); records without one, and"
+                        " every record with --id-field '', are named by their position in the file")
     p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--max-predictions-per-seq", type=int, default=20)
     p.add_argument("--masked-lm-prob", type=float, default=0.15)
@@ -92,7 +96,8 @@ def config_from(args: argparse.Namespace) -> BuildConfig:
     return BuildConfig(
         inputs=tuple(args.input),
         output=args.output.rstrip("/"),
-        read=ReadOptions(fmt=args.format, presplit=args.presplit, text_field=args.text_field, on_error=args.on_error),
+        read=ReadOptions(fmt=args.format, presplit=args.presplit, text_field=args.text_field,
+                         id_field=args.id_field, on_error=args.on_error),
         instances=InstanceConfig(
             max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq,
             masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob,

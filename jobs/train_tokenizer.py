@@ -31,7 +31,7 @@ from jobs import _common
 from pipeline.safe_io.redact import redact_text
 from pipeline.build.config import DEFAULT_SAMPLE_BYTES
 from pipeline.build.executor import LocalExecutor
-from pipeline.build.pieces import input_units
+from pipeline.build.inputs.pieces import input_units
 from pipeline.build.vocab import VocabContext, VocabSample, train_vocab
 from pipeline.readers import FORMATS, ON_ERROR, ReadOptions, ReadReport, plan_units
 from pipeline.storage import expand_inputs

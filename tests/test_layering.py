@@ -1,8 +1,8 @@
 """The import rules of CONVENTIONS.md and docs/architecture.md: jobs -> workflows, pretraining, finetuning -> training
 (the runtime both trainers share) -> tracking, pipeline, bert_core; the two trainers never import each other;
 bert_core is torch-only; pipeline is model-free; MLflow is imported only under tracking/, Ray only by the training
-launcher (training/launch.py and its torch rendezvous, training/rendezvous.py) and the build's engine
-(pipeline/build/ray_*.py)."""
+launcher (training/launch.py and its torch rendezvous, training/rendezvous.py), the build's engine
+(pipeline/build/ray_*.py) and Ray's start-up, which both use (pipeline/cluster/ray_start.py)."""
 import ast
 from pathlib import Path
 
@@ -29,7 +29,7 @@ def may_import(module: str, rel: str) -> bool:
     if module == "mlflow":
         return rel.startswith("tracking/")
     if module == "ray":
-        return rel in ("training/launch.py", "training/rendezvous.py") or (
+        return rel in ("training/launch.py", "training/rendezvous.py", "pipeline/cluster/ray_start.py") or (
             rel.startswith("pipeline/build/ray_") and rel.endswith(".py"))
     if module in ("fsspec", "pyarrow", "s3fs"):
         return not rel.startswith("bert_core/")
@@ -172,6 +172,14 @@ def test_package_size(package):
 
 def test_the_build_job_reaches_no_trainer_module():
     assert loaded_by("jobs.build_dataset", ("training", "pretraining", "finetuning")) == []
+
+
+def test_training_imports_nothing_from_the_build():
+    """Ray's start-up is shared (pipeline/cluster/ray_start.py); the trainer reaches no module of the dataset build."""
+    for f in (REPO / "training").rglob("*.py"):
+        assert not any(n == "pipeline.build" or n.startswith("pipeline.build.")
+                       for n in _our_imports(f, {"pipeline.build"} | {_module_of(g) for g in
+                                                                       (REPO / "pipeline").rglob("*.py")})), f
 
 
 def test_the_trainers_do_not_import_each_other():

@@ -59,8 +59,15 @@ class BuildRun:
         return run
 
     def _stage(self, name: str, markers: list, started: float, ended: float) -> None:
+        from pipeline.build.rows import sum_ops
+
         run = self._opened.result()
         run.log_metrics({f"stage_seconds.{name}": round(ended - started, 3)})
+        # Per operator of a row pass (Ray Data fuses a pass into one task, so its own statistics cannot tell them
+        # apart): rows in and out, MB out, CPU seconds.
+        run.log_metrics({f"op.{name}.{op}.{what}": round(float(v[i]) / (1e6 if what == "mb_out" else 1), 3)
+                         for op, v in sum_ops(markers).items()
+                         for i, what in enumerate(("rows_in", "rows_out", "mb_out", "cpu_s"))})
         if name == "vocab" and self.vocab_params is not None:
             self._vocab_run(run.run_id, markers[0], started, ended)
 

@@ -10,7 +10,7 @@ which every rank calls: it is a barrier) and what the job prepared for every wor
 place that decides where a run keeps its checkpoints: `launch.local_directory` in this process, Ray Train's storage
 (`launch.storage`/`launch.name`, local or S3) on Ray.
 
-Ray is imported inside the functions (Ray itself is started by `pipeline.build.ray_start.init_ray`, on loopback
+Ray is imported inside the functions (Ray itself is started by `pipeline.cluster.ray_start.init_ray`, on loopback
 unless the job joins a cluster), so `fit` without Ray never loads it.
 """
 from __future__ import annotations
@@ -175,7 +175,7 @@ def _on_ray(fit: Callable, config, launch: LaunchConfig, inputs: Any = None,
     import ray.train
     from ray.train.torch import TorchTrainer
 
-    from pipeline.build.ray_start import init_ray
+    from pipeline.cluster.ray_start import init_ray
     from training.rendezvous import LocalRendezvous
 
     init_ray(dashboard=True)

@@ -7,7 +7,7 @@ its first line never goes a minute without one, even when no item finishes in be
 Every duration says what it measures: ``s wall`` is elapsed time; ``driver CPU-s`` is the CPU time of this process
 only (the workers' CPU is not in it: the driver plans and collects markers, so it stays small and flat).
 
-    pool_parts: 12/40 units, 48.0/160.0 MB of text, 6.1 MB/s, ETA 18 s (14.2 s wall)
+    read: 12/40 units, 48.0/160.0 MB of text, 6.1 MB/s, ETA 18 s (14.2 s wall)
 """
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ key, block start) until ``sample_bytes`` is reached (at least one block; 0 = eve
 ``corpus.txt`` give the same sample and the same vocabulary. Parquet row groups are blocks of their own.
 
     sample_blocks(units, sizes, unit_bytes, sample_bytes, seed) -> [[Unit]]    the driver: metadata only
-    vocab_step(item, ctx) -> VocabMarker                                        one item: read, train, commit
-    VocabStep(ctx)(item) -> VocabMarker                                         the same as a step object
+    vocab_step(item, ctx) -> VocabMarker (VocabStep(ctx): a step)               one item: read, train, commit
     train_vocab(files, units, ctx, sample, output, executor) -> VocabMarker     all of it, resumable, on an executor
+    vocab_stage(state) -> Stage                                                 the build's stage (none with --vocab)
 
 Why a sample: WordPiece training counts words in one process; on 256 MB of text it sees every word frequent enough
 to enter a 30k vocabulary of English (the long tail it misses would fall below min_frequency or become ##pieces
@@ -28,7 +28,8 @@ from typing import ClassVar
 from pipeline.build.config import DEFAULT_SAMPLE_BYTES
 from pipeline.build.executor import Executor, Stage, run_stage
 from pipeline.build.markers import Marker, write_marker
-from pipeline.build.pieces import worker_id
+from pipeline.build.inputs.pieces import worker_id
+from pipeline.build.state import BuildState
 from pipeline.checks import vocab_size_warning
 from pipeline.readers import ReadOptions, ReadReport, Unit, read_unit
 from pipeline.rng import DEFAULT_SEED, derive_seed
@@ -150,11 +151,9 @@ def vocab_step(item: VocabItem, ctx: VocabContext) -> VocabMarker:
 
 @dataclasses.dataclass(frozen=True)
 class VocabStep:
-    """``vocab_step`` as a step object (picklable, one argument) for a generic ``map(step, items)`` executor."""
-
     ctx: VocabContext
 
-    def __call__(self, item: VocabItem) -> VocabMarker:
+    def __call__(self, item: VocabItem) -> VocabMarker:  # vocab_step as a picklable step of one argument
         return vocab_step(item, self.ctx)
 
 
@@ -168,17 +167,45 @@ class VocabSample:
     seed: int = DEFAULT_SEED
 
 
+def vocab_stage(s: BuildState) -> Stage | None:
+    """One item training the vocabulary on a seeded sample (its hook reads what it committed, and warns when the
+    corpus gave fewer entries than asked); none when one is given."""
+    from pipeline.schema import VOCAB_FILE
+    from pipeline.storage import join
+
+    cfg = s.cfg
+    if s.vocab_bytes is not None:
+        return None
+    ctx = VocabContext(cfg.read, cfg.vocab_size, cfg.min_frequency, cfg.do_lower_case, cfg.endpoint_url, cfg.work)
+    return dataclasses.replace(
+        _stage(s.inputs.files, s.units, ctx, VocabSample(cfg.unit_bytes, cfg.vocab_sample_bytes, cfg.instances.seed),
+               join(cfg.work, VOCAB_FILE)), after=_trained)
+
+
+def _stage(files: list[FileInfo], units: list[Unit], ctx: VocabContext, sample: VocabSample, output: str) -> Stage:
+    blocks, nbytes = sample_blocks(units, {f.path: f.size for f in files}, sample.unit_bytes, sample.sample_bytes,
+                                   sample.seed)
+    log.info("vocabulary: %d entries from a %.1f MB sample", ctx.vocab_size, nbytes / 1e6)
+    return Stage("vocab", VocabStep(ctx), {"vocab": VocabItem(blocks, output, nbytes)}, VocabMarker,
+                 {"vocab": nbytes}, "sample")
+
+
+def _trained(s: BuildState) -> None:
+    from pipeline.storage import read_bytes
+
+    (marker,) = s.markers["vocab"]
+    if (w := vocab_size_warning(s.cfg.vocab_size, marker.vocab_size, marker.documents)) is not None:
+        log.warning("%s", w)
+        s.warnings.append(w)
+    s.vocab_bytes = read_bytes(marker.file, s.cfg.endpoint_url)
+
+
 def train_vocab(files: list[FileInfo], units: list[Unit], ctx: VocabContext, sample: VocabSample, output: str,
                 executor: Executor) -> VocabMarker:
     """Train (or, resuming, find the committed) vocabulary on ``sample`` of ``units`` and commit it to ``output``;
     ``ctx.work`` holds the marker. One item on ``executor``: never the driver's work."""
     assert ctx.work is not None, "train_vocab resumes from its marker: give the context a work folder"
-    blocks, nbytes = sample_blocks(units, {f.path: f.size for f in files}, sample.unit_bytes, sample.sample_bytes,
-                                   sample.seed)
-    log.info("vocabulary: %d entries from a %.1f MB sample", ctx.vocab_size, nbytes / 1e6)
-    stage = Stage("vocab", VocabStep(ctx), {"vocab": VocabItem(blocks, output, nbytes)}, VocabMarker,
-                  {"vocab": nbytes}, "sample")
-    (marker,) = run_stage(stage, executor, ctx.work, ctx.endpoint_url)
+    (marker,) = run_stage(_stage(files, units, ctx, sample, output), executor, ctx.work, ctx.endpoint_url)
     if (shortfall := vocab_size_warning(ctx.vocab_size, marker.vocab_size, marker.documents)) is not None:
         log.warning("%s", shortfall)
     return marker  # type: ignore[return-value]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 
 from pipeline.build.executor import LocalExecutor
-from pipeline.build.pieces import input_units
+from pipeline.build.inputs.pieces import input_units
 from pipeline.build.vocab import VocabContext, VocabItem, sample_blocks, vocab_step
 from pipeline.readers import ReadOptions, ReadReport, read_unit
 from pipeline.storage import expand_inputs
@@ -31,8 +31,8 @@ def _plan(root, tmp_path, name):
     return units, {f.path: f.size for f in files}
 
 
-def _docs(blocks):
-    return [(d.doc_id, d.lines) for b in blocks for u in b for d in read_unit(u, ReadOptions())]
+def _docs(blocks):  # named by position (not by the records' own ids): the sample is a matter of positions
+    return [(d.doc_id, d.lines) for b in blocks for u in b for d in read_unit(u, ReadOptions(id_field=""))]
 
 
 def test_sample_is_seeded_bounded_and_the_same_compressed_or_not(tmp_path, sample_dir):

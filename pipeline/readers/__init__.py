@@ -6,12 +6,14 @@ decompressed on the fly.
 
 Work units are fixed by the files alone: byte ranges of ``unit_bytes`` for uncompressed text and JSON Lines, one
 row group for Parquet. A unit owns the documents that *start* inside its range (as Hadoop's line splits do) and
-reads past its end to finish the last one. Document ids are ``<file key>:<byte offset>`` (row index for Parquet),
-so they, and every seed derived from them, do not depend on the unit size or the number of workers. The key has no
-compression suffix and offsets count decompressed bytes, so ``corpus.txt.gz`` gives the ids of ``corpus.txt``.
+reads past its end to finish the last one. A document's id is its record's own ``id_field`` (JSON Lines, Parquet)
+when it has one, else ``<file key>:<byte offset>`` (row index for Parquet), so ids, and every seed derived from
+them, do not depend on the unit size or the number of workers, and the same records give the same documents in a
+file or a Ray Dataset. The key has no compression suffix and offsets count decompressed bytes, so
+``corpus.txt.gz`` gives the ids of ``corpus.txt``.
 
 Compressed streams cannot seek. A compressed file of about one unit or less is one unit; a bigger one goes through
-the pieces step first (``pipeline.build.pieces``): one item streams it once and commits pieces of about ``unit_bytes``
+the pieces step first (``pipeline.build.inputs.pieces``): one item streams it once and commits pieces of about ``unit_bytes``
 cut at document boundaries, and each piece becomes a unit whose ``data`` is the piece and whose ``base`` is the
 piece's offset in the decompressed input, so its documents keep the ids they have in the uncompressed file.
 ``plan_units(..., exclude=...)`` leaves those files to that step.
@@ -31,7 +33,9 @@ from typing import IO
 import pyarrow.parquet as pq
 
 from pipeline.safe_io.redact import redact_url
-from pipeline.storage import FileInfo, compression_of, filesystem_for, map_threads, storage_error, strip_compression
+from pipeline.readers.ranged import Ranged
+from pipeline.storage import (FileInfo, compression_of, filesystem_for, is_url, map_threads, storage_error,
+                              strip_compression)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,7 @@ class ReadOptions:
     fmt: str = "auto"
     presplit: bool = False
     text_field: str = "text"
+    id_field: str = "id"  # a record's own id, when it has one ("": documents are named by position)
     on_error: str = "fail"
     max_record_bytes: int = 16 << 20
 
@@ -172,7 +177,9 @@ def read_unit(unit: Unit, opts: ReadOptions, endpoint_url: str | None = None,
             yield from _parquet_docs(fs, path, unit, opts, report)
             return
         compression = compression_of(path)
-        with fs.open(path, "rb", compression=compression) as f:
+        remote = compression is None and is_url(unit.data or unit.path)
+        with (Ranged(fs, path, unit.start, unit.end, unit.base, _CONTEXT if unit.fmt == "text" else 1) if remote
+              else fs.open(path, "rb", compression=compression)) as f:
             if unit.fmt == "jsonl":
                 yield from _jsonl_docs(f, unit, opts, report, seekable=compression is None)
             else:
@@ -309,6 +316,15 @@ def _text_docs(f: IO[bytes], unit: Unit, opts: ReadOptions, report: ReadReport, 
             yield doc
 
 
+def _id(own: object, position: str) -> str:
+    """The record's own id (a string or an integer), else its position in the file."""
+    if isinstance(own, str) and own:
+        return own
+    if isinstance(own, int) and not isinstance(own, bool):
+        return str(own)
+    return position
+
+
 def _missing_field(rec: object, field: str) -> tuple[str, str, str]:
     """(what is wrong, how to fix it, what the record holds) for a JSON record without a string ``field``: the
     fields it has, so that a corpus keyed ``body`` or ``content`` is one flag away."""
@@ -349,6 +365,7 @@ def _jsonl_docs(f: IO[bytes], unit: Unit, opts: ReadOptions, report: ReadReport,
                 reason = "bad_json"
             else:
                 text = rec.get(opts.text_field) if isinstance(rec, dict) else None
+                own = rec.get(opts.id_field) if opts.id_field and isinstance(rec, dict) else None
                 if not isinstance(text, str):
                     what, fix, has = _missing_field(rec, opts.text_field)
                     missing += 1
@@ -358,7 +375,7 @@ def _jsonl_docs(f: IO[bytes], unit: Unit, opts: ReadOptions, report: ReadReport,
         if reason:
             _bad_record(opts, report, unit, off, lineno, reason, _WHAT[reason])
             continue
-        yield Doc(f"{unit.key}:{off}", text.split("\n") if opts.presplit else [text])
+        yield Doc(_id(own, f"{unit.key}:{off}"), text.split("\n") if opts.presplit else [text])
     if missing:  # skipped as asked, but a wrong --text-field drops everything: say what the records hold
         log.warning("input %s: dropped %d record(s) without a string %r field (the first has %s); pass"
                     " --text-field NAME if the text is in another field", unit.path, missing, opts.text_field,
@@ -373,9 +390,12 @@ def _parquet_docs(fs, path: str, unit: Unit, opts: ReadOptions, report: ReadRepo
                       f"no column {opts.text_field!r} (columns: {pf.schema_arrow.names}); pass --text-field")
             return
         first = sum(pf.metadata.row_group(g).num_rows for g in range(unit.start))
-        column = pf.read_row_group(unit.start, columns=[opts.text_field]).column(0).to_pylist()
-    for i, text in enumerate(column):
+        has_id = bool(opts.id_field) and opts.id_field in pf.schema_arrow.names and opts.id_field != opts.text_field
+        group = pf.read_row_group(unit.start, columns=[opts.text_field] + ([opts.id_field] if has_id else []))
+        column = group.column(opts.text_field).to_pylist()
+        ids = group.column(opts.id_field).to_pylist() if has_id else [None] * len(column)
+    for i, (text, own) in enumerate(zip(column, ids)):
         if not isinstance(text, str):
             _bad_record(opts, report, unit, first + i, None, "missing_text_field", f"row {first + i}: null text")
             continue
-        yield Doc(f"{unit.key}:{first + i}", text.split("\n") if opts.presplit else [text])
+        yield Doc(_id(own, f"{unit.key}:{first + i}"), text.split("\n") if opts.presplit else [text])

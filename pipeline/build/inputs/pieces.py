@@ -10,10 +10,9 @@ input: documents keep the ids (``<key>:<decompressed offset>``) they have in the
 dataset is byte-identical whether the input was compressed or not, and does not depend on ``unit_bytes``.
 
     plan_pieces(files, opts, unit_bytes, endpoint_url) -> [PieceItem]   which files need the step (metadata only)
-    pieces_step(item, ctx) -> PieceMarker                                one item per file: stream, cut, commit
-    PiecesStep(ctx)(item) -> PieceMarker                                 the same as a picklable step object
-    piece_units(markers, ctx) -> [Unit]                                  the pieces as units of the docs stage
+    pieces_step(item, ctx) -> PieceMarker (PiecesStep(ctx): a step)     one item per file: stream, cut, commit
     input_units(files, read, unit_bytes, work, executor, report) -> [Unit]   every unit, the pieces cut by the executor
+    pieces_stage(state) -> Stage                                         the build's stage; its hook sets the units
 
 Pieces are written with zstd level 1 (``<file index>-<piece>.zst`` under ``_work/pieces``): measured on 11.8 MB of
 text here, 181 MB/s to compress and 430 MB/s to read back (under 2% of the ~3 MB/s per CPU that tokenizing costs)
@@ -34,6 +33,8 @@ from typing import ClassVar
 
 from pipeline.build.executor import Executor, Stage, run_stage
 from pipeline.build.markers import Marker, write_marker
+from pipeline.build.sizes import COMPRESSED_RATIO
+from pipeline.build.state import BuildState
 from pipeline.readers import InputError, ReadOptions, ReadReport, Unit, detect_format, plan_units
 from pipeline.safe_io.redact import redact_url
 from pipeline.storage import (FileInfo, compression_of, filesystem_for, join, map_threads, open_atomic,
@@ -340,11 +341,9 @@ def pieces_step(item: PieceItem, ctx: PieceContext) -> PieceMarker:
 
 @dataclasses.dataclass(frozen=True)
 class PiecesStep:
-    """``pieces_step`` as a step object (picklable, one argument) for a generic ``map(step, items)`` executor."""
-
     ctx: PieceContext
 
-    def __call__(self, item: PieceItem) -> PieceMarker:
+    def __call__(self, item: PieceItem) -> PieceMarker:  # pieces_step as a picklable step of one argument
         return pieces_step(item, self.ctx)
 
 
@@ -359,15 +358,38 @@ def input_units(files: list[FileInfo], read: ReadOptions, unit_bytes: int, work:
     """Every unit of the inputs, in uid order: big compressed inputs are first cut into unit-sized pieces under
     ``work`` (one item per file, streaming it once, so memory per item stays bounded and the docs stage is parallel
     over the pieces); the rest are planned from metadata."""
+    stage, ctx = _stage(files, read, unit_bytes, work, endpoint_url)
+    return _units(files, read, unit_bytes, ctx, stage, run_stage(stage, executor, work, endpoint_url), report)
+
+
+def _stage(files: list[FileInfo], read: ReadOptions, unit_bytes: int, work: str,
+           endpoint_url: str | None) -> tuple[Stage, PieceContext]:
     ctx = PieceContext(work, unit_bytes, read, endpoint_url)
     items = plan_pieces(files, read, unit_bytes, endpoint_url)
-    stage = Stage("pieces", PiecesStep(ctx), {f"{t.index:05d}": t for t in items}, PieceMarker,
-                  noun="compressed files")
-    markers: list[PieceMarker] = run_stage(stage, executor, work, endpoint_url)  # type: ignore[assignment]
+    return (Stage("pieces", PiecesStep(ctx), {f"{t.index:05d}": t for t in items}, PieceMarker,
+                  noun="compressed files"), ctx)
+
+
+def _units(files: list[FileInfo], read: ReadOptions, unit_bytes: int, ctx: PieceContext, stage: Stage,
+           markers: list, report: ReadReport) -> list[Unit]:
     for m in markers:
         report.bad_files.update(m.bad_files)
-    units = plan_units(files, read, unit_bytes, endpoint_url, report, exclude={t.path for t in items})
+    units = plan_units(files, read, unit_bytes, ctx.endpoint_url, report, exclude={t.path for t in stage.items.values()})
     return sorted(units + piece_units(markers, ctx), key=lambda u: u.uid)
+
+
+def pieces_stage(s: BuildState) -> Stage | None:
+    """The build's first stage: big compressed inputs cut into pieces; its hook plans every unit (``s.units``).
+    A Dataset of documents has no files to cut: its units come from the Dataset (``ray_data/documents.py``)."""
+    cfg = s.cfg
+    stage, ctx = _stage(s.inputs.files, cfg.read, cfg.unit_bytes, cfg.work, cfg.endpoint_url)
+    if s.inputs.documents is not None:
+        return None  # no files to cut; the units come from the Dataset once its read pass has run
+
+    def after(st: BuildState) -> None:
+        st.units = _units(st.inputs.files, cfg.read, cfg.unit_bytes, ctx, stage, st.markers["pieces"], st.report)
+        st.unit_sizes = unit_sizes(st.units, st.inputs.files, COMPRESSED_RATIO)
+    return dataclasses.replace(stage, after=after)
 
 
 def unit_sizes(units: list[Unit], files: list[FileInfo], compressed_ratio: int) -> dict[str, int]:
