@@ -1,8 +1,8 @@
 """The import rules of CONVENTIONS.md and docs/architecture.md: jobs -> workflows, pretraining, finetuning -> training
 (the runtime both trainers share) -> tracking, pipeline, bert_core; the two trainers never import each other;
 bert_core is torch-only; pipeline is model-free; MLflow is imported only under tracking/, Ray only by the training
-launcher (training/launch.py and its torch rendezvous, training/rendezvous.py) and the build's engine
-(pipeline/build/ray_*.py)."""
+launcher (training/launch.py and its torch rendezvous, training/rendezvous.py), the build's engine
+(pipeline/build/ray_*.py) and curation's Ray Data computations (pipeline/curate/ray_*.py)."""
 import ast
 from pathlib import Path
 
@@ -25,12 +25,13 @@ PACKAGES = sorted(ALLOWED)
 
 
 def may_import(module: str, rel: str) -> bool:
-    """MLflow only under tracking/; Ray only in the training launcher and the build's engine."""
+    """MLflow only under tracking/; Ray only in the training launcher, the build's engine and curation's Ray Data
+    computations."""
     if module == "mlflow":
         return rel.startswith("tracking/")
     if module == "ray":
         return rel in ("training/launch.py", "training/rendezvous.py") or (
-            rel.startswith("pipeline/build/ray_") and rel.endswith(".py"))
+            rel.startswith(("pipeline/build/ray_", "pipeline/curate/ray_")) and rel.endswith(".py"))
     if module in ("fsspec", "pyarrow", "s3fs"):
         return not rel.startswith("bert_core/")
     return True

@@ -1,0 +1,179 @@
+"""The global deduplication decision on Ray Data: signatures in, drop set out, memory bounded by partition.
+
+The same computation as the plain loop (``pipeline.curate.dedup.drop_set``), through Ray Data shuffles instead of
+one process's memory; no signature passes through the driver:
+
+    signatures (id, content, sig), materialized once in the object store (spilled to disk when it is full)
+    exact   rows keyed by content hash     -> groupby(part) -> exact_groups        -> exact drop rows
+    bands   a row per (document, band)     -> groupby(part) -> bucket_edges        -> candidate edges (a, b)
+    attach  edges keyed by a + signatures  -> groupby(part) -> a's signature onto each edge
+    verify  those keyed by b + signatures  -> groupby(part) -> verify              -> near-duplicate edges
+    one task: components(edges) + the exact drops -> the drop set (an object in the store, O(duplicates))
+
+Each shuffle groups rows by ``part``, a hash of their key modulo the number of partitions, so a group is a whole
+partition: every row of a bucket, content hash or document lands in the same call, and each call holds about
+``rows_per_partition`` rows whatever the corpus size. Groups are processed with Arrow/NumPy, not a call per key.
+Shuffles are Ray Data's sort-based ones: in Ray 2.60 the default hash shuffle starts its aggregator actors for every
+shuffle (~5 s each on a 2-CPU box against ~0.3 s sorted, ``docs/benchmarks.md``).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+from functools import partial
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import ray
+
+from pipeline.curate.clusters import components, exact_groups, sort_drops
+from pipeline.curate.contract import DUPLICATE_SCHEMA
+from pipeline.curate.dedup import DedupConfig, Signatures, band_rows, sig_matrix, signature_schema, verified
+from pipeline.curate.lsh import bucket_edges
+
+ROWS_PER_PARTITION = 1 << 20  # band rows per group: ~60 MB of Arrow (key, id, content) at 40-byte ids
+
+
+def partitions(num_docs: int, cfg: DedupConfig, rows_per_partition: int = ROWS_PER_PARTITION) -> int:
+    band_rows_total = num_docs * (cfg.bands if cfg.mode == "near" else 1)
+    return max(1, math.ceil(band_rows_total / rows_per_partition))
+
+
+def _part_of_ids(ids: pa.Array, parts: int) -> pa.Array:
+    return pa.array([int.from_bytes(hashlib.blake2b(i.encode("utf-8", "surrogatepass"), digest_size=8).digest(),
+                                    "little") % parts for i in ids.to_pylist()], pa.uint64())
+
+
+def _part_of_content(content: pa.Array, parts: int) -> pa.Array:
+    return pa.array([int.from_bytes(c[:8], "little") % parts for c in content.to_pylist()], pa.uint64())
+
+
+def _keyed(key: pa.Array, other: pa.Array | None, sig: pa.Array | None, parts: int, sig_type: pa.DataType):
+    n = len(key)
+    return pa.table({"part": _part_of_ids(key, parts), "key": key,
+                     "other": other if other is not None else pa.nulls(n, pa.string()),
+                     "sig": sig if sig is not None else pa.nulls(n, sig_type)})
+
+
+class _ExactPart:
+    def __init__(self, parts: int):
+        self.parts = parts
+
+    def __call__(self, t: pa.Table) -> pa.Table:
+        return t.select(["id", "content"]).append_column("part", _part_of_content(t["content"], self.parts))
+
+
+def _exact(group: pa.Table) -> pa.Table:
+    return exact_groups(group["id"], group["content"])
+
+
+class _BandPart:
+    def __init__(self, cfg: DedupConfig, parts: int):
+        self.cfg, self.parts = cfg, parts
+
+    def __call__(self, t: pa.Table) -> pa.Table:
+        rows = band_rows(t, self.cfg)
+        part = pa.array(rows["key"].to_numpy() % np.uint64(self.parts), pa.uint64())
+        return rows.append_column("part", part)
+
+
+def _edges(group: pa.Table) -> pa.Table:
+    a, b = bucket_edges(group["key"].to_numpy(), group["id"], group["content"])
+    return pa.table({"a": a, "b": b})
+
+
+class _Keyed:
+    """Rows of one shape for the two verification shuffles: (part, key, other, sig)."""
+
+    def __init__(self, kind: str, parts: int, sig_type: pa.DataType):
+        self.kind, self.parts, self.sig_type = kind, parts, sig_type
+
+    def __call__(self, t: pa.Table) -> pa.Table:
+        if self.kind == "edges":  # keyed by a, the other end b
+            return _keyed(t["a"], t["b"], None, self.parts, self.sig_type)
+        return _keyed(t["id"], None, t["sig"], self.parts, self.sig_type)
+
+
+def _own_sigs(group: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """(the group's signature rows as key -> sig, its other rows)."""
+    is_sig = group["other"].is_null()
+    return group.filter(is_sig), group.filter(pc.invert(is_sig))
+
+
+def _attach(group: pa.Table, parts: int, sig_type: pa.DataType) -> pa.Table:
+    """Edges keyed by a get a's signature and are keyed by b."""
+    sigs, edges = _own_sigs(group)
+    # An edge found in several bands arrives once per band: one is enough.
+    edges = edges.group_by(["key", "other"], use_threads=False).aggregate([])
+    at = pc.index_in(edges["key"], value_set=sigs["key"])
+    # (b, a, sig_a): keyed by b for the next shuffle.
+    return _keyed(edges["other"], edges["key"], sigs["sig"].take(at), parts, sig_type)
+
+
+def _verify(group: pa.Table, cfg: DedupConfig) -> pa.Table:
+    sigs, edges = _own_sigs(group)
+    at = pc.index_in(edges["key"], value_set=sigs["key"])
+    sig_b = sig_matrix(sigs["sig"].take(at), cfg.num_perm)
+    sig_a = sig_matrix(edges["sig"], cfg.num_perm)
+    a, b = verified(edges["other"].combine_chunks(), edges["key"].combine_chunks(), sig_a, sig_b, cfg)
+    return pa.table({"a": a, "b": b})
+
+
+def _decide(exact: list, edges: list) -> pa.Table:
+    exact_tables = ray.get(exact) if exact else []
+    edge_tables = ray.get(edges) if edges else []
+    near = components((t["a"].combine_chunks(), t["b"].combine_chunks()) for t in edge_tables if len(t))
+    return sort_drops(pa.concat_tables([DUPLICATE_SCHEMA.empty_table(), near]
+                                       + [t.cast(DUPLICATE_SCHEMA) for t in exact_tables]))
+
+
+@contextlib.contextmanager
+def _data_context(num_cpus: int | None):
+    ctx = ray.data.DataContext.get_current()
+    saved = ctx.shuffle_strategy, ctx.execution_options.resource_limits
+    ctx.shuffle_strategy = ray.data.context.ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+    if num_cpus:
+        ctx.execution_options.resource_limits = ctx.execution_options.resource_limits.copy(cpu=num_cpus)
+    try:
+        yield
+    finally:
+        ctx.shuffle_strategy, ctx.execution_options.resource_limits = saved
+
+
+def signatures(documents: ray.data.Dataset, cfg: DedupConfig) -> ray.data.Dataset:
+    """The per-document signature operator over a Dataset of documents (``contract``'s columns)."""
+    return documents.map_batches(Signatures(cfg), batch_format="pyarrow", zero_copy_batch=True)
+
+
+def drop_set_ref(sigs: ray.data.Dataset, cfg: DedupConfig, num_cpus: int | None = None,
+                 rows_per_partition: int = ROWS_PER_PARTITION) -> ray.ObjectRef:
+    """The drop set of the signatures' documents, as an object in Ray's store (the filter's workers read it from
+    there; the driver never holds it)."""
+    if cfg.mode == "off":
+        return ray.put(DUPLICATE_SCHEMA.empty_table())
+    with _data_context(num_cpus):
+        sigs = sigs.materialize()
+        parts = partitions(sigs.count(), cfg, rows_per_partition)
+        exact = (sigs.map_batches(_ExactPart(parts), batch_format="pyarrow")
+                 .groupby("part").map_groups(_exact, batch_format="pyarrow").materialize())
+        edge_refs = []
+        if cfg.mode == "near":
+            sig_type = signature_schema(cfg).field("sig").type
+            edges = (sigs.map_batches(_BandPart(cfg, parts), batch_format="pyarrow")
+                     .groupby("part").map_groups(_edges, batch_format="pyarrow"))
+            keyed_sigs = sigs.map_batches(_Keyed("sigs", parts, sig_type), batch_format="pyarrow")
+            attached = (edges.map_batches(_Keyed("edges", parts, sig_type), batch_format="pyarrow")
+                        .union(keyed_sigs).groupby("part").map_groups(partial(_attach, parts=parts, sig_type=sig_type),
+                                                                batch_format="pyarrow"))
+            near = (attached.union(keyed_sigs).groupby("part")
+                    .map_groups(partial(_verify, cfg=cfg), batch_format="pyarrow").materialize())
+            edge_refs = near.to_arrow_refs()
+        return ray.remote(_decide).options(num_cpus=1).remote(exact.to_arrow_refs(), edge_refs)
+
+
+def drop_set(sigs: ray.data.Dataset, cfg: DedupConfig, num_cpus: int | None = None,
+             rows_per_partition: int = ROWS_PER_PARTITION) -> pa.Table:
+    """``drop_set_ref`` fetched: for tests and small corpora (a build keeps the reference)."""
+    return ray.get(drop_set_ref(sigs, cfg, num_cpus, rows_per_partition))
