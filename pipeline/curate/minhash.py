@@ -2,16 +2,18 @@
 
 A document's shingles are the hashes of its runs of ``shingle_words`` consecutive normalised words
 (``pipeline.curate.words``); a document shorter than that has one shingle, all its words; one with no words has no
-signature. Permutation p maps a shingle hash h to ``h * a_p mod 2**64`` with an odd multiplier ``a_p`` (a bijection
-on 64-bit values, so two documents agree on permutation p exactly when the same shingle is the minimum of both; the
-shingle hashes are already splitmix64 outputs, so the products behave as independent random orders, which
-``tests/pipeline/curate/test_minhash.py`` checks against true Jaccard on real text). The multipliers come from
-``pipeline.rng.derive_seed(seed, "minhash", p)`` (blake2b): the same signature in every process and machine. A
-signature keeps the top 32 bits of each minimum, ``num_perm`` uint32 values; the share of positions on which two
-signatures agree estimates the Jaccard similarity of their shingle sets (standard error sqrt(J(1-J)/num_perm)).
+signature. A shingle is the top 32 bits h of its 64-bit hash (two distinct shingles of a pair of documents share
+them with probability ~1e-5), and permutation p maps it to ``h * a_p mod 2**32`` with an odd multiplier ``a_p``: a
+bijection on 32-bit values, so two documents agree on permutation p exactly when the same shingle is the minimum
+of both. The shingle hashes are splitmix64 outputs, so the products behave as independent random orders
+(``tests/pipeline/curate/test_minhash.py`` checks the estimate against true Jaccard on real text: no bias, the
+binomial spread). The multipliers come from ``pipeline.rng.derive_seed(seed, "minhash", p)`` (blake2b): the same
+signature in every process and machine. A signature is ``num_perm`` uint32 minima; the share of positions on which
+two signatures agree estimates the Jaccard similarity of their shingle sets (standard error sqrt(J(1-J)/num_perm)).
 
-Vectorised: per chunk of shingles, one (num_perm x chunk) product and a ``minimum.reduceat`` over documents; a
-chunk's temporary memory is bounded (``_CHUNK`` shingles), whatever the size of a document or a batch.
+Vectorised: per chunk of shingles, one (num_perm x chunk) uint32 product and a ``minimum.reduceat`` over documents
+(32-bit products: twice the speed of 64-bit ones, the memory traffic halved); a chunk's temporary memory is
+bounded (``_CHUNK`` shingles), whatever the size of a document or a batch.
 """
 from __future__ import annotations
 
@@ -22,14 +24,15 @@ import numpy as np
 from pipeline.curate.words import Words, ngrams
 from pipeline.rng import derive_seed
 
-_CHUNK = 8192  # shingles per product: num_perm x _CHUNK x 8 bytes = 7.3 MB at 112 permutations
+_CHUNK = 4096  # shingles per product: num_perm x _CHUNK x 4 bytes = 1.8 MB at 112 permutations (fits in cache)
 EMPTY = np.uint32(0xFFFFFFFF)
 
 
 @functools.lru_cache(maxsize=8)
 def multipliers(seed: int, num_perm: int) -> np.ndarray:
-    """The odd 64-bit multipliers of the permutations, as a column (num_perm, 1)."""
-    return np.array([derive_seed(seed, "minhash", p) | 1 for p in range(num_perm)], dtype=np.uint64)[:, None]
+    """The odd 32-bit multipliers of the permutations, as a column (num_perm, 1)."""
+    return np.array([(derive_seed(seed, "minhash", p) & 0xFFFFFFFF) | 1 for p in range(num_perm)],
+                    dtype=np.uint32)[:, None]
 
 
 def signatures(w: Words, shingle_words: int, num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -42,13 +45,14 @@ def signatures(w: Words, shingle_words: int, num_perm: int, seed: int) -> tuple[
         return out, counts > 0
     doc_of = np.repeat(np.arange(n_docs), counts)
     a = multipliers(seed, num_perm)
-    for c0 in range(0, len(shingles), _CHUNK):
-        h = shingles[c0:c0 + _CHUNK]
+    top = (shingles >> np.uint64(32)).astype(np.uint32)
+    for c0 in range(0, len(top), _CHUNK):
+        h = top[c0:c0 + _CHUNK]
         docs = doc_of[c0:c0 + _CHUNK]
         with np.errstate(over="ignore"):
             products = a * h[None, :]
         cut = np.flatnonzero(np.diff(docs, prepend=-1))  # where each document's run starts in this chunk
-        mins = (np.minimum.reduceat(products, cut, axis=1) >> np.uint64(32)).astype(np.uint32)
+        mins = np.minimum.reduceat(products, cut, axis=1)
         rows = docs[cut]
         out[rows] = np.minimum(out[rows], mins.T)
     return out, counts > 0
