@@ -15,11 +15,16 @@ value, the evaluation file).
 In a Ray Data pipeline one operator returns one table, so ``Rows(filter)`` is the filter as a ``map_batches``
 operator: it returns the kept rows and the dropped ones together, the dropped ones marked (``drop_reason`` not null,
 text cleared) so that the next filter skips them and the sink can write them to the report; ``split_rows`` takes
-such a table apart again.
+such a table apart again. ``UnitReports(filter)`` is the same filter in the build's read-pass form: the kept rows,
+and per unit (``unit`` column) that lost or edited documents one report row (``id`` null) whose ``report`` is
+``{"dropped": {reason: n}, "removed": [dropped rows], "edited": [edited rows]}``: the counts the unit's marker adds
+up, and the lines of ``reports/dropped.jsonl``.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -177,3 +182,36 @@ def split_rows(table: pa.Table) -> Filtered:
                        else pa.nulls(len(ed), pa.string()), "reason": pa.array([CUT] * len(ed), pa.string()),
                        "duplicate_of": pa.nulls(len(ed), pa.string()), "detail": ed["edit"]}, schema=DROPPED_SCHEMA)
     return Filtered(kept.drop_columns([n for n, _ in MARKS]), dropped, edited)
+
+
+class UnitReports:
+    """A filter as an operator of the build's read pass (module docstring): rows with ``unit``, ``id`` (null on a
+    unit's report rows, which pass through) and the text; no marks, one report row per unit that lost documents."""
+
+    def __init__(self, make: Callable[[], Callable[[pa.Table], Filtered]]):
+        self._make, self._filter = make, None
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        if self._filter is None:
+            self._filter = self._make()
+        is_doc = batch.column(ID).is_valid()
+        docs = batch.filter(is_doc)
+        out = self._filter(docs)
+        parts = [batch.filter(pc.invert(is_doc)), out.kept]
+        unit_of = dict(zip(docs.column(ID).to_pylist(), docs.column("unit").to_pylist()))
+        per_unit: dict[str, dict] = {}
+        for kind, rows in (("removed", out.dropped.to_pylist()), ("edited", out.edited.to_pylist())):
+            for r in rows:
+                rep = per_unit.setdefault(unit_of[r["id"]], {"dropped": Counter(), "removed": [], "edited": []})
+                rep[kind].append({k: v for k, v in r.items() if v is not None})
+                if kind == "removed":
+                    rep["dropped"][r["reason"]] += 1
+        if per_unit:
+            units = sorted(per_unit)
+            reports = [json.dumps({**per_unit[u], "dropped": dict(sorted(per_unit[u]["dropped"].items()))},
+                                  sort_keys=True, ensure_ascii=False) for u in units]
+            cols = {name: pa.nulls(len(units), batch.schema.field(name).type) for name in batch.column_names}
+            cols["unit"] = pa.array(units, batch.schema.field("unit").type)
+            cols["report"] = pa.array(reports, batch.schema.field("report").type)
+            parts.append(pa.table(cols, schema=batch.schema))
+        return pa.concat_tables(parts)

@@ -110,6 +110,30 @@ class Signatures:
         return pa.table({"id": table[contract.ID], "content": content, "sig": sig}, schema=schema)
 
 
+class SignatureColumns:
+    """The signature operator in the build's read-pass form: the rows as they are, with ``content`` and ``sig``
+    appended (null on rows that are not live documents), for the pass's sink to keep beside each document; the
+    global step then reads the (id, content, sig) of every unit (``signature_rows``)."""
+
+    def __init__(self, cfg: DedupConfig):
+        self.signatures = Signatures(cfg)
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        mask = contract.live(table)
+        sigs = self.signatures(table)
+        at = pa.array(np.cumsum(mask) - 1, pa.int64()).filter(pa.array(mask))
+        rows = np.full(len(table), -1, dtype=np.int64)
+        rows[mask] = at.to_numpy()
+        take = pa.array(rows, mask=~mask)
+        return (table.append_column("content", sigs["content"].take(take))
+                .append_column("sig", sigs["sig"].take(take)))
+
+
+def signature_rows(table: pa.Table) -> pa.Table:
+    """The (id, content, sig) of the documents of a table that ``SignatureColumns`` made."""
+    return table.filter(table["content"].is_valid()).select(list(SIGNATURE_COLUMNS))
+
+
 def band_rows(table: pa.Table, cfg: DedupConfig) -> pa.Table:
     """One row per (document with a signature, band): ``key`` (the band's uint64 key), ``id``, ``content``."""
     table = table.filter(table["sig"].is_valid())

@@ -88,3 +88,28 @@ def test_documents_without_the_contracts_columns_are_refused_with_the_fix():
 def test_off_by_default():
     assert not CurateConfig().enabled
     assert CurateConfig(dedup=DedupConfig(mode="exact")).enabled
+
+
+def test_the_read_pass_forms_unit_reports_and_signature_columns(docs):
+    """What the build's read pass gets: a filter that keeps rows and adds one report row per unit that lost
+    documents (their counts and lines), and the signature operator's columns, which the global step reads back."""
+    from pipeline.curate.contract import UnitReports
+    from pipeline.curate.dedup import SignatureColumns, Signatures, signature_rows
+
+    rows = pa.table({"unit": ["u1", "u1", "u2", "u2", "u1"], "ord": [0, 1, 0, 1, 2],
+                     "id": ["en1", "fr", "en2", None, None],
+                     "lines": [split_sentences(docs[1][1]), [FRENCH], split_sentences(docs[2][1]), None, None],
+                     "report": [None, None, None, '{"read_documents": 1}', '{"read_documents": 2}']})
+    out = UnitReports(lambda: LanguageFilter(LanguageConfig(languages=("en",))))(rows)
+    assert out.schema == rows.schema
+    assert sorted(i for i in out["id"].to_pylist() if i) == ["en1", "en2"]
+    added = [json.loads(r) for u, i, r in zip(out["unit"].to_pylist(), out["id"].to_pylist(),
+                                              out["report"].to_pylist()) if i is None and "dropped" in r]
+    assert len(added) == 1 and added[0]["dropped"] == {"language": 1}
+    assert added[0]["removed"][0]["id"] == "fr" and added[0]["removed"][0]["detail"].startswith("fr ")
+    assert {r for r in out["report"].to_pylist() if r and "read_documents" in r} == {'{"read_documents": 1}',
+                                                                                   '{"read_documents": 2}'}
+    cfg = DedupConfig(mode="near")
+    with_sigs = SignatureColumns(cfg)(rows)
+    assert with_sigs["content"].null_count == 2  # the report rows
+    assert signature_rows(with_sigs).equals(Signatures(cfg)(rows))
