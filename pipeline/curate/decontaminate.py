@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.curate import contract
-from pipeline.curate.words import Words, ngrams, words
+from pipeline.curate.words import Ngrams, Words, words
 
 MODES = ("drop", "cut")
 _BATCH = 4096  # evaluation texts hashed per call
@@ -81,8 +81,9 @@ def build_index(texts: Iterable[tuple[str, str]], cfg: DecontaminationConfig) ->
         counts = np.diff(w.offsets)
         too_short += int((counts < cfg.min_words).sum())
         lengths = {cfg.ngram} | {int(c) for c in np.unique(counts) if cfg.min_words <= c < cfg.ngram}
+        grams = Ngrams(w)
         for n in sorted(lengths):
-            g, off = ngrams(w, n)
+            g, off = grams(n)
             per_doc = np.diff(off)
             if n < cfg.ngram:  # a short text is one gram of its own length; longer texts' n-grams are not these
                 keep = np.repeat(counts == n, per_doc)
@@ -111,8 +112,9 @@ def _hits(index: NgramIndex, w: Words) -> tuple[np.ndarray, list[tuple[int, np.n
     n_docs = len(w.offsets) - 1
     total = np.zeros(n_docs, dtype=np.int64)
     found = []
+    grams = Ngrams(w)
     for n, table in index.grams.items():
-        g, off = ngrams(w, n)
+        g, off = grams(n)
         if not len(g) or not len(table):
             continue
         at = np.minimum(np.searchsorted(table, g), len(table) - 1)

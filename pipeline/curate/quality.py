@@ -42,7 +42,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.curate import contract
-from pipeline.curate.words import Words, ngrams, words
+from pipeline.curate.words import Ngrams, Words, words
 
 RULES = ("word_count", "mean_word_length", "symbol_ratio", "bullet_lines", "ellipsis_lines", "alpha_words",
          "stop_words", "dup_lines", "dup_paragraphs", "top_ngram", "dup_ngrams", "lorem_ipsum", "curly_bracket",
@@ -101,44 +101,57 @@ def _dup_share(items: list[str]) -> tuple[float, float]:
     return (dup / len(items), dup_chars / total_chars) if items and total_chars else (0.0, 0.0)
 
 
-def _ngram_stats(w: Words, d: int, grams: dict[int, tuple[np.ndarray, np.ndarray]]) -> tuple[str, float] | None:
-    """The first failing n-gram rule of document d: ("top_ngram", share) or ("dup_ngrams", share)."""
-    lo, hi = int(w.offsets[d]), int(w.offsets[d + 1])
-    lens = w.lengths[lo:hi]
-    total = float(lens.sum())
-    if not total:
-        return None
-    cum = np.concatenate(([0], np.cumsum(lens)))
-    for n, limit in TOP_NGRAM.items():
-        g, off = grams[n]
-        h = g[off[d]:off[d + 1]]
-        if len(h) < 2:
-            continue
-        uniq, first, counts = np.unique(h, return_index=True, return_counts=True)
-        top = int(np.argmax(counts))
-        if counts[top] > 1:
-            i = int(first[top])
-            share = counts[top] * (cum[i + n] - cum[i]) / total
-            if share > limit:
-                return f"top_ngram", float(share)
-    for n, limit in DUP_NGRAMS.items():
-        g, off = grams[n]
-        h = g[off[d]:off[d + 1]]
-        if len(h) < 2:
-            continue
-        _, first = np.unique(h, return_index=True)
-        repeat = np.ones(len(h), dtype=bool)
-        repeat[first] = False
-        at = np.flatnonzero(repeat)
-        if not len(at):
-            continue
-        cover = np.zeros(len(lens) + 1, dtype=np.int64)
-        np.add.at(cover, at, 1)
-        np.add.at(cover, at + n, -1)
-        share = float(lens[np.cumsum(cover[:-1]) > 0].sum() / total)
-        if share > limit:
-            return f"dup_ngrams", share
-    return None
+def _per_doc(values: np.ndarray, offsets: np.ndarray, ufunc=np.add, empty=0) -> np.ndarray:
+    """``ufunc.reduceat`` of ``values`` over each document's run [offsets[d], offsets[d+1]); ``empty`` for none."""
+    out = np.full(len(offsets) - 1, empty, dtype=np.result_type(values, type(empty)))
+    has = offsets[1:] > offsets[:-1]
+    if has.any():
+        out[has] = ufunc.reduceat(values, offsets[:-1][has])
+    return out
+
+
+def _ngram_shares(w: Words) -> dict[tuple[str, int], np.ndarray]:
+    """Per document of the batch: ("top", n) the share of word characters in the most frequent n-gram's
+    occurrences (0 when no n-gram repeats), ("dup", n) the share in words covered by a repeated n-gram's later
+    occurrences. One sort per n over the whole batch (n-grams keyed by their document), no per-document loop."""
+    n_docs, n_words = len(w.offsets) - 1, len(w.lengths)
+    cum = np.zeros(n_words + 1, dtype=np.int64)
+    np.cumsum(w.lengths, out=cum[1:])
+    total = (cum[w.offsets[1:]] - cum[w.offsets[:-1]]).astype(np.float64)
+    total[total == 0] = 1.0
+    out: dict[tuple[str, int], np.ndarray] = {}
+    grams = Ngrams(w)
+    for n in (*TOP_NGRAM, *DUP_NGRAMS):
+        g, off = grams(n)
+        doc = np.repeat(np.arange(n_docs), np.diff(off))
+        start = w.offsets[doc] + (np.arange(len(g)) - off[doc])
+        # An n-gram is the same only within a document: key it by its document (an xor keeps the keys distinct).
+        key = g ^ (doc.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+        order = np.argsort(key)  # unstable and fast; first occurrences come from the positions, not the order
+        k = key[order]
+        run = np.flatnonzero(np.diff(k, prepend=k[:1] ^ np.uint64(1))) if len(k) else np.zeros(0, np.int64)
+        counts = np.diff(np.append(run, len(k)))
+        first = np.minimum.reduceat(order, run) if len(k) else np.zeros(0, np.int64)
+        if n in TOP_NGRAM:
+            count = np.empty(len(g), dtype=np.int64)
+            count[order] = np.repeat(counts, counts)
+            most = _per_doc(count, off, np.maximum)
+            # the first occurrence of a most frequent n-gram of each document
+            at = _per_doc(np.where(count == most[doc], np.arange(len(g)), len(g)), off, np.minimum, len(g))
+            share = np.zeros(n_docs)
+            ok = (at < len(g)) & (most > 1)
+            best = at[ok]
+            share[ok] = most[ok] * (cum[start[best] + n] - cum[start[best]]) / total[ok]
+            out["top", n] = share
+        else:
+            repeat = np.ones(len(g), dtype=bool)
+            repeat[first] = False
+            s = start[repeat]
+            depth = np.cumsum(np.bincount(s, minlength=n_words + 1) - np.bincount(s + n, minlength=n_words + 1))
+            covered = np.zeros(n_words + 1, dtype=np.int64)
+            np.cumsum(np.where(depth[:-1] > 0, w.lengths, 0), out=covered[1:])
+            out["dup", n] = (covered[w.offsets[1:]] - covered[w.offsets[:-1]]) / total
+    return out
 
 
 def _ends_terminal(line: str) -> bool:
@@ -151,7 +164,7 @@ class QualityFilter:
         self.on = frozenset(cfg.rules)
         self.stop = words(list(STOP_WORDS)).hashes
 
-    def _check(self, text: str, w: Words, d: int, grams) -> tuple[str, str] | None:
+    def _check(self, text: str, w: Words, d: int, shares, stops) -> tuple[str, str] | None:
         c, on = self.cfg, self.on
         tokens = text.split()
         n = len(tokens)
@@ -183,7 +196,7 @@ class QualityFilter:
             if share < c.min_alpha_words:
                 return "alpha_words", f"{share:.2f}"
         if "stop_words" in on:
-            found = int(np.isin(self.stop, w.hashes[w.offsets[d]:w.offsets[d + 1]]).sum())
+            found = int(stops[d])
             if found < c.min_stop_words:
                 return "stop_words", str(found)
         if "dup_lines" in on and lines:
@@ -195,10 +208,13 @@ class QualityFilter:
             share, chars = _dup_share(paras)
             if share > c.max_dup_paragraphs or chars > c.max_dup_paragraph_chars:
                 return "dup_paragraphs", f"{share:.2f} of paragraphs, {chars:.2f} of characters"
-        if grams:
-            failed = _ngram_stats(w, d, grams)
-            if failed and failed[0] in on:
-                return failed[0], f"{failed[1]:.3f}"
+        if shares:
+            for n, limit in TOP_NGRAM.items():
+                if "top_ngram" in on and shares["top", n][d] > limit:
+                    return "top_ngram", f"{n}-gram {shares['top', n][d]:.3f}"
+            for n, limit in DUP_NGRAMS.items():
+                if "dup_ngrams" in on and shares["dup", n][d] > limit:
+                    return "dup_ngrams", f"{n}-grams {shares['dup', n][d]:.3f}"
         low = text.lower() if "lorem_ipsum" in on else ""
         if "lorem_ipsum" in on and "lorem ipsum" in low:
             return "lorem_ipsum", ""
@@ -219,12 +235,13 @@ class QualityFilter:
     def __call__(self, table: pa.Table) -> contract.Filtered:
         text = [t or "" for t in contract.texts(table)]
         w = words(text)
-        wanted = self.on & {"top_ngram", "dup_ngrams"}
-        grams = {n: ngrams(w, n) for n in (*TOP_NGRAM, *DUP_NGRAMS)} if wanted else {}
+        shares = _ngram_shares(w) if self.on & {"top_ngram", "dup_ngrams"} else {}
+        # how many of the stop words each document holds
+        stops = sum((_per_doc((w.hashes == h).astype(np.int64), w.offsets) > 0).astype(np.int64) for h in self.stop)
         drop = np.zeros(len(table), dtype=bool)
         reasons, details = [], []
         for d, t in enumerate(text):
-            failed = self._check(t, w, d, grams)
+            failed = self._check(t, w, d, shares, stops)
             if failed:
                 drop[d] = True
                 reasons.append(contract.QUALITY + failed[0])

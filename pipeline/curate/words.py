@@ -111,28 +111,43 @@ def words(texts: Sequence[str]) -> Words:
     return Words(hashes, np.append(offsets, len(starts)), lens)
 
 
+class Ngrams:
+    """Word n-gram hashes of a batch for any n: the prefix sums are made once, each n then costs a few passes."""
+
+    def __init__(self, w: Words):
+        self.w = w
+        m = len(w.hashes)
+        with np.errstate(over="ignore"):
+            # prefix[i] = sum_{j<i} h_j * B**j; a gram is (prefix[end] - prefix[start]) * B**-start, so it does
+            # not depend on where it sits.
+            self.prefix = np.zeros(m + 1, dtype=_U64)
+            np.cumsum(w.hashes * _powers(_WORD_BASE, m), out=self.prefix[1:])
+        self.unshift = _powers(_WORD_BASE_INV, m)
+
+    def __call__(self, n: int, short: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Hashes of every run of ``n`` consecutive words inside each document, and per-document offsets into them
+        (like ``Words.offsets``). With ``short``, a document of 1..n-1 words gets one n-gram: all its words (so a
+        two-line document still has a MinHash signature)."""
+        w = self.w
+        counts = np.diff(w.offsets)
+        per_doc = np.maximum(counts - n + 1, 0)
+        if short:
+            per_doc = np.where((counts > 0) & (counts < n), 1, per_doc)
+        out_offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(per_doc, out=out_offsets[1:])
+        total = int(out_offsets[-1])
+        if not total:
+            return np.zeros(0, _U64), out_offsets
+        # gram i covers words [start_i, end_i) of the batch.
+        doc_of = np.repeat(np.arange(len(counts)), per_doc)
+        start = w.offsets[doc_of] + (np.arange(total, dtype=np.int64) - out_offsets[doc_of])
+        end = np.minimum(start + n, w.offsets[doc_of + 1])
+        with np.errstate(over="ignore"):
+            grams = (self.prefix[end] - self.prefix[start]) * self.unshift[start]
+            # The length is mixed in: a short document's gram never equals a full one.
+            return mix64(grams ^ (end - start).astype(_U64)), out_offsets
+
+
 def ngrams(w: Words, n: int, short: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Hashes of every run of ``n`` consecutive words inside each document, and per-document offsets into them
-    (like ``Words.offsets``). With ``short``, a document of 1..n-1 words gets one n-gram: all its words (so a
-    two-line document still has a MinHash signature)."""
-    counts = np.diff(w.offsets)
-    per_doc = np.maximum(counts - n + 1, 0)
-    if short:
-        per_doc = np.where((counts > 0) & (counts < n), 1, per_doc)
-    out_offsets = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(per_doc, out=out_offsets[1:])
-    total = int(out_offsets[-1])
-    if not total:
-        return np.zeros(0, _U64), out_offsets
-    # gram i covers words [start_i, end_i) of the batch.
-    doc_of = np.repeat(np.arange(len(counts)), per_doc)
-    start = w.offsets[doc_of] + (np.arange(total, dtype=np.int64) - out_offsets[doc_of])
-    end = np.minimum(start + n, w.offsets[doc_of + 1])
-    m = len(w.hashes)
-    with np.errstate(over="ignore"):
-        # prefix[i] = sum_{j<i} h_j * B**j; a gram is (prefix[end] - prefix[start]) * B**-start, so it does not
-        # depend on where it sits. Its length is mixed in: a short document's gram never equals a full one.
-        prefix = np.zeros(m + 1, dtype=_U64)
-        np.cumsum(w.hashes * _powers(_WORD_BASE, m), out=prefix[1:])
-        grams = (prefix[end] - prefix[start]) * _powers(_WORD_BASE_INV, m)[start]
-        return mix64(grams ^ (end - start).astype(_U64)), out_offsets
+    """``Ngrams(w)(n, short)``: one n."""
+    return Ngrams(w)(n, short)
