@@ -44,11 +44,47 @@ MARKS = (("drop_reason", pa.string()), ("duplicate_of", pa.string()), ("drop_det
          ("edit", pa.string()))
 
 
+# Text per call of a vectorised step (words, n-grams, MinHash): their temporary arrays are ~15x the text, so a
+# worker's memory is bounded by this, whatever the size of the block Ray Data or the build hands it.
+SLICE_BYTES = 4 << 20
+
+
 @dataclasses.dataclass(frozen=True)
 class Filtered:
     kept: pa.Table
     dropped: pa.Table
     edited: pa.Table
+
+
+def text_bytes(table: pa.Table) -> np.ndarray:
+    """Bytes of text per row (0 where there is none)."""
+    if TEXT in table.column_names:
+        col = pc.binary_length(table.column(TEXT))
+    else:
+        col = pc.binary_length(pc.binary_join(table.column(LINES), "\n"))
+    return pc.fill_null(col, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def per_slice(step):
+    """A step over a table (-> table or Filtered) run on consecutive slices of at most ``SLICE_BYTES`` of text (a
+    bigger document alone), the results concatenated in order: the same output, bounded memory."""
+    def run(self, table: pa.Table):
+        size = text_bytes(table)
+        if size.sum() <= SLICE_BYTES:
+            return step(self, table)
+        ends = np.cumsum(size)
+        cuts, start = [], 0
+        while start < len(table):
+            stop = max(int(np.searchsorted(ends, ends[start] - size[start] + SLICE_BYTES, side="right")), start + 1)
+            cuts.append((start, stop))
+            start = stop
+        outs = [step(self, table.slice(a, b - a)) for a, b in cuts]
+        if isinstance(outs[0], Filtered):
+            return Filtered(*(pa.concat_tables([getattr(o, f) for o in outs])
+                              for f in ("kept", "dropped", "edited")))
+        return pa.concat_tables(outs)
+    run.__doc__, run.__name__ = step.__doc__, step.__name__
+    return run
 
 
 def empty_dropped() -> pa.Table:

@@ -156,6 +156,7 @@ class Decontaminate:
         empty = np.diff(per_sentence) == 0
         return [s for s, h, e in zip(sentences, per, empty) if e or not h]
 
+    @contract.per_slice
     def __call__(self, table: pa.Table) -> contract.Filtered:
         text = contract.texts(table)
         total, found = _hits(self.index, words([t or "" for t in text]))

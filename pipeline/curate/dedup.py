@@ -94,6 +94,7 @@ class Signatures:
     def __init__(self, cfg: DedupConfig):
         self.cfg = cfg
 
+    @contract.per_slice
     def __call__(self, table: pa.Table) -> pa.Table:
         table = table.filter(pa.array(contract.live(table)))
         text = contract.texts(table)

@@ -232,6 +232,7 @@ class QualityFilter:
                 return "line_punct", f"{share:.2f}"
         return None
 
+    @contract.per_slice
     def __call__(self, table: pa.Table) -> contract.Filtered:
         text = [t or "" for t in contract.texts(table)]
         w = words(text)

@@ -11,10 +11,12 @@ one process's memory; no signature passes through the driver:
     one task: components(edges) + the exact drops -> the drop set (an object in the store, O(duplicates))
 
 Each shuffle groups rows by ``part``, a hash of their key modulo the number of partitions, so a group is a whole
-partition: every row of a bucket, content hash or document lands in the same call, and each call holds about
-``rows_per_partition`` rows whatever the corpus size. Groups are processed with Arrow/NumPy, not a call per key.
-Shuffles are Ray Data's sort-based ones: in Ray 2.60 the default hash shuffle starts its aggregator actors for every
-shuffle (~5 s each on a 2-CPU box against ~0.3 s sorted, ``docs/benchmarks.md``).
+partition: every row of a bucket, content hash or document lands in the same call. The number of partitions follows
+the rows' size (``partition_bytes`` of rows each, 32 MB by default), and the rows are cut into that many blocks
+before the shuffle (a sort-based shuffle makes as many output blocks as it has input blocks), so each call holds
+about one partition whatever the corpus size: memory per worker bounded by partition, not corpus. Groups are
+processed with Arrow/NumPy, not a call per key. Shuffles are Ray Data's sort-based ones: in Ray 2.60 the default
+hash shuffle starts its aggregator actors for every shuffle (~5 s each on a 2-CPU box against ~0.3 s sorted).
 """
 from __future__ import annotations
 
@@ -33,12 +35,17 @@ from pipeline.curate.contract import DUPLICATE_SCHEMA
 from pipeline.curate.dedup import DedupConfig, Signatures, band_rows, sig_matrix, signature_schema, verified
 from pipeline.curate.lsh import bucket_edges
 
-ROWS_PER_PARTITION = 1 << 20  # band rows per group: ~60 MB of Arrow (key, id, content) at 40-byte ids
+PARTITION_BYTES = 32 << 20  # rows per shuffle partition: one call's input (its temporaries are a few times that)
+_ID_BYTES = 48  # a row's id and Arrow offsets, as an estimate
 
 
-def partitions(num_docs: int, cfg: DedupConfig, rows_per_partition: int = ROWS_PER_PARTITION) -> int:
-    band_rows_total = num_docs * (cfg.bands if cfg.mode == "near" else 1)
-    return max(1, math.ceil(band_rows_total / rows_per_partition))
+def partitions(num_docs: int, row_bytes: int, partition_bytes: int = PARTITION_BYTES) -> int:
+    return max(1, math.ceil(num_docs * row_bytes / partition_bytes))
+
+
+def _shuffled(ds, parts: int, fn, **kw):
+    """``ds`` grouped by ``part`` through a sort-based shuffle with ``parts`` output blocks, ``fn`` per group."""
+    return ds.repartition(parts).groupby("part").map_groups(fn, batch_format="pyarrow", **kw)
 
 
 def _part_of_ids(ids: pa.Array, parts: int) -> pa.Array:
@@ -148,32 +155,33 @@ def signatures(documents: ray.data.Dataset, cfg: DedupConfig) -> ray.data.Datase
 
 
 def drop_set_ref(sigs: ray.data.Dataset, cfg: DedupConfig, num_cpus: int | None = None,
-                 rows_per_partition: int = ROWS_PER_PARTITION) -> ray.ObjectRef:
+                 partition_bytes: int = PARTITION_BYTES) -> ray.ObjectRef:
     """The drop set of the signatures' documents, as an object in Ray's store (the filter's workers read it from
     there; the driver never holds it)."""
     if cfg.mode == "off":
         return ray.put(DUPLICATE_SCHEMA.empty_table())
     with _data_context(num_cpus):
         sigs = sigs.materialize()
-        parts = partitions(sigs.count(), cfg, rows_per_partition)
-        exact = (sigs.map_batches(_ExactPart(parts), batch_format="pyarrow")
-                 .groupby("part").map_groups(_exact, batch_format="pyarrow").materialize())
+        n = sigs.count()
+        row = 8 + _ID_BYTES + 16  # part, id, content
+        parts = partitions(n, row, partition_bytes)
+        exact = _shuffled(sigs.map_batches(_ExactPart(parts), batch_format="pyarrow"), parts, _exact).materialize()
         edge_refs = []
         if cfg.mode == "near":
             sig_type = signature_schema(cfg).field("sig").type
-            edges = (sigs.map_batches(_BandPart(cfg, parts), batch_format="pyarrow")
-                     .groupby("part").map_groups(_edges, batch_format="pyarrow"))
-            keyed_sigs = sigs.map_batches(_Keyed("sigs", parts, sig_type), batch_format="pyarrow")
-            attached = (edges.map_batches(_Keyed("edges", parts, sig_type), batch_format="pyarrow")
-                        .union(keyed_sigs).groupby("part").map_groups(partial(_attach, parts=parts, sig_type=sig_type),
-                                                                batch_format="pyarrow"))
-            near = (attached.union(keyed_sigs).groupby("part")
-                    .map_groups(partial(_verify, cfg=cfg), batch_format="pyarrow").materialize())
+            band_parts = partitions(n * cfg.bands, row + 8, partition_bytes)
+            edges = _shuffled(sigs.map_batches(_BandPart(cfg, band_parts), batch_format="pyarrow"), band_parts,
+                              _edges)
+            sig_parts = partitions(n, row + 4 * cfg.num_perm, partition_bytes)
+            keyed_sigs = sigs.map_batches(_Keyed("sigs", sig_parts, sig_type), batch_format="pyarrow")
+            attached = _shuffled(edges.map_batches(_Keyed("edges", sig_parts, sig_type), batch_format="pyarrow")
+                                 .union(keyed_sigs), sig_parts, partial(_attach, parts=sig_parts, sig_type=sig_type))
+            near = _shuffled(attached.union(keyed_sigs), sig_parts, partial(_verify, cfg=cfg)).materialize()
             edge_refs = near.to_arrow_refs()
         return ray.remote(_decide).options(num_cpus=1).remote(exact.to_arrow_refs(), edge_refs)
 
 
 def drop_set(sigs: ray.data.Dataset, cfg: DedupConfig, num_cpus: int | None = None,
-             rows_per_partition: int = ROWS_PER_PARTITION) -> pa.Table:
+             partition_bytes: int = PARTITION_BYTES) -> pa.Table:
     """``drop_set_ref`` fetched: for tests and small corpora (a build keeps the reference)."""
-    return ray.get(drop_set_ref(sigs, cfg, num_cpus, rows_per_partition))
+    return ray.get(drop_set_ref(sigs, cfg, num_cpus, partition_bytes))

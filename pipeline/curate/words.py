@@ -25,6 +25,7 @@ from pipeline.rng import mix64
 _U64 = np.uint64
 # Odd multipliers: invertible modulo 2**64, so a prefix sum can be shifted back to position 0 exactly.
 _BYTE_BASE = 0x100000001B3  # FNV's 64-bit prime
+_BYTE_BASE_INV = pow(_BYTE_BASE, -1, 1 << 64)
 _WORD_BASE = 0x9E3779B97F4A7C15 | 1
 _WORD_BASE_INV = pow(_WORD_BASE, -1, 1 << 64)
 
@@ -52,18 +53,20 @@ class Words:
 
 
 def _separators(buf: np.ndarray) -> np.ndarray:
+    """Which bytes separate words. ``buf`` ends with 2 spaces, so a sequence test never reads past it."""
     sep = _SEPARATOR[buf]
-    n = len(buf)
-    if n >= 2:
+    at = np.flatnonzero(buf >= 0xC2)  # lead bytes of multi-byte characters: few, so the tests below are cheap
+    if len(at):
+        b0, b1, b2 = buf[at], buf[at + 1], buf[at + 2]
+        two = np.zeros(len(at), dtype=bool)
+        three = (b0 == _BOM[0]) & (b1 == _BOM[1]) & (b2 == _BOM[2])
         for lead, lo, hi in _PUNCT_2:
-            at = np.flatnonzero((buf[:-1] == lead) & (buf[1:] >= lo) & (buf[1:] <= hi))
-            sep[at] = sep[at + 1] = True
-    if n >= 3:
+            two |= (b0 == lead) & (b1 >= lo) & (b1 <= hi)
         for lead, lo, hi in _PUNCT_3:
-            at = np.flatnonzero((buf[:-2] == lead) & (buf[1:-1] >= lo) & (buf[1:-1] <= hi))
-            sep[at] = sep[at + 1] = sep[at + 2] = True
-        at = np.flatnonzero((buf[:-2] == _BOM[0]) & (buf[1:-1] == _BOM[1]) & (buf[2:] == _BOM[2]))
-        sep[at] = sep[at + 1] = sep[at + 2] = True
+            three |= (b0 == lead) & (b1 >= lo) & (b1 <= hi)
+        for k, mask in ((2, two), (3, three)):
+            for j in range(k):
+                sep[at[mask] + j] = True
     return sep
 
 
@@ -75,14 +78,33 @@ def _powers(base: int, n: int) -> np.ndarray:
         return np.cumprod(out, dtype=_U64)[:n]
 
 
-_BYTE_POWERS = _powers(_BYTE_BASE, 64)
+_CHUNK = 1 << 20  # bytes of text per prefix sum: the byte powers cached for it are 16 MB per process
+_CACHE: dict[str, np.ndarray] = {}
 
 
-def _byte_powers(n: int) -> np.ndarray:
-    global _BYTE_POWERS
-    if len(_BYTE_POWERS) < n:
-        _BYTE_POWERS = _powers(_BYTE_BASE, max(n, 2 * len(_BYTE_POWERS)))
-    return _BYTE_POWERS[:n]
+def _byte_powers(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(B**i, B**-i) for i < n, cached per process (grown for a word longer than a chunk)."""
+    if len(_CACHE.get("pow", ())) < n:
+        n = max(n, _CHUNK + 1)
+        _CACHE["pow"], _CACHE["inv"] = _powers(_BYTE_BASE, n), _powers(_BYTE_BASE_INV, n)
+    return _CACHE["pow"], _CACHE["inv"]
+
+
+def _word_sums(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per word, sum of byte_j * B**(j - start): prefix sums over chunks of about _CHUNK bytes cut at word starts,
+    shifted back to each word's start, so a word's value does not depend on where its chunk begins."""
+    out = np.empty(len(starts), dtype=_U64)
+    cuts = np.unique(np.searchsorted(starts, np.arange(0, int(ends[-1]), _CHUNK)))
+    cuts = np.append(cuts, len(starts))
+    for w0, w1 in zip(cuts[:-1], cuts[1:]):
+        a, b = int(starts[w0]), int(ends[w1 - 1])
+        pw, inv = _byte_powers(b - a + 1)
+        prefix = np.zeros(b - a + 1, dtype=_U64)
+        with np.errstate(over="ignore"):
+            np.cumsum(buf[a:b] * pw[:b - a], out=prefix[1:])
+            s, e = starts[w0:w1] - a, ends[w0:w1] - a
+            out[w0:w1] = (prefix[e] - prefix[s]) * inv[s]
+    return out
 
 
 def words(texts: Sequence[str]) -> Words:
@@ -91,22 +113,18 @@ def words(texts: Sequence[str]) -> Words:
     lengths = np.fromiter((len(e) + 1 for e in encoded), dtype=np.int64, count=len(encoded))
     doc_start = np.zeros(len(encoded) + 1, dtype=np.int64)
     np.cumsum(lengths, out=doc_start[1:])
-    # One space after each document keeps words from running across documents.
-    buf = np.frombuffer(b" ".join(encoded) + b" ", dtype=np.uint8) if encoded else np.zeros(0, np.uint8)
+    # One space after each document keeps words from running across documents; two more end the buffer.
+    buf = np.frombuffer(b" ".join(encoded) + b"   ", dtype=np.uint8)
     is_word = ~_separators(buf)
-    edges = np.diff(is_word.view(np.int8), prepend=np.int8(0), append=np.int8(0))
+    edges = np.diff(is_word.view(np.int8), prepend=np.int8(0))
     starts = np.flatnonzero(edges == 1)
-    lens = np.flatnonzero(edges == -1) - starts
+    ends = np.flatnonzero(edges == -1)
+    lens = ends - starts
     if not len(starts):
         return Words(np.zeros(0, _U64), np.zeros(len(encoded) + 1, dtype=np.int64), np.zeros(0, np.int64))
-    # Each word byte times base**(its position in the word), summed per word.
-    word_bytes = buf[is_word].astype(_U64)
-    first = np.zeros(len(lens), dtype=np.int64)
-    np.cumsum(lens[:-1], out=first[1:])
-    pos = np.arange(len(word_bytes), dtype=np.int64) - np.repeat(first, lens)
     with np.errstate(over="ignore"):
-        sums = np.add.reduceat(word_bytes * _byte_powers(int(lens.max()))[pos], first)
-        hashes = mix64(sums ^ (lens.astype(_U64) << _U64(48)))
+        # Each word byte times base**(its position in the word), summed per word; then mixed with the length.
+        hashes = mix64(_word_sums(buf, starts, ends) ^ (lens.astype(_U64) << _U64(48)))
     offsets = np.searchsorted(starts, doc_start[:-1]).astype(np.int64)
     return Words(hashes, np.append(offsets, len(starts)), lens)
 

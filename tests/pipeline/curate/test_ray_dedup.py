@@ -1,5 +1,5 @@
 """Curation on Ray Data: the global dedup decision equals the plain loop's drop set byte for byte at 1 and 2 CPUs
-and on three raylets, with the shuffles cut into many partitions; a filter as a Ray Data operator (contract.Rows)
+and on three raylets, with every shuffle cut into several partitions; a filter as a Ray Data operator (contract.Rows)
 gives the plain filter's rows."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pipeline.curate.dedup import DedupConfig, Signatures, drop_set
 from pipeline.curate.quality import QualityConfig, QualityFilter
 
 NEAR = DedupConfig(mode="near")
-PER_PARTITION = 2000  # band rows per partition: ~10 partitions for these ~1,500 documents
+PARTITION_BYTES = 64 << 10  # 2 to 28 partitions per shuffle for these ~1,560 documents
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def _ray_drops(t: pa.Table, num_cpus=None, blocks=6, seed=0) -> pa.Table:
 
     ds = ray.data.from_arrow(batches(shuffled(t, seed), [len(t) // blocks + 1]))
     return ray_dedup.drop_set(ray_dedup.signatures(ds, NEAR), NEAR, num_cpus=num_cpus,
-                              rows_per_partition=PER_PARTITION)
+                              partition_bytes=PARTITION_BYTES)
 
 
 @pytest.mark.timeout(300)
