@@ -9,10 +9,11 @@
    and masks at seq 128, dupe factor 5, shards) and each curation stage (language, quality, decontamination with
    its index, exact and near signatures, the global decision, applying it, the mix draw), as CPU-seconds of this
    process, MB of text per CPU-second, and percent of the build's CPU-seconds.
-2. On Ray with 2 CPUs (a local Ray started here, loopback only): the build (``RayDataExecutor``) and then the near
-   dedup (the signature operator over a Dataset of the documents and the global decision,
-   ``pipeline.curate.ray_dedup``) on the same documents, CPU-seconds of every process of the Ray (driver, workers,
-   Ray Data's actors, daemons) for each: the issue's budget is dedup <= 30% of the build's CPU-seconds.
+2. On Ray with 2 CPUs (a local Ray started here, loopback only), at each ``--ray-scales`` size of the passages
+   corpus (below): the build (``RayDataExecutor``) and then the near dedup (the signature operator over a Dataset
+   of the documents and the global decision, ``pipeline.curate.ray_dedup``) on the same documents, CPU-seconds of
+   every process of the Ray (driver, workers, Ray Data's actors, daemons) for each, and per MB between the sizes
+   (what grows with the corpus, apart from the fixed cost): the issue's budget is dedup <= 30% of the build's.
 3. Peak RSS of any one Ray worker during near dedup at each ``--scales`` size (a fresh Ray each): the corpus cut
    into 200-word passages, copy k of it with 2 words of every passage changed, so near dedup finds (k-1)/k of
    them; flat in input size means memory bounded by block and partition, not corpus.
@@ -139,42 +140,60 @@ def _ray_dataset(docs: list[dict]):
     return ray.data.from_arrow(_batches(docs))
 
 
-def ray_costs(docs: list[dict], corpus: Path, work: Path, cpus: int) -> None:
+def ray_costs(src: list[Path], scales: list[int], work: Path, cpus: int, limit_bytes: int | None) -> None:
     import ray
 
     from pipeline.build.ray_data import RayDataExecutor
     from pipeline.curate import ray_dedup
 
-    mb = sum(len(d["text"].encode()) for d in docs) / 1e6
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
              _temp_dir=tempfile.mkdtemp(prefix="rc", dir="/tmp"))
     ray.data.DataContext.get_current().enable_progress_bars = False
+    print(f"\n## 2. On Ray, {cpus} CPUs: the build, then near dedup of the same documents (200-word passages; copy k"
+          " of the corpus with 2 words of each passage changed)\n")
+    print("| input | run | wall s | CPU-s all processes | driver / workers / Ray Data actors / daemons | dropped |\n"
+          "|---|---|---:|---:|---|---:|")
+    driver = os.getpid()
+    rows = []
     try:
-        driver = os.getpid()
-        build_cpu(corpus, work, RayDataExecutor(num_cpus=cpus))  # warm: workers up, as on a running cluster
-        watch = Watch([driver])
-        t0 = time.time()
-        build_cpu(corpus, work, RayDataExecutor(num_cpus=cpus))
-        watch.sample()
-        build = watch.cpu_by_kind(driver)
-        build_wall = time.time() - t0
-        watch = Watch([driver])
-        t0 = time.time()
-        cfg = DedupConfig(mode="near")
-        drops = ray_dedup.drop_set(ray_dedup.signatures(_ray_dataset(docs), cfg), cfg, num_cpus=cpus)
-        watch.sample()
-        dedup = watch.cpu_by_kind(driver)
-        dedup_wall = time.time() - t0
+        for scale in scales:
+            docs = scaled_corpus(src, scale, limit_bytes)
+            mb = sum(len(d["text"].encode()) for d in docs) / 1e6
+            corpus = work / f"passages-{scale}x.jsonl"
+            with open(corpus, "w") as f:
+                for d in docs:
+                    f.write(json.dumps({"id": d["id"], "text": d["text"]}) + "\n")
+            if not rows:
+                build_cpu(corpus, work, RayDataExecutor(num_cpus=cpus))  # warm: workers up, as on a cluster
+            out = {}
+            for run in ("build", "near dedup"):
+                watch = Watch([driver])
+                t0 = time.time()
+                if run == "build":
+                    build_cpu(corpus, work, RayDataExecutor(num_cpus=cpus))
+                    dropped = ""
+                else:
+                    cfg = DedupConfig(mode="near")
+                    ref = ray_dedup.drop_set_ref(ray_dedup.signatures(_ray_dataset(docs), cfg), cfg, num_cpus=cpus)
+                    while not ray.wait([ref], timeout=0.2)[0]:
+                        watch.sample()  # processes that end mid-run keep their last sample
+                    dropped = f"{len(ray.get(ref)):,}"
+                watch.sample()
+                cpu = watch.cpu_by_kind(driver)
+                out[run] = sum(cpu.values())
+                print(f"| {mb:.0f} MB ({scale}x) | {run} | {time.time() - t0:.1f} | {out[run]:.1f} | "
+                      + " / ".join(f"{v:.1f}" for v in cpu.values()) + f" | {dropped} |", flush=True)
+            rows.append((scale, mb, out["build"], out["near dedup"]))
     finally:
         ray.shutdown()
-    b, d = sum(build.values()), sum(dedup.values())
-    print(f"\n## 2. On Ray, {cpus} CPUs, {mb:.1f} MB: the build, then near dedup of the same documents"
-          f" ({len(drops)} dropped)\n")
-    print("| run | wall s | CPU-s all processes | driver / workers / Ray Data actors / daemons |\n|---|---:|---:|---|")
-    for name, wall, cpu in (("build (RayDataExecutor)", build_wall, build), ("near dedup (ray_dedup)", dedup_wall, dedup)):
-        print(f"| {name} | {wall:.1f} | {sum(cpu.values()):.1f} | " + " / ".join(f"{v:.1f}" for v in cpu.values()) + " |")
-    print(f"\nnear dedup at {cpus} CPUs adds {100 * d / b:.0f}% to the build's CPU-seconds (budget: 30%):"
-          f" {'met' if d <= 0.3 * b else 'NOT met'}")
+    for scale, mb, b, d in rows:
+        print(f"\n{mb:.0f} MB: near dedup at {cpus} CPUs adds {100 * d / b:.0f}% to the build's CPU-seconds"
+              f" (budget: 30%): {'met' if d <= 0.3 * b else 'NOT met'}")
+    if len(rows) > 1:
+        (_, m0, b0, d0), (_, m1, b1, d1) = rows[0], rows[-1]
+        print(f"per MB between {m0:.0f} and {m1:.0f} MB: the build {(b1 - b0) / (m1 - m0):.3f} CPU-s, near dedup"
+              f" {(d1 - d0) / (m1 - m0):.3f} CPU-s ({100 * (d1 - d0) / (b1 - b0):.0f}% of the build's);"
+              f" near dedup's fixed part ~{d0 - m0 * (d1 - d0) / (m1 - m0):.1f} CPU-s")
 
 
 def scaled_corpus(src: list[Path], scale: int, limit_bytes: int | None) -> list[dict]:
@@ -237,6 +256,7 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, default=SHARED / "corpora", help="a folder of gzipped JSON Lines")
     ap.add_argument("--tasks", type=Path, default=SHARED / "tasks", help="evaluation sets for decontamination")
     ap.add_argument("--scales", default="1,4", help="input sizes for the memory check, in copies of the corpus")
+    ap.add_argument("--ray-scales", default="1,4", help="input sizes for the CPU cost on Ray, in copies")
     ap.add_argument("--cpus", type=int, default=2)
     ap.add_argument("--smoke", action="store_true", help="~1 MB and tiny scales: checks that every part runs")
     ap.add_argument("--skip", default="", help="parts to leave out: stages,ray,memory")
@@ -256,7 +276,7 @@ def main() -> None:
         if "stages" not in skip:
             stage_costs(docs, corpus, args.tasks, work)
         if "ray" not in skip:
-            ray_costs(docs, corpus, work, args.cpus)
+            ray_costs(files, [int(x) for x in args.ray_scales.split(",") if x], work, args.cpus, limit)
         if "memory" not in skip:
             memory(files, [int(s) for s in args.scales.split(",") if s], work, args.cpus, limit)
 

@@ -109,14 +109,23 @@ def _own_sigs(group: pa.Table) -> tuple[pa.Table, pa.Table]:
     return group.filter(is_sig), group.filter(pc.invert(is_sig))
 
 
-def _attach(group: pa.Table, parts: int, sig_type: pa.DataType) -> pa.Table:
-    """Edges keyed by a get a's signature and are keyed by b."""
+def _attach(group: pa.Table, parts: int | None, sig_type: pa.DataType) -> pa.Table:
+    """Edges keyed by a get a's signature and are keyed by b (``part`` 0 when ``parts`` is None: the next
+    shuffle's partitions are set once the attached edges are counted, ``_Rekeyed``)."""
     sigs, edges = _own_sigs(group)
     # An edge found in several bands arrives once per band: one is enough.
     edges = edges.group_by(["key", "other"], use_threads=False).aggregate([])
     at = pc.index_in(edges["key"], value_set=sigs["key"])
     # (b, a, sig_a): keyed by b for the next shuffle.
-    return _keyed(edges["other"], edges["key"], sigs["sig"].take(at), parts, sig_type)
+    return _keyed(edges["other"], edges["key"], sigs["sig"].take(at), parts or 1, sig_type)
+
+
+class _Rekeyed:
+    def __init__(self, parts: int):
+        self.parts = parts
+
+    def __call__(self, t: pa.Table) -> pa.Table:
+        return t.set_column(0, "part", _part_of_ids(t["key"], self.parts))
 
 
 def _verify(group: pa.Table, cfg: DedupConfig) -> pa.Table:
@@ -169,14 +178,20 @@ def drop_set_ref(sigs: ray.data.Dataset, cfg: DedupConfig, num_cpus: int | None 
         edge_refs = []
         if cfg.mode == "near":
             sig_type = signature_schema(cfg).field("sig").type
+            sig_row = row + 4 * cfg.num_perm
             band_parts = partitions(n * cfg.bands, row + 8, partition_bytes)
             edges = _shuffled(sigs.map_batches(_BandPart(cfg, band_parts), batch_format="pyarrow"), band_parts,
-                              _edges)
-            sig_parts = partitions(n, row + 4 * cfg.num_perm, partition_bytes)
-            keyed_sigs = sigs.map_batches(_Keyed("sigs", sig_parts, sig_type), batch_format="pyarrow")
-            attached = _shuffled(edges.map_batches(_Keyed("edges", sig_parts, sig_type), batch_format="pyarrow")
-                                 .union(keyed_sigs), sig_parts, partial(_attach, parts=sig_parts, sig_type=sig_type))
-            near = _shuffled(attached.union(keyed_sigs), sig_parts, partial(_verify, cfg=cfg)).materialize()
+                              _edges).materialize()
+            # The next two shuffles hold every signature and the edges: sized by both (edges come once per band
+            # that found them, so a corpus of many copies has many more edge rows than documents).
+            parts = partitions(1, n * sig_row + edges.count() * row, partition_bytes)
+            attached = _shuffled(edges.map_batches(_Keyed("edges", parts, sig_type), batch_format="pyarrow")
+                                 .union(sigs.map_batches(_Keyed("sigs", parts, sig_type), batch_format="pyarrow")),
+                                 parts, partial(_attach, parts=None, sig_type=sig_type)).materialize()
+            parts = partitions(1, (n + attached.count()) * sig_row, partition_bytes)
+            near = _shuffled(attached.map_batches(_Rekeyed(parts), batch_format="pyarrow")
+                             .union(sigs.map_batches(_Keyed("sigs", parts, sig_type), batch_format="pyarrow")),
+                             parts, partial(_verify, cfg=cfg)).materialize()
             edge_refs = near.to_arrow_refs()
         return ray.remote(_decide).options(num_cpus=1).remote(exact.to_arrow_refs(), edge_refs)
 
