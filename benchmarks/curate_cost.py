@@ -163,7 +163,7 @@ def ray_costs(src: list[Path], scales: list[int], work: Path, cpus: int, limit_b
             with open(corpus, "w") as f:
                 for d in docs:
                     f.write(json.dumps({"id": d["id"], "text": d["text"]}) + "\n")
-            if not rows:
+            if not rows and not limit_bytes:  # (not in --smoke)
                 build_cpu(corpus, work, RayDataExecutor(num_cpus=cpus))  # warm: workers up, as on a cluster
             out = {}
             for run in ("build", "near dedup"):

@@ -12,7 +12,7 @@ from pipeline.curate.dedup import DedupConfig, Signatures, drop_set
 from pipeline.curate.quality import QualityConfig, QualityFilter
 
 NEAR = DedupConfig(mode="near")
-PARTITION_BYTES = 64 << 10  # 2 to 28 partitions per shuffle for these ~1,560 documents
+PARTITION_BYTES = 256 << 10  # 1 to 7 partitions per shuffle for these ~1,560 documents
 
 
 @pytest.fixture(scope="module")
