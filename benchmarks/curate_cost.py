@@ -28,6 +28,7 @@ import platform
 import random
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -77,6 +78,28 @@ def _batches(docs: list[dict]) -> list[pa.Table]:
     if cur:
         out.append(pa.Table.from_pylist(cur))
     return out
+
+
+class Sampling:
+    """``watch.sample()`` every 0.1 s in a thread while the block runs: a process that ends mid-run (Ray starts and
+    ends workers as tasks come and go) keeps its last sample instead of vanishing from the count."""
+
+    def __init__(self, watch: Watch):
+        self.watch, self.stop = watch, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.1):
+            self.watch.sample()
+
+    def __enter__(self) -> Watch:
+        self.thread.start()
+        return self.watch
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.watch.sample()
 
 
 def _cpu(fn):
@@ -167,18 +190,15 @@ def ray_costs(src: list[Path], scales: list[int], work: Path, cpus: int, limit_b
                 build_cpu(corpus, work, RayDataExecutor(num_cpus=cpus))  # warm: workers up, as on a cluster
             out = {}
             for run in ("build", "near dedup"):
-                watch = Watch([driver])
                 t0 = time.time()
-                if run == "build":
-                    build_cpu(corpus, work, RayDataExecutor(num_cpus=cpus))
-                    dropped = ""
-                else:
-                    cfg = DedupConfig(mode="near")
-                    ref = ray_dedup.drop_set_ref(ray_dedup.signatures(_ray_dataset(docs), cfg), cfg, num_cpus=cpus)
-                    while not ray.wait([ref], timeout=0.2)[0]:
-                        watch.sample()  # processes that end mid-run keep their last sample
-                    dropped = f"{len(ray.get(ref)):,}"
-                watch.sample()
+                with Sampling(Watch([driver])) as watch:
+                    if run == "build":
+                        build_cpu(corpus, work, RayDataExecutor(num_cpus=cpus))
+                        dropped = ""
+                    else:
+                        cfg = DedupConfig(mode="near")
+                        drops = ray_dedup.drop_set(ray_dedup.signatures(_ray_dataset(docs), cfg), cfg, num_cpus=cpus)
+                        dropped = f"{len(drops):,}"
                 cpu = watch.cpu_by_kind(driver)
                 out[run] = sum(cpu.values())
                 print(f"| {mb:.0f} MB ({scale}x) | {run} | {time.time() - t0:.1f} | {out[run]:.1f} | "
@@ -231,18 +251,12 @@ def memory(src: list[Path], scales: list[int], work: Path, cpus: int, limit_byte
         ray.data.DataContext.get_current().enable_progress_bars = False
         try:
             driver = os.getpid()
-            watch = Watch([driver])
             t0 = time.time()
             cfg = DedupConfig(mode="near")
             ds = _ray_dataset(docs)
             del docs
-            ref = ray_dedup.drop_set_ref(ray_dedup.signatures(ds, cfg), cfg, num_cpus=cpus)
-            while True:  # sample while it runs: a worker's peak, not its RSS at the end
-                done, _ = ray.wait([ref], timeout=0.2)
-                watch.sample()
-                if done:
-                    break
-            dropped = len(ray.get(ref))
+            with Sampling(Watch([driver])) as watch:  # a worker's peak while it runs, not its RSS at the end
+                dropped = len(ray_dedup.drop_set(ray_dedup.signatures(ds, cfg), cfg, num_cpus=cpus))
             wall = time.time() - t0
             cpu = sum(watch.cpu_by_kind(driver).values())
             print(f"| {mb:.0f} MB ({scale}x) | {n_docs:,} | {wall:.1f} | {cpu:.1f} | {dropped:,} |"
