@@ -278,8 +278,8 @@ def main() -> None:
     skip = set(filter(None, args.skip.split(",")))
     files = sorted(args.corpus.glob("*.jsonl.gz"))
     limit = 1 << 20 if args.smoke else None
-    print(f"curate_cost on {platform.node()} ({os.cpu_count()} CPUs), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())},"
-          f" load average {os.getloadavg()[0]:.1f}")
+    print(f"curate_cost on {platform.node()} ({os.cpu_count()} CPUs),"
+          f" {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(prefix="curate-cost-") as tmp:
         work = Path(tmp)
         docs = _docs(files, limit)

@@ -5,12 +5,14 @@
 - Near: verified candidate edges (``verify``: the MinHash estimate of Jaccard >= the threshold, on the whole
   signature) link documents; a connected component keeps its smallest id and drops every other member as
   ``near_duplicate`` of it (union-find with the smaller root winning, so the result is the same for any order of the
-  edges). Components are transitive: A ~ B and B ~ C drop B and C even when A and C are further apart, as datatrove,
-  NeMo Curator and Dolma do.
+  edges). Components are transitive: A ~ B and B ~ C drop B and C even when A and C are further apart, as datatrove
+  and NeMo Curator do. ``merge`` makes the drop set: an exact copy of a document that is itself a near duplicate
+  points at its cluster's kept id, so every ``duplicate_of`` is a document that stays.
 
-"Smallest" is the order of the ids' code points (the order of their UTF-8 bytes: Arrow's and Python's agree). Both decisions depend only on the set of documents, never on how
-they were batched, ordered or spread over workers, so the drop set is identical at any number of CPUs or nodes.
-Memory: the edges and the drop set, O(duplicates), not O(corpus).
+"Smallest" is the order of the ids' code points (the order of their UTF-8 bytes: Arrow's and Python's agree).
+Both decisions depend only on the set of documents, never on how they were batched, ordered or spread over workers,
+so the drop set is identical at any number of CPUs or nodes. Memory: the edges and the drop set, O(duplicates),
+not O(corpus).
 """
 from __future__ import annotations
 
@@ -62,6 +64,17 @@ def components(edges: Iterable[tuple[pa.Array, pa.Array]]) -> pa.Table:
     dropped = sorted(x for x in parent if root(x) != x)
     return pa.table({"id": pa.array(dropped, pa.string()), "reason": pa.array([NEAR] * len(dropped), pa.string()),
                      "duplicate_of": pa.array([root(x) for x in dropped], pa.string())}, schema=DUPLICATE_SCHEMA)
+
+
+def merge(exact: pa.Table, near: pa.Table) -> pa.Table:
+    """The drop set: exact and near rows, in id order, every ``duplicate_of`` a kept document. An exact copy of a
+    document that is itself a near duplicate points at that cluster's kept id (its reason stays
+    ``exact_duplicate``: its text equals a dropped document's)."""
+    root = dict(zip(near["id"].to_pylist(), near["duplicate_of"].to_pylist()))
+    if root and len(exact):
+        kept = [root.get(d, d) for d in exact["duplicate_of"].to_pylist()]
+        exact = exact.set_column(2, "duplicate_of", pa.array(kept, pa.string()))
+    return sort_drops(pa.concat_tables([exact.cast(DUPLICATE_SCHEMA), near.cast(DUPLICATE_SCHEMA)]))
 
 
 def sort_drops(table: pa.Table) -> pa.Table:

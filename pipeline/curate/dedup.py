@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.curate import contract
-from pipeline.curate.clusters import components, exact_groups, sort_drops, verify
+from pipeline.curate.clusters import components, exact_groups, merge, verify
 from pipeline.curate.exact import CONTENT_TYPE, content_hashes
 from pipeline.curate.lsh import band_keys, banding, bucket_edges
 from pipeline.curate.minhash import signatures
@@ -102,8 +102,8 @@ class Signatures:
         schema = signature_schema(self.cfg)
         n = len(table)
         if self.cfg.mode != "near" or not n:
-            return pa.table({"id": table[contract.ID], "content": content, "sig": pa.nulls(n, schema.field("sig").type)},
-                            schema=schema)
+            return pa.table({"id": table[contract.ID], "content": content,
+                             "sig": pa.nulls(n, schema.field("sig").type)}, schema=schema)
         sigs, has = signatures(words(text), self.cfg.shingle_words, self.cfg.num_perm, self.cfg.seed)
         sig = pa.FixedSizeBinaryArray.from_buffers(schema.field("sig").type, n,
                                                    [pa.array(has).buffers()[1],
@@ -153,7 +153,8 @@ def drop_set(signature_tables: Iterable[pa.Table], cfg: DedupConfig) -> pa.Table
     """The plain-loop global decision: every signature in memory (module docstring)."""
     tables = list(signature_tables)
     t = pa.concat_tables(tables).combine_chunks() if tables else signature_schema(cfg).empty_table()
-    drops = [exact_groups(t["id"], t["content"])]
+    exact = exact_groups(t["id"], t["content"])
+    near = contract.DUPLICATE_SCHEMA.empty_table()
     if cfg.mode == "near":
         bands = band_rows(t, cfg)
         a, b = bucket_edges(bands["key"].to_numpy(), bands["id"], bands["content"])
@@ -161,8 +162,8 @@ def drop_set(signature_tables: Iterable[pa.Table], cfg: DedupConfig) -> pa.Table
         sigs = sig_matrix(t["sig"], cfg.num_perm)
         ia = np.array([row[x] for x in a.to_pylist()], dtype=np.int64)
         ib = np.array([row[x] for x in b.to_pylist()], dtype=np.int64)
-        drops.append(components([verified(a, b, sigs[ia], sigs[ib], cfg)]))
-    return sort_drops(pa.concat_tables(drops))
+        near = components([verified(a, b, sigs[ia], sigs[ib], cfg)])
+    return merge(exact, near)
 
 
 class ApplyDrops:

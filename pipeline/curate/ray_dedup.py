@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 
-from pipeline.curate.clusters import components, exact_groups, sort_drops
+from pipeline.curate.clusters import components, exact_groups, merge
 from pipeline.curate.contract import DUPLICATE_SCHEMA
 from pipeline.curate.dedup import DedupConfig, Signatures, band_rows, sig_matrix, signature_schema, verified
 from pipeline.curate.lsh import bucket_edges
@@ -141,8 +141,8 @@ def _decide(exact: list, edges: list) -> pa.Table:
     exact_tables = ray.get(exact) if exact else []
     edge_tables = ray.get(edges) if edges else []
     near = components((t["a"].combine_chunks(), t["b"].combine_chunks()) for t in edge_tables if len(t))
-    return sort_drops(pa.concat_tables([DUPLICATE_SCHEMA.empty_table(), near]
-                                       + [t.cast(DUPLICATE_SCHEMA) for t in exact_tables]))
+    return merge(pa.concat_tables([DUPLICATE_SCHEMA.empty_table()] + [t.cast(DUPLICATE_SCHEMA) for t in exact_tables]),
+                 near)
 
 
 @contextlib.contextmanager

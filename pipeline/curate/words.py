@@ -2,11 +2,11 @@
 
 Near-duplicate detection and decontamination compare texts as sequences of normalised words: lower case (Python's
 ``str.lower``, so every script), and a word is a maximal run of characters that are not separators. Separators are
-ASCII characters other than letters and digits, and the Unicode punctuation and spaces most text carries: U+00A0-
-U+00BF (no-break space, quotes, signs), U+2000-U+207F (general punctuation: dashes, curly quotes, ellipsis, zero-width
-characters; super- and subscripts), U+3000-U+303F (CJK punctuation) and U+FEFF (BOM). Other non-ASCII characters (letters of every script,
-also CJK ideographs, which then form long "words") count as word characters. GPT-3 and datatrove normalise the same
-way for their 13-gram decontamination (lower case, punctuation removed).
+ASCII characters other than letters and digits, and the Unicode punctuation and spaces most text carries:
+U+00A0-U+00BF (no-break space, quotes, signs), U+2000-U+207F (general punctuation: dashes, curly quotes, ellipsis,
+zero-width characters; super- and subscripts), U+3000-U+303F (CJK punctuation) and U+FEFF (BOM). Other non-ASCII
+characters (letters of every script, also CJK ideographs, which then form long "words") count as word characters.
+GPT-3 and datatrove normalise the same way for their 13-gram decontamination (lower case, punctuation removed).
 
 Hashes are fixed functions of the bytes (a polynomial over the word's UTF-8 bytes, then splitmix64), identical in
 every process and machine: never Python's salted ``hash()``. A word n-gram's hash is a polynomial over its words'

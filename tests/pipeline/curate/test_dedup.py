@@ -82,3 +82,15 @@ def test_apply_drops_removes_what_the_drop_set_names_and_passes_the_rest():
 def test_config_mistakes_say_the_fix(kw, needle):
     with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
         DedupConfig(**kw)
+
+
+def test_an_exact_copy_of_a_near_duplicate_points_at_the_kept_document():
+    """c is an exact copy of b, b a near copy of a (a kept): c's duplicate_of is a, the document that stays."""
+    words = [f"w{i}" for i in range(200)]
+    a = " ".join(words)
+    words[100] = "changed"
+    b = " ".join(words)
+    t = pa.table({"id": ["a", "b", "c"], "text": [a, b, b]})
+    drops = drop_set([Signatures(NEAR)(t)], NEAR).to_pylist()
+    assert drops == [{"id": "b", "reason": "near_duplicate", "duplicate_of": "a"},
+                     {"id": "c", "reason": "exact_duplicate", "duplicate_of": "a"}]
