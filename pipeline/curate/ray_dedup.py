@@ -147,16 +147,24 @@ def _decide(exact: list, edges: list) -> pa.Table:
 
 
 @contextlib.contextmanager
-def _data_context(num_cpus: int | None):
-    ctx = ray.data.DataContext.get_current()
-    saved = ctx.shuffle_strategy, ctx.execution_options.resource_limits
-    ctx.shuffle_strategy = ray.data.context.ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
-    if num_cpus:
-        ctx.execution_options.resource_limits = ctx.execution_options.resource_limits.copy(cpu=num_cpus)
+def _data_context(num_cpus: int | None, ds: ray.data.Dataset):
+    """Sort-based shuffles (and the CPU cap) for this computation. A Dataset keeps the context it was created with
+    (its derived Datasets share that object), so the caller's Dataset's context is set too, then restored: setting
+    only the current one left the caller's Dataset on Ray's hash shuffle (200 aggregator partitions, a worker process
+    started for many of them: ~30 CPU-s per run on a 2-CPU box, whatever the input size)."""
+    contexts = [ray.data.DataContext.get_current()]
+    if ds.context is not contexts[0]:
+        contexts.append(ds.context)
+    saved = [(c.shuffle_strategy, c.execution_options.resource_limits) for c in contexts]
+    for c in contexts:
+        c.shuffle_strategy = ray.data.context.ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+        if num_cpus:
+            c.execution_options.resource_limits = c.execution_options.resource_limits.copy(cpu=num_cpus)
     try:
         yield
     finally:
-        ctx.shuffle_strategy, ctx.execution_options.resource_limits = saved
+        for c, (strategy, limits) in zip(contexts, saved):
+            c.shuffle_strategy, c.execution_options.resource_limits = strategy, limits
 
 
 def signatures(documents: ray.data.Dataset, cfg: DedupConfig) -> ray.data.Dataset:
@@ -170,7 +178,7 @@ def drop_set_ref(sigs: ray.data.Dataset, cfg: DedupConfig, num_cpus: int | None 
     there; the driver never holds it)."""
     if cfg.mode == "off":
         return ray.put(DUPLICATE_SCHEMA.empty_table())
-    with _data_context(num_cpus):
+    with _data_context(num_cpus, sigs):
         sigs = sigs.materialize()
         n = sigs.count()
         row = 8 + _ID_BYTES + 16  # part, id, content

@@ -80,3 +80,29 @@ def test_three_raylets_give_the_same_drop_set(ray_shutdown, corpus):
         ray.shutdown()
         cluster.shutdown()
     assert got.equals(plain)
+
+
+def test_the_shuffles_are_sort_based_whatever_the_callers_context(ray_local, corpus):
+    """The caller's Dataset was made under Ray's default (hash) shuffle; the computation must still use sorted
+    shuffles (hash shuffles start aggregator processes: ~30 CPU-s a run on 2 CPUs) and leave the context as it was."""
+    import ray
+
+    from pipeline.curate import ray_dedup
+
+    t, plain = corpus
+    ds = ray.data.from_arrow(t.slice(0, 300))
+    before = ds.context.shuffle_strategy
+    seen = []
+    real = ray_dedup._shuffled
+
+    def spy(d, parts, fn, **kw):
+        seen.append(d.context.shuffle_strategy)
+        return real(d, parts, fn, **kw)
+
+    ray_dedup._shuffled = spy
+    try:
+        ray_dedup.drop_set(ray_dedup.signatures(ds, NEAR), NEAR)
+    finally:
+        ray_dedup._shuffled = real
+    assert seen and set(seen) == {ray.data.context.ShuffleStrategy.SORT_SHUFFLE_PULL_BASED}
+    assert ds.context.shuffle_strategy == before
