@@ -14,8 +14,9 @@ Each shuffle groups rows by ``part``, a hash of their key modulo the number of p
 partition: every row of a bucket, content hash or document lands in the same call. The number of partitions follows
 the rows' size (``partition_bytes`` of rows each, 32 MB by default), and the rows are cut into that many blocks
 before the shuffle (a sort-based shuffle makes as many output blocks as it has input blocks), so each call is meant
-to hold about one partition whatever the corpus size. Measured, a worker's peak still grows with the input (465 MB at
-51 MB, 1,166 MB at 205 MB of many-times-copied text; docs/benchmarks.md): something these bounds do not reach. Groups are
+to hold about one partition whatever the corpus size. Measured before the sort-based shuffles really ran (the hash
+shuffle's aggregators hold whole partitions), a worker's peak grew with the input (465 MB at 51 MB, 1,166 MB at
+205 MB); not yet re-measured (docs/benchmarks.md). Groups are
 processed with Arrow/NumPy, not a call per key. Shuffles are Ray Data's sort-based ones: in Ray 2.60 the default
 hash shuffle starts its aggregator actors for every shuffle (~5 s each on a 2-CPU box against ~0.3 s sorted).
 """
