@@ -2,7 +2,8 @@
 (the runtime both trainers share) -> tracking, pipeline, bert_core; the two trainers never import each other;
 bert_core is torch-only; pipeline is model-free; MLflow is imported only under tracking/, Ray only by the training
 launcher (training/launch.py and its torch rendezvous, training/rendezvous.py), the build's engine
-(pipeline/build/ray_*.py) and Ray's start-up, which both use (pipeline/cluster/ray_start.py)."""
+(pipeline/build/ray_*.py), curation's Ray Data computations (pipeline/curate/ray_*.py) and Ray's start-up, which
+the build and the launcher both use (pipeline/cluster/ray_start.py)."""
 import ast
 from pathlib import Path
 
@@ -25,12 +26,13 @@ PACKAGES = sorted(ALLOWED)
 
 
 def may_import(module: str, rel: str) -> bool:
-    """MLflow only under tracking/; Ray only in the training launcher and the build's engine."""
+    """MLflow only under tracking/; Ray only in the training launcher, the build's engine and curation's Ray Data
+    computations."""
     if module == "mlflow":
         return rel.startswith("tracking/")
     if module == "ray":
         return rel in ("training/launch.py", "training/rendezvous.py", "pipeline/cluster/ray_start.py") or (
-            rel.startswith("pipeline/build/ray_") and rel.endswith(".py"))
+            rel.startswith(("pipeline/build/ray_", "pipeline/curate/ray_")) and rel.endswith(".py"))
     if module in ("fsspec", "pyarrow", "s3fs"):
         return not rel.startswith("bert_core/")
     return True
