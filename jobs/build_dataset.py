@@ -27,9 +27,10 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
 
     require_project_env(__file__)
 
-from jobs import _common
+from jobs import _common, _curate_flags
 from tracking.build_run import BuildRun
 from pipeline.build import BuildConfig, build
+from pipeline.build.curation.filters import check as curation_check
 from pipeline.build.executor import LocalExecutor
 from pipeline.checks import DEFAULT_MAX_UNK_FRACTION, CheckConfig
 from pipeline.create_instances import InstanceConfig
@@ -89,6 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--parent-run-id")
     p.add_argument("--run-name", help="the MLflow run's name (default: build <output folder> seq<max-seq-length>)")
     p.add_argument("--log-level", default="INFO")
+    _curate_flags.add_flags(p)
     return p.parse_args(argv)
 
 
@@ -106,6 +108,7 @@ def config_from(args: argparse.Namespace) -> BuildConfig:
         do_lower_case=args.do_lower_case,
         dupe_factor=args.dupe_factor, num_shards=args.num_shards, pool_tokens=args.pool_tokens,
         endpoint_url=args.endpoint_url, checks=CheckConfig(max_unk_fraction=args.max_unk_fraction),
+        curate=_curate_flags.curate_config(args),
     )
 
 
@@ -122,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     _common.setup_logging(args.log_level)
     check_args(args)
     cfg = config_from(args)
+    curation_check(cfg)  # evaluation files without text, a --mix SOURCE matching no input: before Ray and MLflow
     # The store every job logs to (the flag, MLFLOW_TRACKING_URI, else ./mlruns): pre-training's Datasets column
     # then points at a build that has a run.
     tracking_uri = None if args.no_mlflow else resolve_tracking_uri(args.mlflow_tracking_uri)

@@ -180,6 +180,9 @@ class Manifest:
     ignored_files: tuple[str, ...] = ()  # files of an input folder that are not corpus files by name
     random_pool: tuple[tuple[str, float], ...] = ()  # corpus_tokens, documents, sample_fraction, tokens
     build_seconds: float | None = None
+    # what curation asked, its reports and their lines by reason, the evaluation sets, the mix's shares
+    # (pipeline/build/curation/reports.py); None: the build curated nothing (and its manifest has no such key)
+    curation: dict[str, Any] | None = None
 
     @property
     def shard_urls(self) -> tuple[str, ...]:
@@ -221,7 +224,7 @@ class Manifest:
             "tokens_per_document_histogram": _histogram(self.tokens_per_document_histogram),
             "ignored_files": list(self.ignored_files), "warnings": list(self.warnings),
             "random_pool": dict(self.random_pool), "build_seconds": self.build_seconds,
-        }
+        } | ({"curation": self.curation} if self.curation is not None else {})
 
     def digest(self) -> str:
         """sha256 of the canonical JSON of ``to_dict`` (sorted keys): what ``sha256`` holds once written."""
@@ -281,6 +284,7 @@ def parse_manifest(m: dict[str, Any], folder: str, vocab_text: str, where: str =
         ignored_files=tuple(m.get("ignored_files", [])),
         random_pool=tuple(sorted((k, v) for k, v in m.get("random_pool", {}).items())),
         build_seconds=float(m["build_seconds"]) if m.get("build_seconds") is not None else None,
+        curation=m.get("curation"),
     )
 
 

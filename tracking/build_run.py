@@ -80,6 +80,7 @@ class BuildRun:
         from tracking import build_report as report
         from pipeline.schema import MANIFEST, VOCAB_FILE
         from pipeline.storage import join, read_bytes
+        from tracking.build_curation import log_curation
         from tracking.datasets import log_dataset
 
         run = self._opened.result()
@@ -95,6 +96,7 @@ class BuildRun:
                 (Path(d) / REPORT_DIR / fname).write_bytes(png)
             (Path(d) / MANIFEST).write_bytes(read_bytes(join(output, MANIFEST), self.endpoint_url))
             run.log_artifacts(d)
+            log_curation(run, output, m, self.endpoint_url, d)  # the curation report, its shares (a curated build)
             if self.vocab_run is not None:  # the trained vocabulary, beside the run that trained it
                 (Path(d) / "vocab").mkdir()
                 (Path(d) / "vocab" / VOCAB_FILE).write_bytes(read_bytes(join(output, VOCAB_FILE), self.endpoint_url))
@@ -194,6 +196,8 @@ def readable_params(args: Any, cfg: Any) -> dict[str, Any]:
     params |= flatten_params(cfg.read, "read") | flatten_params(cfg.instances, "instances")
     params |= {k: getattr(cfg, k) for k in ("do_lower_case", "dupe_factor", "pool_tokens", "unit_bytes")}
     params["num_shards"] = cfg.num_shards if cfg.num_shards is not None else "from the planned size"
+    if cfg.curate.enabled:
+        params |= flatten_params(cfg.curate, "curate")
     if cfg.vocab:
         params["vocab"] = cfg.vocab
     else:

@@ -1,7 +1,7 @@
 """The dataset build: the stages the driver walks, one file each, and the manifest (written last).
 
-    pieces (big compressed inputs cut; the units planned) -> [vocab] -> read -> pool -> instances -> shards
-    -> manifest
+    pieces (big compressed inputs cut; the units planned) -> [vocab] -> read -> [curate -> reports] -> pool
+    -> instances -> shards -> manifest       ([...]: only when the build curates: pipeline/build/curation/filters.py)
 
     the per-unit passes, as Ray Data pipelines over rows (rows.py); the input is read once, by the first:
     read       ReadCorpus -> [document filters] -> SplitTokenize -> WriteDocs (tokenized documents in _work)
@@ -45,6 +45,9 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline.build.config import BuildConfig
+from pipeline.build.curation import filters
+from pipeline.build.curation.reports import reports_stage
+from pipeline.build.curation.stage import curate_stage
 from pipeline.build.executor import Executor, LocalExecutor, Stage, run_stage
 from pipeline.build.identity import check_state, finished
 from pipeline.build.inputs import read_inputs
@@ -69,7 +72,7 @@ log = logging.getLogger(__name__)
 # The stages in order: each plans from the state (the stages before it; None: the stage does not apply to this
 # build), runs, then its hook adds to the state.
 STAGES: tuple[Callable[[BuildState], Stage | RowStage | None], ...] = (
-    pieces_stage, vocab_stage, read_stage, pool_stage, instances_stage, shards_stage)
+    pieces_stage, vocab_stage, read_stage, curate_stage, reports_stage, pool_stage, instances_stage, shards_stage)
 
 # Told when a stage has finished: (stage name, its markers, wall start, wall end). The job's MLflow run uses it.
 OnStage = Callable[[str, list, float, float], None]
@@ -96,7 +99,7 @@ def _build(cfg: BuildConfig, executor: Executor, told: OnStage, documents: Any, 
         log.warning("%s", w)
     # Everything that can fail cheaply fails here, before any work: inputs, vocab, output, config clashes.
     inputs = read_inputs(cfg, documents, id_column)
-    ident = cfg.identity() | {"vocab_sha256": inputs.vocab_sha256}
+    ident = cfg.identity() | {"vocab_sha256": inputs.vocab_sha256} | filters.identity(cfg, inputs)
     chash = config_hash(ident)
     hold()  # before the first write (the probe, a finished build's _work clean-up, check_state's wipe)
     check_writable(out, ep)
@@ -110,10 +113,10 @@ def _build(cfg: BuildConfig, executor: Executor, told: OnStage, documents: Any, 
     executor.begin()  # a cluster comes up while the driver plans
     state = BuildState(cfg, inputs, executor, chash, vocab_bytes=inputs.vocab_bytes, warnings=warnings)
     for plan in STAGES:
+        started = time.time()  # a planner may do the stage's first part (the curate stage's global decision)
         stage = plan(state)
         if stage is None:
             continue
-        started = time.time()
         state.markers[stage.name] = run_stage(stage, executor, cfg.work, ep)
         if stage.after is not None:
             stage.after(state)

@@ -7,6 +7,7 @@ from typing import Any
 from pipeline.build.work import StepContext
 from pipeline.checks import CheckConfig
 from pipeline.create_instances import InstanceConfig
+from pipeline.curate.config import CurateConfig
 from pipeline.readers import ReadOptions
 from pipeline.safe_io.redact import redact
 from pipeline.schema import WORK_DIR
@@ -35,6 +36,7 @@ class BuildConfig:
     unit_bytes: int = 4 << 20
     endpoint_url: str | None = None
     checks: CheckConfig = CheckConfig()
+    curate: CurateConfig = CurateConfig()  # every filter off by default (pipeline/build/curation/filters.py)
 
     def __post_init__(self) -> None:
         if not self.output:
@@ -61,6 +63,8 @@ class BuildConfig:
         d.pop("output")
         d.pop("endpoint_url")
         d.pop("checks")  # they decide whether the build goes on, not what it makes
+        if not self.curate.enabled:
+            d.pop("curate")  # a build without curation keeps the hash it had before curation existed
         return redact(d)  # input URLs without userinfo or signatures: hashed, compared and written as such
 
     def step_context(self, vocab_size: int, build_id: str) -> StepContext:

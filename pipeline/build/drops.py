@@ -9,12 +9,17 @@ beside the file) before its markers, and its hook calls ``leave_out`` with what 
 - the pool's merge and the instances pass's reads leave the listed ids out (``kept``);
 - the manifest's totals count what remains, and ``totals.dropped`` the step's reasons;
 - the pool's threshold and the default shard count follow the tokens that remain.
+
+A step may also repeat documents (``--mix`` weights above 1): a copies list beside the file (``write_copies``) and
+``repeat`` in its hook; the instances pass then makes ``dupe_factor`` passes per copy, and the default shard count
+counts the copies' tokens.
 """
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -28,9 +33,19 @@ def drop_list_url(docs_file: str) -> str:
     return docs_file.removesuffix(".arrow") + SUFFIX
 
 
-def write_drop_list(docs_file: str, ids: list[str], reasons: list[str], ctx: StepContext) -> None:
-    write_table(drop_list_url(docs_file), pa.table({"doc_id": pa.array(ids, pa.string()),
-                                                    "reason": pa.array(reasons, pa.string())}), ctx)
+def write_drop_list(docs_file: str, ids: list[str], reasons: list[str], ctx: StepContext,
+                    duplicate_of: list[str | None] | None = None, detail: list[str | None] | None = None) -> None:
+    """The ids a step removes from ``docs_file``, why, for duplicates the document each one copies, and what was
+    measured (``detail``): what the build's report says of them (pipeline/build/curation/reports.py)."""
+    none = [None] * len(ids)
+    write_table(drop_list_url(docs_file), pa.table({
+        "doc_id": pa.array(ids, pa.string()), "reason": pa.array(reasons, pa.string()),
+        "duplicate_of": pa.array(none if duplicate_of is None else duplicate_of, pa.string()),
+        "detail": pa.array(none if detail is None else detail, pa.string())}), ctx)
+
+
+def read_drop_list(docs_file: str, ctx: StepContext) -> pa.Table:
+    return read_table(drop_list_url(docs_file), ctx)
 
 
 def kept(table: pa.Table, docs_file: str, dropped: frozenset[str], ctx: StepContext) -> pa.Table:
@@ -39,6 +54,39 @@ def kept(table: pa.Table, docs_file: str, dropped: frozenset[str], ctx: StepCont
         return table
     ids = read_table(drop_list_url(docs_file), ctx).column("doc_id")
     return table.filter(pc.invert(pc.is_in(table.column("doc_id"), value_set=ids)))
+
+
+# Documents a step repeats (``--mix`` weights above 1): ``copies`` per id (2 or more; the rest are made once), beside
+# the docs file like its drop list. The instances pass makes each copy's passes with passes of their own.
+COPIES_SUFFIX = ".copies.arrow"
+
+
+def copies_url(docs_file: str) -> str:
+    return docs_file.removesuffix(".arrow") + COPIES_SUFFIX
+
+
+def write_copies(docs_file: str, ids: list[str], copies: list[int], ctx: StepContext) -> None:
+    write_table(copies_url(docs_file), pa.table({"doc_id": pa.array(ids, pa.string()),
+                                                 "copies": pa.array(copies, pa.int32())}), ctx)
+
+
+def copies_of(table: pa.Table, docs_file: str, copied: frozenset[str], ctx: StepContext) -> np.ndarray | None:
+    """Copies of each row of ``table`` (a ``doc_id`` column; 1 for a row the list does not name), None when
+    ``docs_file`` has no copies list."""
+    if docs_file not in copied:
+        return None
+    listed = read_table(copies_url(docs_file), ctx)
+    at = pc.index_in(table.column("doc_id"), value_set=listed.column("doc_id"))
+    n = listed.column("copies").take(at).fill_null(1)
+    return n.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def repeat(s, files: list[str], tokens: int) -> None:
+    """A step's hook: ``files`` (of ``s.doc_files``) now have copies lists, whose extra copies hold ``tokens``."""
+    unknown = set(files) - set(s.doc_files)
+    assert not unknown, f"copies lists for files the read pass did not write: {sorted(unknown)[:3]}"
+    s.copied = s.copied | frozenset(files)
+    s.repeat_tokens += tokens
 
 
 @dataclasses.dataclass

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.build.docs import doc_arrays, docs_url, vocab_info_for
-from pipeline.build.drops import kept
+from pipeline.build.drops import copies_of, kept
 from pipeline.build.executor import Shared
 from pipeline.build.markers import Marker, write_marker
 from pipeline.build.pool import pool_for
@@ -72,9 +72,10 @@ class ReadDocs:
 
     ctx: StepContext
     dropped: frozenset[str] = frozenset()  # the docs files a global step gave a drop list (drops.py)
+    copied: frozenset[str] = frozenset()  # the docs files with a copies list (--mix weights above 1; drops.py)
 
     def __call__(self, unit: Unit) -> pa.Table:
-        error = None
+        error, copies = None, None
         if unit.fmt == "documents":  # a unit of a Dataset's documents: its part of the fragments
             from pipeline.build.ray_data.documents import read_dataset_unit
 
@@ -82,10 +83,13 @@ class ReadDocs:
         else:
             url = docs_url(self.ctx, unit.uid)
             table = kept(read_table(url, self.ctx), url, self.dropped, self.ctx)
+            copies = copies_of(table, url, self.copied, self.ctx)
         n = table.num_rows
         tail = pa.table({"doc_id": pa.nulls(1, pa.string()), "pool_hash": pa.nulls(1, pa.uint64()),
                          "sentences": pa.nulls(1, table.schema.field("sentences").type)}, schema=table.schema)
         table = pa.concat_tables([table, tail]).rename_columns(["id", "pool_hash", "sentences"])
+        if copies is not None:
+            table = table.append_column("copies", pa.array(np.append(copies, 1), pa.int64()))
         return (table.drop_columns(["pool_hash"])
                 .append_column("unit", pa.array([unit.uid] * (n + 1), pa.string()))
                 .append_column("ord", pa.array(np.arange(n + 1, dtype=np.int64)))
@@ -156,6 +160,11 @@ class PairsAndMasks:
         rows = rows.filter(pc.invert(pc.is_null(rows.column("id"))))
         ords = rows.column("ord").to_numpy()
         docs = _docs(rows)
+        # --mix: a document made c times gets c * dupe_factor passes; copy k's pass p is drawn as pass
+        # k * dupe_factor + p (streams of its own) and written with pass p's rows, so every unit keeps dupe_factor
+        # passes for the shards.
+        copies = rows.column("copies").to_numpy() if "copies" in rows.column_names else np.ones(len(docs), np.int64)
+        copies_of_block: list[int] = []
         summary = {"seen": len(docs), "report": json.loads(reports[0]) if reports else None}
         first = int(ords[0]) if len(ords) else 0
         passes = range(ctx.dupe_factor)
@@ -167,14 +176,18 @@ class PairsAndMasks:
             # A pass's rows do not depend on the other passes (each draws from its own stream): one call per pass
             # keeps every pass's rows apart for the shards, at one numpy pass per block and pass.
             for p in passes:
-                out = create_instances_flat(block, [p], ctx.instances, pool, vocab)
-                if out is not None:
-                    parts[p].append(out)
+                for k in range(max(copies_of_block)):
+                    docs_k = block if k == 0 else [d for d, c in zip(block, copies_of_block) if c > k]
+                    out = create_instances_flat(docs_k, [k * ctx.dupe_factor + p], ctx.instances, pool, vocab)
+                    if out is not None:
+                        parts[p].append(out)
             block.clear()
+            copies_of_block.clear()
 
-        for doc in docs:
+        for doc, c in zip(docs, copies.tolist()):
             block.append(doc)
-            block_tokens += len(doc[1].tokens)
+            copies_of_block.append(c)
+            block_tokens += len(doc[1].tokens) * c
             if block_tokens * ctx.dupe_factor >= _INSTANCE_BLOCK_TOKENS:
                 flush()
                 block_tokens = 0
@@ -264,5 +277,6 @@ class WriteUnits:
 def instances_stage(s: BuildState) -> RowStage:
     assert s.pool is not None, "the instances pass runs after the pool's merge"
     chunks = chunks_per_pass(len(s.units), s.cfg.dupe_factor, s.num_shards)
-    return RowStage("instances", s.doc_units, ReadDocs(s.ctx, s.dropped), (PairsAndMasks(s.ctx, s.vocab, s.pool),),
+    return RowStage("instances", s.doc_units, ReadDocs(s.ctx, s.dropped, s.copied),
+                    (PairsAndMasks(s.ctx, s.vocab, s.pool),),
                     WriteUnits(s.ctx, chunks), InstancesMarker, s.unit_sizes)

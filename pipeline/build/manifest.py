@@ -15,6 +15,7 @@ from collections import Counter
 from typing import Any
 
 from pipeline.build.docs import doc_totals
+from pipeline.build.curation.reports import curation_section
 from pipeline.build.state import BuildState
 from pipeline.safe_io.redact import redact_text
 from pipeline.schema import (MANIFEST, VOCAB_FILE, Manifest, Shard, Totals, Vocab, token_dtype,
@@ -69,7 +70,7 @@ def make_manifest(s: BuildState, ident: dict[str, Any], chash: str, seconds: flo
         ignored_files=tuple(s.inputs.ignored),
         random_pool=(("corpus_tokens", s.corpus_tokens), ("documents", pool.documents),
                      ("sample_fraction", pool.threshold / (1 << 64)), ("tokens", pool.tokens)),
-        build_seconds=round(seconds, 2))
+        build_seconds=round(seconds, 2), curation=curation_section(s, dropped))
     return dataclasses.replace(m, sha256=m.digest())
 
 

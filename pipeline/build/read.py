@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.build.curation import filters
 from pipeline.build.docs import (DOCS_DIR, POOL_BANDS, ReadCorpus, SplitTokenize, doc_totals,  # noqa: F401
                                  docs_table, docs_url, packed_docs, pool_hashes, power_of_two_histogram, unk_check,
                                  vocab_info_for, write_batches)
@@ -78,7 +79,8 @@ def merge_reports(reports: list[dict]) -> dict:
 def write_docs(uid: str, rows: pa.Table, ctx: StepContext, unk_id: int, ops: dict | None = None
                ) -> ReadMarker | UserError:
     """Commit one unit's tokenized documents (pool-hash order, a record batch per band), then its marker."""
-    report = merge_reports([json.loads(r) for r in rows.column("report").to_pylist() if r is not None])
+    reports = [json.loads(r) for r in rows.column("report").to_pylist() if r is not None]
+    report = merge_reports(reports)
     if (err := user_error(report)) is not None:
         return err
     docs = rows.filter(pc.invert(pc.is_null(rows.column("id"))))
@@ -101,6 +103,7 @@ def write_docs(uid: str, rows: pa.Table, ctx: StepContext, unk_id: int, ops: dic
         order = [k for k in order if k not in twins]
     hashes, kept = hashes[order] if order else hashes[:0], [kept[k] for k in order]
     write_batches(docs_url(ctx, uid), docs_table(kept, hashes, ctx.vocab_size), ctx.endpoint_url)
+    filters.commit_unit(uid, report["path"], reports, docs, [i for i, _ in kept], ctx)  # curation's parts, if any
     marker = ReadMarker(
         uid=uid, path=report["path"], read_documents=report["read_documents"], dropped=dict(dropped),
         bad_files=report["bad_files"], documents=len(kept), sentences=sum(len(d.sent_offsets) - 1 for _, d in kept),
@@ -125,7 +128,8 @@ class WriteDocs:
 
 # Operators over the reader's rows that drop documents (curation), planned from the state: each planner returns an
 # operator (``pa.Table -> pa.Table``, see the module's docstring) or None when the build does not ask for it.
-DOC_FILTERS: tuple = ()
+# The build's own: language, quality, decontamination, then dedup's signatures (pipeline/build/curation/filters.py).
+DOC_FILTERS: tuple = filters.FILTERS
 
 
 def read_stage(s: BuildState) -> RowStage:

@@ -33,6 +33,8 @@ class BuildState:
     doc_files: list[str] = dataclasses.field(default_factory=list)  # every file of tokenized documents (the pool's)
     dropped: frozenset[str] = frozenset()  # the doc files a global step gave a drop list (drops.py)
     left_out: LeftOut = dataclasses.field(default_factory=LeftOut)  # what those lists remove
+    copied: frozenset[str] = frozenset()  # the doc files a global step gave a copies list (--mix; drops.py)
+    repeat_tokens: int = 0  # the tokens of those extra copies: the instances pass makes them too
     pool: Shared | None = None  # the merged random-next pool once its stage has run (an object reference on Ray)
     warnings: list[str] = dataclasses.field(default_factory=list)  # the manifest's, one line each
     markers: dict[str, list[Marker]] = dataclasses.field(default_factory=dict)  # by stage name, in item order
@@ -71,4 +73,5 @@ class BuildState:
     def num_shards(self) -> int:
         """The config's, or the default from the corpus's tokens (never from the CPUs or how the input came)."""
         assert self.corpus_tokens, "the shards are planned once the read pass has counted the tokens"
-        return self.cfg.num_shards or default_num_shards(self.corpus_tokens, self.cfg.dupe_factor, self.vocab_size)
+        return self.cfg.num_shards or default_num_shards(self.corpus_tokens + self.repeat_tokens, self.cfg.dupe_factor,
+                                                         self.vocab_size)

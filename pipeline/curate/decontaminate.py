@@ -61,10 +61,22 @@ class NgramIndex:
     file_of: dict[int, np.ndarray]
     texts: int = 0
     too_short: int = 0
+    checked: list[int] = dataclasses.field(default_factory=list)  # per file: its texts long enough to be matched
 
     @property
     def size(self) -> int:
         return sum(len(g) for g in self.grams.values())
+
+    def digest(self) -> str:
+        """sha256 of what the filter matches against (the n-grams by length, the files' names): a changed
+        evaluation set changes it, a copied or touched one does not."""
+        import hashlib
+
+        h = hashlib.sha256(repr((self.files, sorted(self.grams))).encode())
+        for n in sorted(self.grams):
+            h.update(np.ascontiguousarray(self.grams[n]).tobytes())
+            h.update(np.ascontiguousarray(self.file_of[n]).tobytes())
+        return h.hexdigest()
 
 
 def build_index(texts: Iterable[tuple[str, str]], cfg: DecontaminationConfig) -> NgramIndex:
@@ -72,6 +84,7 @@ def build_index(texts: Iterable[tuple[str, str]], cfg: DecontaminationConfig) ->
     files: dict[str, int] = {}
     parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
     n_texts = too_short = 0
+    checked: list[int] = []
     batch: list[tuple[str, str]] = []
 
     def flush() -> None:
@@ -80,6 +93,10 @@ def build_index(texts: Iterable[tuple[str, str]], cfg: DecontaminationConfig) ->
         fid = np.array([files.setdefault(f, len(files)) for f, _ in batch], dtype=np.int32)
         counts = np.diff(w.offsets)
         too_short += int((counts < cfg.min_words).sum())
+        per_file = np.bincount(fid[counts >= cfg.min_words], minlength=len(files))
+        checked.extend([0] * (len(files) - len(checked)))
+        for f, c in enumerate(per_file.tolist()):
+            checked[f] += c
         lengths = {cfg.ngram} | {int(c) for c in np.unique(counts) if cfg.min_words <= c < cfg.ngram}
         grams = Ngrams(w)
         for n in sorted(lengths):
@@ -104,7 +121,7 @@ def build_index(texts: Iterable[tuple[str, str]], cfg: DecontaminationConfig) ->
         f = np.concatenate([c[1] for c in chunks])
         uniq, first = np.unique(g, return_index=True)
         grams[n], file_of[n] = uniq, f[first]
-    return NgramIndex(list(files), grams, file_of, n_texts, too_short)
+    return NgramIndex(list(files), grams, file_of, n_texts, too_short, checked)
 
 
 def _hits(index: NgramIndex, w: Words) -> tuple[np.ndarray, list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]]:

@@ -15,8 +15,23 @@ from pipeline.storage import filesystem_for, storage_options, unstrip
 from pipeline.tasks.records import detect_format, read_records
 
 
+def eval_files(paths: Sequence[str], endpoint_url: str | None = None) -> list[str]:
+    """The evaluation files ``paths`` name (a folder: its task files), in order; ValueError for one that is not there."""
+    return [url for path in paths for url in _files(path, endpoint_url)]
+
+
+def file_stamp(url: str, endpoint_url: str | None = None) -> tuple:
+    """(size, etag, mtime) of a file as its store reports them: what tells a changed file (a cache key)."""
+    fs, p = filesystem_for(url, endpoint_url)
+    info = fs.info(p)
+    return (info.get("size"), str(info.get("ETag") or info.get("etag") or ""),
+            str(info.get("mtime") or info.get("LastModified") or info.get("updated") or ""))
+
+
 def _files(path: str, endpoint_url: str | None) -> list[str]:
     fs, p = filesystem_for(path, endpoint_url)
+    if not fs.exists(p):
+        raise ValueError(f"--decontaminate {path} does not exist: name evaluation files or folders of them")
     if not fs.isdir(p):
         return [path]
     found = []
@@ -44,12 +59,11 @@ def _texts(record: dict[str, Any], fields: Sequence[str]) -> Iterator[str]:
 def eval_texts(paths: Sequence[str], fields: Sequence[str] = (),
                endpoint_url: str | None = None) -> Iterator[tuple[str, str]]:
     """(file, text) for every text of every record of the evaluation files (a folder: its task files)."""
-    for path in paths:
-        for url in _files(path, endpoint_url):
-            records = read_records(url, storage_options=storage_options(url, endpoint_url))
-            if fields and not any(f in r for r in records for f in fields):
-                raise ValueError(f"--decontaminate {url}: no record has a field {', '.join(fields)} (the first"
-                                 f" record's fields: {', '.join(records[0])}); pass the fields that hold its text")
-            for r in records:
-                for text in _texts(r, fields):
-                    yield url, text
+    for url in eval_files(paths, endpoint_url):
+        records = read_records(url, storage_options=storage_options(url, endpoint_url))
+        if fields and not any(f in r for r in records for f in fields):
+            raise ValueError(f"--decontaminate {url}: no record has a field {', '.join(fields)} (the first"
+                             f" record's fields: {', '.join(records[0])}); pass the fields that hold its text")
+        for r in records:
+            for text in _texts(r, fields):
+                yield url, text

@@ -1,8 +1,9 @@
 """Source weights (``--mix SOURCE=WEIGHT,...``): "wikipedia x2 + books x1 + web x0.5" as one build.
 
-A document's source is the input it was read from (the ``source`` column); a weight applies to every source whose
-path starts with its SOURCE (a file, or a folder and everything under it; the longest matching SOURCE wins), and
-sources that none matches keep weight 1. A document of weight w is kept ``floor(w)`` times plus once more with
+A document's source is the input it was read from (the ``source`` column); a weight applies to every source that is
+its SOURCE or lies under it (a file, or a folder and everything under it, matched by whole path components:
+``data/wiki`` is not ``data/wikipedia``; the longest matching SOURCE wins), and sources that none matches keep
+weight 1. A document of weight w is kept ``floor(w)`` times plus once more with
 probability ``w - floor(w)``: upsampling by repetition, downsampling by a seeded draw. The draw is
 ``derive_seed(seed, document id, "mix") / 2**64 < frac(w)``, a function of the id alone, so the same documents are
 kept whatever the batching, order or number of workers, and the expected share of each source is w * its size
@@ -59,24 +60,40 @@ class MixConfig:
                 raise ValueError(f"--mix names {source} twice: give each source one weight")
             seen.add(source)
 
+    def match(self, source: str | None) -> str | None:
+        """The SOURCE that decides ``source``'s weight: the longest one it is or lies under; None: none."""
+        best = None
+        for prefix, _ in self.weights:
+            if source is not None and under(source, prefix) and (best is None or len(prefix) > len(best)):
+                best = prefix
+        return best
+
     def weight_of(self, source: str | None) -> float:
-        best, weight = -1, 1.0
-        for prefix, w in self.weights:
-            if source is not None and source.startswith(prefix) and len(prefix) > best:
-                best, weight = len(prefix), w
-        return weight
+        prefix = self.match(source)
+        return 1.0 if prefix is None else dict(self.weights)[prefix]
 
     def unmatched(self, sources: list[str]) -> list[str]:
         """The SOURCEs that match none of ``sources`` (a typo the job should refuse before any work)."""
-        return [p for p, _ in self.weights if not any(s.startswith(p) for s in sources)]
+        return [p for p, _ in self.weights if not any(under(s, p) for s in sources)]
+
+
+def under(path: str, prefix: str) -> bool:
+    """``path`` is ``prefix`` or lies under it, by whole path components."""
+    p = prefix.rstrip("/")
+    return path == p or path.startswith(p + "/") or not p
 
 
 def copies(ids: list[str], sources: list[str | None], cfg: MixConfig) -> np.ndarray:
     """How many times each document is kept (module docstring)."""
-    weights = np.array([cfg.weight_of(s) for s in sources], dtype=np.float64)
+    return copies_at(ids, np.array([cfg.weight_of(s) for s in sources], dtype=np.float64), cfg.seed)
+
+
+def copies_at(ids: list[str], weights: np.ndarray | float, seed: int) -> np.ndarray:
+    """How many times each document of weight ``weights`` (one per document, or one for all) is kept."""
+    weights = np.broadcast_to(np.asarray(weights, dtype=np.float64), (len(ids),))
     whole = np.floor(weights)
     frac = weights - whole
-    u = np.array([derive_seed(cfg.seed, i, "mix") for i in ids], dtype=np.float64) / 2.0 ** 64
+    u = np.array([derive_seed(seed, i, "mix") for i in ids], dtype=np.float64) / 2.0 ** 64
     return (whole + (u < frac)).astype(np.int64)
 
 
