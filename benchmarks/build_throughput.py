@@ -49,6 +49,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from pipeline.schema import read_manifest  # noqa: E402
+from stage_costs import stage_costs, stage_line  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "data" / "corpora"
 VOCAB = REPO / "data" / "sample" / "reference" / "bert-base-uncased-vocab.txt"
@@ -314,6 +315,7 @@ def run(corpus: Path, mb: float, cpus: int, out: Path, args, head: Head | None,
            "--num-cpus", str(cpus), "--log-level", "INFO", "--progress", "lines"]
     if no_ray:
         cmd.append("--no-ray")
+    cmd += args.job_flags.split()  # e.g. --job-flags "--dedup near": curation's cost beside the plain build's
     if args.mlflow:
         cmd += ["--mlflow-tracking-uri", f"sqlite:///{out.parent / 'mlflow' / 'mlflow.db'}"]
     else:
@@ -327,9 +329,10 @@ def run(corpus: Path, mb: float, cpus: int, out: Path, args, head: Head | None,
     t0 = time.time()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO)
     watch.roots.append(proc.pid)
-    load, work_peak, last = [], 0, 0.0
+    load, work_peak, last, series = [], 0, 0.0, []
     while proc.poll() is None:
         watch.sample()
+        series.append((time.time() - t0, sum(watch.cpu_by_kind(proc.pid).values())))  # per stage, below
         load.append(os.getloadavg()[0])
         if time.time() - last > 1.0:  # _work's bytes on disk, once a second
             last = time.time()
@@ -343,7 +346,8 @@ def run(corpus: Path, mb: float, cpus: int, out: Path, args, head: Head | None,
         raise RuntimeError(f"{' '.join(cmd)} failed with {proc.returncode}:\n{err.read()[-3000:]}")
     manifest = read_manifest(str(out))
     err.seek(0)
-    steps = phases(err.read(), wall)
+    log_text = err.read()
+    steps = phases(log_text, wall)
     by_kind = watch.cpu_by_kind(proc.pid)
     cpu = sum(by_kind.values())
     shutil.rmtree(out, ignore_errors=True)
@@ -351,7 +355,8 @@ def run(corpus: Path, mb: float, cpus: int, out: Path, args, head: Head | None,
             "mb_per_cpu_s": mb / cpu, "peak_worker_rss_mb": watch.worker_peak_mb(proc.pid),
             "driver_peak_rss_mb": watch.rss_peak.get(proc.pid, 0) / 1e6, "load_avg": statistics.fmean(load or [0]),
             "work_peak_mb": work_peak / 1e6,
-            "instances": manifest.instances, "shards": len(manifest.shards), "phases_s": steps}
+            "instances": manifest.instances, "shards": len(manifest.shards), "phases_s": steps,
+            "stages": stage_costs(log_text, series)}
 
 
 def _busy_loop(n: int) -> float:
@@ -390,7 +395,7 @@ def _line(key: str, r: dict, plain: dict | None = None) -> str:
             f"{r['mb_per_cpu_s']:.2f} MB per CPU-s (all){vs}  driver {k['driver']:.1f} CPU-s  workers "
             f"{k['ray_workers']:.1f}  daemons {k['ray_daemons']:.1f}  data actors {k['ray_data_actors']:.1f}  "
             f"peak/worker {r['peak_worker_rss_mb']:.0f} MB  _work peak {r.get('work_peak_mb', 0):.0f} MB  "
-            f"{r['shards']} shards  load {r['load_avg']:.1f}")
+            f"{r['shards']} shards  load {r['load_avg']:.1f}\n" + " " * 23 + stage_line(r.get("stages", {})))
 
 
 def targets(results: dict, fixed: dict, scales: list[int], ceilings: dict[int, float]) -> list[str]:
@@ -445,6 +450,7 @@ def main() -> None:
     ap.add_argument("--compressed", type=int, default=0, help="write each scale's corpus as this many .jsonl.gz files")
     ap.add_argument("--scale-gb", type=float, default=None, help="one scale of about this many GB of text")
     ap.add_argument("--no-plain", dest="plain", action="store_false", help="skip the plain loop (--no-ray) runs")
+    ap.add_argument("--job-flags", default="", help="flags added to every job run (e.g. '--dedup near')")
     args = ap.parse_args()
     scales = sorted(int(s) for s in args.scales.split(",") if s)  # --scales '': the fixed cost only
     cpus = sorted(int(c) for c in args.cpus.split(","))

@@ -10,13 +10,14 @@
    its index, exact and near signatures, the global decision, applying it, the mix draw), as CPU-seconds of this
    process, MB of text per CPU-second, and percent of the build's CPU-seconds.
 2. On Ray with 2 CPUs (a local Ray started here, loopback only), at each ``--ray-scales`` size of the passages
-   corpus (below): the build (``RayDataExecutor``) and then the near dedup (the signature operator over a Dataset
-   of the documents and the global decision, ``pipeline.curate.ray_dedup``) on the same documents, CPU-seconds of
-   every process of the Ray (driver, workers, Ray Data's actors, daemons) for each, and per MB between the sizes
-   (what grows with the corpus, apart from the fixed cost): the issue's budget is dedup <= 30% of the build's.
-3. Peak RSS of any one Ray worker during near dedup at each ``--scales`` size (a fresh Ray each): the corpus cut
-   into 200-word passages, copy k of it with 2 words of every passage changed, so near dedup finds (k-1)/k of
-   them; flat in input size means memory bounded by block and partition, not corpus.
+   corpus (below): the build (``pipeline.build.build`` on ``RayDataExecutor``, as the job runs it) without and with
+   ``--dedup near`` (signatures in the read pass, the curate stage's decision on Ray Data, the drop lists), CPU-seconds
+   of every process of the Ray (driver, workers, Ray Data's actors, daemons) for each, the stages' wall seconds, and
+   per MB between the sizes: the issue's budget is that dedup adds <= 30% to the build's CPU-seconds.
+3. Peak RSS of any one Ray worker during the build with ``--dedup near`` at each ``--scales`` size (a fresh Ray
+   each; dupe factor 1), over the whole build and while the curate stage decides: the corpus cut into 200-word
+   passages, copy k of it with 2 words of every passage changed, so near dedup finds (k-1)/k of them; flat in input
+   size means memory bounded by block and partition, not corpus.
 """
 from __future__ import annotations
 
@@ -157,63 +158,99 @@ def stage_costs(docs: list[dict], corpus: Path, tasks: Path, work: Path) -> tupl
     return build, rows
 
 
-def _ray_dataset(docs: list[dict]):
-    import ray
+class Stages:
+    """The build's ``on_stage`` hook: each stage's wall seconds; ``running`` names what runs now (a stage starts
+    when the one before it ends), so a sampler can keep the workers' peak RSS per stage."""
 
-    return ray.data.from_arrow(_batches(docs))
+    def __init__(self):
+        self.wall: dict[str, float] = {}
+        self.running = "read and before"
+
+    def __call__(self, name: str, markers: list, started: float, ended: float) -> None:
+        self.wall[name] = ended - started
+        self.running = f"after {name}"
+
+
+class PeakByStage(Sampling):
+    """Sampling that also keeps the largest RSS of any one Ray worker while each stage ran (``Stages.running``)."""
+
+    def __init__(self, watch: Watch, stages: Stages, driver: int):
+        super().__init__(watch)
+        self.stages, self.driver, self.peak = stages, driver, {}
+
+    def _run(self) -> None:
+        from build_throughput import _proc_table
+
+        while not self.stop.wait(0.1):
+            self.watch.sample()
+            _, rss, _ = _proc_table()
+            now = max((rss.get(p, 0) for p in self.watch.ticks
+                       if self.watch.kind(p, self.driver) == "ray_workers"), default=0)
+            label = self.stages.running
+            self.peak[label] = max(self.peak.get(label, 0), now)
+
+
+def build_on_ray(corpus: Path, work: Path, cpus: int, dedup: str, dupe_factor: int = 5, on_stage=None):
+    from pipeline.build import BuildConfig, build
+    from pipeline.build.ray_data import RayDataExecutor
+    from pipeline.create_instances import InstanceConfig
+
+    cfg = BuildConfig(inputs=(str(corpus),), output=str(work / f"build-{time.time_ns()}"), vocab=str(VOCAB),
+                      dupe_factor=dupe_factor, instances=InstanceConfig(max_seq_length=128),
+                      curate=CurateConfig(dedup=DedupConfig(mode=dedup)))
+    return build(cfg, RayDataExecutor(num_cpus=cpus), on_stage=on_stage)
+
+
+def _passages_file(src: list[Path], scale: int, work: Path, limit_bytes: int | None) -> tuple[Path, float, int]:
+    docs = scaled_corpus(src, scale, limit_bytes)
+    corpus = work / f"passages-{scale}x.jsonl"
+    with open(corpus, "w") as f:
+        for d in docs:
+            f.write(json.dumps({"id": d["id"], "text": d["text"]}) + "\n")
+    return corpus, sum(len(d["text"].encode()) for d in docs) / 1e6, len(docs)
 
 
 def ray_costs(src: list[Path], scales: list[int], work: Path, cpus: int, limit_bytes: int | None) -> None:
+    """The build job's work on Ray (``jobs/build_dataset.py``'s build, seq 128, dupe factor 5) without and with
+    ``--dedup near``, on the same passages: CPU-seconds of every process."""
     import ray
-
-    from pipeline.build.ray_data import RayDataExecutor
-    from pipeline.curate import ray_dedup
 
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
              _temp_dir=tempfile.mkdtemp(prefix="rc", dir="/tmp"))
     ray.data.DataContext.get_current().enable_progress_bars = False
-    print(f"\n## 2. On Ray, {cpus} CPUs: the build, then near dedup of the same documents (200-word passages; copy k"
-          " of the corpus with 2 words of each passage changed)\n")
-    print("| input | run | wall s | CPU-s all processes | driver / workers / Ray Data actors / daemons | dropped |\n"
-          "|---|---|---:|---:|---|---:|")
+    print(f"\n## 2. The build on Ray, {cpus} CPUs, without and with --dedup near (200-word passages; copy k of the"
+          " corpus with 2 words of each passage changed)\n")
+    print("| input | build | wall s | CPU-s all processes | driver / workers / Ray Data actors / daemons | "
+          "stages (wall s) | dropped |\n|---|---|---:|---:|---|---|---:|")
     driver = os.getpid()
     rows = []
     try:
         for scale in scales:
-            docs = scaled_corpus(src, scale, limit_bytes)
-            mb = sum(len(d["text"].encode()) for d in docs) / 1e6
-            corpus = work / f"passages-{scale}x.jsonl"
-            with open(corpus, "w") as f:
-                for d in docs:
-                    f.write(json.dumps({"id": d["id"], "text": d["text"]}) + "\n")
+            corpus, mb, _ = _passages_file(src, scale, work, limit_bytes)
             if not rows and not limit_bytes:  # (not in --smoke)
-                build_cpu(corpus, work, RayDataExecutor(num_cpus=cpus))  # warm: workers up, as on a cluster
+                build_on_ray(corpus, work, cpus, "off")  # warm: workers up, as on a cluster
             out = {}
-            for run in ("build", "near dedup"):
+            for dedup in ("off", "near"):
                 t0 = time.time()
+                stages = Stages()
                 with Sampling(Watch([driver])) as watch:
-                    if run == "build":
-                        build_cpu(corpus, work, RayDataExecutor(num_cpus=cpus))
-                        dropped = ""
-                    else:
-                        cfg = DedupConfig(mode="near")
-                        drops = ray_dedup.drop_set(ray_dedup.signatures(_ray_dataset(docs), cfg), cfg, num_cpus=cpus)
-                        dropped = f"{len(drops):,}"
+                    m = build_on_ray(corpus, work, cpus, dedup, on_stage=stages)
                 cpu = watch.cpu_by_kind(driver)
-                out[run] = sum(cpu.values())
-                print(f"| {mb:.0f} MB ({scale}x) | {run} | {time.time() - t0:.1f} | {out[run]:.1f} | "
-                      + " / ".join(f"{v:.1f}" for v in cpu.values()) + f" | {dropped} |", flush=True)
-            rows.append((scale, mb, out["build"], out["near dedup"]))
+                out[dedup] = sum(cpu.values())
+                print(f"| {mb:.0f} MB ({scale}x) | {'--dedup near' if dedup == 'near' else 'no dedup'} | "
+                      f"{time.time() - t0:.1f} | {out[dedup]:.1f} | " + " / ".join(f"{v:.1f}" for v in cpu.values())
+                      + " | " + ", ".join(f"{k} {v:.1f}" for k, v in stages.wall.items())
+                      + f" | {sum(m.dropped.values()):,} |", flush=True)
+            rows.append((scale, mb, out["off"], out["near"]))
     finally:
         ray.shutdown()
     for scale, mb, b, d in rows:
-        print(f"\n{mb:.0f} MB: near dedup at {cpus} CPUs adds {100 * d / b:.0f}% to the build's CPU-seconds"
-              f" (budget: 30%): {'met' if d <= 0.3 * b else 'NOT met'}")
+        print(f"\n{mb:.0f} MB: --dedup near at {cpus} CPUs adds {100 * (d - b) / b:.0f}% to the build's CPU-seconds"
+              f" (budget: 30%): {'met' if d - b <= 0.3 * b else 'NOT met'}")
     if len(rows) > 1:
         (_, m0, b0, d0), (_, m1, b1, d1) = rows[0], rows[-1]
-        print(f"per MB between {m0:.0f} and {m1:.0f} MB: the build {(b1 - b0) / (m1 - m0):.3f} CPU-s, near dedup"
-              f" {(d1 - d0) / (m1 - m0):.3f} CPU-s ({100 * (d1 - d0) / (b1 - b0):.0f}% of the build's);"
-              f" near dedup's fixed part ~{d0 - m0 * (d1 - d0) / (m1 - m0):.1f} CPU-s")
+        print(f"per MB between {m0:.0f} and {m1:.0f} MB: the build {(b1 - b0) / (m1 - m0):.3f} CPU-s, --dedup near"
+              f" adds {((d1 - b1) - (d0 - b0)) / (m1 - m0):.3f} CPU-s")
 
 
 def scaled_corpus(src: list[Path], scale: int, limit_bytes: int | None) -> list[dict]:
@@ -235,34 +272,34 @@ def scaled_corpus(src: list[Path], scale: int, limit_bytes: int | None) -> list[
 
 
 def memory(src: list[Path], scales: list[int], work: Path, cpus: int, limit_bytes: int | None) -> None:
+    """The build job's work with --dedup near (dupe factor 1: the instances pass is not what is measured) on a fresh
+    local Ray per size: the largest RSS of any one Ray worker, over the build and while the curate stage (the dedup
+    decision) ran."""
     import ray
 
-    from pipeline.curate import ray_dedup
-
-    print(f"\n## 3. Near dedup on Ray, {cpus} CPUs: peak RSS of one worker by input size\n")
-    print("| input | documents | wall s | CPU-s all processes | dropped | peak RSS of one worker |\n"
-          "|---|---:|---:|---:|---:|---:|")
+    print(f"\n## 3. The build with --dedup near on Ray, {cpus} CPUs: peak RSS of one worker by input size\n")
+    print("| input | documents | wall s | CPU-s all processes | dropped | peak RSS of one worker: the build | "
+          "during the dedup decision (curate stage) |\n|---|---:|---:|---:|---:|---:|---:|")
     for scale in scales:
-        docs = scaled_corpus(src, scale, limit_bytes)
-        mb = sum(len(d["text"].encode()) for d in docs) / 1e6
-        n_docs = len(docs)
+        corpus, mb, n_docs = _passages_file(src, scale, work, limit_bytes)
         ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
                  _temp_dir=tempfile.mkdtemp(prefix="rm", dir="/tmp"))
         ray.data.DataContext.get_current().enable_progress_bars = False
         try:
             driver = os.getpid()
             t0 = time.time()
-            cfg = DedupConfig(mode="near")
-            ds = _ray_dataset(docs)
-            del docs
-            with Sampling(Watch([driver])) as watch:  # a worker's peak while it runs, not its RSS at the end
-                dropped = len(ray_dedup.drop_set(ray_dedup.signatures(ds, cfg), cfg, num_cpus=cpus))
+            stages = Stages()
+            sampler = PeakByStage(Watch([driver]), stages, driver)
+            with sampler as watch:  # a worker's peak while it runs, not its RSS at the end
+                m = build_on_ray(corpus, work, cpus, "near", dupe_factor=1, on_stage=stages)
             wall = time.time() - t0
             cpu = sum(watch.cpu_by_kind(driver).values())
-            print(f"| {mb:.0f} MB ({scale}x) | {n_docs:,} | {wall:.1f} | {cpu:.1f} | {dropped:,} |"
-                  f" {watch.worker_peak_mb(driver):.0f} MB |", flush=True)
+            print(f"| {mb:.0f} MB ({scale}x) | {n_docs:,} | {wall:.1f} | {cpu:.1f} | {sum(m.dropped.values()):,} |"
+                  f" {watch.worker_peak_mb(driver):.0f} MB | {sampler.peak.get('after read', 0) / 1e6:.0f} MB |",
+                  flush=True)
         finally:
             ray.shutdown()
+        corpus.unlink()
 
 
 def main() -> None:

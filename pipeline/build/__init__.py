@@ -18,6 +18,8 @@
     progress.py   a progress line per stage; markers.py: completion markers; work.py: _work, per-process caches
     vocab.py read.py pool.py instances.py shards.py: one stage each, with its work item or operators, its sink or
                   step, its marker, its planner and hook; docs.py: what the passes share (read, tokenize, tables)
+    curation/     the read pass's curation filters, the curate stage (dedup's decision, --mix), the report;
+                  drops.py: what a global step leaves out or repeats
 
 Each stage is a ``Stage`` (a step mapped over items) or a ``RowStage`` (read, operators, sink over units), one
 marker per item or unit, planned from the markers of the stages before it; ``build`` walks ``STAGES``, runs each

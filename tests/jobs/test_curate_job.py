@@ -93,8 +93,9 @@ def test_check_curate_dedup_through_the_job(tmp_path, mlflow_uri, capsys):
 
 
 def test_decontamination_languages_and_mix_through_the_job(tmp_path, capsys):
-    """Three sources: wiki (Moby Dick, 20 passages carrying an evaluation sentence), books (Austen, no weight) and
-    web (the World English Bible and Vim's tutorial in 18 languages); --mix wiki=2,web=0.5."""
+    """docs/build-checks.md's command in a small form. Three sources: wiki (Moby Dick, 20 passages carrying an
+    evaluation sentence), books (Austen, no weight) and web (the World English Bible and Vim's tutorial in 18
+    languages); --dedup near --decontaminate --languages en --mix wiki=2,web=0.5."""
     with gzip.open(TASKS / "rt_sentiment.jsonl.gz", "rt", encoding="utf-8") as f:
         evals = random.Random(2).sample([r["text"] for r in map(json.loads, f) if len(r["text"].split()) >= 15], 20)
     wiki = passages("mobydick", 80, 1500)
@@ -111,7 +112,8 @@ def test_decontamination_languages_and_mix_through_the_job(tmp_path, capsys):
     out = tmp_path / "out"
     assert build_dataset.main(["--input", str(tmp_path / "wiki"), "--input", str(tmp_path / "books"),
                                "--input", str(tmp_path / "web"), "--output", str(out),
-                               "--decontaminate", str(TASKS / "rt_sentiment.jsonl.gz"), "--languages", "en",
+                               "--dedup", "near", "--decontaminate", str(TASKS / "rt_sentiment.jsonl.gz"),
+                               "--languages", "en",
                                "--mix", f"{tmp_path / 'wiki'}=2,{tmp_path / 'web'}=0.5", "--no-mlflow", *SMALL]) == 0
     capsys.readouterr()
     lines = [json.loads(x) for x in open(out / "reports" / "dropped.jsonl")]
