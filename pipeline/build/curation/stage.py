@@ -20,6 +20,7 @@ nodes. A rerun computes the drop set again only when some unit has no marker yet
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import time
 from collections import Counter
@@ -75,12 +76,40 @@ class CurateMarker(Marker):
         return self.uid
 
 
-def _lookup(drops: Shared) -> dict[str, tuple[str, str | None]]:
-    """The drop set as id -> (reason, duplicate_of), built once per process."""
-    def load():
-        t = drops.get()
-        return dict(zip(t["id"].to_pylist(), zip(t["reason"].to_pylist(), t["duplicate_of"].to_pylist())))
-    return cached("drop_set", drops.key, load)
+def _hashes(ids: list[str]) -> np.ndarray:
+    return np.fromiter((int.from_bytes(hashlib.blake2b(i.encode("utf-8", "surrogatepass"), digest_size=8).digest(),
+                                       "little") for i in ids), np.uint64, len(ids))
+
+
+class DropSet:
+    """The drop set, looked up by id: its rows (the object-store copy) and their ids' sorted 64-bit hashes, 8 bytes
+    per dropped document in each process (not a Python object per id: the drop set of a web corpus is large)."""
+
+    def __init__(self, table):
+        self.table = table
+        keys = _hashes(table["id"].to_pylist())
+        self.order = np.argsort(keys, kind="stable")
+        self.keys = keys[self.order]
+
+    def find(self, ids: list[str]) -> list[tuple[str, str | None] | None]:
+        """(reason, duplicate_of) of each id the drop set names, else None."""
+        out: list[tuple[str, str | None] | None] = [None] * len(ids)
+        keys = _hashes(ids)
+        at = np.searchsorted(self.keys, keys)
+        for i in np.flatnonzero(at < len(self.keys)).tolist():
+            k = int(at[i])
+            while k < len(self.keys) and self.keys[k] == keys[i]:  # equal hashes: the ids decide
+                row = int(self.order[k])
+                if self.table["id"][row].as_py() == ids[i]:
+                    out[i] = (self.table["reason"][row].as_py(), self.table["duplicate_of"][row].as_py())
+                    break
+                k += 1
+        return out
+
+
+def _lookup(drops: Shared) -> DropSet:
+    """The drop set, made searchable once per process."""
+    return cached("drop_set", drops.key, lambda: DropSet(drops.get()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,9 +134,8 @@ class CurateStep:
         reason: list[str | None] = [None] * n
         dup_of: list[str | None] = [None] * n
         if self.drops is not None:
-            lookup = _lookup(self.drops)
-            for i, d in enumerate(ids):
-                if (hit := lookup.get(d)) is not None:
+            for i, hit in enumerate(_lookup(self.drops).find(ids)):
+                if hit is not None:
                     reason[i], dup_of[i] = hit
         copies = np.array([0 if r else 1 for r in reason], np.int64)
         live = np.flatnonzero(copies)

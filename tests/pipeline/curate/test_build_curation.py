@@ -190,3 +190,17 @@ def test_without_curation_the_build_is_the_one_it_always_was(tmp_path, planted):
     m = build(c)
     assert m.curation is None and "curation" not in json.load(open(tmp_path / "out" / "manifest.json"))
     assert not (tmp_path / "out" / "reports").exists()
+
+
+def test_the_drop_set_is_found_by_id_even_when_hashes_collide(monkeypatch):
+    import numpy as np
+    import pyarrow as pa
+
+    from pipeline.build.curation import stage
+
+    drops = pa.table({"id": ["b", "d", "a"], "reason": ["exact_duplicate", "near_duplicate", "exact_duplicate"],
+                      "duplicate_of": ["x", "y", "x"]})
+    want = [("exact_duplicate", "x"), None, ("near_duplicate", "y"), None, ("exact_duplicate", "x")]
+    assert stage.DropSet(drops).find(["a", "c", "d", "e", "b"]) == want
+    monkeypatch.setattr(stage, "_hashes", lambda ids: np.zeros(len(ids), np.uint64))  # every id the same hash
+    assert stage.DropSet(drops).find(["a", "c", "d", "e", "b"]) == want

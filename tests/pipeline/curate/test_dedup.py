@@ -94,3 +94,43 @@ def test_an_exact_copy_of_a_near_duplicate_points_at_the_kept_document():
     drops = drop_set([Signatures(NEAR)(t)], NEAR).to_pylist()
     assert drops == [{"id": "b", "reason": "near_duplicate", "duplicate_of": "a"},
                      {"id": "c", "reason": "exact_duplicate", "duplicate_of": "a"}]
+
+
+def _components_by_hand(edges: list[tuple[str, str]]) -> dict[str, str]:
+    """Each linked id -> the smallest id of its component, by a plain search (the reference for ``components``)."""
+    nbr: dict[str, set[str]] = {}
+    for a, b in edges:
+        nbr.setdefault(a, set()).add(b)
+        nbr.setdefault(b, set()).add(a)
+    out: dict[str, str] = {}
+    for start in nbr:
+        if start in out:
+            continue
+        seen, todo = {start}, [start]
+        while todo:
+            for y in nbr[todo.pop()] - seen:
+                seen.add(y)
+                todo.append(y)
+        for x in seen:
+            out[x] = min(seen)
+    return out
+
+
+def test_components_keep_the_smallest_id_of_each_component_whatever_the_edges_order():
+    import random
+
+    from pipeline.curate.clusters import components
+
+    rng = random.Random(5)
+    ids = [f"d{rng.randrange(10**6)}" for _ in range(300)]
+    edges = [tuple(rng.sample(ids, 2)) for _ in range(260)] + [("z", "été"), ("日本", "z"), ("Ärger", "Z")]
+    want = {x: r for x, r in _components_by_hand(edges).items() if x != r}
+    for seed in range(3):  # any order, any batching of the edges
+        order = random.Random(seed).sample(edges, len(edges))
+        cut = len(order) // 3
+        batches = [(pa.array([a for a, _ in part]), pa.array([b for _, b in part])) for part in (order[:cut],
+                                                                                                order[cut:])]
+        got = components(batches)
+        assert dict(zip(got["id"].to_pylist(), got["duplicate_of"].to_pylist())) == want
+        assert set(got["reason"].to_pylist()) == {"near_duplicate"}
+    assert want["été"] == "z" and want["日本"] == "z" and want["Ärger"] == "Z"  # code-point order
