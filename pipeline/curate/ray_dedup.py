@@ -41,6 +41,11 @@ PARTITION_BYTES = 32 << 20  # rows per shuffle partition: one call's input (its 
 _ID_BYTES = 48  # a row's id and Arrow offsets, as an estimate
 
 
+def signature_row_bytes(cfg: DedupConfig) -> int:
+    """A signature row's bytes in the shuffles that hold signatures (part, id, content hash, MinHash)."""
+    return 8 + _ID_BYTES + 16 + (4 * cfg.num_perm if cfg.mode == "near" else 0)
+
+
 def partitions(num_docs: int, row_bytes: int, partition_bytes: int = PARTITION_BYTES) -> int:
     return max(1, math.ceil(num_docs * row_bytes / partition_bytes))
 

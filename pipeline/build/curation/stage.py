@@ -172,7 +172,8 @@ def _drop_set(s: BuildState, files: list[str], cfg: DedupConfig) -> Shared:
     else:
         from pipeline.build.ray_data.curate import drop_set_shared
 
-        shared = drop_set_shared(s.executor, files, s.ctx, cfg, key)
+        documents = sum(m.documents for m in s.markers["read"])  # type: ignore[attr-defined]
+        shared = drop_set_shared(s.executor, files, documents, s.ctx, cfg, key)
     log.info("curate: dedup (%s) over the signatures of %d unit(s) in %.1f s wall", cfg.mode, len(files),
              time.perf_counter() - t0)
     return shared
