@@ -47,7 +47,8 @@ def test_a_build_through_faults_gives_the_same_bytes(s3_bucket, sample_dir, engi
         assert getattr(faulty, key) == getattr(clean, key), key
     assert faulty.vocab.sha256 == clean.vocab.sha256
     got, expected = _listing(f"s3://{bucket}/faulty", endpoint), _listing(f"s3://{bucket}/clean", endpoint)
-    assert sorted(got) == sorted(expected)  # no leftovers: no _work, no lease, no probe
+    assert sorted(got) == sorted(expected)  # no leftovers: no _work, no probe; the lease record, released
+    assert "/_writer.lease.json" in got
     for name, data in expected.items():
-        if name != "/manifest.json":  # it names its own output and timings
+        if name not in ("/manifest.json", "/_writer.lease.json"):  # they name their own output, holder and times
             assert got[name] == data, name

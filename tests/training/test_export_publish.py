@@ -45,7 +45,8 @@ def test_a_local_export_is_replaced_whole(tmp_path, mlflow_uri):
     _same_weights(BertForPreTraining.from_pretrained(dest), first)
     export_model(second_dir, str(dest), run, PRETRAIN_LINEAGE)
     _same_weights(BertForPreTraining.from_pretrained(dest), second)
-    assert sorted(os.listdir(dest.parent)) == ["bert"]  # no staging folder, no lease, no old copy left
+    # No staging folder, no old copy left; the destination's lease record stays, released.
+    assert sorted(os.listdir(dest.parent)) == ["bert", "bert.lease.json"]
 
 
 def test_a_local_export_killed_mid_swap_leaves_the_previous_one(tmp_path, mlflow_uri, monkeypatch):
