@@ -26,8 +26,8 @@ import uuid
 from typing import Any
 
 from pipeline.safe_io.lease_record import (KEEP_COMMITS, PROOF_REUSE_FRACTION, STEP_DOWN_FRACTION,
-                                           WRITER_LIMIT_FRACTION, LeaseLost, describe, holder_beat_age,
-                                           holder_beat_time)
+                                           WRITER_LIMIT_FRACTION, LeaseLost, describe, exit_process, held,
+                                           holder_beat_age, holder_beat_time)
 from pipeline.safe_io.lease_store import Version, store_for
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,6 @@ class Fence:
         return self._store
 
     def _lease(self):
-        from pipeline.safe_io.lease import held
-
         lease = held(self.target)
         return lease if lease is not None and lease.token == self.token else None
 
@@ -145,8 +143,6 @@ class Fence:
     def watch(self, on_lost=None) -> threading.Event:
         """Prove the lease every S/8 in a daemon thread; when it cannot be proved, log the one line and call
         ``on_lost(message)`` (default: exit the process with status 2). Set the returned event to stop watching."""
-        from pipeline.safe_io.lease import exit_process
-
         stop = threading.Event()
         on_lost = on_lost or exit_process
         if self._proved_at == float("-inf"):

@@ -31,8 +31,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from pipeline import storage
-from pipeline.safe_io.lease_record import (BEAT_FRACTION, EXIT_LEASE_LOST, STALE_ENV, STALE_SECONDS,
-                                           STEP_DOWN_FRACTION, LeaseHeld, LeaseLost, describe, holder_beat_age,
+from pipeline.safe_io.fence import Fence
+from pipeline.safe_io.lease_record import (BEAT_FRACTION, HELD, STALE_ENV, STALE_SECONDS, STEP_DOWN_FRACTION,
+                                           LeaseHeld, LeaseLost, describe, exit_process, held, holder_beat_age,
                                            holder_gone, identity, iso, now, stale_seconds)
 from pipeline.safe_io.lease_store import Version, store_for
 
@@ -40,14 +41,6 @@ __all__ = ["STALE_ENV", "STALE_SECONDS", "Lease", "LeaseHeld", "LeaseLost", "OUT
            "lease_url_beside", "output_lease", "stale_seconds"]
 
 log = logging.getLogger(__name__)
-
-_held: dict[str, Lease] = {}  # the leases this process holds, by target: fences and launchers find theirs here
-
-
-def held(target: str) -> Lease | None:
-    """The lease this process holds for ``target`` (a run folder, an output), if any."""
-    return _held.get(target.rstrip("/"))
-
 
 def lease_url_beside(target: str) -> str:
     """The lease of a folder that is replaced as a whole (an export, a training run's folder): a sibling
@@ -57,14 +50,6 @@ def lease_url_beside(target: str) -> str:
     if not trimmed or (storage.is_url(trimmed) and "/" not in trimmed.split("://", 1)[1]):
         raise ValueError(f"{target}: name a folder inside the bucket or disk, not its root")
     return trimmed + ".lease.json"
-
-
-def exit_process(message: str) -> None:
-    """The default step-down: the job stops writing by ending, at once (the line was logged by the caller)."""
-    for handler in logging.getLogger().handlers:
-        with contextlib.suppress(Exception):
-            handler.flush()
-    os._exit(EXIT_LEASE_LOST)
 
 
 class Lease:
@@ -125,7 +110,7 @@ class Lease:
             raise
         except Exception as e:  # noqa: BLE001 - botocore/aiohttp/OS errors: name the URL and the fix
             raise storage.storage_error(self.target, e, "write to") from e
-        _held[self.target] = self
+        HELD[self.target] = self
         for name, fn in (("beat", self._beat), ("watchdog", self._watchdog)):
             thread = threading.Thread(target=fn, name=f"lease-{name}-{os.path.basename(self.target)}", daemon=True)
             thread.start()
@@ -263,8 +248,8 @@ class Lease:
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=10)
-        if _held.get(self.target) is self:
-            del _held[self.target]
+        if HELD.get(self.target) is self:
+            del HELD[self.target]
         if self.lost:
             return
         try:
@@ -283,10 +268,8 @@ class Lease:
                         e, self.stale)
 
     @property
-    def fence(self):
+    def fence(self) -> Fence:
         """What the job's writers (other processes included) prove the lease with: pipeline/safe_io/fence.py."""
-        from pipeline.safe_io.fence import Fence
-
         return Fence(self.url, self.endpoint_url, self.token, self.target, self.what, self.stale)
 
     def _refusal(self, record: dict[str, Any], version: Version) -> str:

@@ -17,7 +17,9 @@ stopped before anyone else may write.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import logging
 import os
 import socket
 import sys
@@ -57,6 +59,22 @@ class LeaseHeld(ValueError):
 class LeaseLost(ValueError):
     """This writer can no longer prove it holds the lease (taken over, or its holder stopped renewing): one line
     naming who holds it now. A ValueError: jobs end on it with that line and a non-zero exit, no traceback."""
+
+
+HELD: dict[str, Any] = {}  # the leases this process holds, by target: fences and launchers find theirs here
+
+
+def held(target: str):
+    """The lease (pipeline/safe_io/lease.py) this process holds for ``target`` (a run folder, an output), if any."""
+    return HELD.get(target.rstrip("/"))
+
+
+def exit_process(message: str) -> None:
+    """The default step-down: the job stops writing by ending, at once (the line was logged by the caller)."""
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    os._exit(EXIT_LEASE_LOST)
 
 
 def iso(t: float) -> str:
