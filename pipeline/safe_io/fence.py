@@ -25,8 +25,9 @@ import time
 import uuid
 from typing import Any
 
+from pipeline.safe_io import lease_record
 from pipeline.safe_io.lease_record import (KEEP_COMMITS, PROOF_REUSE_FRACTION, STEP_DOWN_FRACTION,
-                                           WRITER_LIMIT_FRACTION, LeaseLost, describe, exit_process, held,
+                                           WRITER_LIMIT_FRACTION, LeaseLost, describe, held,
                                            holder_beat_age, holder_beat_time)
 from pipeline.safe_io.lease_store import Version, store_for
 
@@ -144,7 +145,7 @@ class Fence:
         """Prove the lease every S/8 in a daemon thread; when it cannot be proved, log the one line and call
         ``on_lost(message)`` (default: exit the process with status 2). Set the returned event to stop watching."""
         stop = threading.Event()
-        on_lost = on_lost or exit_process
+        on_lost = on_lost or lease_record.exit_process
         if self._proved_at == float("-inf"):
             self._proved_at = time.monotonic()  # the watch starts from a live job: count from now
 

@@ -31,9 +31,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from pipeline import storage
+from pipeline.safe_io import lease_record
 from pipeline.safe_io.fence import Fence
 from pipeline.safe_io.lease_record import (BEAT_FRACTION, HELD, STALE_ENV, STALE_SECONDS, STEP_DOWN_FRACTION,
-                                           LeaseHeld, LeaseLost, describe, exit_process, held, holder_beat_age,
+                                           LeaseHeld, LeaseLost, describe, held, holder_beat_age,
                                            holder_gone, identity, iso, now, stale_seconds)
 from pipeline.safe_io.lease_store import Version, store_for
 
@@ -54,11 +55,11 @@ def lease_url_beside(target: str) -> str:
 
 class Lease:
     """The lease at ``url`` for the writer of ``target`` (``what`` says who we are in messages). Use as a context
-    manager, or ``acquire()``/``release()``. ``on_lost(message)`` is how the holder steps down (default: the
-    process exits with status 2)."""
+    manager, or ``acquire()``/``release()``. ``on_lost(message)`` is how the holder steps down (default:
+    ``lease_record.exit_process``, the process exits with status 2)."""
 
     def __init__(self, url: str, target: str, what: str, endpoint_url: str | None = None,
-                 hint: str = "or write somewhere else", on_lost: Callable[[str], None] = exit_process) -> None:
+                 hint: str = "or write somewhere else", on_lost: Callable[[str], None] | None = None) -> None:
         self.url, self.target, self.what, self.hint = url, target.rstrip("/"), what, hint
         self.endpoint_url, self.on_lost = endpoint_url, on_lost
         self.token = uuid.uuid4().hex
@@ -241,7 +242,7 @@ class Lease:
             self.lost = True
         self._stop.set()
         log.error("%s", message)
-        self.on_lost(message)
+        (self.on_lost or lease_record.exit_process)(message)
 
     def release(self) -> None:
         self._stop.set()
@@ -293,7 +294,7 @@ WAIT_POLL_SECONDS = 2.0
 @contextlib.contextmanager
 def holding(url: str, target: str, what: str, endpoint_url: str | None = None,
             hint: str = "or write somewhere else", wait: float = 0.0,
-            on_lost: Callable[[str], None] = exit_process) -> Iterator[Lease]:
+            on_lost: Callable[[str], None] | None = None) -> Iterator[Lease]:
     """``with holding(...)``: the lease for the block, released on exit and on error. ``wait``: seconds to wait
     for a live holder to finish before refusing (an export after hours of training waits for another export's
     few seconds rather than failing)."""
