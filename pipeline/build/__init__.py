@@ -150,7 +150,7 @@ def _build(cfg: BuildConfig, executor: Executor | None, on_stage: OnStage | None
                              " one on the input") from e
     ident = cfg.identity() | {"vocab_sha256": hashlib.sha256(vocab_bytes).hexdigest() if vocab_bytes else None}
     chash = config_hash(ident)
-    hold()  # before the first write (the probe, a finished build's _work clean-up, check_state's wipe)
+    fence = hold().fence  # before the first write (the probe, a finished build's _work clean-up, check_state's wipe)
     check_writable(out, ep)
     if finished(cfg, chash, inputs):
         return read_manifest(out, ep)
@@ -163,11 +163,11 @@ def _build(cfg: BuildConfig, executor: Executor | None, on_stage: OnStage | None
         files, units = dataset_units(documents, inputs[0], id_column, cfg.read.text_field, cfg.work, cfg.unit_bytes,
                                      ep)
     else:
-        units = input_units(files, cfg.read, cfg.unit_bytes, cfg.work, executor, report, ep)
+        units = input_units(files, cfg.read, cfg.unit_bytes, cfg.work, executor, report, ep, fence)
     told("pieces", [], started, time.time())
     if vocab_bytes is None:
         # Without --vocab: one item trains WordPiece on a seeded sample of bounded size (pipeline/build/vocab.py).
-        vctx = VocabContext(cfg.read, cfg.vocab_size, cfg.min_frequency, cfg.do_lower_case, ep, cfg.work)
+        vctx = VocabContext(cfg.read, cfg.vocab_size, cfg.min_frequency, cfg.do_lower_case, ep, cfg.work, fence)
         sample = VocabSample(cfg.unit_bytes, cfg.vocab_sample_bytes, cfg.instances.seed)
         started = time.time()
         marker = train_vocab(files, units, vctx, sample, join(cfg.work, VOCAB_FILE), executor)
@@ -181,7 +181,7 @@ def _build(cfg: BuildConfig, executor: Executor | None, on_stage: OnStage | None
     # The id that keys per-process caches (the pool): the config and the input stamps, so a rebuild of changed
     # inputs into the same output, in the same process, never sees the old pool.
     build_id = config_hash({"config_hash": chash, "inputs": inputs})
-    ctx = cfg.step_context(vocab.vocab_size, pool_threshold(cfg.pool_tokens, planned), build_id)
+    ctx = cfg.step_context(vocab.vocab_size, pool_threshold(cfg.pool_tokens, planned), build_id, fence)
     # The vocabulary goes to the workers once (the object store on Ray); each builds its encoder once, ahead of the
     # first stage that tokenizes.
     shared = executor.share(vocab_sha, tokens)
@@ -239,6 +239,7 @@ def _build(cfg: BuildConfig, executor: Executor | None, on_stage: OnStage | None
     }
     manifest = redact(json.loads(json.dumps(manifest)))  # what readers will see (tuples become lists, no secrets)
     validate_manifest(manifest, "the new manifest")
+    fence.check(fresh=True)  # the commit of the whole build: only while this build still holds the output
     write_json_atomic(join(out, MANIFEST), manifest, ep)  # last: its presence means the dataset is complete
     remove_tree(cfg.work, ep)
     log.info("built %s: %d instances in %d shards", out, totals["instances"], len(shards))

@@ -65,11 +65,11 @@ class BuildConfig:
         d.pop("checks")  # they decide whether the build goes on, not what it makes
         return redact(d)  # input URLs without userinfo or signatures: hashed, compared and written as such
 
-    def step_context(self, vocab_size: int, pool_threshold: int, build_id: str) -> StepContext:
+    def step_context(self, vocab_size: int, pool_threshold: int, build_id: str, fence: Any = None) -> StepContext:
         return StepContext(work=self.work, output=self.output, read=self.read,
                            instances=self.instances, do_lower_case=self.do_lower_case, dupe_factor=self.dupe_factor,
                            vocab_size=vocab_size, pool_threshold=pool_threshold, build_id=build_id,
-                           endpoint_url=self.endpoint_url)
+                           endpoint_url=self.endpoint_url, fence=fence)
 
 
 @dataclasses.dataclass

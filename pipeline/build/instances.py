@@ -234,7 +234,7 @@ def write_unit(uid: str, rows: pa.Table, ctx: StepContext, chunks: int) -> Insta
         seq_len_histogram={str(k): int(v) for k, v in sorted(hist.items()) if v}, unk_tokens=s["unk_tokens"],
         tokens_per_document=dict(s["tokens_per_document"]),
         masked_per_seq_histogram={str(k): int(v) for k, v in sorted(masked_hist.items())})
-    write_marker(ctx.work, marker, ctx.endpoint_url)
+    write_marker(ctx.work, marker, ctx.endpoint_url, ctx.fence)
     return marker
 
 

@@ -30,7 +30,7 @@ import logging
 import os
 import re
 import socket
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pipeline.build.executor import Executor, Stage, run_stage
 from pipeline.build.markers import Marker, write_marker
@@ -70,6 +70,7 @@ class PieceContext:
     unit_bytes: int
     read: ReadOptions
     endpoint_url: str | None = None
+    fence: Any = None  # the output's writer lease (pipeline/safe_io/fence.py)
 
     def url(self, *parts: str) -> str:
         return join(self.work, PIECES_DIR, *parts)
@@ -334,7 +335,7 @@ def pieces_step(item: PieceItem, ctx: PieceContext) -> PieceMarker:
         index=item.index, path=shown, file_key=item.key, fmt=item.fmt, pieces=tuple(pieces), decompressed_bytes=pos,
         largest_piece_bytes=max((e - s for _, s, e in pieces), default=0), buffer_bytes=buffer,
         rss_growth_bytes=None if rss0 is None else rss_peak - rss0, bad_files=bad, worker=worker_id())
-    write_marker(ctx.work, marker, ctx.endpoint_url)
+    write_marker(ctx.work, marker, ctx.endpoint_url, ctx.fence)
     return marker
 
 
@@ -355,11 +356,11 @@ def piece_units(markers: list[PieceMarker], ctx: PieceContext) -> list[Unit]:
 
 
 def input_units(files: list[FileInfo], read: ReadOptions, unit_bytes: int, work: str, executor: Executor,
-                report: ReadReport, endpoint_url: str | None = None) -> list[Unit]:
+                report: ReadReport, endpoint_url: str | None = None, fence: Any = None) -> list[Unit]:
     """Every unit of the inputs, in uid order: big compressed inputs are first cut into unit-sized pieces under
     ``work`` (one item per file, streaming it once, so memory per item stays bounded and the docs stage is parallel
     over the pieces); the rest are planned from metadata."""
-    ctx = PieceContext(work, unit_bytes, read, endpoint_url)
+    ctx = PieceContext(work, unit_bytes, read, endpoint_url, fence)
     items = plan_pieces(files, read, unit_bytes, endpoint_url)
     stage = Stage("pieces", PiecesStep(ctx), {f"{t.index:05d}": t for t in items}, PieceMarker,
                   noun="compressed files")

@@ -108,7 +108,7 @@ def write_pool_part(uid: str, rows: pa.Table, ctx: StepContext, unk_id: int) -> 
                             dropped=report["dropped"], bad_files=report["bad_files"],
                             documents=len(members), tokens=int(sum(len(d.tokens) for _, d in members)),
                             unk_tokens=sum(int(np.count_nonzero(d.tokens == unk_id)) for _, d in members))
-    write_marker(ctx.work, marker, ctx.endpoint_url)
+    write_marker(ctx.work, marker, ctx.endpoint_url, ctx.fence)
     return marker
 
 
@@ -177,7 +177,7 @@ class PoolStep:
         write_table(ctx.pool_url(), table, ctx)
         pool = pool_from(table)
         marker = PoolMarker(documents=len(pool), tokens=int(len(pool.tokens)))
-        write_marker(ctx.work, marker, ctx.endpoint_url)
+        write_marker(ctx.work, marker, ctx.endpoint_url, ctx.fence)
         return marker
 
 

@@ -35,6 +35,7 @@ class StepContext:
     pool_threshold: int  # a document is in the pool when its seeded 64-bit hash is below this (2**64: all)
     build_id: str
     endpoint_url: str | None = None
+    fence: Any = None  # the output's writer lease, proved before each commit (pipeline/safe_io/fence.py)
 
     def url(self, *parts: str) -> str:
         return join(self.work, *parts)

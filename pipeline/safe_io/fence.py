@@ -75,11 +75,12 @@ class Fence:
 
     def _prove(self) -> tuple[dict[str, Any], Version]:
         lease = self._lease()
-        if lease is not None:
+        if lease is not None:  # the holder's own process: what it knows of its beats decides first, without I/O
             silent = time.monotonic() - lease.last_ok
             if lease.lost or silent > self.stale * STEP_DOWN_FRACTION:
-                raise self._lost(f"{self.target}: this {self.what} has not renewed its writer lease for {silent:.0f} s"
-                                 " (stalled or cut off); stopping without writing more")
+                lease.step_down_silent(silent)  # by default the process exits here
+                raise LeaseLost(f"{self.target}: this {self.what} has not renewed its writer lease for {silent:.0f} s"
+                                " (stalled or cut off); stopping without writing more")
         sent = time.monotonic()
         got = self.store.read()
         if got is None or got[0].get("token") != self.token:

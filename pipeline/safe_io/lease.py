@@ -205,15 +205,19 @@ class Lease:
         while not self._stop.wait(min(1.0, self.stale / 16)):
             silent = time.monotonic() - self.last_ok
             if silent > limit:
-                now_held = self._who_holds(timeout=min(2.0, self.stale / 8))
-                if now_held is not None and now_held[0] is not None and now_held[0].get("token") != self.token:
-                    self.lose(self._lost_message(now_held[0]))
-                    return
-                self.lose(f"{self.target}: this {self.what} could not renew its writer lease {self.url} for"
-                          f" {silent:.0f} s (the store unreachable, slow or refusing, or this process stalled);"
-                          f" stopping now, before another job may take it over ({self.stale:.0f} s after the last"
-                          " renewal)")
+                self.step_down_silent(silent)
                 return
+
+    def step_down_silent(self, silent: float) -> None:
+        """Step down after ``silent`` seconds without a successful beat, naming the job that took over when the
+        store says so within a moment (a stalled process woken up finds its taker), else why."""
+        now_held = self._who_holds(timeout=min(2.0, self.stale / 8))
+        if now_held is not None and now_held[0] is not None and now_held[0].get("token") != self.token:
+            self.lose(self._lost_message(now_held[0]))
+            return
+        self.lose(f"{self.target}: this {self.what} could not renew its writer lease {self.url} for {silent:.0f} s"
+                  " (the store unreachable, slow or refusing, or this process stalled); stopping now, before another"
+                  f" job may take it over ({self.stale:.0f} s after the last renewal)")
 
     def _who_holds(self, timeout: float) -> tuple[dict[str, Any] | None] | None:
         """(the record now,) when the store answers within ``timeout`` (a stepping-down holder names its taker);

@@ -141,3 +141,38 @@ def test_two_pretraining_jobs_on_one_run_name(tiny_pretrain_data, tmp_path, monk
         state = json.loads((checkpoint / "train_state.json").read_text())
         assert state["mlflow_run_id"] == run.info.run_id and state["config"]["runtime"]["seed"] == 1
     assert store_for(str(runs / "shared.lease.json")).read()[0]["token"] is None  # released
+
+
+def test_a_stalled_build_commits_nothing_after_a_takeover(tmp_path, monkeypatch):
+    """Issue 30: a build (the plain loop) is SIGSTOPped while it writes its instances, past the lease's stale time; the
+    same command takes the output over and finishes. Woken, the stalled build commits no item into the finished
+    output (every marker is proved under the lease first) and exits 2 with one line naming the build that took over."""
+    monkeypatch.setenv(STALE_ENV, "4")
+    out = tmp_path / "ds"
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    stalled = subprocess.Popen([sys.executable, str(REPO / "tests" / "jobs" / "_slow_build.py"), "3",
+                                *_build_flags(str(out), 2, None)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: (out / "_work" / "pool").is_dir() or stalled.poll() is not None, "the build's pool stage")
+        time.sleep(1)  # inside its first (held) instances unit
+        stalled.send_signal(signal.SIGSTOP)
+        time.sleep(6)
+        taker = subprocess.run([sys.executable, "-m", "jobs.build_dataset", *_build_flags(str(out), 2, None)],
+                               cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert taker.returncode == 0, taker.stderr
+        assert "took over from host" in taker.stderr
+        finished = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+        stalled.send_signal(signal.SIGCONT)
+        _, err = stalled.communicate(timeout=60)
+    finally:
+        if stalled.poll() is None:
+            stalled.send_signal(signal.SIGCONT)
+            stalled.kill()
+    assert stalled.returncode == 2, err
+    (line,) = [x for x in err.splitlines() if " ERROR " in x]
+    assert "lost its writer lease to dataset build on host" in line and "pid " in line, line
+    assert not list(out.rglob("*.done.json")), "the stalled build committed an item after the takeover"
+    assert json.loads((out / "manifest.json").read_text())["totals"]["instances"] > 0
+    after = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert [p for p in after if p not in finished and not p.startswith("_work/")] == []
