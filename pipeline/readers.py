@@ -31,7 +31,8 @@ from typing import IO
 import pyarrow.parquet as pq
 
 from pipeline.safe_io.redact import redact_url
-from pipeline.storage import FileInfo, compression_of, filesystem_for, map_threads, storage_error, strip_compression
+from pipeline.storage import (FileInfo, compression_of, filesystem_for, map_threads, storage_error, strip_compression,
+                              without_query)
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class ReadReport:
 def detect_format(path: str, fmt: str = "auto") -> str:
     if fmt != "auto":
         return fmt
-    base = strip_compression(path).lower()
+    base = strip_compression(without_query(path)).lower()  # a presigned URL's signature is no extension
     if base.endswith((".jsonl", ".json", ".ndjson")):
         return "jsonl"
     if base.endswith((".parquet", ".pq")):
