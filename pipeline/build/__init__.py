@@ -48,7 +48,7 @@ from pipeline.build.config import BuildConfig, BuildState
 from pipeline.build.docs import doc_totals
 from pipeline.build.ray_data.documents import check_columns, dataset_stamp, dataset_units
 from pipeline.build.executor import Executor, LocalExecutor, Stage, run_stage
-from pipeline.build.identity import check_state, finished
+from pipeline.build.identity import check_state, finished, input_changes
 from pipeline.build.instances import InstancesMarker, instances_stage
 from pipeline.build.pieces import input_units, unit_sizes
 from pipeline.build.docs import SplitTokenize
@@ -102,6 +102,11 @@ def _histogram(markers: list, field: str) -> dict[str, int]:
     return dict(sorted(hist.items(), key=lambda kv: int(kv[0])))
 
 
+def _stamps(files) -> list[dict[str, Any]]:
+    return [{"path": redact_url(f.path), "size": f.size, "etag": f.etag, "mtime": f.mtime}
+            | ({"digest": f.digest} if f.digest else {}) for f in files]
+
+
 def build(cfg: BuildConfig, executor: Executor | None = None, on_stage: OnStage | None = None,
           documents: Any = None, id_column: str = "id") -> Manifest:
     """Run (or resume, or confirm) the build; returns its manifest. ``on_stage`` hears of every finished stage.
@@ -139,8 +144,7 @@ def _build(cfg: BuildConfig, executor: Executor | None, on_stage: OnStage | None
         files = expand_inputs(list(cfg.inputs), ep, skipped=ignored)
         # An input's identity is its redacted URL (no userinfo, no signature): what the manifest shows and reruns
         # compare; an http(s) input without an ETag adds its bytes' digest.
-        inputs = [{"path": redact_url(f.path), "size": f.size, "etag": f.etag, "mtime": f.mtime}
-                  | ({"digest": f.digest} if f.digest else {}) for f in files]
+        inputs = _stamps(files)
     vocab_bytes = None
     if cfg.vocab:
         try:
@@ -239,6 +243,12 @@ def _build(cfg: BuildConfig, executor: Executor | None, on_stage: OnStage | None
     }
     manifest = redact(json.loads(json.dumps(manifest)))  # what readers will see (tuples become lists, no secrets)
     validate_manifest(manifest, "the new manifest")
+    if documents is None:  # the inputs as they are now: a manifest never vouches for bytes it did not read
+        changes = input_changes(inputs, _stamps(expand_inputs(list(cfg.inputs), ep)))
+        if changes:
+            raise ValueError(f"{out}: the inputs changed while this build read them ({'; '.join(changes[:3])}), so "
+                             f"its shards mix versions and were not committed as a dataset: delete {cfg.work} and "
+                             "rerun once the inputs stay put")
     fence.check(fresh=True)  # the commit of the whole build: only while this build still holds the output
     write_json_atomic(join(out, MANIFEST), manifest, ep)  # last: its presence means the dataset is complete
     remove_tree(cfg.work, ep)
