@@ -31,6 +31,7 @@ from typing import IO
 import pyarrow.parquet as pq
 
 from pipeline.safe_io.redact import redact_url
+from pipeline.safe_io.retry import is_transient
 from pipeline.storage import (FileInfo, compression_of, filesystem_for, map_threads, storage_error, strip_compression,
                               without_query)
 
@@ -181,6 +182,8 @@ def read_unit(unit: Unit, opts: ReadOptions, endpoint_url: str | None = None,
     except InputError:
         raise
     except (EOFError, OSError, ValueError, RuntimeError) as e:
+        if is_transient(e):  # throttled or cut off past the retries: the store's failure, loud, never skipped
+            raise storage_error(unit.path, e, "read input") from e
         # Truncated gzip (EOFError), not-gzip/xz/zstd junk (OSError, LZMAError, ZstdError), corrupt Parquet.
         _bad_file(opts, report, unit.path, "corrupt_file", f"cannot be read to the end ({type(e).__name__}: {e})")
     except Exception as e:  # noqa: BLE001 - only a storage client's own errors (aiohttp's, botocore's) are caught

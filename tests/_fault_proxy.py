@@ -50,7 +50,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         proxy: FaultProxy = self.server.proxy  # type: ignore[attr-defined]
         body = self._body()
-        n, fault = proxy.next_fault(self.path)
+        n, fault = proxy.next_fault(self.path, self.command)
         if fault == "slowdown":
             self.send_response(503)
             self.send_header("Content-Type", "application/xml")
@@ -96,7 +96,7 @@ class FaultProxy:
     def __init__(self, upstream: str, slow_every: int = 5, drop_every: int = 9, strip_conditions: bool = False) -> None:
         self.upstream = urllib.parse.urlsplit(upstream)
         self.slow_every, self.drop_every, self.strip_conditions = slow_every, drop_every, strip_conditions
-        self._unavailable: tuple[str, float] | None = None
+        self._unavailable: tuple[str, float, tuple[str, ...]] | None = None
         self.counts = {"requests": 0, "slowdown": 0, "dropped": 0}
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
@@ -105,17 +105,19 @@ class FaultProxy:
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True)
 
-    def unavailable(self, part: str, seconds: float) -> None:
-        """Answer 503 to every request whose path holds ``part``, for ``seconds`` from now."""
+    def unavailable(self, part: str, seconds: float, methods: tuple[str, ...] = ()) -> None:
+        """Answer 503 to every request whose path holds ``part`` (and whose method is one of ``methods``, when
+        given), for ``seconds`` from now."""
         with self._lock:
-            self._unavailable = (part, time.monotonic() + seconds)
+            self._unavailable = (part, time.monotonic() + seconds, methods)
 
-    def next_fault(self, path: str = "") -> tuple[int, str | None]:
+    def next_fault(self, path: str = "", method: str = "") -> tuple[int, str | None]:
         with self._lock:
             self.counts["requests"] += 1
             n = self.counts["requests"]
             fault = "slowdown" if n % self.slow_every == 0 else "drop" if n % self.drop_every == 0 else None
-            if self._unavailable and self._unavailable[0] in path and time.monotonic() < self._unavailable[1]:
+            if self._unavailable and self._unavailable[0] in path and time.monotonic() < self._unavailable[1] and \
+                    (not self._unavailable[2] or method in self._unavailable[2]):
                 fault = "slowdown"
             if fault == "slowdown":
                 self.counts["slowdown"] += 1

@@ -36,8 +36,9 @@ from pipeline.build.executor import Executor, Stage, run_stage
 from pipeline.build.markers import Marker, write_marker
 from pipeline.readers import InputError, ReadOptions, ReadReport, Unit, detect_format, plan_units
 from pipeline.safe_io.redact import redact_url
+from pipeline.safe_io.retry import is_transient
 from pipeline.storage import (FileInfo, compression_of, filesystem_for, join, map_threads, open_atomic,
-                              write_bytes_atomic)
+                              storage_error, write_bytes_atomic)
 
 log = logging.getLogger(__name__)
 
@@ -216,10 +217,12 @@ class _Corrupt(Exception):
     """The input could not be decompressed to the end (its cause says why)."""
 
 
-def _read(f) -> bytes:
+def _read(f, path: str) -> bytes:
     try:
         return f.read(CHUNK)
     except (EOFError, OSError, ValueError, RuntimeError) as e:
+        if is_transient(e):  # throttled or cut off past the retries: the store's failure, never a corrupt file
+            raise storage_error(path, e, "read input") from e
         # Truncated gzip (EOFError), not-gzip/xz/zstd junk (OSError, LZMAError, ZstdError). Write errors are not
         # caught here: a failing _work is not a corrupt input.
         raise _Corrupt() from e
@@ -283,7 +286,7 @@ def pieces_step(item: PieceItem, ctx: PieceContext) -> PieceMarker:
 
     try:
         with fs.open(path, "rb", compression=compression_of(path)) as f:
-            while chunk := _read(f):
+            while chunk := _read(f, item.path):
                 buffer = max(buffer, len(chunk))
                 view = memoryview(chunk)
                 while len(view):
