@@ -135,11 +135,6 @@ class Fence:
         legacy = record.get("legacy_before")
         return entries, (float(legacy) if isinstance(legacy, (int, float)) and not entries else None)
 
-    def store_now(self) -> float:
-        """The store's clock now (a read of the record)."""
-        got = self.store.read()
-        return got[1].now if got else time.time()
-
     # ---- a watcher -----------------------------------------------------------------------------------------------
 
     def watch(self, on_lost=None) -> threading.Event:
