@@ -239,13 +239,14 @@ class Lease:
                 f" was cut off for more than {self.stale:.0f} s and was taken over); stopping without writing more")
 
     def lose(self, message: str) -> None:
-        """Step down: one ERROR line (who holds the lease now), then ``on_lost`` (by default the process exits)."""
+        """Step down: one ERROR line (who holds the lease now), then ``on_lost`` (by default the process exits). Every
+        thread that finds the lease lost goes through ``on_lost``, not only the first: a main thread must not go on
+        to write (an MLflow run's end) while the watchdog is still saying why it steps down."""
         with self._lost_lock:
-            if self.lost:
-                return
-            self.lost = True
+            first, self.lost = not self.lost, True
         self._stop.set()
-        log.error("%s", message)
+        if first:
+            log.error("%s", message)
         (self.on_lost or lease_record.exit_process)(message)
 
     def release(self) -> None:

@@ -7,7 +7,8 @@ What must hold (printed as one JSON object, `ok` true when all do):
 - no seed-1 checkpoint is written after job 2 took over (by the files' times, one clock: this host's disk);
 - job 2 resumes from a checkpoint job 1 wrote before job 2 took over, trains to the end and exits 0;
 - job 1 exits non-zero, its last error line names the job that took over (host and pid);
-- the MLflow run's loss points after the takeover are job 2's (each step once);
+- the MLflow run's loss points after the takeover are job 2's (each step once), and it stays FINISHED when job 1
+  wakes;
 - job 2's command run again (with --export) says the run is complete and exits 0 (item 8, on Ray).
 
     python tests/jobs/fenced_scenario.py WORKDIR [--stale 8]
@@ -135,7 +136,8 @@ def scenario(work: Path, stale: float) -> dict:
                             str(work / "export")], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     verdict["rerun_exit"] = rerun.returncode
     verdict["rerun_complete"] = "is already complete" in rerun.stderr
-    verdict["ok"] = (verdict["ok"] and verdict["mlflow"]["each_step_once"] and rerun.returncode == 0
+    verdict["ok"] = (verdict["ok"] and verdict["mlflow"]["each_step_once"] and verdict["mlflow"]["status"] == "FINISHED"
+                     and rerun.returncode == 0
                      and verdict["rerun_complete"] and (work / "export" / "config.json").is_file())
     return verdict
 
@@ -147,7 +149,8 @@ def _mlflow_points(work: Path) -> dict:
     experiment = client.get_experiment_by_name("fenced").experiment_id
     runs = client.search_runs([experiment])
     steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")] if runs else []
-    return {"runs": len(runs), "loss_steps": steps,
+    # Job 1, woken after job 2 finished, must not have ended the run job 2 finished (FAILED, KILLED).
+    return {"runs": len(runs), "loss_steps": steps, "status": runs[0].info.status if runs else None,
             "each_step_once": len(runs) == 1 and len(steps) == len(set(steps))}
 
 

@@ -21,7 +21,7 @@ def test_a_stalled_driver_is_fenced_and_a_finished_run_is_complete(tmp_path):
     assert verdict["job1_exit"] == 2, verdict
     assert "lost its writer lease to pre-training run on host" in verdict["job1_last_error"], verdict
     assert f"pid {verdict['job2_pid']} " in verdict["job1_last_error"], verdict
-    assert verdict["mlflow"]["each_step_once"], verdict
+    assert verdict["mlflow"]["each_step_once"] and verdict["mlflow"]["status"] == "FINISHED", verdict
     assert verdict["rerun_exit"] == 0 and verdict["rerun_complete"], verdict
     assert verdict["ok"], verdict
 
