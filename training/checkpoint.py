@@ -9,9 +9,9 @@ A checkpoint directory holds
 Where checkpoints live is the caller's business: `LocalCheckpoints` keeps the last k in a local folder for
 `pretraining.loop.fit` without Ray; the Ray wrapper hands the same folder to `ray.train.report` (local or S3 storage).
 
-Under a job's writer lease (pipeline/safe_io/fence.py) a checkpoint counts only once committed: its writer proves the
-lease right before writing it and, once it is in place, adds its name, step and digest (`checkpoint_digest`, every
-file's bytes) to the lease's record by a conditional write. A run resumes only from a committed checkpoint whose
+Under a job's writer lease (pipeline/safe_io/fence.py) a checkpoint counts only once committed: its writer adds its
+name, step and digest (`checkpoint_digest`, every file's bytes) to the lease's record by a conditional write before it
+puts the files in place (a rename, an upload). A run resumes only from a committed checkpoint whose
 files still have that digest (`resumable`): a folder a stalled or cut-off job wrote after it lost the lease is never
 resumed from, and neither is one such a job overwrote.
 """
@@ -222,9 +222,11 @@ class LocalCheckpoints:
             self.fence.check(fresh=True)
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.directory))
+        committed = None
         try:
             write(tmp)
-            entry = commit_entry(step, tmp) if self.fence is not None else None
+            if self.fence is not None:  # committed before it takes its name: a writer that cannot commit names nothing
+                committed = self.fence.commit(COMMITS, commit_entry(step, tmp))
             final = self.directory / checkpoint_name(step)
             if final.exists():
                 shutil.rmtree(final)
@@ -233,11 +235,11 @@ class LocalCheckpoints:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         old = self.all()[:-self.keep] if self.keep > 0 else []
-        if entry is not None:
+        if committed is not None:
             # Under a lease only what was committed counts: keep the last `keep` committed ones and remove what is
             # older than all of them; a newer folder that was never committed is not ours to remove.
-            committed = sorted(e["step"] for e in self.fence.commit(COMMITS, entry))[-self.keep:]
-            old = [p for p in self.all() if _step(p.name) < committed[0]]
+            kept = sorted(e["step"] for e in committed)[-self.keep:]
+            old = [p for p in self.all() if _step(p.name) < kept[0]]
         for path in old:
             shutil.rmtree(path, ignore_errors=True)
         for stray in self.directory.glob(".tmp-*"):

@@ -14,10 +14,11 @@ Ray is imported inside the functions (Ray itself is started by `pipeline.build.r
 unless the job joins a cluster), so `fit` without Ray never loads it.
 
 Fencing (pipeline/safe_io/fence.py): when this process holds the run's writer lease (`LaunchConfig.writer_lease`), its
-fence goes to every worker. Rank 0 proves the lease right before writing each checkpoint and commits it after (the
-verdict is broadcast, so every rank stops together), logs to MLflow only while it can prove the lease, resumes only
-from a committed checkpoint, and watches the lease between checkpoints: a worker whose job's driver is stopped or cut
-off stops within half the stale time of its last heartbeat. The driver proves the lease again before it hands back
+fence goes to every worker. Rank 0 commits each checkpoint (name, step, digest) under the lease by a conditional
+write before uploading it (the verdict is broadcast, so every rank stops together), logs to MLflow only while it can
+prove the lease, resumes only from a committed checkpoint whose files have the committed digest, and watches the
+lease between checkpoints: a worker whose job's driver is stopped or cut off stops within half the stale time of its
+last heartbeat. The driver proves the lease again before it hands back
 the final checkpoint (an export, the MLflow run's end follow), and steps down (exits, one line) when it cannot.
 """
 from __future__ import annotations
@@ -90,6 +91,13 @@ class LaunchConfig:
 
         return holding(lease_url_beside(self.run_url), self.run_url, what, self.endpoint_url,
                        hint="or give this job another --run-name")
+
+    def forget_writer_lease(self) -> None:
+        """Remove the run's released lease record: for a run folder removed as a whole once its job ended
+        (fine-tuning's temporary checkpoints), so nothing of the run is left beside it."""
+        from pipeline.safe_io.lease import forget_released, lease_url_beside
+
+        forget_released(lease_url_beside(self.run_url), self.endpoint_url)
 
     @property
     def local_directory(self) -> Path:
@@ -254,7 +262,7 @@ def _on_ray(fit: Callable, config, launch: LaunchConfig, inputs: Any = None,
 
 class RayCheckpoints:
     """Checkpoints through Ray Train: it uploads them to the run's storage (local or S3) and keeps the last k. With
-    a `fence`, rank 0 proves the run's writer lease before each checkpoint and commits it after; the verdict is
+    a `fence`, rank 0 commits each checkpoint under the run's writer lease before uploading it; the verdict is
     broadcast, so every rank stops together (a rank left waiting in a collective would hang the group). `folder`:
     (pyarrow filesystem or None, path) of the run's folder, where a fenced resume looks for committed checkpoints."""
 
@@ -298,21 +306,20 @@ class RayCheckpoints:
 
         from training.checkpoint import COMMITS, checkpoint_name, commit_entry
 
-        fenced = self.fence is not None and write is not None
-        _agree(lambda: self.fence.check(fresh=True) if fenced else None)
         tmp = Path(tempfile.mkdtemp(prefix=f"ckpt-{step:08d}-")) if write is not None else None
-        entry = None
         try:
             if tmp is not None:
                 write(tmp)
-                entry = commit_entry(step, tmp) if fenced else None
+            # Committed (name, step, digest) before it is uploaded: a writer that cannot commit uploads nothing, and
+            # one stopped mid-upload leaves files a resume finds differ from the digest (it takes an older one).
+            entry = commit_entry(step, tmp) if self.fence is not None and tmp is not None else None
+            _agree(lambda: self.fence.commit(COMMITS, entry) if entry is not None else None)
             ray.train.report({"step": step, **metrics},
                              checkpoint=ray.train.Checkpoint.from_directory(str(tmp)) if tmp else None,
                              checkpoint_dir_name=checkpoint_name(step))
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
-        _agree(lambda: self.fence.commit(COMMITS, entry) if entry is not None else None)
         if tmp is not None:
             self.last = checkpoint_name(step)
         return checkpoint_name(step) if tmp is not None else None
@@ -359,8 +366,19 @@ def _written(fs, folder: str) -> dict[str, float]:
     except FileNotFoundError:
         return {}
     names = [e.base_name for e in entries if e.type == pyarrow.fs.FileType.Directory and e.base_name.startswith(PREFIX)]
-    infos = fs.get_file_info([f"{folder}/{n}/{TRAIN_STATE_JSON}" for n in names])
-    return {n: i.mtime.timestamp() for n, i in zip(names, infos) if i.type == pyarrow.fs.FileType.File and i.mtime}
+    paths = [f"{folder}/{n}/{TRAIN_STATE_JSON}" for n in names]
+    infos = fs.get_file_info(paths)
+    fsspec_fs = getattr(getattr(fs, "handler", None), "fs", None)  # S3 through fsspec: pyarrow gives no mtime
+    written = {}
+    for name, path, info in zip(names, paths, infos):
+        if info.type != pyarrow.fs.FileType.File:
+            continue
+        when = info.mtime
+        if when is None and fsspec_fs is not None:
+            when = fsspec_fs.info(path).get("LastModified")
+        # A time we cannot read: a candidate if committed, never trusted as older than the lease.
+        written[name] = when.timestamp() if when is not None else float("inf")
+    return written
 
 
 def ray_worker(loop_config: dict[str, Any]) -> dict[str, Any]:

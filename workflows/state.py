@@ -15,7 +15,7 @@ from workflows.specs import SPECS
 
 STATE_DIR = "_workflow"
 MAX_STATE_BYTES = 16 << 20  # a done-marker holds a command, outputs and a result: KBs; a workdir may be shared
-LOCK = "workflow.lease.json"
+LOCK = "writer.lease"  # not *.json: the folder's *.json are the done-markers
 
 
 def marker_path(workdir: Path, stage: JobStage) -> Path:
@@ -47,7 +47,7 @@ def finished(workdir: Path, stage: JobStage) -> dict[str, Any] | None:
 
 
 def acquire_lock(workdir: Path):
-    """The workflow's writer lease (pipeline/safe_io/lease.py) at WORKDIR/_workflow/workflow.lease.json, held until
+    """The workflow's writer lease (pipeline/safe_io/lease.py) at WORKDIR/_workflow/writer.lease, held until
     ``release()``: one workflow per workdir, taken exclusively (not a PID file written after a check), a killed
     workflow on this host taken over at once, one elsewhere after the lease's stale time; refused (LeaseHeld, a
     ValueError naming the holder) while another live workflow holds it."""

@@ -38,7 +38,8 @@ from pipeline.safe_io.lease_record import (BEAT_FRACTION, HELD, STALE_ENV, STALE
                                            holder_gone, identity, iso, now, stale_seconds)
 from pipeline.safe_io.lease_store import Version, store_for
 
-__all__ = ["STALE_ENV", "STALE_SECONDS", "Lease", "LeaseHeld", "LeaseLost", "OUTPUT_LEASE", "held", "holding",
+__all__ = ["STALE_ENV", "STALE_SECONDS", "Lease", "LeaseHeld", "LeaseLost", "OUTPUT_LEASE", "forget_released", "held",
+           "holding",
            "lease_url_beside", "output_lease", "stale_seconds"]
 
 log = logging.getLogger(__name__)
@@ -291,6 +292,18 @@ class Lease:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def forget_released(url: str, endpoint_url: str | None = None) -> bool:
+    """Remove a lease's record once it is released, for an output removed as a whole after its job (fine-tuning's
+    temporary checkpoints): True when there is none left. A held record is left alone."""
+    store = store_for(url, endpoint_url)
+    got = store.read()
+    if got is None:
+        return True
+    if got[0].get("token"):
+        return False
+    return store.delete(got[1])
 
 
 WAIT_POLL_SECONDS = 2.0

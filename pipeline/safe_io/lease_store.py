@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import tempfile
 import threading
 import uuid
@@ -245,8 +246,12 @@ class _LocalStore:
         raise OSError(f"lease {self.url} changes faster than it can be read")
 
     def _link(self, n: int, record: dict[str, Any]) -> bool:
-        os.makedirs(self.dir, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".write-", dir=self.dir)
+        """Create version n holding ``record``; False when it exists, or when the folder does not (a record forgotten
+        since it was read: only ``create`` makes the folder)."""
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".write-", dir=self.dir)
+        except FileNotFoundError:
+            return False
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(_encode(record))
@@ -260,6 +265,7 @@ class _LocalStore:
     def create(self, record: dict[str, Any]) -> bool:
         if os.path.isfile(self.dir) or self._versions():
             return False
+        os.makedirs(self.dir, exist_ok=True)
         return self._link(1, record) and self._current(1, record)
 
     def replace(self, record: dict[str, Any], expected: Version) -> bool:
@@ -283,24 +289,44 @@ class _LocalStore:
         return True
 
     def _current(self, n: int, record: dict[str, Any]) -> bool:
-        """After writing version n: is it really the successor of what we read? A version newer than n must have
-        replaced exactly our write; otherwise n had been written and removed as old before we re-created it (we
-        read a version long gone), and our write is taken back."""
-        newer = [v for v in self._versions() if v > n]
-        if not newer:
+        """After writing version n: is it really the successor of what we read? The version before it must be the
+        one we read (``prev``), and a version newer than n must have replaced exactly our write; otherwise we read a
+        version long gone (removed as old, or the whole record forgotten and made again since) and re-created its
+        successor's number: our write is taken back."""
+        if n > 1 and self._write_id(n - 1) != record.get("prev"):
+            ours = False
+        elif any(v > n for v in self._versions()):
+            ours = self._prev(n + 1) == record["write_id"]
+        else:
             return True
-        try:
-            with open(self._file(n + 1), "rb") as f:
-                follows_ours = json.loads(f.read(MAX_RECORD_BYTES)).get("prev") == record["write_id"]
-        except (FileNotFoundError, ValueError):
-            follows_ours = False
-        if not follows_ours:
+        if not ours:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self._file(n))
-        return follows_ours
+        return ours
+
+    def _read_field(self, n: int, field: str) -> Any:
+        try:
+            with open(self._file(n), "rb") as f:
+                return json.loads(f.read(MAX_RECORD_BYTES)).get(field)
+        except (FileNotFoundError, ValueError, AttributeError):
+            return None
+
+    def _write_id(self, n: int) -> Any:
+        return self._read_field(n, "write_id")
+
+    def _prev(self, n: int) -> Any:
+        return self._read_field(n, "prev")
 
     def delete(self, expected: Version) -> bool:
-        raise NotImplementedError("local lease records are kept (released), never deleted")
+        """Forget the record (only ever a released one): renamed aside in one step, then removed, so that a writer
+        that read it before cannot add a version to it (``_link`` never makes the folder again)."""
+        aside = f"{self.dir}.forgotten-{uuid.uuid4().hex}"
+        try:
+            os.rename(self.dir, aside)
+        except FileNotFoundError:
+            return True
+        shutil.rmtree(aside, ignore_errors=True)
+        return True
 
     def check_conditional_writes(self, endpoint_url: str | None) -> None:
         pass  # link() and O_EXCL are POSIX; a file system without them fails the write itself

@@ -203,7 +203,7 @@ def test_an_export_that_lost_its_lease_mid_upload_never_switches(tmp_path, mlflo
 
     endpoint, bucket = s3_bucket
     url = f"s3://{bucket}/models/bert"
-    monkeypatch.setenv(STALE_ENV, "2")
+    monkeypatch.setenv(STALE_ENV, "4")  # a beat every second: a loaded machine's slow beats do not end the export early
     monkeypatch.setattr(lease_record, "exit_process", lambda message: None)  # step down without ending the test
     run = open_run(mlflow_uri, "export", "r")
     first, first_dir = _model(tmp_path, 1)
@@ -218,7 +218,7 @@ def test_an_export_that_lost_its_lease_mid_upload_never_switches(tmp_path, mlflo
             lease._stop.set()
             for thread in lease._threads:
                 thread.join()
-            time.sleep(2 + 2.5)  # past the stale time by the store's clock (S3 dates are to the second)
+            time.sleep(4 + 2.5)  # past the stale time by the store's clock (S3 dates are to the second)
             takers.append(Lease(lease.url, lease.target, "export", endpoint).acquire())
         return uploading(fn, doing, *args, **kwargs)
 

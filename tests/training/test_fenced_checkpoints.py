@@ -34,9 +34,12 @@ def _writer(seed: int):
     return write
 
 
+STALE = 4.0  # a beat every second: a loaded machine's slow beats must not look like a stall
+
+
 @pytest.fixture
 def run(tmp_path, monkeypatch):
-    monkeypatch.setenv(STALE_ENV, "2")
+    monkeypatch.setenv(STALE_ENV, str(STALE))
     folder = tmp_path / "runs" / "r"
     return folder, str(folder) + ".lease.json"
 
@@ -46,7 +49,7 @@ def _take_over(url: str, target: str, first: Lease) -> Lease:
     first._stop.set()
     for thread in first._threads:
         thread.join()
-    time.sleep(2.6)
+    time.sleep(STALE + 0.6)
     return Lease(url, target, "pre-training run", on_lost=Steps()).acquire()
 
 
@@ -136,7 +139,7 @@ def test_writers_stop_proving_when_the_holder_stops_beating(run):
             except LeaseLost as e:
                 assert "has not renewed the writer lease" in str(e) and f"pid " in str(e)
                 break
-            assert time.monotonic() - stalled < 2 * 0.5 + 0.5, "the writer kept proving a stalled lease"
+            assert time.monotonic() - stalled < STALE * 0.5 + 0.5, "the writer kept proving a stalled lease"
             time.sleep(0.05)
     finally:
         holder.lost = True  # its threads are stopped: nothing to release
@@ -147,7 +150,7 @@ def test_a_fence_travels_without_its_process_state(run):
     lease = Lease(url, str(folder), "pre-training run", on_lost=Steps()).acquire()
     try:
         copy = pickle.loads(pickle.dumps(lease.fence))
-        assert (copy.url, copy.token, copy.stale) == (url, lease.token, 2.0)
+        assert (copy.url, copy.token, copy.stale) == (url, lease.token, STALE)
         copy.commit(COMMITS, {"name": "checkpoint-00000001", "step": 1, "digest": "d"})
         assert [e["step"] for e in lease.fence.committed(COMMITS)[0]] == [1]
     finally:
