@@ -156,6 +156,7 @@ def run_finetuning(job: FinetuneJob) -> FinetuneResult:
                     shutil.rmtree(Path(launch.storage) / launch.name, ignore_errors=True)
     finally:
         if remove:
+            launch.forget_writer_lease()  # released by now: the temporary run leaves nothing behind
             with contextlib.suppress(OSError):  # the folders of our default storage, when no other run uses them
                 Path(launch.storage).rmdir()
                 Path(launch.storage).parent.rmdir()

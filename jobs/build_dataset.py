@@ -43,7 +43,7 @@ log = logging.getLogger("build_dataset")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=_common.HelpFormatter,
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=_common.HelpFormatter, fromfile_prefix_chars="@",
                                 allow_abbrev=False)  # a typo must fail, not match a longer flag
     p.add_argument("--input", action="append", required=True, help="file, directory or glob; repeatable")
     p.add_argument("--output", required=True, help="output folder (local path or s3://...)")
@@ -91,6 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-name", help="the MLflow run's name (default: build <output folder> seq<max-seq-length>)")
     p.add_argument("--log-level", default="INFO")
     _curate_flags.add_flags(p)
+    _common.refuse_secrets(p, argv)
     return p.parse_args(argv)
 
 

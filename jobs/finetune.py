@@ -33,7 +33,7 @@ from finetuning.schedule import ScheduleConfig
 from finetuning.task_model import DEFAULT_VOCAB, HeadConfig
 from finetuning.prepare import FeatureConfig, TaskConfig
 from finetuning.records import FORMATS
-from jobs._common import HelpFormatter, setup_logging
+from jobs._common import HelpFormatter, refuse_secrets, setup_logging
 from pipeline.safe_io.redact import redact
 from pipeline.storage import absolute, is_url
 from training.defaults import WARMUP_FRACTION, default_lr
@@ -45,7 +45,7 @@ log = logging.getLogger("finetune")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="finetune", description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                                formatter_class=HelpFormatter)
+                                formatter_class=HelpFormatter, fromfile_prefix_chars="@")
     p.add_argument("--task", required=True, choices=TASKS)
     p.add_argument("--train", required=True, help="training data URL (any fsspec URL)")
     p.add_argument("--eval", help="evaluation data URL")
@@ -101,6 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "./finetune_output/RUN_NAME")
     p.add_argument("--storage-path", help="where the epochs' checkpoints go (local, or shared by all nodes on a "
                    "cluster: s3://...), kept; default: a hidden folder beside a local --output, removed at the end")
+    refuse_secrets(p, argv)
     return p.parse_args(argv)
 
 

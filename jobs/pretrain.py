@@ -39,7 +39,7 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
 
     require_project_env(__file__)
 
-from jobs._common import HelpFormatter, setup_logging
+from jobs._common import HelpFormatter, refuse_secrets, setup_logging
 from pipeline.safe_io.redact import redact
 from pipeline.schema import read_manifest
 from pretraining import kernel_options
@@ -57,7 +57,7 @@ log = logging.getLogger("jobs.pretrain")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="pretrain", description=__doc__.split("\n\n")[0],
-                                formatter_class=HelpFormatter)
+                                formatter_class=HelpFormatter, fromfile_prefix_chars="@")
     d = p.add_argument_group("data")
     d.add_argument("--data", required=True, help="dataset directory written by jobs/build_dataset.py (local/s3://)")
     d.add_argument("--eval-data", help="held-out dataset (same vocabulary) for eval_* metrics")
@@ -140,6 +140,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     c.add_argument("--max-minutes", type=float, help="wall-clock budget of the training loop: stop (with a final "
                    "eval, checkpoint and export) at the first log step after it; the lr schedule still spans --max-steps")
     c.add_argument("--no-system-metrics", action="store_true", help="do not sample CPU/GPU/memory into MLflow")
+    refuse_secrets(p, argv)
     a = p.parse_args(argv)
     for name in ("max_steps", "batch_size", "num_workers", "checkpoint_every", "keep_checkpoints", "log_every"):
         if getattr(a, name) < 1:

@@ -42,7 +42,7 @@ log = logging.getLogger("train_tokenizer")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=_common.HelpFormatter,
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=_common.HelpFormatter, fromfile_prefix_chars="@",
                                 allow_abbrev=False)  # a typo must fail, not match a longer flag
     p.add_argument("--input", action="append", required=True, help="file, directory or glob; repeatable")
     p.add_argument("--output", required=True, help="where to write vocab.txt (path or URL)")
@@ -67,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--parent-run-id", help="log this run as a child of that MLflow run")
     p.add_argument("--run-name", help="the MLflow run's name (default: vocab <output file name>)")
     p.add_argument("--no-mlflow", action="store_true", help="log no MLflow run")
+    _common.refuse_secrets(p, argv)
     args = p.parse_args(argv)
     if args.sample_bytes < 0:
         p.error("--sample-bytes must be 0 (whole corpus) or a positive byte budget")

@@ -45,7 +45,7 @@ from training.progress import Progress
 from training.worker import FitResult, Worker, resolve_device
 from pretraining.step import evaluate, train_step
 from training.step import to_device
-from tracking.tracker import NullTracker, Tracker, make_tracker
+from tracking.tracker import NullTracker, Tracker
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,7 @@ def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> _Ru
                 compile_mod.precompile(model, data, raw.config.vocab_size, device, autocast_dtype)
     tracker = NullTracker()
     if worker.rank == 0:
-        tracker = worker.tracker or make_tracker(worker.tracking, config.tracking.system_metrics)
+        tracker = worker.make_tracker(config.tracking.system_metrics)
     if step:
         tracker.set_tag("resumed_from_step", str(step))  # visible proof of a resume in the UI
     warmup = rt.exclude_steps if rt.exclude_steps is not None else (rt.compile_warmup_steps if compile_model else 0)

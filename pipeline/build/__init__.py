@@ -51,8 +51,8 @@ from pipeline.build.curation import filters
 from pipeline.build.curation.reports import reports_stage
 from pipeline.build.curation.stage import curate_stage
 from pipeline.build.executor import Executor, LocalExecutor, Stage, run_stage
-from pipeline.build.identity import check_state, finished
-from pipeline.build.inputs import read_inputs
+from pipeline.build.identity import check_state, finished, input_changes
+from pipeline.build.inputs import file_stamps, read_inputs
 from pipeline.build.instances import instances_stage
 from pipeline.build.manifest import make_manifest, write_manifest
 from pipeline.build.inputs.pieces import pieces_stage
@@ -65,7 +65,7 @@ from pipeline.build.vocab import vocab_stage
 from pipeline.checks import settings_warnings
 from pipeline.safe_io.lease import output_lease
 from pipeline.schema import SHARDS_DIR, VOCAB_FILE, Manifest, config_hash, read_manifest
-from pipeline.storage import check_writable, join, remove_stale_temps, remove_tree, write_bytes_atomic
+from pipeline.storage import check_writable, expand_inputs, join, remove_stale_temps, remove_tree, write_bytes_atomic
 
 __all__ = ["BuildConfig", "STAGES", "build"]
 
@@ -103,7 +103,7 @@ def _build(cfg: BuildConfig, executor: Executor, told: OnStage, documents: Any, 
     inputs = read_inputs(cfg, documents, id_column)
     ident = cfg.identity() | {"vocab_sha256": inputs.vocab_sha256} | filters.identity(cfg, inputs)
     chash = config_hash(ident)
-    hold()  # before the first write (the probe, a finished build's _work clean-up, check_state's wipe)
+    fence = hold().fence  # before the first write (the probe, a finished build's _work clean-up, check_state's wipe)
     check_writable(out, ep)
     # The inputs' identity: files' stamps now; a Dataset's digest once its read pass has taken it on the way.
     known = inputs.stamps is not None
@@ -113,7 +113,8 @@ def _build(cfg: BuildConfig, executor: Executor, told: OnStage, documents: Any, 
         check_state(cfg, chash, inputs.stamps)
 
     executor.begin()  # a cluster comes up while the driver plans
-    state = BuildState(cfg, inputs, executor, chash, vocab_bytes=inputs.vocab_bytes, warnings=warnings)
+    state = BuildState(cfg, inputs, executor, chash, vocab_bytes=inputs.vocab_bytes, warnings=warnings,
+                       fence=fence)
     for plan in STAGES:
         started = time.time()  # a planner may do the stage's first part (the curate stage's global decision)
         stage = plan(state)
@@ -132,6 +133,13 @@ def _build(cfg: BuildConfig, executor: Executor, told: OnStage, documents: Any, 
     manifest = make_manifest(state, ident, chash, time.time() - t0)
     write_bytes_atomic(join(out, VOCAB_FILE), state.vocab_bytes, ep)
     remove_stale_temps(join(out, SHARDS_DIR), ep)
+    if inputs.documents is None:  # the inputs as they are now: a manifest never vouches for bytes it did not read
+        changes = input_changes(inputs.stamps, file_stamps(expand_inputs(list(cfg.inputs), ep)))
+        if changes:
+            raise ValueError(f"{out}: the inputs changed while this build read them ({'; '.join(changes[:3])}), so "
+                             f"its shards mix versions and were not committed as a dataset: delete {cfg.work} and "
+                             "rerun once the inputs stay put")
+    fence.check(fresh=True)  # the commit of the whole build: only while this build still holds the output
     write_manifest(manifest, out, ep)  # last: its presence means the dataset is complete
     remove_tree(cfg.work, ep)
     log.info("built %s: %d instances in %d shards", out, manifest.totals.instances, len(manifest.shards))

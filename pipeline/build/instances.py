@@ -258,7 +258,7 @@ def write_unit(uid: str, rows: pa.Table, ctx: StepContext, chunks: int, ops: dic
         uid=uid, documents=s["seen"], rows=tuple(rows_per_pass), chunks=chunks, random_next=random_next,
         masked=masked, seq_len_histogram={str(k): int(v) for k, v in sorted(hist.items()) if v},
         masked_per_seq_histogram={str(k): int(v) for k, v in sorted(masked_hist.items())}, ops=ops or {})
-    write_marker(ctx.work, marker, ctx.endpoint_url)
+    write_marker(ctx.work, marker, ctx.endpoint_url, ctx.fence)
     return marker
 
 

@@ -103,7 +103,7 @@ class PoolStep:
         write_table(ctx.pool_url(), table, ctx)
         pool = pool_from(table)
         marker = PoolMarker(documents=len(pool), tokens=int(len(pool.tokens)), threshold=self.threshold)
-        write_marker(ctx.work, marker, ctx.endpoint_url)
+        write_marker(ctx.work, marker, ctx.endpoint_url, ctx.fence)
         return marker
 
 

@@ -110,7 +110,7 @@ def write_docs(uid: str, rows: pa.Table, ctx: StepContext, unk_id: int, ops: dic
         tokens=int(sum(len(d.tokens) for _, d in kept)),
         unk_tokens=sum(int(np.count_nonzero(d.tokens == unk_id)) for _, d in kept),
         tokens_per_document=power_of_two_histogram([len(d.tokens) for _, d in kept]), ops=ops or {})
-    write_marker(ctx.work, marker, ctx.endpoint_url)
+    write_marker(ctx.work, marker, ctx.endpoint_url, ctx.fence)
     return marker
 
 

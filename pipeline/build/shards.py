@@ -178,7 +178,7 @@ class ShardStep:
                            instance_schema(ctx.vocab_size), ctx.endpoint_url)
         assert rows == item.rows, (rows, item.rows)
         marker = ShardMarker(index=item.index, file=name, rows=rows)
-        write_marker(ctx.work, marker, ctx.endpoint_url)
+        write_marker(ctx.work, marker, ctx.endpoint_url, ctx.fence)
         return marker
 
 

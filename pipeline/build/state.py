@@ -38,6 +38,7 @@ class BuildState:
     pool: Shared | None = None  # the merged random-next pool once its stage has run (an object reference on Ray)
     warnings: list[str] = dataclasses.field(default_factory=list)  # the manifest's, one line each
     markers: dict[str, list[Marker]] = dataclasses.field(default_factory=dict)  # by stage name, in item order
+    fence: Any = None  # the output's writer lease (pipeline/safe_io/fence.py): proved by every item's commit
 
     @functools.cached_property
     def vocab_tokens(self) -> list[str]:
@@ -67,7 +68,7 @@ class BuildState:
 
     @functools.cached_property
     def ctx(self) -> StepContext:
-        return self.cfg.step_context(self.vocab_size, self.chash)
+        return self.cfg.step_context(self.vocab_size, self.chash, self.fence)
 
     @property
     def num_shards(self) -> int:

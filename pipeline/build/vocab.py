@@ -23,7 +23,7 @@ import dataclasses
 import hashlib
 import logging
 from collections import Counter, defaultdict
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pipeline.build.config import DEFAULT_SAMPLE_BYTES
 from pipeline.build.executor import Executor, Stage, run_stage
@@ -47,6 +47,7 @@ class VocabContext:
     do_lower_case: bool = True
     endpoint_url: str | None = None
     work: str | None = None  # where the marker goes (<work>/vocab/vocab.done.json); None: no marker (a job)
+    fence: Any = None  # the output's writer lease (pipeline/safe_io/fence.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +146,7 @@ def vocab_step(item: VocabItem, ctx: VocabContext) -> VocabMarker:
     marker = VocabMarker(item.output, hashlib.sha256(data).hexdigest(), len(tokens), len(item.blocks),
                          item.sampled_bytes, count, dropped, worker_id())
     if ctx.work is not None:
-        write_marker(ctx.work, marker, ctx.endpoint_url)
+        write_marker(ctx.work, marker, ctx.endpoint_url, ctx.fence)
     return marker
 
 
@@ -176,7 +177,8 @@ def vocab_stage(s: BuildState) -> Stage | None:
     cfg = s.cfg
     if s.vocab_bytes is not None:
         return None
-    ctx = VocabContext(cfg.read, cfg.vocab_size, cfg.min_frequency, cfg.do_lower_case, cfg.endpoint_url, cfg.work)
+    ctx = VocabContext(cfg.read, cfg.vocab_size, cfg.min_frequency, cfg.do_lower_case, cfg.endpoint_url, cfg.work,
+                       s.fence)
     return dataclasses.replace(
         _stage(s.inputs.files, s.units, ctx, VocabSample(cfg.unit_bytes, cfg.vocab_sample_bytes, cfg.instances.seed),
                join(cfg.work, VOCAB_FILE)), after=_trained)

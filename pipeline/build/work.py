@@ -34,6 +34,7 @@ class StepContext:
     vocab_size: int
     build_id: str
     endpoint_url: str | None = None
+    fence: Any = None  # the output's writer lease, proved before each commit (pipeline/safe_io/fence.py)
 
     def url(self, *parts: str) -> str:
         return join(self.work, *parts)

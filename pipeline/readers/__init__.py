@@ -34,8 +34,9 @@ import pyarrow.parquet as pq
 
 from pipeline.safe_io.redact import redact_url
 from pipeline.readers.ranged import Ranged
+from pipeline.safe_io.retry import is_transient
 from pipeline.storage import (FileInfo, compression_of, filesystem_for, is_url, map_threads, storage_error,
-                              strip_compression)
+                              strip_compression, without_query)
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class ReadReport:
 def detect_format(path: str, fmt: str = "auto") -> str:
     if fmt != "auto":
         return fmt
-    base = strip_compression(path).lower()
+    base = strip_compression(without_query(path)).lower()  # a presigned URL's signature is no extension
     if base.endswith((".jsonl", ".json", ".ndjson")):
         return "jsonl"
     if base.endswith((".parquet", ".pq")):
@@ -187,6 +188,8 @@ def read_unit(unit: Unit, opts: ReadOptions, endpoint_url: str | None = None,
     except InputError:
         raise
     except (EOFError, OSError, ValueError, RuntimeError) as e:
+        if is_transient(e):  # throttled or cut off past the retries: the store's failure, loud, never skipped
+            raise storage_error(unit.path, e, "read input") from e
         # Truncated gzip (EOFError), not-gzip/xz/zstd junk (OSError, LZMAError, ZstdError), corrupt Parquet.
         _bad_file(opts, report, unit.path, "corrupt_file", f"cannot be read to the end ({type(e).__name__}: {e})")
     except Exception as e:  # noqa: BLE001 - only a storage client's own errors (aiohttp's, botocore's) are caught

@@ -83,7 +83,7 @@ class ReportStep:
                         edited += data.count(b"\n")
                         f.write(data)
         marker = ReportMarker(dropped=dict(sorted(counts.items())), edited=edited, with_edits=self.with_edits)
-        write_marker(ctx.work, marker, ep)
+        write_marker(ctx.work, marker, ep, ctx.fence)
         return marker
 
 

@@ -159,7 +159,7 @@ class CurateStep:
             tokens_per_document=power_of_two_histogram(tokens[g].tolist()), copied=bool(len(many)),
             repeat_tokens=int(((copies - 1) * tokens)[many].sum()), source=item.source,
             mix=(*before, int(copies.sum()), int((copies * tokens).sum())))
-        write_marker(ctx.work, marker, ctx.endpoint_url)
+        write_marker(ctx.work, marker, ctx.endpoint_url, ctx.fence)
         return marker
 
 

@@ -55,9 +55,14 @@ def read_inputs(cfg: BuildConfig, documents: Any = None, id_column: str = "id") 
         return BuildInputs([], None, [], read_vocab(cfg), documents, id_column)
     ignored: list[str] = []
     files = expand_inputs(list(cfg.inputs), cfg.endpoint_url, skipped=ignored)
-    stamps = [{"path": redact_url(f.path), "size": f.size, "etag": f.etag, "mtime": f.mtime}
-              | ({"digest": f.digest} if f.digest else {}) for f in files]
-    return BuildInputs(files, stamps, [redact_url(p) for p in ignored], read_vocab(cfg))
+    return BuildInputs(files, file_stamps(files), [redact_url(p) for p in ignored], read_vocab(cfg))
+
+
+def file_stamps(files: list) -> list[dict[str, Any]]:
+    """Each file's identity: its redacted URL, size, ETag and mtime (and its bytes' digest for an http(s) input
+    without an ETag)."""
+    return [{"path": redact_url(f.path), "size": f.size, "etag": f.etag, "mtime": f.mtime}
+            | ({"digest": f.digest} if f.digest else {}) for f in files]
 
 
 def check_columns(ds: Any, id_column: str, text_column: str) -> None:

@@ -29,7 +29,7 @@ import logging
 import os
 import re
 import socket
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pipeline.build.executor import Executor, Stage, run_stage
 from pipeline.build.markers import Marker, write_marker
@@ -37,8 +37,9 @@ from pipeline.build.sizes import COMPRESSED_RATIO
 from pipeline.build.state import BuildState
 from pipeline.readers import InputError, ReadOptions, ReadReport, Unit, detect_format, plan_units
 from pipeline.safe_io.redact import redact_url
+from pipeline.safe_io.retry import is_transient
 from pipeline.storage import (FileInfo, compression_of, filesystem_for, join, map_threads, open_atomic,
-                              write_bytes_atomic)
+                              storage_error, write_bytes_atomic)
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class PieceContext:
     unit_bytes: int
     read: ReadOptions
     endpoint_url: str | None = None
+    fence: Any = None  # the output's writer lease (pipeline/safe_io/fence.py)
 
     def url(self, *parts: str) -> str:
         return join(self.work, PIECES_DIR, *parts)
@@ -216,10 +218,12 @@ class _Corrupt(Exception):
     """The input could not be decompressed to the end (its cause says why)."""
 
 
-def _read(f) -> bytes:
+def _read(f, path: str) -> bytes:
     try:
         return f.read(CHUNK)
     except (EOFError, OSError, ValueError, RuntimeError) as e:
+        if is_transient(e):  # throttled or cut off past the retries: the store's failure, never a corrupt file
+            raise storage_error(path, e, "read input") from e
         # Truncated gzip (EOFError), not-gzip/xz/zstd junk (OSError, LZMAError, ZstdError). Write errors are not
         # caught here: a failing _work is not a corrupt input.
         raise _Corrupt() from e
@@ -283,7 +287,7 @@ def pieces_step(item: PieceItem, ctx: PieceContext) -> PieceMarker:
 
     try:
         with fs.open(path, "rb", compression=compression_of(path)) as f:
-            while chunk := _read(f):
+            while chunk := _read(f, item.path):
                 buffer = max(buffer, len(chunk))
                 view = memoryview(chunk)
                 while len(view):
@@ -335,7 +339,7 @@ def pieces_step(item: PieceItem, ctx: PieceContext) -> PieceMarker:
         index=item.index, path=shown, file_key=item.key, fmt=item.fmt, pieces=tuple(pieces), decompressed_bytes=pos,
         largest_piece_bytes=max((e - s for _, s, e in pieces), default=0), buffer_bytes=buffer,
         rss_growth_bytes=None if rss0 is None else rss_peak - rss0, bad_files=bad, worker=worker_id())
-    write_marker(ctx.work, marker, ctx.endpoint_url)
+    write_marker(ctx.work, marker, ctx.endpoint_url, ctx.fence)
     return marker
 
 
@@ -354,17 +358,17 @@ def piece_units(markers: list[PieceMarker], ctx: PieceContext) -> list[Unit]:
 
 
 def input_units(files: list[FileInfo], read: ReadOptions, unit_bytes: int, work: str, executor: Executor,
-                report: ReadReport, endpoint_url: str | None = None) -> list[Unit]:
+                report: ReadReport, endpoint_url: str | None = None, fence: Any = None) -> list[Unit]:
     """Every unit of the inputs, in uid order: big compressed inputs are first cut into unit-sized pieces under
     ``work`` (one item per file, streaming it once, so memory per item stays bounded and the docs stage is parallel
     over the pieces); the rest are planned from metadata."""
-    stage, ctx = _stage(files, read, unit_bytes, work, endpoint_url)
+    stage, ctx = _stage(files, read, unit_bytes, work, endpoint_url, fence)
     return _units(files, read, unit_bytes, ctx, stage, run_stage(stage, executor, work, endpoint_url), report)
 
 
 def _stage(files: list[FileInfo], read: ReadOptions, unit_bytes: int, work: str,
-           endpoint_url: str | None) -> tuple[Stage, PieceContext]:
-    ctx = PieceContext(work, unit_bytes, read, endpoint_url)
+           endpoint_url: str | None, fence: Any = None) -> tuple[Stage, PieceContext]:
+    ctx = PieceContext(work, unit_bytes, read, endpoint_url, fence)
     items = plan_pieces(files, read, unit_bytes, endpoint_url)
     return (Stage("pieces", PiecesStep(ctx), {f"{t.index:05d}": t for t in items}, PieceMarker,
                   noun="compressed files"), ctx)
@@ -382,7 +386,7 @@ def pieces_stage(s: BuildState) -> Stage | None:
     """The build's first stage: big compressed inputs cut into pieces; its hook plans every unit (``s.units``).
     A Dataset of documents has no files to cut: its units come from the Dataset (``ray_data/documents.py``)."""
     cfg = s.cfg
-    stage, ctx = _stage(s.inputs.files, cfg.read, cfg.unit_bytes, cfg.work, cfg.endpoint_url)
+    stage, ctx = _stage(s.inputs.files, cfg.read, cfg.unit_bytes, cfg.work, cfg.endpoint_url, s.fence)
     if s.inputs.documents is not None:
         return None  # no files to cut; the units come from the Dataset once its read pass has run
 
