@@ -111,6 +111,9 @@ class Stage:
     marker: type[Marker]
     sizes: dict[str, int] | None = None
     noun: str = "items"
+    # The share (0..1) of a running item's work done, as its step reports it (the one-item vocabulary stage):
+    # progress lines between items. None: items only.
+    probe: Callable[[], float | None] | None = None
 
 
 def run_stage(stage: Stage | RowStage, executor: Executor, work: str, endpoint_url: str | None = None
@@ -124,7 +127,7 @@ def run_stage(stage: Stage | RowStage, executor: Executor, work: str, endpoint_u
     log.info("%s: %d %s to run%s", stage.name, len(pending), stage.noun,
              f" ({len(done)} done before)" if done else "")
     progress = StageProgress(stage.name, stage.noun, len(pending), sum(sizes.get(k, 0) for k in pending),
-                             lines=not executor.bars)
+                             lines=not executor.bars, probe=getattr(stage, "probe", None))
     try:
         if pending:
             run = (executor.rows(stage, list(pending.values())) if isinstance(stage, RowStage)

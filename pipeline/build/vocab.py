@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import time
 from collections import Counter, defaultdict
 from typing import ClassVar
 
@@ -32,7 +33,7 @@ from pipeline.build.pieces import worker_id
 from pipeline.checks import vocab_size_warning
 from pipeline.readers import ReadOptions, ReadReport, Unit, read_unit
 from pipeline.rng import DEFAULT_SEED, derive_seed
-from pipeline.storage import FileInfo, write_bytes_atomic
+from pipeline.storage import FileInfo, read_bytes, remove_tree, write_bytes_atomic
 from pipeline.tokenize import BERT_VOCAB_SIZE
 
 log = logging.getLogger(__name__)
@@ -119,20 +120,48 @@ def sample_blocks(units: list[Unit], sizes: dict[str, int], unit_bytes: int, sam
     return [b[3] for b in blocks], sum(b[2] for b in blocks)
 
 
+PROGRESS_EVERY_S = 2.0  # how often the step says how far it is (one small file write)
+
+
+def _progress_file(output: str) -> str:
+    return f"{output}.progress"
+
+
+def _tell(item: VocabItem, share: float, endpoint_url: str | None) -> None:
+    """The share of the step's reading done (two passes over the sample; the trainer's merges come after)."""
+    try:
+        write_bytes_atomic(_progress_file(item.output), f"{share:.4f}".encode(), endpoint_url)
+    except Exception as e:  # noqa: BLE001 - a progress figure is never worth failing the vocabulary for
+        log.debug("vocabulary: no progress written: %s", e)
+
+
+def read_progress(output: str, endpoint_url: str | None = None) -> float | None:
+    """The running vocabulary step's share of its reading done (None before its first report)."""
+    try:
+        return float(read_bytes(_progress_file(output), endpoint_url))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
 def vocab_step(item: VocabItem, ctx: VocabContext) -> VocabMarker:
     """Train WordPiece on the blocks' documents and commit vocab.txt (one token per line) atomically."""
     from pipeline.tokenize import train_wordpiece
 
     report = ReadReport()
-    count, passes = 0, 0
+    count, passes, read = 0, 0, 0
+    told = time.monotonic()
 
     def texts():
-        nonlocal count, passes
+        nonlocal count, passes, read, told
         passes += 1
         for block in item.blocks:
             for u in block:
                 for doc in read_unit(u, ctx.read, ctx.endpoint_url, report if passes == 1 else ReadReport()):
                     count += passes == 1
+                    read += sum(len(line) + 1 for line in doc.lines)
+                    if time.monotonic() - told > PROGRESS_EVERY_S:  # for the driver's progress line
+                        told = time.monotonic()
+                        _tell(item, min(0.99, read / max(1, 2 * item.sampled_bytes)), ctx.endpoint_url)
                     yield "\n".join(doc.lines)
 
     log.info("training a %d-entry WordPiece vocabulary on %d sampled blocks", ctx.vocab_size, len(item.blocks))
@@ -140,6 +169,10 @@ def vocab_step(item: VocabItem, ctx: VocabContext) -> VocabMarker:
     tokens = train_wordpiece(texts, ctx.vocab_size, ctx.do_lower_case, ctx.min_frequency)
     data = ("\n".join(tokens) + "\n").encode()
     write_bytes_atomic(item.output, data, ctx.endpoint_url)
+    try:
+        remove_tree(_progress_file(item.output), ctx.endpoint_url)
+    except Exception as e:  # noqa: BLE001 - a leftover progress figure is harmless
+        log.debug("vocabulary: progress file left: %s", e)
     dropped = dict(report.dropped + Counter(report.bad_files.values()))
     marker = VocabMarker(item.output, hashlib.sha256(data).hexdigest(), len(tokens), len(item.blocks),
                          item.sampled_bytes, count, dropped, worker_id())
@@ -177,7 +210,7 @@ def train_vocab(files: list[FileInfo], units: list[Unit], ctx: VocabContext, sam
                                    sample.seed)
     log.info("vocabulary: %d entries from a %.1f MB sample", ctx.vocab_size, nbytes / 1e6)
     stage = Stage("vocab", VocabStep(ctx), {"vocab": VocabItem(blocks, output, nbytes)}, VocabMarker,
-                  {"vocab": nbytes}, "sample")
+                  {"vocab": nbytes}, "sample", probe=lambda: read_progress(output, ctx.endpoint_url))
     (marker,) = run_stage(stage, executor, ctx.work, ctx.endpoint_url)
     if (shortfall := vocab_size_warning(ctx.vocab_size, marker.vocab_size, marker.documents)) is not None:
         log.warning("%s", shortfall)
