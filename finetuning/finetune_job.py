@@ -32,6 +32,7 @@ from tracking.datasets import log_task_data
 from tracking.notes import NOTE_TAG, finetune_note
 from tracking.runs import Run, open_run, run_summary
 from training.collapse import diagnose
+from training.defaults import default_lr
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,8 @@ def run_finetuning(job: FinetuneJob) -> FinetuneResult:
                     final = {k.removeprefix("eval_"): v for k, v in metrics.items() if k.startswith("eval_")}
                     final.update(best_epoch=int(metrics["epoch"]), job_seconds=round(time.perf_counter() - t0, 1))
                     run.log_metrics({f"final_{k}": v for k, v in final.items()})
-                    found = diagnose(config.data.task, metrics, config.schedule.lr, config.schedule.epochs)
+                    found = diagnose(config.data.task, metrics, config.schedule.lr, config.schedule.epochs,
+                                     default_lr(config.model.hidden_size, "finetune"))
                     if found is not None:
                         collapse = found.message
                         log.warning("%s", collapse)

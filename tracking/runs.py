@@ -185,6 +185,13 @@ def run_metrics(tracking_uri: str, run_id: str) -> dict[str, float]:
     return dict(MlflowClient(tracking_uri).get_run(run_id).data.metrics)
 
 
+def metric_history(tracking_uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    """(step, value) of every point of a run's metric, by step."""
+    from mlflow.tracking import MlflowClient
+
+    return sorted((m.step, m.value) for m in MlflowClient(tracking_uri).get_metric_history(run_id, key))
+
+
 def run_summary(tracking_uri: str, run_id: str) -> dict[str, str] | None:
     """{"run_id", "experiment_id", "name"} of a run of this store (None when it is not there): what a link to it
     needs."""
