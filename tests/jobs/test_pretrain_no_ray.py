@@ -30,6 +30,9 @@ def test_no_ray_run_resumes_into_the_same_mlflow_run(tiny_pretrain_data, tmp_pat
     assert run.data.tags["storage"] == str((tmp_path / "runs" / "local").resolve())  # where the launcher kept them
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [2, 4, 6]
     assert {"eval_loss", "run_sequences_per_second", "run_data_wait_fraction"} <= set(run.data.metrics)
+    # No --eval-every: a few evaluations over the run (a curve, not a dot), with what the collapse check reads.
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval_loss")] == [2, 4, 6]
+    assert 0 < run.data.metrics["eval_mlm_predicted_top_share"] <= 1
     ckpts = sorted(p.name for p in (tmp_path / "runs" / "local").iterdir())
     assert ckpts == ["checkpoint-00000003", "checkpoint-00000006"]
     state = json.loads((tmp_path / "runs" / "local" / ckpts[-1] / "train_state.json").read_text())
