@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     _common.setup_logging(args.log_level)
     check_args(args)
     cfg = config_from(args)
-    # What the inputs and output tell in a second, before Ray or MLflow start (pipeline/preflight.py).
+    # What the inputs and output tell in a second, before Ray or MLflow start (pipeline/preflight/).
     warnings = check_build(cfg.inputs, cfg.output, cfg.read, cfg.instances.max_seq_length,
                            cfg.instances.short_seq_prob, cfg.dupe_factor, cfg.num_shards, cfg.endpoint_url)
     # The store every job logs to (the flag, MLFLOW_TRACKING_URI, else ./mlruns): pre-training's Datasets column

@@ -111,9 +111,7 @@ class Stage:
     marker: type[Marker]
     sizes: dict[str, int] | None = None
     noun: str = "items"
-    # The share (0..1) of a running item's work done, as its step reports it (the one-item vocabulary stage):
-    # progress lines between items. None: items only.
-    probe: Callable[[], float | None] | None = None
+    probe: Callable[[], float | None] | None = None  # share (0..1) of a running item done, its step says (vocab)
 
 
 def run_stage(stage: Stage | RowStage, executor: Executor, work: str, endpoint_url: str | None = None

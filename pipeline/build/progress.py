@@ -11,6 +11,7 @@ only (the workers' CPU is not in it: the driver plans and collects markers, so i
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import resource
 import threading
@@ -72,8 +73,8 @@ class StageProgress:
         with self._lock:
             done, done_bytes = self.done, self.done_bytes
         if self.probe is not None and done < self.total:
-            share = self._probed()
-            done_bytes = max(done_bytes, int(share * self.total_bytes)) if share else done_bytes
+            with contextlib.suppress(Exception):  # a progress line is never worth failing a stage for
+                done_bytes = max(done_bytes, int((self.probe() or 0) * self.total_bytes))
         wall = time.perf_counter() - self.t0
         parts = [f"{self.name}: {done}/{self.total} {self.noun}"]
         if self.total_bytes:
@@ -84,13 +85,6 @@ class StageProgress:
             (self.total - done) / done if done else None)
         parts.append("ETA " + (_duration(left * wall) if left is not None else "--"))
         return ", ".join(parts) + f" ({wall:.1f} s wall)"
-
-    def _probed(self) -> float | None:
-        try:
-            return self.probe()
-        except Exception as e:  # noqa: BLE001 - a progress line is never worth failing a stage for
-            log.debug("%s: no progress figure: %s", self.name, e)
-            return None
 
     def _beat(self) -> None:
         interval = self._first

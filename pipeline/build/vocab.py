@@ -19,6 +19,7 @@ anyway), and it takes minutes instead of hours on a 10 GB corpus. The default bu
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -120,27 +121,18 @@ def sample_blocks(units: list[Unit], sizes: dict[str, int], unit_bytes: int, sam
     return [b[3] for b in blocks], sum(b[2] for b in blocks)
 
 
-PROGRESS_EVERY_S = 2.0  # how often the step says how far it is (one small file write)
-
-
-def _progress_file(output: str) -> str:
-    return f"{output}.progress"
+PROGRESS_EVERY_S = 2.0  # how often the step writes the share of its reading done, for the driver's progress line
 
 
 def _tell(item: VocabItem, share: float, endpoint_url: str | None) -> None:
-    """The share of the step's reading done (two passes over the sample; the trainer's merges come after)."""
-    try:
-        write_bytes_atomic(_progress_file(item.output), f"{share:.4f}".encode(), endpoint_url)
-    except Exception as e:  # noqa: BLE001 - a progress figure is never worth failing the vocabulary for
-        log.debug("vocabulary: no progress written: %s", e)
+    with contextlib.suppress(Exception):  # a progress figure is never worth failing the vocabulary for
+        write_bytes_atomic(f"{item.output}.progress", f"{share:.4f}".encode(), endpoint_url)
 
 
-def read_progress(output: str, endpoint_url: str | None = None) -> float | None:
-    """The running vocabulary step's share of its reading done (None before its first report)."""
-    try:
-        return float(read_bytes(_progress_file(output), endpoint_url))
-    except (FileNotFoundError, ValueError):
-        return None
+def read_progress(output: str, endpoint_url: str | None = None) -> float | None:  # of the two passes' reading
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        return float(read_bytes(f"{output}.progress", endpoint_url))
+    return None
 
 
 def vocab_step(item: VocabItem, ctx: VocabContext) -> VocabMarker:
@@ -148,8 +140,7 @@ def vocab_step(item: VocabItem, ctx: VocabContext) -> VocabMarker:
     from pipeline.tokenize import train_wordpiece
 
     report = ReadReport()
-    count, passes, read = 0, 0, 0
-    told = time.monotonic()
+    count, passes, read, told = 0, 0, 0, time.monotonic()
 
     def texts():
         nonlocal count, passes, read, told
@@ -169,10 +160,8 @@ def vocab_step(item: VocabItem, ctx: VocabContext) -> VocabMarker:
     tokens = train_wordpiece(texts, ctx.vocab_size, ctx.do_lower_case, ctx.min_frequency)
     data = ("\n".join(tokens) + "\n").encode()
     write_bytes_atomic(item.output, data, ctx.endpoint_url)
-    try:
-        remove_tree(_progress_file(item.output), ctx.endpoint_url)
-    except Exception as e:  # noqa: BLE001 - a leftover progress figure is harmless
-        log.debug("vocabulary: progress file left: %s", e)
+    with contextlib.suppress(Exception):  # a leftover progress figure is harmless
+        remove_tree(f"{item.output}.progress", ctx.endpoint_url)
     dropped = dict(report.dropped + Counter(report.bad_files.values()))
     marker = VocabMarker(item.output, hashlib.sha256(data).hexdigest(), len(tokens), len(item.blocks),
                          item.sampled_bytes, count, dropped, worker_id())
