@@ -39,7 +39,7 @@ from pipeline.readers import FORMATS, ON_ERROR, ReadOptions
 from pipeline.safe_io.redact import redact, redact_text
 from pipeline.build.ray_start import init_ray
 from pipeline.preflight import check_build
-from tracking.store import check_tracking_reachable, resolve_tracking_uri
+from tracking.store import DEFAULT_EXPERIMENT, check_tracking_reachable, resolve_tracking_uri
 
 log = logging.getLogger("build_dataset")
 
@@ -85,7 +85,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mlflow-tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else "
                    "./mlruns/mlflow.db, where pre-training and fine-tuning log too)")
     p.add_argument("--no-mlflow", action="store_true", help="log no MLflow run")
-    p.add_argument("--experiment", default="bert-dataset")
+    p.add_argument("--experiment", default=DEFAULT_EXPERIMENT,
+                   help="MLflow experiment (one for the whole pipeline: the build's, pre-training's and "
+                        "fine-tuning's runs side by side)")
     p.add_argument("--parent-run-id")
     p.add_argument("--run-name", help="the MLflow run's name (default: build <output folder> seq<max-seq-length>)")
     p.add_argument("--log-level", default="INFO")

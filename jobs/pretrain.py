@@ -49,7 +49,7 @@ from training.launch import LaunchConfig
 from pretraining.loader import DataConfig, EvalConfig, batch_geometry
 from pretraining.memory import MemoryConfig, micro_batch_for
 from pretraining.pretrain_job import PretrainJob, run_pretraining
-from tracking.store import resolve_tracking_uri
+from tracking.store import DEFAULT_EXPERIMENT, resolve_tracking_uri
 
 log = logging.getLogger("jobs.pretrain")
 EVAL_SEQUENCES = EvalConfig.sequences
@@ -136,7 +136,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     c.add_argument("--export", help="write the final model here in the Hugging Face layout (a local directory or a "
                    "URL such as s3://bucket/models/name)")
     c.add_argument("--mlflow-tracking-uri")
-    c.add_argument("--experiment", default="bert-pretrain")
+    c.add_argument("--experiment", default=DEFAULT_EXPERIMENT,
+                   help="MLflow experiment (one for the whole pipeline: the build's, pre-training's and "
+                        "fine-tuning's runs side by side)")
     c.add_argument("--parent-run-id", help="log this run as a child of that MLflow run")
     c.add_argument("--log-every", type=int, default=50)
     c.add_argument("--eval-every", type=int,

@@ -25,9 +25,10 @@ from tracking.config import RunRef
 from tracking.runs import RUN_NAME_TAG, metric_history, open_run, run_metrics, run_tags
 from training.collapse import mlm_check
 from training.defaults import default_lr
-from tracking.store import check_tracking_reachable
+from tracking.store import DEFAULT_EXPERIMENT, check_tracking_reachable
 from tracking.params import flatten_params
 from tracking.datasets import log_dataset
+from tracking.lineage import pretraining_lineage
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class PretrainJob:
     config: PretrainConfig
     launch: LaunchConfig  # its `name` is the run name: the checkpoint folder and the MLflow run
     tracking_uri: str
-    experiment: str = "bert-pretrain"
+    experiment: str = DEFAULT_EXPERIMENT
     parent_run_id: str | None = None
     export: str | None = None  # where the final model goes (local folder or URL); None: the MLflow artifact only
     flags: Mapping[str, Any] = field(default_factory=dict)  # the command line as given, logged beside the config
@@ -121,6 +122,8 @@ def run_pretraining(job: PretrainJob) -> JobResult:
                        tags=tags_of(job, checkpoints), parent_run_id=job.parent_run_id, resume_by=RUN_KEY_TAG)
         with run.ending():
             log_inputs(job, run.run_id)
+            pretraining_lineage(job.tracking_uri, run.run_id, job.config.data.train,
+                                job.config.eval.data if job.config.eval else None, job.export, job.config.model.init)
             with launcher.run(fit, job.config, launch,
                               tracking=RunRef(job.tracking_uri, run.run_id, launch.name)) as final_checkpoint:
                 export_model(final_checkpoint / MODEL_DIR, job.export, run, PRETRAIN_LINEAGE, launch.endpoint_url)

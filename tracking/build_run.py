@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from pipeline.schema import Manifest
 
 from pipeline.safe_io.redact import redact_url
+from tracking.lineage import DATASET_SHA_TAG
 from pipeline.storage import is_url
 
 log = logging.getLogger(__name__)
@@ -100,8 +101,9 @@ class BuildRun:
         run.log_metrics(report.metrics(m))
         run.log_params({"vocab.size": m.vocab.size, "vocab.sha256": m.vocab.sha256, "config_hash": m.config_hash,
                         "input_files": len(m.inputs), "input_bytes": m.input_bytes})
-        run.set_tags({"dataset.url": output, "dataset.result": "already complete: nothing built" if nothing_done
-                      else "built", "mlflow.note.content": _note(output, m, nothing_done)})
+        run.set_tags({"dataset.url": output, DATASET_SHA_TAG: m.sha256, "dataset.result":
+                      "already complete: nothing built" if nothing_done else "built",
+                      "mlflow.note.content": _note(output, m, nothing_done)})
         with tempfile.TemporaryDirectory(prefix="build-report-") as d:
             (Path(d) / REPORT_DIR).mkdir()
             for fname, png in figures.items():

@@ -153,8 +153,8 @@ def close_stale_runs(run: Run, tag: str, value: str) -> list[str]:
 
     client = MlflowClient(run.tracking_uri)
     # The value is compared here, not in the filter: a path may hold quotes.
-    stale = [r.info.run_id for r in client.search_runs([run.experiment_id], filter_string="attributes.status = 'RUNNING'")
-             if r.data.tags.get(tag) == value and r.info.run_id != run.run_id]
+    running = client.search_runs([run.experiment_id], filter_string="attributes.status = 'RUNNING'")
+    stale = [r.info.run_id for r in running if r.data.tags.get(tag) == value and r.info.run_id != run.run_id]
     for run_id in stale:
         client.set_tag(run_id, "error", STALE_NOTE.format(run_id=run.run_id))
         client.set_terminated(run_id, status="KILLED")
