@@ -133,8 +133,8 @@ def diagnose_mlm(metrics: Mapping[str, float], lr: float, steps: int, *, default
     acc, share = metrics.get("eval_mlm_accuracy"), metrics.get("eval_mlm_top_token_share")
     if acc is None or share is None or not acc == acc or acc > MLM_STUCK_FACTOR * share:
         return None
-    near = (f"held-out MLM accuracy {acc:.3f} is near the most frequent token's share of the masked tokens "
-            f"({share:.3f})")
+    near = (f"held-out MLM accuracy {acc:.3f} is {'near' if acc > share else 'no better than'} the most frequent "
+            f"token's share of the masked tokens ({share:.3f})")
     one = metrics.get("eval_mlm_predicted_top_share")
     loss = metrics.get("eval_mlm_loss", metrics.get("mlm_loss"))
     if one is not None and one >= MLM_ONE_TOKEN_SHARE:
