@@ -26,12 +26,14 @@ from training.checkpoint import MODEL_DIR
 from training.export import FINETUNE_LINEAGE, check_destination, export_model, read_lineage
 from training.launch import LaunchConfig
 from tracking.config import RunRef
-from tracking.store import check_tracking_reachable
+from tracking.lineage import finetuning_lineage
+from tracking.store import DEFAULT_EXPERIMENT, check_tracking_reachable
 from tracking.params import flatten_params
 from tracking.datasets import log_task_data
 from tracking.notes import NOTE_TAG, finetune_note
 from tracking.runs import Run, open_run, run_summary
 from training.collapse import diagnose
+from training.defaults import default_lr
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,7 @@ class FinetuneJob:
     launch: LaunchConfig  # its `name` is the run name; its storage keeps the epochs' checkpoints
     tracking_uri: str
     output: str  # where the best model goes (a local folder or a URL)
-    experiment: str = "finetune"
+    experiment: str = DEFAULT_EXPERIMENT
     parent_run_id: str | None = None
     keep_checkpoints: bool = False  # False: the launch's checkpoint folder is removed once the model is exported
     flags: Mapping[str, Any] = field(default_factory=dict)  # the command line as given, logged beside the config
@@ -131,6 +133,7 @@ def run_finetuning(job: FinetuneJob) -> FinetuneResult:
         with launch.writer_lease("fine-tuning run"):  # one job writes this run's checkpoints (and removes them)
             run = open_run(job.tracking_uri, job.experiment, launch.name, params=params, tags=tags,
                            parent_run_id=parent)
+            finetuning_lineage(job.tracking_uri, run.run_id, launch.name, config.data.task, pretrain)
             try:
                 with run.ending():
                     _log_data(job, run, prepared)
@@ -142,7 +145,8 @@ def run_finetuning(job: FinetuneJob) -> FinetuneResult:
                     final = {k.removeprefix("eval_"): v for k, v in metrics.items() if k.startswith("eval_")}
                     final.update(best_epoch=int(metrics["epoch"]), job_seconds=round(time.perf_counter() - t0, 1))
                     run.log_metrics({f"final_{k}": v for k, v in final.items()})
-                    found = diagnose(config.data.task, metrics, config.schedule.lr, config.schedule.epochs)
+                    found = diagnose(config.data.task, metrics, config.schedule.lr, config.schedule.epochs,
+                                     default_lr(config.model.hidden_size, "finetune"))
                     if found is not None:
                         collapse = found.message
                         log.warning("%s", collapse)

@@ -38,7 +38,7 @@ from pipeline.safe_io.redact import redact
 from pipeline.storage import absolute, is_url
 from training.defaults import WARMUP_FRACTION, default_lr
 from training.launch import LaunchConfig
-from tracking.store import resolve_tracking_uri
+from tracking.store import DEFAULT_EXPERIMENT, resolve_tracking_uri
 
 log = logging.getLogger("finetune")
 
@@ -95,7 +95,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-train-examples", type=int, help="seeded subset, for quick runs")
     p.add_argument("--max-eval-examples", type=int)
     p.add_argument("--mlflow-tracking-uri")
-    p.add_argument("--experiment", default="finetune")
+    p.add_argument("--experiment", default=DEFAULT_EXPERIMENT,
+                   help="MLflow experiment (one for the whole pipeline: the build's, pre-training's and "
+                        "fine-tuning's runs side by side)")
     p.add_argument("--parent-run-id")
     p.add_argument("--output", help="where the best model goes (HF layout; a folder or a URL); default "
                    "./finetune_output/RUN_NAME")

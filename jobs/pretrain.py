@@ -50,9 +50,11 @@ from training.launch import LaunchConfig
 from pretraining.loader import DataConfig, EvalConfig, batch_geometry
 from pretraining.memory import MemoryConfig, micro_batch_for
 from pretraining.pretrain_job import PretrainJob, run_pretraining
-from tracking.store import resolve_tracking_uri
+from tracking.store import DEFAULT_EXPERIMENT, resolve_tracking_uri
 
 log = logging.getLogger("jobs.pretrain")
+EVAL_SEQUENCES = EvalConfig.sequences
+EVAL_POINTS = 5  # evaluations of a run by default: enough for a curve of held-out accuracy, at little cost
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -61,7 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     d = p.add_argument_group("data")
     d.add_argument("--data", required=True, help="dataset directory written by jobs/build_dataset.py (local/s3://)")
     d.add_argument("--eval-data", help="held-out dataset (same vocabulary) for eval_* metrics")
-    d.add_argument("--eval-sequences", type=int, default=2048, help="eval on the first N sequences (0 = all)")
+    d.add_argument("--eval-sequences", type=int,
+                   help=f"eval on the first N sequences (0 = all) (default: {EVAL_SEQUENCES})")
     d.add_argument("--endpoint-url", help="S3-compatible endpoint for s3:// data and storage (MinIO, Ceph, ...)")
     d.add_argument("--length-bucketing", action=argparse.BooleanOptionalAction, default=True,
                    help="batch rows of similar length together (little padding at the bucket widths)")
@@ -133,10 +136,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     c.add_argument("--export", help="write the final model here in the Hugging Face layout (a local directory or a "
                    "URL such as s3://bucket/models/name)")
     c.add_argument("--mlflow-tracking-uri")
-    c.add_argument("--experiment", default="bert-pretrain")
+    c.add_argument("--experiment", default=DEFAULT_EXPERIMENT,
+                   help="MLflow experiment (one for the whole pipeline: the build's, pre-training's and "
+                        "fine-tuning's runs side by side)")
     c.add_argument("--parent-run-id", help="log this run as a child of that MLflow run")
     c.add_argument("--log-every", type=int, default=50)
-    c.add_argument("--eval-every", type=int, default=0, help="0 = only at the end (when --eval-data is given)")
+    c.add_argument("--eval-every", type=int,
+                   help=f"evaluate on --eval-data every N steps and at the end (0: only at the end). Default: "
+                        f"{EVAL_POINTS} evaluations over the run, so eval_* metrics are curves")
     c.add_argument("--max-minutes", type=float, help="wall-clock budget of the training loop: stop (with a final "
                    "eval, checkpoint and export) at the first log step after it; the lr schedule still spans --max-steps")
     c.add_argument("--no-system-metrics", action="store_true", help="do not sample CPU/GPU/memory into MLflow")
@@ -149,6 +156,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--cpus-per-worker must be > 0")
     if a.no_ray and a.num_workers != 1:
         p.error("--no-ray runs one worker in this process: drop --num-workers")
+    if a.eval_every is not None and a.eval_every < 0:
+        p.error("--eval-every must be >= 0 (0: only at the end)")
+    if not a.eval_data:
+        given = [f for f, v in (("--eval-every", a.eval_every), ("--eval-sequences", a.eval_sequences)) if v is not None]
+        if given:
+            p.error(f"{' and '.join(given)} without --eval-data: pass the held-out dataset to evaluate on, or drop "
+                    f"{' and '.join(given)}")
     return a
 
 
@@ -185,8 +199,9 @@ def job_from(args: argparse.Namespace) -> PretrainJob:
                                   weight_decay=args.weight_decay, warmup_steps=warmup_for(args), decay=args.decay,
                                   poly_power=args.poly_power,
                                   max_grad_norm=args.max_grad_norm),
-        eval=EvalConfig(data=eval_data, sequences=args.eval_sequences,
-                        every=args.eval_every) if eval_data else None,
+        eval=EvalConfig(data=eval_data, every=eval_every_for(args),
+                        sequences=EVAL_SEQUENCES if args.eval_sequences is None else args.eval_sequences)
+        if eval_data else None,
         checkpoint=CheckpointConfig(every=args.checkpoint_every,
                                     vocab_url=data.vocab.url, do_lower_case=data.vocab.do_lower_case),
         tracking=TrackingConfig(system_metrics=not args.no_system_metrics,
@@ -213,6 +228,18 @@ def lr_for(args: argparse.Namespace, width: int) -> float:
     log.info("--lr %g: the default for a model of hidden width %d (pass --lr to choose; docs/learning-rates.md)",
              lr, width)
     return lr
+
+
+def eval_every_for(args: argparse.Namespace) -> int:
+    """--eval-every, else about EVAL_POINTS evaluations over the run, on logging steps (and one at the end)."""
+    if args.eval_every is not None:
+        return args.eval_every
+    every = max(1, -(-args.max_steps // EVAL_POINTS))
+    if args.log_every < every:  # on a logging step: each held-out point beside a training one
+        every = -(-every // args.log_every) * args.log_every
+    log.info("--eval-every %d: %d evaluations over --max-steps %d (pass --eval-every to choose, 0 for the end only)",
+             every, -(-args.max_steps // every), args.max_steps)
+    return every
 
 
 def warmup_for(args: argparse.Namespace) -> int:

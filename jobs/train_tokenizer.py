@@ -36,7 +36,7 @@ from pipeline.build.vocab import VocabContext, VocabSample, train_vocab
 from pipeline.readers import FORMATS, ON_ERROR, ReadOptions, ReadReport, plan_units
 from pipeline.storage import expand_inputs
 from tracking.build_run import vocab_run
-from tracking.store import check_tracking_reachable, resolve_tracking_uri
+from tracking.store import DEFAULT_EXPERIMENT, check_tracking_reachable, resolve_tracking_uri
 
 log = logging.getLogger("train_tokenizer")
 
@@ -63,7 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--mlflow-tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else "
                    "./mlruns/mlflow.db, where the other jobs log too)")
-    p.add_argument("--experiment", default="bert-dataset")
+    p.add_argument("--experiment", default=DEFAULT_EXPERIMENT,
+                   help="MLflow experiment (one for the whole pipeline: the build's, pre-training's and "
+                        "fine-tuning's runs side by side)")
     p.add_argument("--parent-run-id", help="log this run as a child of that MLflow run")
     p.add_argument("--run-name", help="the MLflow run's name (default: vocab <output file name>)")
     p.add_argument("--no-mlflow", action="store_true", help="log no MLflow run")

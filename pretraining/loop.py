@@ -346,22 +346,37 @@ def _evaluate(run: _Run) -> dict[str, float]:
     t_eval = time.perf_counter()
     counts: list[torch.Tensor] = []  # the eval labels' token counts: the most frequent token's share is the
     #                                   accuracy of a model that always predicts it (what a stuck MLM scores)
+    predicted: list[torch.Tensor] = []  # the predictions' counts: one token predicted everywhere is a collapse
 
     def counted(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         labels = torch.as_tensor(batch["masked_lm_labels"])
         counts.append(torch.bincount(labels[labels >= 0].reshape(-1)))
         return batch
 
+    def seen(out, batch: dict[str, torch.Tensor]) -> None:
+        if out.mlm_logits is not None:
+            top = out.mlm_logits.argmax(-1)
+            if top.dim() == 2:  # every slot (B, P): the padding slots' rows mean nothing
+                top = top[batch["masked_lm_labels"] >= 0]
+            predicted.append(torch.bincount(top.reshape(-1).cpu()))
+
     batches = (to_device(counted(b), run.device) for b in data_mod.eval_batches(
         run.eval_rows, cfg.eval, data.micro_batch_size, run.worker.rank, run.worker.world_size, data.length_buckets))
-    metrics = evaluate(run.raw, batches, run.autocast_dtype).all_reduce().summary(prefix="eval_")
-    if counts and run.worker.world_size == 1:  # (with several ranks each sees a part; the share is left out)
-        total = torch.zeros(max(len(c) for c in counts), dtype=torch.int64)
-        for c in counts:
-            total[:len(c)] += c
-        metrics["eval_mlm_top_token_share"] = float(total.max() / total.sum())
+    metrics = evaluate(run.raw, batches, run.autocast_dtype, on_output=seen).all_reduce().summary(prefix="eval_")
+    if counts and run.worker.world_size == 1:  # (with several ranks each sees a part; the shares are left out)
+        metrics["eval_mlm_top_token_share"] = _top_share(counts)
+        if predicted:
+            metrics["eval_mlm_predicted_top_share"] = _top_share(predicted)
     run.window.pause(time.perf_counter() - t_eval)  # evaluation does not count against throughput
     return metrics
+
+
+def _top_share(counts: list[torch.Tensor]) -> float:
+    """The most frequent id's share of all the counts (bincounts of any lengths)."""
+    total = torch.zeros(max(len(c) for c in counts), dtype=torch.int64)
+    for c in counts:
+        total[:len(c)] += c
+    return float(total.max() / total.sum())
 
 
 QUIET_WHEN_ZERO = ("nonfinite_batches", "nonfinite_steps", "loss_spikes", "rollbacks", "skipped_batches")

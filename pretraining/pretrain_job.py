@@ -22,11 +22,13 @@ from pretraining.loop import STOPPED_TAG, fit
 from training.export import PRETRAIN_LINEAGE, check_destination, export_model, read_lineage
 from training.launch import LaunchConfig
 from tracking.config import RunRef
-from tracking.runs import RUN_NAME_TAG, open_run, run_metrics, run_tags
-from training.collapse import diagnose_mlm
-from tracking.store import check_tracking_reachable
+from tracking.runs import RUN_NAME_TAG, metric_history, open_run, run_metrics, run_tags
+from training.collapse import mlm_check
+from training.defaults import default_lr
+from tracking.store import DEFAULT_EXPERIMENT, check_tracking_reachable
 from tracking.params import flatten_params
 from tracking.datasets import log_dataset
+from tracking.lineage import pretraining_lineage
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ class PretrainJob:
     config: PretrainConfig
     launch: LaunchConfig  # its `name` is the run name: the checkpoint folder and the MLflow run
     tracking_uri: str
-    experiment: str = "bert-pretrain"
+    experiment: str = DEFAULT_EXPERIMENT
     parent_run_id: str | None = None
     export: str | None = None  # where the final model goes (local folder or URL); None: the MLflow artifact only
     flags: Mapping[str, Any] = field(default_factory=dict)  # the command line as given, logged beside the config
@@ -120,13 +122,22 @@ def run_pretraining(job: PretrainJob) -> JobResult:
                        tags=tags_of(job, checkpoints), parent_run_id=job.parent_run_id, resume_by=RUN_KEY_TAG)
         with run.ending():
             log_inputs(job, run.run_id)
+            pretraining_lineage(job.tracking_uri, run.run_id, job.config.data.train,
+                                job.config.eval.data if job.config.eval else None, job.export, job.config.model.init)
             with launcher.run(fit, job.config, launch,
                               tracking=RunRef(job.tracking_uri, run.run_id, launch.name)) as final_checkpoint:
                 export_model(final_checkpoint / MODEL_DIR, job.export, run, PRETRAIN_LINEAGE, launch.endpoint_url)
     metrics = run_metrics(job.tracking_uri, run.run_id)
     metrics |= {k: metrics[mean] for k, mean in RUN_MEAN.items() if mean in metrics}
     stopped = run_tags(job.tracking_uri, run.run_id).get(STOPPED_TAG)
-    found = diagnose_mlm(metrics, job.config.optimizer.lr, job.config.max_steps)
+    data, width = job.config.data, job.config.model.bert.hidden_size
+    found = mlm_check(metrics, metric_history(job.tracking_uri, run.run_id, "mlm_loss"), lr=job.config.optimizer.lr,
+                      default_lr=default_lr(width, "pretrain"), max_steps=job.config.max_steps,
+                      sequences_per_step=data.micro_batch_size * data.accum * launch.num_workers,
+                      seq_len_histogram=data.train.seq_len_histogram)
+    if found is not None and not found.collapsed:  # learning, near its baseline yet: a note, not a warning
+        log.info("%s", found.message)
+        found = None
     if found is not None:
         log.warning("%s", found.message)
         run.set_tags({"collapse": found.figure})

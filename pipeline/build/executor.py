@@ -116,6 +116,7 @@ class Stage:
     sizes: dict[str, int] | None = None
     noun: str = "items"
     after: Callable[[Any], None] | None = None
+    probe: Callable[[], float | None] | None = None  # share (0..1) of a running item done, its step says (vocab)
 
 
 def ops_line(stage: str, ops: dict[str, tuple[float, ...]]) -> str:
@@ -148,7 +149,7 @@ def run_stage(stage: Stage | RowStage, executor: Executor, work: str, endpoint_u
     log.info("%s: %d %s to run%s", stage.name, len(pending), stage.noun,
              f" ({len(done)} done before)" if done else "")
     progress = StageProgress(stage.name, stage.noun, len(pending), sum(sizes.get(k, 0) for k in pending),
-                             lines=not executor.bars)
+                             lines=not executor.bars, probe=getattr(stage, "probe", None))
     try:
         if pending:
             run = (executor.rows(stage, list(pending.values())) if isinstance(stage, RowStage)

@@ -19,9 +19,11 @@ anyway), and it takes minutes instead of hours on a 10 GB corpus. The default bu
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
+import time
 from collections import Counter, defaultdict
 from typing import Any, ClassVar
 
@@ -33,7 +35,7 @@ from pipeline.build.state import BuildState
 from pipeline.checks import vocab_size_warning
 from pipeline.readers import ReadOptions, ReadReport, Unit, read_unit
 from pipeline.rng import DEFAULT_SEED, derive_seed
-from pipeline.storage import FileInfo, write_bytes_atomic
+from pipeline.storage import FileInfo, read_bytes, remove_tree, write_bytes_atomic
 from pipeline.tokenize import BERT_VOCAB_SIZE
 
 log = logging.getLogger(__name__)
@@ -121,20 +123,38 @@ def sample_blocks(units: list[Unit], sizes: dict[str, int], unit_bytes: int, sam
     return [b[3] for b in blocks], sum(b[2] for b in blocks)
 
 
+PROGRESS_EVERY_S = 2.0  # how often the step writes the share of its reading done, for the driver's progress line
+
+
+def _tell(item: VocabItem, share: float, endpoint_url: str | None) -> None:
+    with contextlib.suppress(Exception):  # a progress figure is never worth failing the vocabulary for
+        write_bytes_atomic(f"{item.output}.progress", f"{share:.4f}".encode(), endpoint_url)
+
+
+def read_progress(output: str, endpoint_url: str | None = None) -> float | None:  # of the two passes' reading
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        return float(read_bytes(f"{output}.progress", endpoint_url))
+    return None
+
+
 def vocab_step(item: VocabItem, ctx: VocabContext) -> VocabMarker:
     """Train WordPiece on the blocks' documents and commit vocab.txt (one token per line) atomically."""
     from pipeline.tokenize import train_wordpiece
 
     report = ReadReport()
-    count, passes = 0, 0
+    count, passes, read, told = 0, 0, 0, time.monotonic()
 
     def texts():
-        nonlocal count, passes
+        nonlocal count, passes, read, told
         passes += 1
         for block in item.blocks:
             for u in block:
                 for doc in read_unit(u, ctx.read, ctx.endpoint_url, report if passes == 1 else ReadReport()):
                     count += passes == 1
+                    read += sum(len(line) + 1 for line in doc.lines)
+                    if time.monotonic() - told > PROGRESS_EVERY_S:  # for the driver's progress line
+                        told = time.monotonic()
+                        _tell(item, min(0.99, read / max(1, 2 * item.sampled_bytes)), ctx.endpoint_url)
                     yield "\n".join(doc.lines)
 
     log.info("training a %d-entry WordPiece vocabulary on %d sampled blocks", ctx.vocab_size, len(item.blocks))
@@ -142,6 +162,8 @@ def vocab_step(item: VocabItem, ctx: VocabContext) -> VocabMarker:
     tokens = train_wordpiece(texts, ctx.vocab_size, ctx.do_lower_case, ctx.min_frequency)
     data = ("\n".join(tokens) + "\n").encode()
     write_bytes_atomic(item.output, data, ctx.endpoint_url)
+    with contextlib.suppress(Exception):  # a leftover progress figure is harmless
+        remove_tree(f"{item.output}.progress", ctx.endpoint_url)
     dropped = dict(report.dropped + Counter(report.bad_files.values()))
     marker = VocabMarker(item.output, hashlib.sha256(data).hexdigest(), len(tokens), len(item.blocks),
                          item.sampled_bytes, count, dropped, worker_id())
@@ -189,7 +211,7 @@ def _stage(files: list[FileInfo], units: list[Unit], ctx: VocabContext, sample: 
                                    sample.seed)
     log.info("vocabulary: %d entries from a %.1f MB sample", ctx.vocab_size, nbytes / 1e6)
     return Stage("vocab", VocabStep(ctx), {"vocab": VocabItem(blocks, output, nbytes)}, VocabMarker,
-                 {"vocab": nbytes}, "sample")
+                 {"vocab": nbytes}, "sample", probe=lambda: read_progress(output, ctx.endpoint_url))
 
 
 def _trained(s: BuildState) -> None:

@@ -45,7 +45,7 @@ ON_ERROR = ("fail", "skip")
 _CONTEXT = 64 << 10  # bytes read before a unit's start to learn whether its first line starts a document
 _CHUNK = 256 << 10
 # The modules whose exceptions are a storage client's failure (after its retries), not a bug of ours.
-_STORAGE_CLIENTS = ("aiohttp", "botocore", "s3fs", "fsspec", "gcsfs", "adlfs", "urllib3", "requests")
+STORAGE_CLIENTS = ("aiohttp", "botocore", "s3fs", "fsspec", "gcsfs", "adlfs", "urllib3", "requests")
 
 
 class InputError(ValueError):
@@ -191,13 +191,22 @@ def read_unit(unit: Unit, opts: ReadOptions, endpoint_url: str | None = None,
         if is_transient(e):  # throttled or cut off past the retries: the store's failure, loud, never skipped
             raise storage_error(unit.path, e, "read input") from e
         # Truncated gzip (EOFError), not-gzip/xz/zstd junk (OSError, LZMAError, ZstdError), corrupt Parquet.
-        _bad_file(opts, report, unit.path, "corrupt_file", f"cannot be read to the end ({type(e).__name__}: {e})")
+        _bad_file(opts, report, unit.path, "corrupt_file", unreadable(e))
     except Exception as e:  # noqa: BLE001 - only a storage client's own errors (aiohttp's, botocore's) are caught
-        if not type(e).__module__.startswith(_STORAGE_CLIENTS):
+        if not type(e).__module__.startswith(STORAGE_CLIENTS):
             raise
         # The store failed us after the retries (an http 500, a refused read): not the file's fault, so not a bad
         # file to skip; one line naming the input (redacted) and the usual fix.
         raise storage_error(unit.path, e, "read input") from e
+
+
+def unreadable(e: BaseException, text_bytes: int | None = None) -> str:
+    """What a read error of a compressed or Parquet file says of the file (``text_bytes``: read before it)."""
+    if isinstance(e, EOFError):  # gzip/bz2/xz/zstd: the stream stops before its end marker
+        at = f", {text_bytes:,} bytes of text in" if text_bytes else ""
+        return (f"the file is cut short (its compressed stream ends before its end marker{at}: an interrupted "
+                "download or copy?); fetch it again")
+    return f"cannot be read to the end ({type(e).__name__}: {e})"
 
 
 def _position(f: IO[bytes], pos: int, seekable: bool) -> None:

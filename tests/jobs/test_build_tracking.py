@@ -155,3 +155,53 @@ def test_a_build_without_a_tracking_uri_logs_to_the_store_the_other_jobs_use(tmp
     store = tmp_path / "mlruns" / "mlflow.db"
     assert store.is_file()
     assert MlflowClient(f"sqlite:///{store}").get_run(run_id).info.status == "FINISHED"
+
+
+def test_a_killed_builds_run_is_marked_killed_by_the_next_build_of_its_output(tmp_path, sample_dir):
+    """SIGKILL leaves a build's run RUNNING (nothing of the job is left to end it); the next build of the same output
+    takes the output's lease over and marks that run KILLED, saying why, before it opens its own."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from mlflow.tracking import MlflowClient
+
+    repo = Path(__file__).resolve().parents[2]
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "BERT_LEASE_STALE_SECONDS": "3"}
+    flags = ["--input", corpus(tmp_path, sample_dir, "m.jsonl", 1, 4), "--output", str(tmp_path / "ds"), "--vocab",
+             str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"), "--no-ray", "--dupe-factor", "1",
+             "--num-shards", "1", "--experiment", "builds", "--log-level", "WARNING"]
+    first = subprocess.Popen([sys.executable, str(repo / "tests" / "jobs" / "_slow_build.py"), "60", *flags],
+                             cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    client = MlflowClient(uri)
+
+    def opened() -> list:
+        exp = client.get_experiment_by_name("builds") if (tmp_path / "mlflow.db").exists() else None
+        return client.search_runs([exp.experiment_id]) if exp else []
+
+    try:
+        deadline = time.time() + 120
+        while not opened():  # the run opens as the work begins; each unit's instances then wait 60 s
+            assert first.poll() is None and time.time() < deadline, first.stderr.read().decode()
+            time.sleep(0.5)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    [killed] = opened()
+    assert killed.info.status == "RUNNING"  # what a dead job leaves
+    time.sleep(4)  # the dead holder's lease goes stale (3 s after its last heartbeat)
+
+    second = subprocess.run([sys.executable, str(repo / "jobs" / "build_dataset.py"), *flags], cwd=repo, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    after = client.get_run(killed.info.run_id)
+    new_id = last_json(second.stdout)["mlflow_run_id"]
+    assert after.info.status == "KILLED" and after.info.end_time is not None
+    assert after.data.tags["error"].startswith("the job ended without closing this run") and new_id in \
+        after.data.tags["error"]
+    assert f"MLflow run {killed.info.run_id} was left RUNNING by a job that died: marked KILLED" in second.stderr
+    assert client.get_run(new_id).info.status == "FINISHED"

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs import finetune
+from tracking.store import DEFAULT_EXPERIMENT
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -196,7 +197,7 @@ def test_bad_inputs_fail_before_training(data, tmp_path, mlflow_uri, caplog):
         ["--task", "classification", "--split-eval-from-train", "0.1", *base[:1], str(empty), *base[2:]]))
     assert re.search(r"task data file not found: .*nowhere.jsonl", error_of(
         ["--task", "classification", "--eval", str(tmp_path / "nowhere.jsonl"), *base]))
-    assert MlflowClient(mlflow_uri).search_experiments(filter_string="name = 'finetune'") == []
+    assert MlflowClient(mlflow_uri).get_experiment_by_name(DEFAULT_EXPERIMENT) is None
 
 
 def test_output_to_s3_writes_the_model_there(data, mlflow_uri, s3_bucket, capsys, monkeypatch, tmp_path):

@@ -35,7 +35,8 @@ from pipeline.build.executor import Executor, Stage, run_stage
 from pipeline.build.markers import Marker, write_marker
 from pipeline.build.sizes import COMPRESSED_RATIO
 from pipeline.build.state import BuildState
-from pipeline.readers import InputError, ReadOptions, ReadReport, Unit, detect_format, plan_units
+from pipeline.readers import (InputError, ReadOptions, ReadReport, Unit, detect_format, plan_units,
+                              unreadable)
 from pipeline.safe_io.redact import redact_url
 from pipeline.safe_io.retry import is_transient
 from pipeline.storage import (FileInfo, compression_of, filesystem_for, join, map_threads, open_atomic,
@@ -313,7 +314,7 @@ def pieces_step(item: PieceItem, ctx: PieceContext) -> PieceMarker:
             writer = _PieceWriter(ctx.url(f"{item.index:05d}-{len(pieces):05d}.zst"), ctx.endpoint_url)
             close_piece()
     except _Corrupt as e:
-        what = f"cannot be read to the end ({type(e.__cause__).__name__}: {e.__cause__})"
+        what = unreadable(e.__cause__, pos)
         if ctx.read.on_error == "fail":
             _discard(writer, e)
             raise InputError(f"input {shown}: {what} [corrupt_file]. Fix or remove the file, or pass "
@@ -325,7 +326,7 @@ def pieces_step(item: PieceItem, ctx: PieceContext) -> PieceMarker:
             kept = _keep_complete_documents(ctx.url(name), item.fmt, ctx.endpoint_url)
             if kept:
                 pieces.append((name, start, start + kept))
-        log.warning("input %s %s: keeping the %d pieces read before", shown, what, len(pieces))
+        log.warning("input %s: %s: keeping the %d pieces read before", shown, what, len(pieces))
         bad[shown] = "corrupt_file"
     except BaseException as e:  # a failed write, a kill: no piece is left half-written
         _discard(writer, e)
