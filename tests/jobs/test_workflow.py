@@ -203,7 +203,7 @@ def rerun_resumes_and_completes_end_to_end(wf):
     assert max(m.step for m in client.get_metric_history(pretrain.info.run_id, "loss")) == 40
     parent = client.get_run(summary["mlflow"]["parent_run_id"])
     assert parent.info.status == "FINISHED" and "pretrain.phase1.loss" in parent.data.metrics
-    assert "mlflow ui --backend-store-uri" in out.stdout
+    assert "jobs/mlflow_ui.py --store" in out.stdout  # the UI command the workflow prints
     assert f"#/experiments/{parent.info.experiment_id}/runs?workflowType=machine_learning" in out.stdout
 
 

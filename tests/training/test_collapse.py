@@ -74,6 +74,21 @@ def test_mlm_predicting_one_token_everywhere_is_a_collapse_and_a_rate_far_above_
     assert "try a lower --lr (this run: 0.03): the default for this model's width is 0.002" in found.advice
 
 
+def test_one_token_everywhere_early_at_the_default_rate_is_the_first_stage_not_a_collapse():
+    """Six steps of 8 at the default rate (3k tokens): one token for 99% of the masked positions and the loss falling
+    (issue 34: this was a WARNING). The same model at 15x the default rate, or after 2M tokens, is a collapse."""
+    seen = {"eval_mlm_accuracy": 0.032, "eval_mlm_top_token_share": 0.035, "eval_mlm_loss": 6.18,
+            "eval_mlm_predicted_top_share": 0.99}
+    note = diagnose_mlm(seen, 2e-3, 6, default_lr=2e-3, start_loss=6.39, tokens=3_000)
+    assert note is not None and not note.collapsed
+    assert "as every MLM run does at first" in note.figure and "train longer" in note.advice
+    assert diagnose_mlm(seen, 3e-2, 6, default_lr=2e-3, start_loss=6.39, tokens=3_000).collapsed
+    assert diagnose_mlm(seen, 2e-3, 600, default_lr=2e-3, start_loss=6.39, tokens=2_000_000).collapsed
+    # early, but the loss did not move: a rate too low to learn is still named
+    stuck = diagnose_mlm(seen | {"eval_mlm_loss": 6.38}, 1e-7, 6, default_lr=2e-3, start_loss=6.39, tokens=3_000)
+    assert stuck.collapsed and "no better than where it started" in stuck.figure
+
+
 @pytest.mark.parametrize("acc, share, loss, top", [(0.072, 0.063, 7.49, 0.41),   # issue 34's 400-step news run
                                                    (0.033, 0.035, 7.80, 0.30)])  # its 3-minute workflow run
 def test_mlm_near_the_baseline_but_learning_is_not_a_collapse(acc, share, loss, top):
