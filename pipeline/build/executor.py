@@ -46,6 +46,7 @@ class LocalShared:
 
 class Executor(Protocol):
     bars: bool  # the executor shows progress bars itself (Ray Data in a terminal): no progress lines then
+    in_process: bool  # the steps run in the driver's process (a plain loop): a global step can run there too
 
     def begin(self) -> None:
         """Start what takes time (a cluster, worker processes) while the driver plans; returns at once."""
@@ -73,6 +74,7 @@ class LocalExecutor:
     """A plain loop over the steps, in this process: what tests and debugging use."""
 
     bars = False
+    in_process = True
 
     def begin(self) -> None:
         pass

@@ -31,7 +31,7 @@ import numpy as np
 from pipeline.build.curation.filters import check_mix, mix_source, sigs_url
 from pipeline.build.docs import doc_arrays, docs_url, power_of_two_histogram, vocab_info_for
 from pipeline.build.drops import LeftOut, leave_out, repeat, write_copies, write_drop_list
-from pipeline.build.executor import LocalExecutor, LocalShared, Shared, Stage
+from pipeline.build.executor import LocalShared, Shared, Stage
 from pipeline.build.markers import Marker, read_markers, write_marker
 from pipeline.build.state import BuildState
 from pipeline.build.work import StepContext, cached, read_table
@@ -167,7 +167,7 @@ def _drop_set(s: BuildState, files: list[str], cfg: DedupConfig) -> Shared:
     """The duplicates of the whole corpus, from every unit's signatures (the module's docstring)."""
     key = f"drop_set:{s.build_id}"
     t0 = time.perf_counter()
-    if isinstance(s.executor, LocalExecutor):
+    if s.executor.in_process:  # (an executor wrapped by the build's run too: not an isinstance check)
         shared: Shared = LocalShared(key, drop_set((read_table(f, s.ctx) for f in files), cfg))
     else:
         from pipeline.build.ray_data.curate import drop_set_shared

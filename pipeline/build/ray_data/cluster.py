@@ -87,6 +87,7 @@ class RayCluster(abc.ABC):
     (None: as many as the cluster's CPUs, which is what an autoscaling cluster wants)."""
 
     bars = False
+    in_process = False
 
     def __init__(self, num_cpus: int | None = None, init: Callable[[], None] | None = None):
         check_num_cpus(num_cpus)
