@@ -227,7 +227,8 @@ def _on_ray(fit: Callable, config, launch: LaunchConfig, inputs: Any = None,
         ray_worker,
         train_loop_config={"fit": fit, "config": config, "threads": max(1, round(cpus)),
                            "inputs": ray.put(inputs) if inputs is not None else None, "tracking": tracking,
-                           "fence": fence, "run_folder": (fs, f"{storage_path}/{launch.name}")},
+                           "fence": fence, "run_folder": (fs, f"{storage_path}/{launch.name}"),
+                           "keep_checkpoints": launch.keep_checkpoints},
         # Single-node groups rendezvous through a private file store, not a TCPStore on every interface.
         torch_config=LocalRendezvous(backend="nccl" if launch.use_gpu else "gloo"),
         scaling_config=ray.train.ScalingConfig(num_workers=launch.num_workers, use_gpu=launch.use_gpu,
@@ -266,9 +267,13 @@ class RayCheckpoints:
     broadcast, so every rank stops together (a rank left waiting in a collective would hang the group). `folder`:
     (pyarrow filesystem or None, path) of the run's folder, where a fenced resume looks for committed checkpoints."""
 
-    def __init__(self, fence=None, folder: tuple[Any, str] | None = None) -> None:
-        self.fence, self.folder = fence, folder
+    def __init__(self, fence=None, folder: tuple[Any, str] | None = None, keep: int = 3) -> None:
+        self.fence, self.folder, self.keep = fence, folder, keep
         self.last: str | None = None  # the checkpoint resumed from or last committed (rank 0)
+        # A committed checkpoint resumed from that Ray Train never registered (its worker died between the upload and
+        # the report's registration): Ray's num_to_keep never prunes it, so rank 0 does, once `keep` newer exist.
+        self.unregistered: list[str] = []
+        self.saved: list[str] = []
 
     @contextlib.contextmanager
     def latest(self) -> Iterator[Path | None]:
@@ -299,6 +304,9 @@ class RayCheckpoints:
         at = {name: ray.train.Checkpoint(path=f"{folder}/{name}", filesystem=fs) for name in written}
         name = first_verified(resumable(self.fence, written), lambda n: at[n].as_directory())
         self.last = name
+        registered = ray.train.get_checkpoint()
+        if name and (registered is None or Path(registered.path).name < name):  # names sort by step
+            self.unregistered.append(name)
         return at[name] if name else None
 
     def save(self, step: int, metrics: dict[str, float], write: Callable[[Path], None] | None) -> str | None:
@@ -322,7 +330,19 @@ class RayCheckpoints:
                 shutil.rmtree(tmp, ignore_errors=True)
         if tmp is not None:
             self.last = checkpoint_name(step)
+            self.saved.append(self.last)
+            self._prune_unregistered()
         return checkpoint_name(step) if tmp is not None else None
+
+    def _prune_unregistered(self) -> None:
+        for name in [n for n in self.unregistered if sum(s > n for s in self.saved) >= self.keep]:
+            fs, folder = self.folder
+            try:
+                (fs or _local_fs()).delete_dir(f"{folder}/{name}")
+            except (OSError, FileNotFoundError) as e:  # left in place: a folder too many, never a failed run
+                log.warning("could not remove %s/%s, an old checkpoint Ray Train never registered: %s", folder, name,
+                            e)
+            self.unregistered.remove(name)
 
 
 def _agree(action: Callable[[], Any]) -> None:
@@ -383,7 +403,7 @@ def _written(fs, folder: str) -> dict[str, float]:
 
 def ray_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     """The Ray Train entry point of both trainers: `{"fit", "config", "threads", "inputs", "tracking", "fence",
-    "run_folder"}`.
+    "run_folder", "keep_checkpoints"}`.
 
     Returns (rank 0's is `Result.return_value`) `{"checkpoint": name or None, "complete": bool}`, or
     `{"error": message, "kind": "module:Class"}` when the settings cannot work (a `training.worker.Verdict`: every rank
@@ -406,7 +426,7 @@ def ray_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     ctx = ray.train.get_context()
     world = ctx.get_world_size()
     inputs, fence = loop_config["inputs"], loop_config.get("fence")
-    checkpoints = RayCheckpoints(fence, loop_config.get("run_folder"))
+    checkpoints = RayCheckpoints(fence, loop_config.get("run_folder"), loop_config["keep_checkpoints"])
     worker = Worker(rank=ctx.get_world_rank(), world_size=world, local_world_size=ctx.get_local_world_size(),
                     device=ray.train.torch.get_device(),
                     wrap=ray.train.torch.prepare_model if world > 1 else (lambda m: m),
