@@ -1,6 +1,6 @@
 """What every job shares: logging set-up (configured once, here; library code only logs), with every URL in a log
-line redacted (`pipeline.safe_io.redact`: no userinfo, no signed or token query values), and the --help format
-(every default shown)."""
+line redacted (`pipeline.safe_io.redact`: no userinfo, no signed or token query values), the --help format
+(every default shown) and the flag types the jobs share."""
 from __future__ import annotations
 
 import argparse
@@ -41,3 +41,11 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         if "%(default)" in text or not self.shows_default(action):
             return text
         return f"{text} (default: %(default)s)"
+
+
+def comma_ints(text: str) -> tuple[int, ...]:
+    """An argparse type: comma-separated integers ("32,64,96,128")."""
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated integers, e.g. 32,64,96,128") from None

@@ -69,6 +69,8 @@ def test_two_workers_learn_and_mlflow_has_one_complete_run(baseline, tiny_pretra
     t = run.data.tags
     assert t["dataset.url"] == tiny_pretrain_data["train"] and len(t["dataset.manifest_sha256"]) == 64
     assert t["eval_dataset.url"] == tiny_pretrain_data["eval"] and t["bert.run_name"] == "base"
+    # One string for the run's folder (training.job): where Ray Train wrote, and what the job reported.
+    assert t["bert.run_checkpoints"] == str((baseline["tmp"] / "runs" / "base").resolve()) and "storage" not in t
     inputs = {i.dataset.digest: {x.key: x.value for x in i.tags}["mlflow.data.context"]
               for i in run.inputs.dataset_inputs}
     assert inputs == {read_manifest(tiny_pretrain_data["train"]).sha256[:16]: "training",

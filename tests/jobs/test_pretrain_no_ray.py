@@ -27,7 +27,7 @@ def test_no_ray_run_resumes_into_the_same_mlflow_run(tiny_pretrain_data, tmp_pat
     assert run.info.status == "FINISHED"
     p = run.data.params
     assert p["no_ray"] == "True" and p["data.accum"] == "2" and p["model.bert.num_hidden_layers"] == "2"
-    assert run.data.tags["storage"] == str((tmp_path / "runs" / "local").resolve())  # where the launcher kept them
+    assert run.data.tags["bert.run_checkpoints"] == str((tmp_path / "runs" / "local").resolve())  # the launcher's folder
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [2, 4, 6]
     assert {"eval_loss", "run_sequences_per_second", "run_data_wait_fraction"} <= set(run.data.metrics)
     ckpts = sorted(p.name for p in (tmp_path / "runs" / "local").iterdir())
