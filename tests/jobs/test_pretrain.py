@@ -101,7 +101,7 @@ def test_checkpoints_keep_last_k_and_load_without_pickle(baseline):
     assert ckpts == ["checkpoint-00000030", "checkpoint-00000040"]
     last = baseline["tmp"] / "runs" / "base" / ckpts[-1]
     state = json.loads((last / "train_state.json").read_text())
-    assert state["step"] == STEPS and state["data_position"]["micro_batches_per_rank"] == STEPS * 2
+    assert state["step"] == STEPS and state["data_position"]["global_batches"] == STEPS
     assert state["mlflow_run_id"] == baseline["runs"][0].info.run_id
     assert load_file(str(last / "train_state.safetensors"))  # optimizer moments, as plain tensors
     assert (last / "model" / "model.safetensors").is_file() and (last / "model" / "vocab.txt").is_file()
