@@ -49,3 +49,15 @@ def comma_ints(text: str) -> tuple[int, ...]:
         return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated integers, e.g. 32,64,96,128") from None
+
+
+def workers(text: str) -> int | tuple[int, int]:
+    """An argparse type: a number of workers, or MIN:MAX for an elastic run."""
+    low, colon, high = text.partition(":")
+    try:
+        value = (int(low), int(high)) if colon else int(low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of workers, or MIN:MAX (e.g. 2:8)") from None
+    if min(value if colon else (value,)) < 1 or (colon and value[0] > value[1]):
+        raise argparse.ArgumentTypeError(f"{text!r}: workers must be >= 1, and MIN <= MAX")
+    return value

@@ -25,15 +25,15 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
 
     require_project_env(__file__)
 
-from jobs._common import HelpFormatter, comma_ints, setup_logging
+from jobs._common import HelpFormatter, comma_ints, setup_logging, workers
 from pipeline.safe_io.redact import redact
 from pipeline.schema import read_manifest
 from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
 from tracking.config import TrackingConfig
 from training.defaults import WARMUP_FRACTION, lr_or_default, warmup_or_default
 from training.launch import LaunchConfig
-from pretraining.loader import DataConfig, EvalConfig, batch_geometry
-from pretraining.memory import MemoryConfig, micro_batch_for
+from pretraining.loader import DataConfig, EvalConfig
+from pretraining.memory import MemoryConfig, plan_for_workers
 from pretraining.pretrain_job import PretrainJob, run_pretraining
 from tracking.store import resolve_tracking_uri
 
@@ -100,7 +100,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="fused LayerNorm sites keep the residual stream in bf16 under autocast")
     m.add_argument("--seed", type=int, default=RuntimeConfig.seed)
     r = p.add_argument_group("resources")
-    r.add_argument("--num-workers", type=int, default=1)
+    r.add_argument("--num-workers", type=workers, default=1, help="Ray Train workers, or MIN:MAX for an elastic run "
+                   "(it shrinks when a node is lost and grows when one returns; the same data order: docs/scaling.md)")
+    r.add_argument("--resize-check-seconds", type=float, default=60.0, help="how often an elastic run looks for more")
     r.add_argument("--use-gpu", action="store_true", help="one GPU per worker, NCCL, bf16 autocast, fused AdamW")
     r.add_argument("--cpus-per-worker", type=float, default=1.0,
                    help="Ray CPUs per worker; fractions are fine (the data thread needs no Ray slot)")
@@ -127,33 +129,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "eval, checkpoint and export) at the first log step after it; the lr schedule still spans --max-steps")
     c.add_argument("--no-system-metrics", action="store_true", help="do not sample CPU/GPU/memory into MLflow")
     a = p.parse_args(argv)
-    for name in ("max_steps", "batch_size", "num_workers", "checkpoint_every", "keep_checkpoints", "log_every"):
+    for name in ("max_steps", "batch_size", "checkpoint_every", "keep_checkpoints", "log_every"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if a.cpus_per_worker <= 0:
         p.error("--cpus-per-worker must be > 0")
-    if a.no_ray and a.num_workers != 1:
+    if a.no_ray and a.num_workers not in (1, (1, 1)):
         p.error("--no-ray runs one worker in this process: drop --num-workers")
     return a
 
 
 def job_from(a: argparse.Namespace) -> PretrainJob:
-    """The flags as typed configs (each validates itself; the config checks the model against its data)."""
+    """The flags as typed configs (each validates itself); the micro-batch is planned first: the config is final."""
     data = read_manifest(a.data, a.endpoint_url)
     eval_data = read_manifest(a.eval_data, a.endpoint_url) if a.eval_data else None
-    launch = LaunchConfig(num_workers=a.num_workers, cpus_per_worker=a.cpus_per_worker, use_gpu=a.use_gpu,
-                          no_ray=a.no_ray, storage=a.storage, name=a.run_name, keep_checkpoints=a.keep_checkpoints,
-                          max_failures=a.max_failures, endpoint_url=a.endpoint_url)
+    fewest, most = a.num_workers if isinstance(a.num_workers, tuple) else (a.num_workers, a.num_workers)
+    launch = LaunchConfig(num_workers=most, min_workers=fewest, resize_check_seconds=a.resize_check_seconds,
+                          cpus_per_worker=a.cpus_per_worker, use_gpu=a.use_gpu, no_ray=a.no_ray, storage=a.storage,
+                          name=a.run_name, keep_checkpoints=a.keep_checkpoints, max_failures=a.max_failures,
+                          endpoint_url=a.endpoint_url)
     model = ModelConfig.resolve(a.preset, a.init, data.vocab.size, launch.init_cache, a.endpoint_url)
-    # The micro-batch that fits the workers' memory, decided before the config is built (the config is final).
-    micro, accum = micro_batch_for(model.bert, batch_geometry(a.batch_size, a.num_workers),
-                                   max(a.length_buckets or (data.max_seq_length,)), data.max_predictions,
-                                   workers=a.num_workers, use_gpu=a.use_gpu, budget_gb=a.memory_gb,
-                                   requested=a.micro_batch_size, model_name=a.init or a.preset)
+    micro, accum = plan_for_workers(model.bert, a.batch_size, (fewest, most), max(a.length_buckets or (
+        data.max_seq_length,)), data.max_predictions, use_gpu=a.use_gpu, budget_gb=a.memory_gb,
+        requested=a.micro_batch_size, model_name=a.init or a.preset)
     config = PretrainConfig(
         model=model, max_steps=a.max_steps, memory=MemoryConfig(budget_gb=a.memory_gb),
-        data=DataConfig(train=data, endpoint_url=a.endpoint_url, micro_batch_size=micro, accum=accum,
-                        length_bucketing=a.length_bucketing, length_buckets=a.length_buckets or (),
+        data=DataConfig(train=data, endpoint_url=a.endpoint_url, batch_size=a.batch_size, micro_batch_size=micro,
+                        accum=accum, length_bucketing=a.length_bucketing, length_buckets=a.length_buckets or (),
                         dynamic_masking=a.dynamic_masking, mask_id=data.vocab.mask_id,
                         masked_lm_prob=data.masked_lm_prob, packing=a.packing, pack_sequences=a.pack_sequences),
         optimizer=OptimizerConfig(name=a.optimizer, lr=lr_or_default(a.lr, model.bert.hidden_size, "pretrain"),
@@ -163,15 +165,13 @@ def job_from(a: argparse.Namespace) -> PretrainJob:
         checkpoint=CheckpointConfig(every=a.checkpoint_every, vocab_url=data.vocab.url,
                                     do_lower_case=data.vocab.do_lower_case),
         tracking=TrackingConfig(system_metrics=not a.no_system_metrics, log_every=a.log_every),
-        runtime=RuntimeConfig(device="cuda" if a.use_gpu else "cpu", compile=a.compile,
-                              compile_backend=a.compile_backend, cuda_graphs=a.cuda_graphs,
-                              compile_cache=str(Path(a.compile_cache).resolve()) if a.compile_cache else None,
-                              fused_kernels={"auto": None, "on": True, "off": False}[a.fused_kernels],
-                              low_precision_residual=a.low_precision_residual,
-                              threads=a.threads or max(1, round(a.cpus_per_worker)),
-                              peak_flops=a.peak_tflops * 1e12 if a.peak_tflops else None,
-                              max_seconds=a.max_minutes * 60 if a.max_minutes else None, seed=a.seed),
-    )
+        runtime=RuntimeConfig(
+            device="cuda" if a.use_gpu else "cpu", compile=a.compile, compile_backend=a.compile_backend,
+            cuda_graphs=a.cuda_graphs, compile_cache=str(Path(a.compile_cache).resolve()) if a.compile_cache else None,
+            fused_kernels={"auto": None, "on": True, "off": False}[a.fused_kernels], seed=a.seed,
+            low_precision_residual=a.low_precision_residual, threads=a.threads or max(1, round(a.cpus_per_worker)),
+            peak_flops=a.peak_tflops * 1e12 if a.peak_tflops else None,
+            max_seconds=a.max_minutes * 60 if a.max_minutes else None))
     return PretrainJob(config, launch, resolve_tracking_uri(a.mlflow_tracking_uri), a.experiment, a.parent_run_id,
                        a.export, flags=vars(a))
 

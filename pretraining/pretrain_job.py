@@ -46,6 +46,10 @@ class PretrainJob:
     export: str | None = None  # where the final model goes (local folder or URL); None: the MLflow artifact only
     flags: Mapping[str, Any] = field(default_factory=dict)  # the command line as given, logged beside the config
 
+    def __post_init__(self) -> None:
+        for world in range(self.launch.fewest_workers, self.launch.num_workers + 1):
+            self.config.data.for_world(world)  # every world size the run may get shares the batch, or says the fix
+
 
 @dataclass(frozen=True)
 class JobResult:
