@@ -17,8 +17,8 @@ Two utilisations per row, both against the device's dense bf16 peak (by name, or
     python benchmarks/gpu_step.py                               # BERT-base: seq 128 x 256 (20 masked), 512 x 32 (76-80)
     python benchmarks/gpu_step.py --shapes 128x512x20 --micro-batch 512                  # bigger micro-batches
     python benchmarks/gpu_step.py --shapes 128x256x20 --cuda-graphs                      # reduce-overhead (accum 1)
-    python benchmarks/gpu_step.py --shapes 128x256x20 --fused-kernels off                # bert_core's kernels off
-    python benchmarks/gpu_step.py --shapes 128x256x20 --low-precision-residual           # the bf16 residual stream
+    python benchmarks/gpu_step.py --shapes 128x256x20 --fused-kernels on                 # the fused LayerNorm op
+    python benchmarks/gpu_step.py --shapes 128x256x20 --fused-kernels on --low-precision-residual   # bf16 residual
     python benchmarks/gpu_step.py --data DIR --batch 32 --micro-batch 32 --packing       # real shards, packed rows
     python benchmarks/gpu_step.py --profile /tmp/gpu_prof       # + a torch.profiler trace and top-kernel table each
     python benchmarks/gpu_step.py --device cpu --preset bert_tiny --steps 3    # the same logic on a CPU
@@ -28,13 +28,19 @@ transformers variants then run the same dataset padded to its length buckets (th
 rows), and seq/s counts real sequences. Each compiled variant compiles once per shape (BERT-base: ~1.5 min on an
 H100 with torch 2.11); under a time limit per command, run one workload per command.
 
+bert_core runs Inductor's composition by default (`--fused-kernels auto`, the measured path); `--fused-kernels on`
+swaps in the fused dropout + residual + LayerNorm op (docs/benchmarks.md, GPU: why it is not the default).
+
 Prints a table per workload, `<workload> speedup_vs_transformers_compiled=X.XX` per workload, and last the
-smallest of those as `speedup_vs_transformers_compiled=X.XX`.
+smallest of those as `speedup_vs_transformers_compiled=X.XX`. After each variant's row, one `result {...}` JSON
+line with its figures (what benchmarks/gpu_suite.py reads): seq/s, MFU, HFU, the peak GPU memory and bert_core's
+`pretraining.memory.estimate` of it (peak / estimate), the first step's seconds and the process's age at its end.
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import resource
 import sys
@@ -51,6 +57,7 @@ import bert_core  # noqa: E402
 from bert_core.hf import to_hf_state_dict  # noqa: E402
 from step_batches import Step, dataset_steps, synthetic_steps  # noqa: E402
 from pretraining import kernel_options  # noqa: E402
+from pretraining.compile import process_age  # noqa: E402
 from training.optim import build_optimizer  # noqa: E402
 
 VARIANTS = ("bert_core", "bert_core_compiled", "transformers", "transformers_compiled")
@@ -105,10 +112,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                          "reduce-overhead"), help="torch.compile mode")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="compiled variants replay CUDA graphs (--mode reduce-overhead; one micro-batch per step)")
-    p.add_argument("--fused-kernels", choices=("auto", "on", "off"), default="auto",
-                   help="bert_core's fused Triton kernels (auto: on CUDA when Triton is installed)")
-    p.add_argument("--low-precision-residual", action="store_true",
-                   help="the fused LayerNorm sites keep the residual stream in bf16 (KernelOptions)")
+    p.add_argument("--fused-kernels", choices=tuple(kernel_options.FUSED_KERNELS), default="auto",
+                   help=kernel_options.FUSED_KERNELS_HELP)
+    p.add_argument("--low-precision-residual", action="store_true", help=kernel_options.LOW_PRECISION_RESIDUAL_HELP)
+    p.add_argument("--compile-backend", default="inductor",
+                   help="torch.compile backend of the compiled variants (aot_eager: tracing without code generation, "
+                        "for a quick CPU run of the same code path)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="autocast dtype (fp32: none)")
     p.add_argument("--peak-tflops", type=float, default=None, help="dense peak for MFU (default: by device name)")
     p.add_argument("--profile", type=Path, default=None, help="folder for torch.profiler traces and tables")
@@ -136,7 +145,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error("--cuda-graphs needs one micro-batch per step: torch's CUDA graph trees mis-accumulate "
                     "gradients (pytorch#96693)")
         args.mode = "reduce-overhead"
-    args.fused = {"auto": None, "on": True, "off": False}[args.fused_kernels]
+    if args.mode != "default" and args.compile_backend != "inductor":
+        p.error(f"--mode {args.mode} (and --cuda-graphs) are Inductor's: drop --compile-backend {args.compile_backend}")
+    args.fused = kernel_options.FUSED_KERNELS[args.fused_kernels]
+    try:
+        kernel_options.validate(args.fused, args.low_precision_residual)
+    except ValueError as e:
+        p.error(str(e))
     args.variants = [v.strip() for v in args.variants.split(",")]
     unknown = set(args.variants) - set(VARIANTS)
     if unknown:
@@ -185,7 +200,7 @@ def build(variant: str, cfg: bert_core.BertConfig, hf_weights: dict, args: argpa
     if variant.endswith("_compiled"):
         # dynamic=False: each shape is its own static graph; fullgraph for ours (a break would be a bug).
         runner = torch.compile(model, mode=None if args.mode == "default" else args.mode, dynamic=False,
-                               fullgraph=variant.startswith("bert_core"))
+                               fullgraph=variant.startswith("bert_core"), backend=args.compile_backend)
     return model, lambda b: loss_fn(runner, b)
 
 
@@ -200,6 +215,21 @@ class Result:
     graphs: int
     recompiled: int
     final_loss: float
+    process_age_s: float | None  # seconds from this process's start to the end of the variant's first step
+    estimate_gib: float | None  # pretraining.memory.estimate of bert_core's step on CUDA (None for transformers)
+
+
+def memory_estimate_gib(variant: str, cfg: bert_core.BertConfig, steps: list[Step], args) -> float | None:
+    """What `pretraining.memory.estimate` (the planner a GPU job sizes its micro-batch with) says bert_core's step
+    at these shapes needs on CUDA; None for transformers and on CPU."""
+    if not variant.startswith("bert_core") or args.device.type != "cuda":
+        return None
+    from pretraining.memory import GIB, estimate
+
+    batch = max((b for s in steps for b in s.micro), key=lambda b: b["input_ids"].numel())
+    rows, width = batch["input_ids"].shape
+    return estimate(cfg, rows, width, batch["masked_lm_positions"].shape[1], "cuda",
+                    compiled=variant.endswith("_compiled")).total / GIB
 
 
 def run_variant(variant: str, cfg, hf_weights, steps: list[Step], args, tag: str) -> Result:
@@ -238,6 +268,7 @@ def run_variant(variant: str, cfg, hf_weights, steps: list[Step], args, tag: str
     step(steps[0])
     sync()
     first = time.perf_counter() - start
+    age = process_age()
     start = time.perf_counter()
     for i in range(args.warmup):
         step(steps[(i + 1) % len(steps)])
@@ -258,7 +289,7 @@ def run_variant(variant: str, cfg, hf_weights, steps: list[Step], args, tag: str
         first_step_s=first, warmup_s=warmup,
         peak_mem_gib=torch.cuda.max_memory_allocated(args.device) / 2**30 if cuda else None,
         graphs=graphs_before, recompiled=counters["stats"]["unique_graphs"] - graphs_before,
-        final_loss=float(loss))
+        final_loss=float(loss), process_age_s=age, estimate_gib=memory_estimate_gib(variant, cfg, steps, args))
     if args.profile is not None:
         profile(step, steps, args, f"{variant}_{tag}")
     return result
@@ -340,6 +371,14 @@ def main(argv: list[str] | None = None) -> int:
             mem = f"{r.peak_mem_gib:.1f}" if r.peak_mem_gib is not None else "n/a"
             print(f"{variant:<24}{r.seq_per_s:>10.1f}{mfu:>8}{hfu:>8}{mem:>10}{r.first_step_s:>12.1f}"
                   f"{r.warmup_s:>11.1f}{r.graphs:>8}{r.recompiled:>8}{r.final_loss:>9.3f}", flush=True)
+            print("result " + json.dumps({
+                "workload": tag, "variant": variant, "fused_kernels": args.fused_kernels,
+                "low_precision_residual": args.low_precision_residual, "seq_per_s": round(r.seq_per_s, 2),
+                "mfu": round(r.model_flops_per_s / (peak * 1e12), 4) if peak else None,
+                "hfu": round(r.executed_flops_per_s / (peak * 1e12), 4) if peak else None,
+                "peak_gib": r.peak_mem_gib, "estimate_gib": r.estimate_gib, "first_step_s": round(r.first_step_s, 2),
+                "process_age_s": r.process_age_s, "recompiled": r.recompiled, "final_loss": r.final_loss}),
+                flush=True)
         if args.device.type == "cpu":
             print(f"(CPU: peak memory not tracked per variant; process max RSS "
                   f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GiB)")

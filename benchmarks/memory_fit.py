@@ -14,6 +14,7 @@ accumulation) for BERT-base phase 2, 256 x 512 with 80 masked slots, on an 80 GB
 """
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -63,7 +64,7 @@ def measure(name: str, micro: int, seq: int) -> None:
 
 def gpu_report() -> list[str]:
     from bert_core import PRESETS
-    from pretraining.memory import GIB, HEADROOM, MEASURED_GPU, estimate, plan
+    from pretraining.memory import GIB, HEADROOM, MEASURED_GPU, estimate, plan_micro_batch
 
     lines = []
     for m in MEASURED_GPU:
@@ -74,22 +75,30 @@ def gpu_report() -> list[str]:
                      f"estimate/measured {est / m.peak_gib:.2f}")
     bert = PRESETS["bert_base"](vocab_size=30522)
     for gb in (80, 40):
-        chosen = plan(bert, 256, 512, 80, gb * 10**9, device_type="cuda", model_name="bert_base")
+        chosen = plan_micro_batch(bert, 256, 512, 80, gb * 10**9, device_type="cuda", model_name="bert_base")
         lines.append(f"plan: bert_base 256 x 512 (80 masked) on a {gb} GB GPU: micro-batch {chosen.micro_batch}, "
                      f"accumulation {chosen.accum} (estimate {chosen.estimate.total / GIB:.1f} GiB of "
                      f"{gb * 10**9 * HEADROOM / GIB:.1f} GiB plannable)")
     return lines
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("case", nargs="*", help="PRESET MICRO_BATCH SEQ_LEN: one CPU case (default: the list above)")
+    p.add_argument("--gpu", action="store_true", help="the GPU estimate against the measured GPU peaks, and plans "
+                   "(runs nothing, needs no GPU)")
+    args = p.parse_args(argv)
+    if args.case and (args.gpu or len(args.case) != 3):
+        p.error("give PRESET MICRO_BATCH SEQ_LEN (e.g. bert_base 32 128), or --gpu alone")
     sys.path.insert(0, str(REPO))
-    if argv == ["--gpu"]:
+    if args.gpu:
         print("\n".join(gpu_report()))
-        return
-    cases = [(argv[0], int(argv[1]), int(argv[2]))] if argv else CASES
+        return 0
+    cases = [(args.case[0], int(args.case[1]), int(args.case[2]))] if args.case else CASES
     for case in cases:
         measure(*case)
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

@@ -39,7 +39,8 @@ def build_sample(out: Path, seq: int) -> str:
                              "--output", str(out), "--vocab", str(REPO / "data" / "sample" / "reference" /
                                                                  "bert-base-uncased-vocab.txt"),
                              "--max-seq-length", str(seq), "--max-predictions-per-seq", str(max(1, round(seq * 0.15))),
-                             "--num-shards", "4", "--dupe-factor", "1", "--no-ray", "--log-level", "WARNING"])
+                             "--num-shards", "4", "--dupe-factor", "1", "--no-ray", "--no-mlflow",
+                             "--log-level", "WARNING"])
     if rc:
         raise SystemExit(f"building the sample dataset failed ({rc})")
     return str(out)
@@ -57,7 +58,8 @@ def transformers_seq_per_s(a, config, data: str) -> float:
     args = gpu_step.parse_args(["--device", a.device, "--steps", str(a.steps), "--warmup", str(a.warmup),
                                 "--data", data, "--batch", str(a.batch_size),
                                 "--micro-batch", str(a.micro_batch_size or a.batch_size)]
-                               + (["--cuda-graphs"] if a.cuda_graphs else []))
+                               + (["--cuda-graphs"] if a.cuda_graphs else [])
+                               + ["--compile-backend", a.compile_backend])
     cfg = config.model.bert
     torch.manual_seed(0)
     weights = to_hf_state_dict(BertForPreTraining(cfg).state_dict())
@@ -65,7 +67,10 @@ def transformers_seq_per_s(a, config, data: str) -> float:
     return gpu_step.run_variant("transformers_compiled", cfg, weights, steps, args, "loop").seq_per_s
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(REPO))
+    from pretraining import kernel_options
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="a dataset built by jobs/build_dataset.py (default: build a small one)")
     p.add_argument("--seq", type=int, default=128, help="max_seq_length of the built sample (no --data)")
@@ -82,8 +87,9 @@ def main() -> int:
                    help="torch.compile (default: on for cuda)")
     p.add_argument("--compile-backend", default="inductor")
     p.add_argument("--cuda-graphs", action="store_true", help="CUDA graphs for the compiled step (accum 1)")
-    p.add_argument("--fused-kernels", choices=("auto", "on", "off"), default="auto")
-    p.add_argument("--low-precision-residual", action="store_true")
+    p.add_argument("--fused-kernels", choices=tuple(kernel_options.FUSED_KERNELS), default="auto",
+                   help=kernel_options.FUSED_KERNELS_HELP)
+    p.add_argument("--low-precision-residual", action="store_true", help=kernel_options.LOW_PRECISION_RESIDUAL_HELP)
     p.add_argument("--packing", action="store_true", help="packed rows instead of length buckets")
     p.add_argument("--pack-sequences", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
@@ -91,7 +97,11 @@ def main() -> int:
     p.add_argument("--no-bucketing", action="store_true", help="no length bucketing (widths still from buckets)")
     p.add_argument("--compare-transformers", action="store_true",
                    help="also time compiled transformers on the same data and print the ratio")
-    a = p.parse_args()
+    a = p.parse_args(argv)
+    try:
+        kernel_options.validate(kernel_options.FUSED_KERNELS[a.fused_kernels], a.low_precision_residual)
+    except ValueError as e:
+        p.error(str(e))
     if a.accum and a.micro_batch_size:
         p.error("give --accum or --micro-batch-size, not both")
     micro = a.micro_batch_size or a.batch_size // (a.accum or 1)
@@ -121,7 +131,7 @@ def main() -> int:
             tracking=TrackingConfig(log_every=a.log_every),
             runtime=RuntimeConfig(device=a.device, compile=a.compile, compile_backend=a.compile_backend,
                                   cuda_graphs=a.cuda_graphs,
-                                  fused_kernels={"auto": None, "on": True, "off": False}[a.fused_kernels],
+                                  fused_kernels=kernel_options.FUSED_KERNELS[a.fused_kernels],
                                   low_precision_residual=a.low_precision_residual, exclude_steps=a.warmup,
                                   threads=a.threads, peak_flops=a.peak_tflops * 1e12 if a.peak_tflops else None),
         )

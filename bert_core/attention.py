@@ -64,7 +64,7 @@ class BertSelfOutput(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
-        self.kernels = DEFAULT_KERNELS  # fused dropout + residual + LayerNorm on CUDA (bert_core.kernels)
+        self.kernels = DEFAULT_KERNELS  # fused dropout + residual + LayerNorm when asked (bert_core.kernels)
 
     def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor,
                 with_copy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:

@@ -128,12 +128,19 @@ def _require(records: list[dict], columns: Sequence[str], source: str) -> None:
     if not records:
         raise ValueError(f"{source} has no records")
     for i, rec in enumerate(records):
-        missing = [c for c in columns if c not in rec or rec[c] is None]
+        missing = [c for c in columns if c not in rec]
         if missing:
             where = "" if i == 0 else f" (row {i})"
             raise ValueError(
                 f"column {missing[0]!r} is missing in {source}{where}; columns present: {sorted(rec)}. "
                 f"Name the right column with the matching --*-column flag."
+            )
+        null = [c for c in columns if rec[c] is None]
+        if null:  # the column is there, its value is not: a data problem, not a wrong flag
+            rows = sum(1 for r in records if r.get(null[0], "") is None)
+            raise ValueError(
+                f"column {null[0]!r} is null in {rows:,} of the {len(records):,} rows of {source} (the first: row {i}):"
+                " remove those rows or fill them in"
             )
 
 

@@ -21,10 +21,13 @@ from finetuning.task_model import tokenizer_for
 from finetuning.prepare import PreparedTask
 from finetuning.prepare import prepare as prepare_task
 from tracking.datasets import log_task_data
+from tracking.lineage import finetuning_lineage
 from tracking.notes import NOTE_TAG, finetune_note
 from tracking.params import flatten_params
 from tracking.runs import Run, run_summary
+from tracking.store import DEFAULT_EXPERIMENT
 from training.collapse import Collapse, diagnose
+from training.defaults import default_lr
 from training.export import FINETUNE_LINEAGE, read_lineage
 from training.job import JobParts, Prepared, run_job
 from training.launch import LaunchConfig
@@ -38,7 +41,7 @@ class FinetuneJob:
     launch: LaunchConfig  # its `name` is the run name; its storage keeps the epochs' checkpoints
     tracking_uri: str
     output: str  # where the best model goes (a local folder or a URL)
-    experiment: str = "finetune"
+    experiment: str = DEFAULT_EXPERIMENT
     parent_run_id: str | None = None
     keep_checkpoints: bool = False  # False: the launch's checkpoint folder is removed once the model is exported
     flags: Mapping[str, Any] = field(default_factory=dict)  # the command line as given, logged beside the config
@@ -126,6 +129,7 @@ def run_finetuning(job: FinetuneJob) -> FinetuneResult:
         return Prepared(params, tags, parent, inputs=prepared)
 
     def log_inputs(run: Run) -> None:
+        finetuning_lineage(job.tracking_uri, run.run_id, launch.name, config.data.task, task["pretrain"])
         _log_data(job, run, task["prepared"])
         run.set_tags({NOTE_TAG: _note(job, task["prepared"], task["pretrain"])})
 
@@ -147,7 +151,8 @@ def run_finetuning(job: FinetuneJob) -> FinetuneResult:
         what="fine-tuning run", fit=fit, config=config, launch=launch, tracking_uri=job.tracking_uri,
         experiment=job.experiment, lineage=FINETUNE_LINEAGE, destination=job.output,
         keep_checkpoints=job.keep_checkpoints, prepare=prepare, log_inputs=log_inputs, outcome=outcome,
-        diagnose=lambda run, final: diagnose(config.data.task, final, config.schedule.lr, config.schedule.epochs),
+        diagnose=lambda run, final: diagnose(config.data.task, final, config.schedule.lr, config.schedule.epochs,
+                                             default_lr(config.model.hidden_size, "finetune")),
         closing_tags=closing_tags))
     final, collapse = done.outcome, done.collapse
     main = MAIN_METRIC[config.data.task]

@@ -34,7 +34,7 @@ from training.optim import build_optimizer, build_scheduler
 from training.guard import TrainingDiverged, nonfinite_tensors
 from training.progress import Progress
 from finetuning.step import finetune_step
-from tracking.tracker import NullTracker, make_tracker
+from tracking.tracker import NullTracker
 
 if TYPE_CHECKING:
     from finetuning.config import FinetuneConfig
@@ -116,7 +116,7 @@ def fit(config: FinetuneConfig, worker: Worker | None = None) -> FitResult:
     torch.manual_seed(config.seed + 1000 * rank)
     core = model.to(device)
     model = worker.wrap(model)
-    tracker = (worker.tracker or make_tracker(worker.tracking)) if rank == 0 else NullTracker()
+    tracker = worker.make_tracker() if rank == 0 else NullTracker()
 
     per_worker = max(1, sched.batch_size // world)
     n_train = len(prepared.train.features)

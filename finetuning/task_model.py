@@ -19,6 +19,7 @@ from finetuning.features import TaskTokenizer
 from finetuning.prepare import PreparedTask
 from pipeline.storage import is_url
 from training.model_fetch import fetch_model
+from training.model_size import check_fits
 
 HEADS = {
     "classification": BertForSequenceClassification,
@@ -76,10 +77,15 @@ def tokenizer_for(head: HeadConfig) -> tuple[TaskTokenizer, int]:
     """(the model's tokenizer, the model's vocabulary size); the vocabulary must fit the embeddings."""
     if head.init == "random":
         tok = TaskTokenizer(Path(head.vocab) if head.vocab else DEFAULT_VOCAB)
+        if head.preset not in PRESETS:  # a model directory's config.json gives the shape: bounded like an init's
+            check_fits(BertConfig.from_json_file(Path(head.preset) / "config.json").replace(vocab_size=tok.vocab_size),
+                       f"{Path(head.preset) / 'config.json'} (--preset)")
         return tok, tok.vocab_size
     model_dir = head.model_dir
     tok = TaskTokenizer.from_model_dir(model_dir)
-    vocab_size = BertConfig.from_json_file(model_dir / "config.json").vocab_size
+    config = BertConfig.from_json_file(model_dir / "config.json")
+    check_fits(config, f"{model_dir / 'config.json'} (--init {head.init})")  # before anything is allocated
+    vocab_size = config.vocab_size
     if tok.vocab_size > vocab_size:
         raise ValueError(f"{model_dir}/vocab.txt has {tok.vocab_size} entries but the model embeds only {vocab_size}: "
                          "they do not belong together")

@@ -7,6 +7,7 @@ import argparse
 import copy
 import logging
 
+from pipeline.safe_io.argv import secret_in_argv
 from pipeline.safe_io.redact import install_log_redaction
 
 
@@ -17,6 +18,17 @@ def setup_logging(level: str = "INFO") -> None:
         datefmt="%H:%M:%S",
     )
     install_log_redaction()
+
+
+def refuse_secrets(parser: argparse.ArgumentParser, argv: list[str] | None) -> None:
+    """Refuse (one line, exit 2) a command line holding a credential: pipeline/safe_io/argv.py. The parsers read
+    ``@FILE`` (one argument per line), where such URLs go instead."""
+    import sys
+
+    message = secret_in_argv(list(sys.argv[1:] if argv is None else argv))
+    if message:  # argparse's error() would print the whole usage first: this is one line
+        print(f"{parser.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

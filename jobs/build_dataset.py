@@ -20,6 +20,7 @@ import os
 import sys
 from pathlib import Path
 import time
+import traceback
 
 if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the project; outside its venv, say how in one line
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -27,33 +28,41 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
 
     require_project_env(__file__)
 
-from jobs import _common
+from jobs import _common, _curate_flags
 from tracking.build_run import BuildRun
 from pipeline.build import BuildConfig, build
+from pipeline.build.curation.filters import check as curation_check
+from pipeline.build.config import DEFAULT_SAMPLE_BYTES
 from pipeline.build.executor import LocalExecutor
 from pipeline.checks import DEFAULT_MAX_UNK_FRACTION, CheckConfig
 from pipeline.create_instances import InstanceConfig
 from pipeline.readers import FORMATS, ON_ERROR, ReadOptions
 from pipeline.safe_io.redact import redact, redact_text
-from pipeline.build.ray_start import init_ray
-from tracking.store import check_tracking_reachable, resolve_tracking_uri
+from pipeline.cluster.ray_start import init_ray
+from pipeline.preflight import check_build
+from tracking.store import DEFAULT_EXPERIMENT, check_tracking_reachable, resolve_tracking_uri
 
 log = logging.getLogger("build_dataset")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=_common.HelpFormatter,
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=_common.HelpFormatter, fromfile_prefix_chars="@",
                                 allow_abbrev=False)  # a typo must fail, not match a longer flag
     p.add_argument("--input", action="append", required=True, help="file, directory or glob; repeatable")
     p.add_argument("--output", required=True, help="output folder (local path or s3://...)")
     p.add_argument("--vocab", help="BERT vocab.txt (path or URL); without it one is trained on the input")
-    p.add_argument("--vocab-size", type=int, default=BuildConfig.vocab_size,
-                   help="size of the trained vocabulary (no --vocab)")
-    p.add_argument("--vocab-sample-bytes", type=int, default=256 << 20,
-                   help="train the vocabulary (no --vocab) on a seeded sample of about this many bytes; 0 = all")
+    p.add_argument("--vocab-size", type=int,
+                   help=f"size of the trained vocabulary (no --vocab) (default: {BuildConfig.vocab_size})")
+    p.add_argument("--vocab-sample-bytes", type=int,
+                   help="train the vocabulary (no --vocab) on a seeded sample of about this many bytes; 0 = all "
+                        f"(default: {DEFAULT_SAMPLE_BYTES})")
     p.add_argument("--presplit", action="store_true", help="one sentence per line (the reference's format)")
     p.add_argument("--format", choices=FORMATS, default="auto")
     p.add_argument("--text-field", default="text", help="JSON Lines field / Parquet column holding the text")
+    p.add_argument("--id-field", default=ReadOptions.id_field,
+                   help="JSON Lines field / Parquet column holding a document's own id (its seeds come from it; the"
+                        " same records give the same shards in a file or a Ray Dataset); records without one, and"
+                        " every record with --id-field '', are named by their position in the file")
     p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--max-predictions-per-seq", type=int, default=20)
     p.add_argument("--masked-lm-prob", type=float, default=0.15)
@@ -81,10 +90,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mlflow-tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else "
                    "./mlruns/mlflow.db, where pre-training and fine-tuning log too)")
     p.add_argument("--no-mlflow", action="store_true", help="log no MLflow run")
-    p.add_argument("--experiment", default="bert-dataset")
+    p.add_argument("--experiment", default=DEFAULT_EXPERIMENT,
+                   help="MLflow experiment (one for the whole pipeline: the build's, pre-training's and "
+                        "fine-tuning's runs side by side)")
     p.add_argument("--parent-run-id")
     p.add_argument("--run-name", help="the MLflow run's name (default: build <output folder> seq<max-seq-length>)")
     p.add_argument("--log-level", default="INFO")
+    _curate_flags.add_flags(p)
+    _common.refuse_secrets(p, argv)
     return p.parse_args(argv)
 
 
@@ -92,23 +105,39 @@ def config_from(args: argparse.Namespace) -> BuildConfig:
     return BuildConfig(
         inputs=tuple(args.input),
         output=args.output.rstrip("/"),
-        read=ReadOptions(fmt=args.format, presplit=args.presplit, text_field=args.text_field, on_error=args.on_error),
+        read=ReadOptions(fmt=args.format, presplit=args.presplit, text_field=args.text_field,
+                         id_field=args.id_field, on_error=args.on_error),
         instances=InstanceConfig(
             max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq,
             masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob,
             whole_word_mask=args.whole_word_mask, seed=args.seed),
-        vocab=args.vocab, vocab_size=args.vocab_size, vocab_sample_bytes=args.vocab_sample_bytes,
+        vocab=args.vocab, vocab_size=_or(args.vocab_size, BuildConfig.vocab_size),
+        vocab_sample_bytes=_or(args.vocab_sample_bytes, DEFAULT_SAMPLE_BYTES),
         do_lower_case=args.do_lower_case,
         dupe_factor=args.dupe_factor, num_shards=args.num_shards, pool_tokens=args.pool_tokens,
         endpoint_url=args.endpoint_url, checks=CheckConfig(max_unk_fraction=args.max_unk_fraction),
+        curate=_curate_flags.curate_config(args),
     )
 
 
+def _or(value, default):
+    return default if value is None else value
+
+
 def check_args(args: argparse.Namespace) -> None:
-    """The flags no config owns (how the build runs, not what it makes)."""
+    """The flags no config owns (how the build runs, not what it makes), and flags that contradict each other."""
     if args.num_cpus is not None and args.num_cpus < 1:
         raise ValueError(f"--num-cpus {args.num_cpus}: use at least 1 (it caps the CPUs the build uses), or leave it"
                          " out to use every CPU of this machine or of the cluster")
+    trained = [f for f, v in (("--vocab-size", args.vocab_size), ("--vocab-sample-bytes", args.vocab_sample_bytes))
+               if v is not None]
+    if args.vocab and trained:
+        raise ValueError(f"{' and '.join(trained)} with --vocab: {'they set' if len(trained) > 1 else 'it sets'} the "
+                         "vocabulary a build trains when no --vocab is given, and --vocab gives one; drop "
+                         f"{' and '.join(trained)} to use --vocab {args.vocab}, or drop --vocab to train one")
+    if args.no_mlflow and (args.mlflow_tracking_uri or args.parent_run_id):
+        given = "--mlflow-tracking-uri" if args.mlflow_tracking_uri else "--parent-run-id"
+        raise ValueError(f"{given} with --no-mlflow: drop one of them")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,13 +146,18 @@ def main(argv: list[str] | None = None) -> int:
     _common.setup_logging(args.log_level)
     check_args(args)
     cfg = config_from(args)
+    # What the inputs and output tell in a second, before Ray or MLflow start (pipeline/preflight/).
+    warnings = check_build(cfg.inputs, cfg.output, cfg.read, cfg.instances.max_seq_length,
+                           cfg.instances.short_seq_prob, cfg.dupe_factor, cfg.num_shards, cfg.endpoint_url)
+    curation_check(cfg)  # evaluation files without text, a --mix SOURCE matching no input: before Ray and MLflow
     # The store every job logs to (the flag, MLFLOW_TRACKING_URI, else ./mlruns): pre-training's Datasets column
     # then points at a build that has a run.
     tracking_uri = None if args.no_mlflow else resolve_tracking_uri(args.mlflow_tracking_uri)
     run = None
     if tracking_uri:
         check_tracking_reachable(tracking_uri)
-        # Opened now (in its own thread): the run spans the build, and the store's start-up overlaps the build's.
+        # Opened as the build begins its work (in its own thread): the run spans the build, the store's start-up
+        # overlaps Ray's and the build's, and a mistake found before (a refused rerun) leaves no run.
         run = BuildRun(tracking_uri, args.experiment, cfg, args, started)
     if args.no_ray:
         executor = LocalExecutor()
@@ -134,11 +168,14 @@ def main(argv: list[str] | None = None) -> int:
         bars = args.progress == "bars" or (args.progress == "auto" and sys.stderr.isatty())
         executor = RayDataExecutor(args.num_cpus, init=lambda: init_ray(args.num_cpus), bars=bars)
     try:
-        manifest = build(cfg, executor, on_stage=run.on_stage if run else None)
+        manifest = build(cfg, run.opening(executor) if run else executor, on_stage=run.on_stage if run else None)
     except BaseException as e:
         if run is not None:
             run.fail(e, time.time())
             _wait_quietly(run)
+        # The error's frames hold the stage's Ray Data iterator: closed after Ray's shutdown (at exit), it logs a
+        # 20-line "Ray is not initialized" traceback under the error's one line. Close it while Ray is up.
+        traceback.clear_frames(e.__traceback__)
         executor.end()
         raise
     run_id = None
@@ -151,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     t = manifest.totals
     summary = {"output": cfg.output, "instances": t.instances, "documents": t.documents, "tokens": t.tokens,
                "shards": len(manifest.shards), "dropped": manifest.dropped, "config_hash": manifest.config_hash[:12],
-               "wall_seconds": manifest.build_seconds, "warnings": list(manifest.warnings), "mlflow_run_id": run_id}
+               "wall_seconds": manifest.build_seconds, "warnings": warnings + list(manifest.warnings), "mlflow_run_id": run_id}
     print(json.dumps(redact(summary)))
     return 0
 

@@ -33,19 +33,19 @@ from finetuning.schedule import ScheduleConfig
 from finetuning.task_model import DEFAULT_VOCAB, HeadConfig
 from finetuning.prepare import FeatureConfig, TaskConfig
 from finetuning.records import FORMATS
-from jobs._common import HelpFormatter, setup_logging
+from jobs._common import HelpFormatter, refuse_secrets, setup_logging
 from pipeline.safe_io.redact import redact
 from pipeline.storage import absolute, is_url
 from training.defaults import WARMUP_FRACTION, lr_or_default
 from training.launch import LaunchConfig
-from tracking.store import resolve_tracking_uri
+from tracking.store import DEFAULT_EXPERIMENT, resolve_tracking_uri
 
 log = logging.getLogger("finetune")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="finetune", description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                                formatter_class=HelpFormatter)
+                                formatter_class=HelpFormatter, fromfile_prefix_chars="@")
     p.add_argument("--task", required=True, choices=TASKS)
     p.add_argument("--train", required=True, help="training data URL (any fsspec URL)")
     p.add_argument("--eval", help="evaluation data URL")
@@ -95,12 +95,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-train-examples", type=int, help="seeded subset, for quick runs")
     p.add_argument("--max-eval-examples", type=int)
     p.add_argument("--mlflow-tracking-uri")
-    p.add_argument("--experiment", default="finetune")
+    p.add_argument("--experiment", default=DEFAULT_EXPERIMENT,
+                   help="MLflow experiment (one for the whole pipeline: the build's, pre-training's and "
+                        "fine-tuning's runs side by side)")
     p.add_argument("--parent-run-id")
     p.add_argument("--output", help="where the best model goes (HF layout; a folder or a URL); default "
                    "./finetune_output/RUN_NAME")
     p.add_argument("--storage-path", help="where the epochs' checkpoints go (local, or shared by all nodes on a "
                    "cluster: s3://...), kept; default: a hidden folder beside a local --output, removed at the end")
+    refuse_secrets(p, argv)
     return p.parse_args(argv)
 
 

@@ -25,28 +25,28 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
 
     require_project_env(__file__)
 
-from jobs._common import HelpFormatter, comma_ints, setup_logging, workers
+from jobs import _eval_flags
+from jobs._common import HelpFormatter, comma_ints, refuse_secrets, setup_logging, workers
 from pipeline.safe_io.redact import redact
 from pipeline.schema import read_manifest
+from pretraining import kernel_options
 from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
 from tracking.config import TrackingConfig
 from training.defaults import WARMUP_FRACTION, lr_or_default, warmup_or_default
 from training.launch import LaunchConfig
-from pretraining.loader import DataConfig, EvalConfig
+from pretraining.loader import DataConfig
 from pretraining.memory import MemoryConfig, plan_for_workers
 from pretraining.pretrain_job import PretrainJob, run_pretraining
-from tracking.store import resolve_tracking_uri
+from tracking.store import DEFAULT_EXPERIMENT, resolve_tracking_uri
 
 log = logging.getLogger("jobs.pretrain")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="pretrain", description=__doc__.split("\n\n")[0],
-                                formatter_class=HelpFormatter)
+                                formatter_class=HelpFormatter, fromfile_prefix_chars="@")
     d = p.add_argument_group("data")
     d.add_argument("--data", required=True, help="dataset directory written by jobs/build_dataset.py (local/s3://)")
-    d.add_argument("--eval-data", help="held-out dataset (same vocabulary) for eval_* metrics")
-    d.add_argument("--eval-sequences", type=int, default=2048, help="eval on the first N sequences (0 = all)")
     d.add_argument("--endpoint-url", help="S3-compatible endpoint for s3:// data and storage (MinIO, Ceph, ...)")
     d.add_argument("--length-bucketing", action=argparse.BooleanOptionalAction, default=True,
                    help="batch rows of similar length together (little padding at the bucket widths)")
@@ -71,11 +71,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     m.add_argument("--micro-batch-size", type=int, help="sequences per forward per worker (default: as many as "
                    "fit in memory, up to all of them; gradient accumulation keeps --batch-size)")
     m.add_argument("--optimizer", choices=("adamw", "lamb"), default="adamw")
-    m.add_argument("--lr", type=float,
-                   help="peak learning rate. Default: chosen for the model's width (--preset or --init), 2e-3 for "
-                        "bert_tiny (H=128) down to 1e-4 for bert_base (H=768) (training/defaults.py, "
-                        "docs/learning-rates.md); the value used is logged. An MLM accuracy stuck at the most "
-                        "frequent token's share says: higher; a divergence: lower (the job names a value)")
+    m.add_argument("--lr", type=float, help="peak learning rate. Default: chosen for the model's width (--preset "
+                   "or --init), 2e-3 for bert_tiny (H=128) down to 1e-4 for bert_base (H=768) (training/defaults.py, "
+                   "docs/learning-rates.md); the value used is logged. An MLM accuracy stuck at the most frequent "
+                   "token's share says: higher; a divergence: lower (the job names a value)")
     m.add_argument("--warmup-steps", type=int,
                    help=f"steps over which the rate ramps up from 0. Default: {100 * WARMUP_FRACTION:.0f}%% of --max-steps; "
                         "0 turns it off (a small model at a high rate without warm-up stalls or diverges early)")
@@ -94,10 +93,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "read from --storage)")
     m.add_argument("--cuda-graphs", action="store_true",
                    help="replay the compiled step as CUDA graphs (GPU, micro-batch = batch per worker only)")
-    m.add_argument("--fused-kernels", choices=("auto", "on", "off"), default="auto",
-                   help="bert_core's fused Triton kernels (auto: on CUDA when Triton is installed)")
-    m.add_argument("--low-precision-residual", action="store_true",
-                   help="fused LayerNorm sites keep the residual stream in bf16 under autocast")
+    m.add_argument("--fused-kernels", choices=tuple(kernel_options.FUSED_KERNELS), default="auto",
+                   help=kernel_options.FUSED_KERNELS_HELP)
+    m.add_argument("--low-precision-residual", action="store_true", help=kernel_options.LOW_PRECISION_RESIDUAL_HELP)
     m.add_argument("--seed", type=int, default=RuntimeConfig.seed)
     r = p.add_argument_group("resources")
     r.add_argument("--num-workers", type=workers, default=1, help="Ray Train workers, or MIN:MAX for an elastic run "
@@ -121,13 +119,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     c.add_argument("--export", help="write the final model here in the Hugging Face layout (a local directory or a "
                    "URL such as s3://bucket/models/name)")
     c.add_argument("--mlflow-tracking-uri")
-    c.add_argument("--experiment", default="bert-pretrain")
+    c.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment (one for the whole "
+                   "pipeline: the build's, pre-training's and fine-tuning's runs side by side)")
     c.add_argument("--parent-run-id", help="log this run as a child of that MLflow run")
     c.add_argument("--log-every", type=int, default=50)
-    c.add_argument("--eval-every", type=int, default=0, help="0 = only at the end (when --eval-data is given)")
     c.add_argument("--max-minutes", type=float, help="wall-clock budget of the training loop: stop (with a final "
                    "eval, checkpoint and export) at the first log step after it; the lr schedule still spans --max-steps")
     c.add_argument("--no-system-metrics", action="store_true", help="do not sample CPU/GPU/memory into MLflow")
+    _eval_flags.add_flags(p)
+    refuse_secrets(p, argv)
     a = p.parse_args(argv)
     for name in ("max_steps", "batch_size", "checkpoint_every", "keep_checkpoints", "log_every"):
         if getattr(a, name) < 1:
@@ -136,13 +136,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--cpus-per-worker must be > 0")
     if a.no_ray and a.num_workers not in (1, (1, 1)):
         p.error("--no-ray runs one worker in this process: drop --num-workers")
+    _eval_flags.check(p, a)
     return a
 
 
 def job_from(a: argparse.Namespace) -> PretrainJob:
     """The flags as typed configs (each validates itself); the micro-batch is planned first: the config is final."""
     data = read_manifest(a.data, a.endpoint_url)
-    eval_data = read_manifest(a.eval_data, a.endpoint_url) if a.eval_data else None
     fewest, most = a.num_workers if isinstance(a.num_workers, tuple) else (a.num_workers, a.num_workers)
     launch = LaunchConfig(num_workers=most, min_workers=fewest, resize_check_seconds=a.resize_check_seconds,
                           cpus_per_worker=a.cpus_per_worker, use_gpu=a.use_gpu, no_ray=a.no_ray, storage=a.storage,
@@ -161,14 +161,14 @@ def job_from(a: argparse.Namespace) -> PretrainJob:
         optimizer=OptimizerConfig(name=a.optimizer, lr=lr_or_default(a.lr, model.bert.hidden_size, "pretrain"),
                                   warmup_steps=warmup_or_default(a.warmup_steps, a.max_steps), decay=a.decay,
                                   weight_decay=a.weight_decay, poly_power=a.poly_power, max_grad_norm=a.max_grad_norm),
-        eval=EvalConfig(data=eval_data, sequences=a.eval_sequences, every=a.eval_every) if eval_data else None,
+        eval=_eval_flags.eval_config(a),
         checkpoint=CheckpointConfig(every=a.checkpoint_every, vocab_url=data.vocab.url,
                                     do_lower_case=data.vocab.do_lower_case),
         tracking=TrackingConfig(system_metrics=not a.no_system_metrics, log_every=a.log_every),
         runtime=RuntimeConfig(
             device="cuda" if a.use_gpu else "cpu", compile=a.compile, compile_backend=a.compile_backend,
             cuda_graphs=a.cuda_graphs, compile_cache=str(Path(a.compile_cache).resolve()) if a.compile_cache else None,
-            fused_kernels={"auto": None, "on": True, "off": False}[a.fused_kernels], seed=a.seed,
+            fused_kernels=kernel_options.FUSED_KERNELS[a.fused_kernels], seed=a.seed,
             low_precision_residual=a.low_precision_residual, threads=a.threads or max(1, round(a.cpus_per_worker)),
             peak_flops=a.peak_tflops * 1e12 if a.peak_tflops else None,
             max_seconds=a.max_minutes * 60 if a.max_minutes else None))

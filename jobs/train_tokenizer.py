@@ -31,18 +31,18 @@ from jobs import _common
 from pipeline.safe_io.redact import redact_text
 from pipeline.build.config import DEFAULT_SAMPLE_BYTES
 from pipeline.build.executor import LocalExecutor
-from pipeline.build.pieces import input_units
+from pipeline.build.inputs.pieces import input_units
 from pipeline.build.vocab import VocabContext, VocabSample, train_vocab
 from pipeline.readers import FORMATS, ON_ERROR, ReadOptions, ReadReport, plan_units
 from pipeline.storage import expand_inputs
 from tracking.build_run import vocab_run
-from tracking.store import check_tracking_reachable, resolve_tracking_uri
+from tracking.store import DEFAULT_EXPERIMENT, check_tracking_reachable, resolve_tracking_uri
 
 log = logging.getLogger("train_tokenizer")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=_common.HelpFormatter,
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=_common.HelpFormatter, fromfile_prefix_chars="@",
                                 allow_abbrev=False)  # a typo must fail, not match a longer flag
     p.add_argument("--input", action="append", required=True, help="file, directory or glob; repeatable")
     p.add_argument("--output", required=True, help="where to write vocab.txt (path or URL)")
@@ -63,10 +63,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--mlflow-tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else "
                    "./mlruns/mlflow.db, where the other jobs log too)")
-    p.add_argument("--experiment", default="bert-dataset")
+    p.add_argument("--experiment", default=DEFAULT_EXPERIMENT,
+                   help="MLflow experiment (one for the whole pipeline: the build's, pre-training's and "
+                        "fine-tuning's runs side by side)")
     p.add_argument("--parent-run-id", help="log this run as a child of that MLflow run")
     p.add_argument("--run-name", help="the MLflow run's name (default: vocab <output file name>)")
     p.add_argument("--no-mlflow", action="store_true", help="log no MLflow run")
+    _common.refuse_secrets(p, argv)
     args = p.parse_args(argv)
     if args.sample_bytes < 0:
         p.error("--sample-bytes must be 0 (whole corpus) or a positive byte budget")

@@ -27,7 +27,7 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
 
     require_project_env(__file__)
 
-from jobs._common import HelpFormatter, setup_logging
+from jobs._common import HelpFormatter, refuse_secrets, setup_logging
 from pipeline.safe_io.redact import redact_text
 from workflows.driver import Workflow, load_workflow, run_workflow, stages_to_run
 from workflows.execute import StageFailed
@@ -36,11 +36,13 @@ log = logging.getLogger("workflow")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="workflow", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    p = argparse.ArgumentParser(prog="workflow", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter,
+                                fromfile_prefix_chars="@")
     p.add_argument("--config", required=True, help="workflow YAML (configs/quickstart.yaml, configs/gpu-cluster.yaml)")
     p.add_argument("--workdir", help="where stage outputs and done-markers go (default: the config's `workdir`)")
     p.add_argument("--dry-run", action="store_true", help="print each stage's command and whether it would run")
     p.add_argument("--log-level", default="INFO")
+    refuse_secrets(p, argv)
     return p.parse_args(argv)
 
 

@@ -2,9 +2,9 @@
 
 See docs/architecture.md. Token ids are ``uint16`` when the vocabulary has at most 65,536 entries (ids up to 65,535), else ``uint32``;
 rows are unpadded; ``a_length`` rebuilds the segment ids (``token_type_ids[i] = 0 if i < a_length + 2 else 1``).
-The build writes ``manifest.json`` (a dict checked by ``validate_manifest``) and returns it as one frozen
-``Manifest`` (``parse_manifest``); consumers read it with ``read_manifest``, which gives the same. Nothing outside
-this module reads the manifest's keys.
+The build makes one frozen ``Manifest`` and writes it (``Manifest.to_dict``, checked by ``validate_manifest``,
+``pipeline/build/manifest.py``); consumers read it with ``read_manifest`` (``parse_manifest``), which gives the
+same record back. Nothing outside this module reads or writes the manifest's keys.
 """
 from __future__ import annotations
 
@@ -61,8 +61,9 @@ def work_instance_schema(vocab_size: int) -> pa.Schema:
 
 
 def work_docs_schema(vocab_size: int) -> pa.Schema:
-    """Tokenized documents in _work: one row per document, its sentences as id lists."""
-    return pa.schema([("doc_id", pa.string()), ("sentences", pa.list_(pa.list_(_arrow(token_dtype(vocab_size)))))])
+    """Tokenized documents in _work: one row per document, its random-next pool hash, its sentences as id lists."""
+    return pa.schema([("doc_id", pa.string()), ("pool_hash", pa.uint64()),
+                      ("sentences", pa.list_(pa.list_(_arrow(token_dtype(vocab_size)))))])
 
 
 def shard_name(i: int, n: int) -> str:
@@ -132,6 +133,11 @@ class Totals:
     unk_tokens: int = 0
     dropped: tuple[tuple[str, int], ...] = ()  # (reason, records or files), by reason
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"documents": self.documents, "sentences": self.sentences, "tokens": self.tokens,
+                "unk_tokens": self.unk_tokens, "instances": self.instances, "random_next": self.random_next,
+                "masked_lm_positions": self.masked_lm_positions, "dropped": dict(self.dropped)}
+
     @classmethod
     def from_dict(cls, t: dict[str, Any]) -> "Totals":
         return cls(documents=int(t.get("documents", 0)), sentences=int(t.get("sentences", 0)),
@@ -143,6 +149,10 @@ class Totals:
 
 def _pairs(histogram: dict[str, Any]) -> tuple[tuple[int, int], ...]:
     return tuple(sorted((int(k), int(v)) for k, v in histogram.items()))
+
+
+def _histogram(pairs: tuple[tuple[int, int], ...]) -> dict[str, int]:
+    return {str(k): int(v) for k, v in pairs}
 
 
 @dataclass(frozen=True)
@@ -168,8 +178,11 @@ class Manifest:
     warnings: tuple[str, ...] = ()
     skipped_files: tuple[tuple[str, str], ...] = ()  # (path, reason) with --on-error skip
     ignored_files: tuple[str, ...] = ()  # files of an input folder that are not corpus files by name
-    random_pool: tuple[tuple[str, float], ...] = ()  # documents, tokens, planned_tokens, sample_fraction
+    random_pool: tuple[tuple[str, float], ...] = ()  # corpus_tokens, documents, sample_fraction, tokens
     build_seconds: float | None = None
+    # what curation asked, its reports and their lines by reason, the evaluation sets, the mix's shares
+    # (pipeline/build/curation/reports.py); None: the build curated nothing (and its manifest has no such key)
+    curation: dict[str, Any] | None = None
 
     @property
     def shard_urls(self) -> tuple[str, ...]:
@@ -195,6 +208,31 @@ class Manifest:
     @property
     def dropped(self) -> dict[str, int]:
         return dict(self.totals.dropped)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest.json this record is read from (``parse_manifest`` gives the record back; ``url`` and
+        ``sha256`` are where and what the file is, not in it)."""
+        return {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "config": self.config, "config_hash": self.config_hash,
+            "vocab": {"file": self.vocab.url.rsplit("/", 1)[-1], "sha256": self.vocab.sha256, "size": self.vocab.size,
+                      "do_lower_case": self.vocab.do_lower_case, "trained": self.vocab.trained},
+            "token_dtype": self.token_dtype, "max_seq_length": self.max_seq_length,
+            "inputs": [dict(i) for i in self.inputs], "skipped_files": dict(self.skipped_files),
+            "shards": [{"file": s.file, "rows": s.rows} for s in self.shards], "totals": self.totals.to_dict(),
+            "seq_len_histogram": _histogram(self.seq_len_histogram),
+            "masked_per_seq_histogram": _histogram(self.masked_per_seq_histogram),
+            "tokens_per_document_histogram": _histogram(self.tokens_per_document_histogram),
+            "ignored_files": list(self.ignored_files), "warnings": list(self.warnings),
+            "random_pool": dict(self.random_pool), "build_seconds": self.build_seconds,
+        } | ({"curation": self.curation} if self.curation is not None else {})
+
+    def digest(self) -> str:
+        """sha256 of the canonical JSON of ``to_dict`` (sorted keys): what ``sha256`` holds once written."""
+        return manifest_sha256(self.to_dict())
+
+
+def manifest_sha256(m: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest()
 
 
 def manifest_stamps(url: str, endpoint_url: str | None = None) -> tuple[str, list[dict[str, Any]]] | None:
@@ -224,7 +262,7 @@ def parse_manifest(m: dict[str, Any], folder: str, vocab_text: str, where: str =
     instances = m.get("config", {}).get("instances", {})
     return Manifest(
         url=folder,
-        sha256=hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest(),
+        sha256=manifest_sha256(m),
         config_hash=m["config_hash"],
         vocab=Vocab(url=vocab_url, size=int(m["vocab"]["size"]),
                     sha256=m["vocab"].get("sha256") or hashlib.sha256(vocab_text.encode()).hexdigest(),
@@ -244,8 +282,9 @@ def parse_manifest(m: dict[str, Any], folder: str, vocab_text: str, where: str =
         warnings=tuple(m.get("warnings", [])),
         skipped_files=tuple(sorted(m.get("skipped_files", {}).items())),
         ignored_files=tuple(m.get("ignored_files", [])),
-        random_pool=tuple(sorted((k, float(v)) for k, v in m.get("random_pool", {}).items())),
+        random_pool=tuple(sorted((k, v) for k, v in m.get("random_pool", {}).items())),
         build_seconds=float(m["build_seconds"]) if m.get("build_seconds") is not None else None,
+        curation=m.get("curation"),
     )
 
 

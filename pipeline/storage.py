@@ -89,13 +89,13 @@ def join(url: str, *parts: str) -> str:
     return posixpath.join(url.rstrip("/"), *parts) if "://" in url else os.path.join(url, *parts)
 
 
-def _without_query(path: str) -> str:
+def without_query(path: str) -> str:
     """An http(s) URL's path without its query (a presigned URL's signature): what names the file's type."""
     return path.split("?", 1)[0] if protocol_of(path) in ("http", "https") else path
 
 
 def compression_of(path: str) -> str | None:
-    path = _without_query(path)
+    path = without_query(path)
     for ext, name in COMPRESSIONS.items():
         if path.endswith(ext):
             return name

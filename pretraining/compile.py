@@ -16,8 +16,9 @@ replayed as CUDA graphs, and a fast restart from compiled artifacts kept where t
   input names. So nothing compiled is ever read from the checkpoint directory (shared storage that colleagues or a
   compromised job can write) and none is written there. A restart on the same node hits Inductor's own on-disk cache,
   which `private_inductor_cache` keeps in a folder of this user's (`TORCHINDUCTOR_CACHE_DIR` when the operator set
-  it, else `~/.cache/bert-pretrain/inductor`, mode 0700, refused when another user owns it) instead of torch's default
-  under the world-writable /tmp. A restart on another node compiles again, unless the operator names a shared folder
+  it, else `~/.cache/bert-pretrain/inductor`, mode 0700; refused when another user owns it or can write it) instead
+  of torch's default under the world-writable /tmp (which torch writes into TORCHINDUCTOR_CACHE_DIR itself once
+  anything asks for its cache: that value is replaced, not taken for the operator's). A restart on another node compiles again, unless the operator names a shared folder
   they trust with `--compile-cache DIR` (`RuntimeConfig.compile_cache`): `torch.compiler.save_cache_artifacts()`
   (FX-graph and AOTAutograd caches, autotune results, Triton kernels) is written there after every checkpoint, one
   file per compile identity (`compile_key`: torch, device, backend, model, batch shapes), and hot-loaded before
@@ -121,21 +122,45 @@ def precompile(model: nn.Module, data: DataConfig, vocab_size: int, device: torc
 def private_inductor_cache() -> Path:
     """The folder Inductor caches compiled code in for this process, made private to this user (see the module
     docstring): the operator's `TORCHINDUCTOR_CACHE_DIR`, else `~/.cache/bert-pretrain/inductor` (XDG_CACHE_HOME
-    honoured), created mode 0700, set in the environment before anything compiles."""
+    honoured), created mode 0700, checked (ours, not writable by anyone else), and set in the environment before
+    anything compiles. torch itself sets `TORCHINDUCTOR_CACHE_DIR` to its /tmp default the first time anything asks
+    for its cache folder (building a fused optimizer does): that value is torch's, not the operator's, and is
+    replaced."""
     chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if chosen:
-        return Path(chosen)
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    directory = base / "bert-pretrain" / "inductor"
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    info = directory.stat()
-    if info.st_uid != os.getuid():
-        raise ValueError(f"the compile cache {directory} belongs to uid {info.st_uid}, not to this user: its contents "
-                         "would run as code in this job; remove it or set TORCHINDUCTOR_CACHE_DIR to a folder of yours")
-    if stat.S_IMODE(info.st_mode) & 0o077:
-        directory.chmod(0o700)
+    if chosen and os.path.abspath(chosen) != _torch_default_cache():
+        directory = Path(chosen)
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _check_private(directory, "TORCHINDUCTOR_CACHE_DIR", tighten=False)
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        directory = base / "bert-pretrain" / "inductor"
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _check_private(directory, "the compile cache", tighten=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(directory)
     return directory
+
+
+def _torch_default_cache() -> str:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return os.path.abspath(default_cache_dir())
+
+
+def _check_private(directory: Path, what: str, tighten: bool) -> None:
+    """Refuse a compile cache another user owns or can write (its contents run as code in this job); our own default
+    folder, loosened by someone, is tightened back to 0700."""
+    info = directory.stat()
+    if info.st_uid != os.getuid():
+        raise ValueError(f"{what} {directory} belongs to uid {info.st_uid}, not to this user: its contents would run as"
+                         " code in this job; remove it or set TORCHINDUCTOR_CACHE_DIR to a folder of yours")
+    if stat.S_IMODE(info.st_mode) & 0o022:
+        if not tighten:
+            raise ValueError(f"{what} {directory} can be written by other users (mode "
+                             f"{stat.S_IMODE(info.st_mode):o}): its contents would run as code in this job; chmod 700"
+                             " it or set TORCHINDUCTOR_CACHE_DIR to a private folder")
+        directory.chmod(0o700)
+    elif tighten and stat.S_IMODE(info.st_mode) & 0o077:
+        directory.chmod(0o700)
 
 
 # BertConfig fields that name or describe a model without changing its graph (a checkpoint's config.json carries

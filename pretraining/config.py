@@ -17,6 +17,7 @@ from bert_core.config import BertConfig
 from pipeline.rng import DEFAULT_SEED
 from pipeline.storage import is_url
 from training.guard import GuardConfig
+from pretraining import kernel_options
 from pretraining.loader import DataConfig, EvalConfig
 from pretraining.memory import MemoryConfig
 from tracking.config import TrackingConfig
@@ -115,8 +116,9 @@ class RuntimeConfig:
     compile_backend: str = "inductor"
     # CUDA graphs for the compiled step (pretraining.compile: reduce-overhead; accum 1 only; no effect on CPU).
     cuda_graphs: bool = False
-    # bert_core's fused GPU kernels (pretraining.kernel_options): None = by device, True / False = always / never; and
-    # whether their LayerNorm sites keep a bf16 residual stream under autocast.
+    # bert_core's fused GPU kernels (pretraining.kernel_options): None = bert_core's default (the composition, the
+    # measured path), True / False = always / never; and whether their LayerNorm sites keep a bf16 residual stream
+    # under autocast (needs the kernels on).
     fused_kernels: bool | None = None
     low_precision_residual: bool = False
     # Compile every length bucket's graph before the first step (forward + backward on a synthetic batch of each
@@ -149,6 +151,7 @@ class RuntimeConfig:
                              "that only you and your jobs can write), not a URL")
         if self.max_seconds is not None and self.max_seconds <= 0:
             raise ValueError("--max-minutes must be > 0")
+        kernel_options.validate(self.fused_kernels, self.low_precision_residual)
 
 
 @dataclass(frozen=True, kw_only=True)

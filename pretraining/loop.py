@@ -49,7 +49,7 @@ from training.progress import Progress
 from training.worker import FitResult, Worker, resolve_device
 from pretraining.step import evaluate, train_step
 from training.step import to_device
-from tracking.tracker import NullTracker, Tracker, make_tracker
+from tracking.tracker import NullTracker, Tracker
 
 log = logging.getLogger(__name__)
 
@@ -158,13 +158,8 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
     # Rank 0 says where the run is at least once a minute, however long a step takes (training.progress).
     beat = run.progress.heartbeat(log.info) if worker.rank == 0 else contextlib.nullcontext()
     try:
-        with beat:
+        with beat, kernel_options.kernel_faults(run.raw, device, "during training"):
             _steps(run, result, log_every, eval_every)
-    except Exception as e:
-        fault = kernel_options.as_fault(e, run.raw, device)
-        if fault is None:
-            raise
-        raise fault from e
     finally:
         if run.batches is not None:
             run.batches.close()
@@ -173,7 +168,7 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
 
 
 def _steps(run: _Run, result: FitResult, log_every: int, eval_every: int) -> None:
-    """The step loop of `_fit` (its try turns a GPU kernel's error into a `KernelFault`)."""
+    """The step loop of `_fit` (which turns a GPU kernel's error into a `KernelFault`)."""
     config, worker = run.config, run.worker
     while run.step < config.max_steps:
         out = _train_step(run)
@@ -262,11 +257,12 @@ def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> _Ru
         if rt.compile_cache is not None:  # the operator's trusted folder; never the checkpoint's (shared storage)
             compile_mod.load_artifacts(rt.compile_cache, compile_mod.compile_key(rt, data, raw.config, device))
         model = compile_mod.compile_model(model, rt, data, device)
-        if rt.precompile_buckets:
-            compile_mod.precompile(model, data, raw.config.vocab_size, device, autocast_dtype)
+        if rt.precompile_buckets:  # the fused kernels' first build inside Inductor's graphs: a fault is the verdict
+            with kernel_options.kernel_faults(raw, device, "while precompiling"):
+                compile_mod.precompile(model, data, raw.config.vocab_size, device, autocast_dtype)
     tracker = NullTracker()
     if worker.rank == 0:
-        tracker = worker.tracker or make_tracker(worker.tracking, config.tracking.system_metrics)
+        tracker = worker.make_tracker(config.tracking.system_metrics)
     if step:
         tracker.set_tag("resumed_from_step", str(step))  # visible proof of a resume in the UI
     if resized:
@@ -385,22 +381,37 @@ def _evaluate(run: _Run) -> dict[str, float]:
     t_eval = time.perf_counter()
     counts: list[torch.Tensor] = []  # the eval labels' token counts: the most frequent token's share is the
     #                                   accuracy of a model that always predicts it (what a stuck MLM scores)
+    predicted: list[torch.Tensor] = []  # the predictions' counts: one token predicted everywhere is a collapse
 
     def counted(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         labels = torch.as_tensor(batch["masked_lm_labels"])
         counts.append(torch.bincount(labels[labels >= 0].reshape(-1)))
         return batch
 
+    def seen(out, batch: dict[str, torch.Tensor]) -> None:
+        if out.mlm_logits is not None:
+            top = out.mlm_logits.argmax(-1)
+            if top.dim() == 2:  # every slot (B, P): the padding slots' rows mean nothing
+                top = top[batch["masked_lm_labels"] >= 0]
+            predicted.append(torch.bincount(top.reshape(-1).cpu()))
+
     batches = (to_device(counted(b), run.device) for b in data_mod.eval_batches(
         run.eval_rows, cfg.eval, data.micro_batch_size, run.worker.rank, run.worker.world_size, data.length_buckets))
-    metrics = evaluate(run.raw, batches, run.autocast_dtype).all_reduce().summary(prefix="eval_")
-    if counts and run.worker.world_size == 1:  # (with several ranks each sees a part; the share is left out)
-        total = torch.zeros(max(len(c) for c in counts), dtype=torch.int64)
-        for c in counts:
-            total[:len(c)] += c
-        metrics["eval_mlm_top_token_share"] = float(total.max() / total.sum())
+    metrics = evaluate(run.raw, batches, run.autocast_dtype, on_output=seen).all_reduce().summary(prefix="eval_")
+    if counts and run.worker.world_size == 1:  # (with several ranks each sees a part; the shares are left out)
+        metrics["eval_mlm_top_token_share"] = _top_share(counts)
+        if predicted:
+            metrics["eval_mlm_predicted_top_share"] = _top_share(predicted)
     run.window.pause(time.perf_counter() - t_eval)  # evaluation does not count against throughput
     return metrics
+
+
+def _top_share(counts: list[torch.Tensor]) -> float:
+    """The most frequent id's share of all the counts (bincounts of any lengths)."""
+    total = torch.zeros(max(len(c) for c in counts), dtype=torch.int64)
+    for c in counts:
+        total[:len(c)] += c
+    return float(total.max() / total.sum())
 
 
 QUIET_WHEN_ZERO = ("nonfinite_batches", "nonfinite_steps", "loss_spikes", "rollbacks", "skipped_batches")

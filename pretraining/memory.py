@@ -52,12 +52,12 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from bert_core.config import BertConfig
 from pretraining.loader import batch_geometry
+from training.model_size import parameter_count, ram_available
 from training.worker import Verdict
 
 log = logging.getLogger(__name__)
@@ -129,15 +129,6 @@ def gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def parameter_count(bert: BertConfig) -> int:
-    """BertForPreTraining's parameters (the MLM decoder is tied to the word embeddings)."""
-    h, i, v = bert.hidden_size, bert.intermediate_size, bert.vocab_size
-    embeddings = (v + bert.max_position_embeddings + bert.type_vocab_size) * h + 2 * h
-    layer = 4 * h * h + 2 * h * i + 9 * h + i
-    heads = (h * h + h) + (h * h + 3 * h) + v + (2 * h + 2)  # pooler, MLM transform + bias, NSP
-    return embeddings + bert.num_hidden_layers * layer + heads
-
-
 def activation_bytes(bert: BertConfig, micro_batch: int, seq_len: int, predictions: int) -> int:
     """What autograd saves for one micro-batch's backward (fp32, eager), in bytes: the formula above."""
     h, i, v, a, layers = (bert.hidden_size, bert.intermediate_size, bert.vocab_size, bert.num_attention_heads,
@@ -182,11 +173,7 @@ def available_bytes(device: torch.device, local_workers: int = 1) -> int:
     limit, as in a container) shared by the workers on this machine."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
-    free = _meminfo_available()
-    limit = _cgroup_free()
-    if limit is not None:
-        free = min(free, limit) if free else limit
-    return int(free / max(1, local_workers))
+    return int(ram_available() / max(1, local_workers))
 
 
 def gpu_free_bytes(gpus: int) -> int | None:
@@ -216,32 +203,6 @@ def peak_rss() -> int:
     so a child started from a large process reports its parent's size."""
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
-
-
-def _meminfo_available() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-
-
-def _cgroup_free() -> int | None:
-    """limit - usage of this process's cgroup (v2, else v1); None without a limit."""
-    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
-        try:
-            limit = Path(limit_file).read_text().strip()
-            usage = int(Path(usage_file).read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if limit == "max" or int(limit) >= 2**60:  # v1 writes "no limit" as a huge number
-            return None
-        return max(0, int(limit) - usage)
-    return None
 
 
 @dataclass(frozen=True)

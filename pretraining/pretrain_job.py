@@ -20,9 +20,12 @@ from pipeline.schema import read_manifest
 from pretraining.config import PretrainConfig
 from pretraining.loop import STOPPED_TAG, fit
 from tracking.datasets import log_dataset
+from tracking.lineage import pretraining_lineage
 from tracking.params import flatten_params
-from tracking.runs import RUN_NAME_TAG, Run, run_metrics, run_tags
-from training.collapse import diagnose_mlm
+from tracking.runs import RUN_NAME_TAG, Run, metric_history, run_metrics, run_tags
+from tracking.store import DEFAULT_EXPERIMENT
+from training.collapse import Collapse, mlm_check
+from training.defaults import default_lr
 from training.export import PRETRAIN_LINEAGE, read_lineage
 from training.job import JobParts, Prepared, run_job
 from training.launch import LaunchConfig
@@ -41,7 +44,7 @@ class PretrainJob:
     config: PretrainConfig
     launch: LaunchConfig  # its `name` is the run name: the checkpoint folder and the MLflow run
     tracking_uri: str
-    experiment: str = "bert-pretrain"
+    experiment: str = DEFAULT_EXPERIMENT
     parent_run_id: str | None = None
     export: str | None = None  # where the final model goes (local folder or URL); None: the MLflow artifact only
     flags: Mapping[str, Any] = field(default_factory=dict)  # the command line as given, logged beside the config
@@ -93,7 +96,8 @@ def tags_of(job: PretrainJob) -> dict[str, str]:
 
 def log_inputs(job: PretrainJob, run: Run) -> None:
     """The datasets the run reads, as MLflow dataset inputs ("training", "eval"): the same name and digest as the
-    build's run logged for its output, so the UI shows which build a model was trained on."""
+    build's run logged for its output, so the UI shows which build a model was trained on; and the run's lineage
+    links (tracking.lineage: the build's run, the model it starts from, where the model goes)."""
     sets = {"training": job.config.data.train, "eval": job.config.eval.data if job.config.eval else None}
     for context, read in sets.items():
         if read is not None:
@@ -102,6 +106,8 @@ def log_inputs(job: PretrainJob, run: Run) -> None:
                 raise ValueError(f"{read.url}: the dataset changed after this job read it (its manifest's "
                                  "digest differs); run the job again")
             log_dataset(job.tracking_uri, run.run_id, read, context)
+    pretraining_lineage(job.tracking_uri, run.run_id, job.config.data.train, sets["eval"], job.export,
+                        job.config.model.init)
 
 
 def _results(job: PretrainJob, run: Run) -> tuple[dict[str, float], str | None]:
@@ -119,9 +125,21 @@ def run_pretraining(job: PretrainJob) -> JobResult:
         what="pre-training run", fit=fit, config=cfg, launch=job.launch, tracking_uri=job.tracking_uri,
         experiment=job.experiment, lineage=PRETRAIN_LINEAGE, destination=job.export, resume=True,
         prepare=lambda: Prepared(params_of(job), tags_of(job), job.parent_run_id),
-        log_inputs=lambda run: log_inputs(job, run),
-        diagnose=lambda run, _: diagnose_mlm(run_metrics(job.tracking_uri, run.run_id), cfg.optimizer.lr,
-                                             cfg.max_steps)))
+        log_inputs=lambda run: log_inputs(job, run), diagnose=lambda run, _: diagnose(job, run)))
     metrics, stopped = _results(job, done.run)
     return JobResult(done.run.run_id, done.checkpoints, job.export, metrics, stopped,
                      done.collapse.message if done.collapse else None)
+
+
+def diagnose(job: PretrainJob, run: Run) -> Collapse | None:
+    """A collapsed MLM (training.collapse.mlm_check), for the skeleton's WARNING and `collapse` tag; a run still
+    learning near its baseline is a note in the log, not a warning."""
+    data, width = job.config.data, job.config.model.bert.hidden_size
+    found = mlm_check(run_metrics(job.tracking_uri, run.run_id), metric_history(job.tracking_uri, run.run_id,
+                      "mlm_loss"), lr=job.config.optimizer.lr, default_lr=default_lr(width, "pretrain"),
+                      max_steps=job.config.max_steps, sequences_per_step=data.batch_size,
+                      seq_len_histogram=data.train.seq_len_histogram)
+    if found is not None and not found.collapsed:
+        log.info("%s", found.message)
+        return None
+    return found

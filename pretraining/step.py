@@ -20,7 +20,8 @@ The non-finite guard and the update are `training.step`'s.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -102,8 +103,10 @@ def train_step(
 
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]],
-             autocast_dtype: torch.dtype | None = None) -> MetricSums:
-    """Metric sums over `batches` in eval mode (no dropout); the model's previous mode is restored.
+             autocast_dtype: torch.dtype | None = None,
+             on_output: Callable[[Any, dict[str, torch.Tensor]], None] | None = None) -> MetricSums:
+    """Metric sums over `batches` in eval mode (no dropout); the model's previous mode is restored. `on_output`
+    sees each batch's model output (what the sums do not keep: the predictions).
 
     Pass the unwrapped module, not DDP: ranks may hold different numbers of eval batches, and DDP's forward
     can communicate. Reduce the returned sums across ranks once, after the loop.
@@ -113,7 +116,10 @@ def evaluate(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]],
     sums = MetricSums()
     try:
         for batch in batches:
-            sums.add(forward(model, batch, autocast_dtype), batch)
+            out = forward(model, batch, autocast_dtype)
+            sums.add(out, batch)
+            if on_output is not None:
+                on_output(out, batch)
     finally:
         model.train(was_training)
     return sums

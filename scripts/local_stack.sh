@@ -21,6 +21,7 @@ state="$(cd "$state" && pwd)"
 ray_port="${RAY_PORT:-6379}"
 dash_port="${RAY_DASHBOARD_PORT:-8265}"
 mlflow_port="${MLFLOW_PORT:-5000}"
+ports_file="$state/ports"  # the ports a running stack was started with: status, env and start say those
 # Ray's temp dir holds Unix sockets (paths limited to ~107 bytes): keep it short, and distinct from /tmp/ray so
 # that a later `ray.init()` elsewhere never discovers this head through /tmp/ray/ray_current_cluster.
 ray_tmp="/tmp/ray-stack-$(printf '%s' "$state" | sha256sum | cut -c1-8)"
@@ -37,19 +38,22 @@ fi
 # Keep every Ray listener on loopback (Ray otherwise advertises the external interface; see docs/local.md).
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 
-mlflow_uri="http://127.0.0.1:$mlflow_port"
-api_address="http://127.0.0.1:$dash_port"
-gcs_address="127.0.0.1:$ray_port"
-# Ray 2.60 authenticates every client of a cluster started in token mode (the job server included). The stack's
-# token lives in its state dir, readable by you only, not in ~/.ray, so that it is this stack's alone.
-token_file="$state/ray_auth_token"
-
 session_alive() {  # session_alive FILE: is any process of the session recorded in FILE still running?
   [ -f "$1" ] || return 1
   local sid
   sid="$(cat "$1")"
   [ -n "$(ps -eo sid= | awk -v s="$sid" '$1==s' | head -1)" ]
 }
+
+if [ -s "$ports_file" ] && { session_alive "$state/ray.sid" || session_alive "$state/mlflow.sid"; }; then
+  read -r ray_port dash_port mlflow_port <"$ports_file"
+fi
+mlflow_uri="http://127.0.0.1:$mlflow_port"
+api_address="http://127.0.0.1:$dash_port"
+gcs_address="127.0.0.1:$ray_port"
+# Ray 2.60 authenticates every client of a cluster started in token mode (the job server included). The stack's
+# token lives in its state dir, readable by you only, not in ~/.ray, so that it is this stack's alone.
+token_file="$state/ray_auth_token"
 
 stop_session() {  # stop_session FILE NAME: SIGTERM the session's processes, SIGKILL what is left after 15 s
   local file="$1" name="$2" sid pids i
@@ -186,6 +190,7 @@ print(*[s.getsockname()[1] for s in ss])')
   wait_http "http://127.0.0.1:$(cat "$state/agent_port")/" 120 "Ray dashboard agent" "$state/ray.log"
   still_ours "$state/mlflow.sid" "MLflow server" "$state/mlflow.log"
   still_ours "$state/ray.sid" "Ray head" "$state/ray.log"
+  echo "$ray_port $dash_port $mlflow_port" >"$ports_file"
   print_env >"$state/env.sh"
   echo
   echo "Local stack is up. In your shell:"
@@ -217,7 +222,7 @@ case "${1:-}" in
   stop)
     stop_session "$state/ray.sid" "Ray head"
     stop_session "$state/mlflow.sid" "MLflow server"
-    rm -rf "$ray_tmp" "$state/env.sh"
+    rm -rf "$ray_tmp" "$state/env.sh" "$ports_file"
     echo ">> stopped (runs and artifacts kept in $state/mlflow)"
     ;;
   status) status ;;

@@ -6,6 +6,10 @@ then its connection is dropped part-way through the answer: the status line, the
 are sent and the socket is closed (a reset mid-read; for a write the store has applied it, and only the answer is
 lost). A request numbered by both is answered 503. Everything else is passed through unchanged.
 
+Two more faults, for the writer lease's tests: ``unavailable(part, seconds)`` answers 503 to every request whose path
+holds ``part`` for that long (one key throttled, or cut off by a partition); ``strip_conditions=True`` drops the
+``If-None-Match``/``If-Match`` headers of every request (a store that ignores conditional writes).
+
     with FaultProxy(upstream="http://127.0.0.1:5000") as proxy:
         ... endpoint_url=proxy.url ...
         proxy.counts  # {"requests": n, "slowdown": a, "dropped": b}
@@ -15,6 +19,7 @@ from __future__ import annotations
 import http.client
 import socket
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -45,7 +50,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         proxy: FaultProxy = self.server.proxy  # type: ignore[attr-defined]
         body = self._body()
-        n, fault = proxy.next_fault()
+        n, fault = proxy.next_fault(self.path, self.command)
         if fault == "slowdown":
             self.send_response(503)
             self.send_header("Content-Type", "application/xml")
@@ -55,7 +60,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         upstream = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=60)
         try:
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP
+                       and not (proxy.strip_conditions and k.lower() in ("if-match", "if-none-match"))}
             headers["Content-Length"] = str(len(body))
             upstream.request(self.command, self.path, body=body, headers=headers)
             response = upstream.getresponse()
@@ -87,9 +93,10 @@ class _Handler(BaseHTTPRequestHandler):
 class FaultProxy:
     """The proxy (see the module docstring); a context manager that starts and stops its server thread."""
 
-    def __init__(self, upstream: str, slow_every: int = 5, drop_every: int = 9) -> None:
+    def __init__(self, upstream: str, slow_every: int = 5, drop_every: int = 9, strip_conditions: bool = False) -> None:
         self.upstream = urllib.parse.urlsplit(upstream)
-        self.slow_every, self.drop_every = slow_every, drop_every
+        self.slow_every, self.drop_every, self.strip_conditions = slow_every, drop_every, strip_conditions
+        self._unavailable: tuple[str, float, tuple[str, ...]] | None = None
         self.counts = {"requests": 0, "slowdown": 0, "dropped": 0}
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
@@ -98,11 +105,20 @@ class FaultProxy:
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True)
 
-    def next_fault(self) -> tuple[int, str | None]:
+    def unavailable(self, part: str, seconds: float, methods: tuple[str, ...] = ()) -> None:
+        """Answer 503 to every request whose path holds ``part`` (and whose method is one of ``methods``, when
+        given), for ``seconds`` from now."""
+        with self._lock:
+            self._unavailable = (part, time.monotonic() + seconds, methods)
+
+    def next_fault(self, path: str = "", method: str = "") -> tuple[int, str | None]:
         with self._lock:
             self.counts["requests"] += 1
             n = self.counts["requests"]
             fault = "slowdown" if n % self.slow_every == 0 else "drop" if n % self.drop_every == 0 else None
+            if self._unavailable and self._unavailable[0] in path and time.monotonic() < self._unavailable[1] and \
+                    (not self._unavailable[2] or method in self._unavailable[2]):
+                fault = "slowdown"
             if fault == "slowdown":
                 self.counts["slowdown"] += 1
             elif fault == "drop":

@@ -1,8 +1,9 @@
 """The import rules of CONVENTIONS.md and docs/architecture.md: jobs -> workflows, pretraining, finetuning -> training
 (the runtime both trainers share) -> tracking, pipeline, bert_core; the two trainers never import each other;
 bert_core is torch-only; pipeline is model-free; MLflow is imported only under tracking/, Ray only by the training
-launcher (training/launch.py and its torch rendezvous, training/rendezvous.py) and the build's engine
-(pipeline/build/ray_*.py)."""
+launcher (training/launch.py and its torch rendezvous, training/rendezvous.py), the build's engine
+(pipeline/build/ray_*.py), curation's Ray Data computations (pipeline/curate/ray_*.py) and Ray's start-up, which
+the build and the launcher both use (pipeline/cluster/ray_start.py)."""
 import ast
 from pathlib import Path
 
@@ -25,12 +26,13 @@ PACKAGES = sorted(ALLOWED)
 
 
 def may_import(module: str, rel: str) -> bool:
-    """MLflow only under tracking/; Ray only in the training launcher and the build's engine."""
+    """MLflow only under tracking/; Ray only in the training launcher, the build's engine and curation's Ray Data
+    computations."""
     if module == "mlflow":
         return rel.startswith("tracking/")
     if module == "ray":
-        return rel in ("training/launch.py", "training/rendezvous.py") or (
-            rel.startswith("pipeline/build/ray_") and rel.endswith(".py"))
+        return rel in ("training/launch.py", "training/rendezvous.py", "pipeline/cluster/ray_start.py") or (
+            rel.startswith(("pipeline/build/ray_", "pipeline/curate/ray_")) and rel.endswith(".py"))
     if module in ("fsspec", "pyarrow", "s3fs"):
         return not rel.startswith("bert_core/")
     return True
@@ -172,6 +174,14 @@ def test_package_size(package):
 
 def test_the_build_job_reaches_no_trainer_module():
     assert loaded_by("jobs.build_dataset", ("training", "pretraining", "finetuning")) == []
+
+
+def test_training_imports_nothing_from_the_build():
+    """Ray's start-up is shared (pipeline/cluster/ray_start.py); the trainer reaches no module of the dataset build."""
+    for f in (REPO / "training").rglob("*.py"):
+        assert not any(n == "pipeline.build" or n.startswith("pipeline.build.")
+                       for n in _our_imports(f, {"pipeline.build"} | {_module_of(g) for g in
+                                                                       (REPO / "pipeline").rglob("*.py")})), f
 
 
 def test_the_trainers_do_not_import_each_other():

@@ -6,6 +6,9 @@
 - `tracker`: how a training loop's rank 0 logs metrics into the job's run
 - `datasets`: a build's output, and a training run's input, as the same MLflow dataset
 - `build_run`: the dataset build's run (params, stages, report, dataset)
+- `lineage`: the runs' descriptions linking each run to those it came from and those made from it
+- `links`, `notes`: links into the UI (model-training view), run descriptions
+- `ui`: the UI of a local store, served in seconds, every page in the model-training view (`jobs/mlflow_ui.py`)
 - `config`: `TrackingConfig`, what a training loop needs to log
 
 Every job logs one run: `open_run` creates it, or reopens the run a rerun should continue (found by a tag, e.g.

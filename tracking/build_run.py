@@ -1,16 +1,19 @@
-"""The dataset build's MLflow run: opened when the job starts, written by one background thread, closed with the
-build's own start and end times, so that its duration is the build's; what it adds to the job's critical path is
-its end (figures, artifacts, the dataset), written after the build.
+"""The dataset build's MLflow run: opened when the build begins its work (every check of its flags, inputs and
+output passed: a mistake found before then leaves no run and waits for no store), written by one background thread,
+closed with the build's own start and end times, so that its duration is the build's; what it adds to the job's
+critical path is its end (figures, artifacts, the dataset), written after the build.
 
-    run = BuildRun(tracking_uri, experiment, cfg, args, started)   # returns at once
-    build(cfg, executor, on_stage=run.on_stage)     # a child run for the vocabulary stage, stage times as metrics
+    run = BuildRun(tracking_uri, experiment, cfg, args, started)   # nothing opened yet
+    build(cfg, run.opening(executor), on_stage=run.on_stage)  # the run opens as the executor begins
     run.finish(output, manifest, ended)             # metrics, the report's figures, manifest, dataset (queued)
     run_id = run.wait()                             # before Ray shuts down; raises what the thread raised
 
 Writes are queued on one thread (in order); ``on_stage`` raises at once if the run could not be opened, so a bad
 tracking store stops the build at its next stage rather than after it. The run is opened by
 ``tracking.runs.open_run`` (dated from the job's start), the figures come from ``tracking.build_report``, the dataset
-record from ``tracking.datasets.log_dataset`` (what pre-training calls for its input).
+record from ``tracking.datasets.log_dataset`` (what pre-training calls for its input). A run of the same output left
+RUNNING by a killed build is marked KILLED when the next build of that output opens its own (that build holds the
+output's lease, so the other cannot be alive).
 """
 from __future__ import annotations
 
@@ -26,11 +29,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pipeline.schema import Manifest
 
+from pipeline.safe_io.redact import redact_url
+from tracking.lineage import DATASET_SHA_TAG
 from pipeline.storage import is_url
 
 log = logging.getLogger(__name__)
 
 REPORT_DIR = "report"  # artifact folder of the figures
+OUTPUT_TAG = "bert.build_output"  # the output folder a build's run is of: the next build there closes a stale one
 
 
 class BuildRun:
@@ -42,25 +48,47 @@ class BuildRun:
             "vocab_size": cfg.vocab_size, "sample_bytes": cfg.vocab_sample_bytes, "min_frequency": cfg.min_frequency,
             "do_lower_case": cfg.do_lower_case, "seed": cfg.instances.seed, "unit_bytes": cfg.unit_bytes}
         self.vocab_run: Any = None
+        self.output = cfg.output
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mlflow")
         self._pending: list[concurrent.futures.Future] = []
-        self._opened = self._thread.submit(self._open, readable_params(args, cfg), args.parent_run_id, started)
+        self._open_args = (readable_params(args, cfg), args.parent_run_id, started)
+        self._opened: concurrent.futures.Future | None = None
         self._stages_run = 0
+
+    def start(self) -> None:
+        """Open the run (in the thread; at most once)."""
+        if self._opened is None:
+            self._opened = self._thread.submit(self._open, *self._open_args)
+
+    def opening(self, executor: Any) -> Any:
+        """``executor``, opening the run when the build begins its work (``Executor.begin``)."""
+        return _OpensRun(executor, self)
 
     # --- the thread's work (queued in order) --------------------------------------------------------------------
 
     def _open(self, params: dict[str, Any], parent: str | None, started: float):
         from tracking.runs import open_run
 
-        run = open_run(self.uri, self.experiment, self.name, params=params, tags={"job": "build_dataset"},
+        from tracking.runs import close_stale_runs
+
+        run = open_run(self.uri, self.experiment, self.name, params=params,
+                       tags={"job": "build_dataset", OUTPUT_TAG: redact_url(self.output)},
                        parent_run_id=parent, start_time=started)
+        close_stale_runs(run, OUTPUT_TAG, redact_url(self.output))
         import matplotlib.figure  # noqa: F401 - loaded while the build runs, not after it
 
         return run
 
     def _stage(self, name: str, markers: list, started: float, ended: float) -> None:
+        from pipeline.build.rows import sum_ops
+
         run = self._opened.result()
         run.log_metrics({f"stage_seconds.{name}": round(ended - started, 3)})
+        # Per operator of a row pass (Ray Data fuses a pass into one task, so its own statistics cannot tell them
+        # apart): rows in and out, MB out, CPU seconds.
+        run.log_metrics({f"op.{name}.{op}.{what}": round(float(v[i]) / (1e6 if what == "mb_out" else 1), 3)
+                         for op, v in sum_ops(markers).items()
+                         for i, what in enumerate(("rows_in", "rows_out", "mb_out", "cpu_s"))})
         if name == "vocab" and self.vocab_params is not None:
             self._vocab_run(run.run_id, markers[0], started, ended)
 
@@ -73,6 +101,7 @@ class BuildRun:
         from tracking import build_report as report
         from pipeline.schema import MANIFEST, VOCAB_FILE
         from pipeline.storage import join, read_bytes
+        from tracking.build_curation import log_curation
         from tracking.datasets import log_dataset
 
         run = self._opened.result()
@@ -80,14 +109,16 @@ class BuildRun:
         run.log_metrics(report.metrics(m))
         run.log_params({"vocab.size": m.vocab.size, "vocab.sha256": m.vocab.sha256, "config_hash": m.config_hash,
                         "input_files": len(m.inputs), "input_bytes": m.input_bytes})
-        run.set_tags({"dataset.url": output, "dataset.result": "already complete: nothing built" if nothing_done
-                      else "built", "mlflow.note.content": _note(output, m, nothing_done)})
+        run.set_tags({"dataset.url": output, DATASET_SHA_TAG: m.sha256, "dataset.result":
+                      "already complete: nothing built" if nothing_done else "built",
+                      "mlflow.note.content": _note(output, m, nothing_done)})
         with tempfile.TemporaryDirectory(prefix="build-report-") as d:
             (Path(d) / REPORT_DIR).mkdir()
             for fname, png in figures.items():
                 (Path(d) / REPORT_DIR / fname).write_bytes(png)
             (Path(d) / MANIFEST).write_bytes(read_bytes(join(output, MANIFEST), self.endpoint_url))
             run.log_artifacts(d)
+            log_curation(run, output, m, self.endpoint_url, d)  # the curation report, its shares (a curated build)
             if self.vocab_run is not None:  # the trained vocabulary, beside the run that trained it
                 (Path(d) / "vocab").mkdir()
                 (Path(d) / "vocab" / VOCAB_FILE).write_bytes(read_bytes(join(output, VOCAB_FILE), self.endpoint_url))
@@ -108,21 +139,28 @@ class BuildRun:
 
     def on_stage(self, name: str, markers: list, started: float, ended: float) -> None:
         """A stage finished: its wall time as a metric; the vocabulary stage gets a child run of its own."""
+        self.start()
         if self._opened.done() and self._opened.exception() is not None:
             self._opened.result()  # the store refused the run: stop the build now, not after it
         self._stages_run += 1
         self._submit(self._stage, name, markers, started, ended)
 
     def finish(self, output: str, manifest: Manifest, ended: float) -> None:
+        self.start()  # a finished output's rerun begins no work: its run says it built nothing
         self._submit(self._finish, output, manifest, ended, self._stages_run == 0)
 
     def fail(self, error: BaseException, ended: float) -> None:
-        self._submit(self._fail, error, ended)
+        """The build failed: its run (when its work had begun) ends FAILED, or KILLED for Ctrl-C."""
+        if self._opened is not None:
+            self._submit(self._fail, error, ended)
 
-    def wait(self, timeout: float = 600.0) -> str:
-        """The run's id once every queued write is done; raises the first error of the thread."""
+    def wait(self, timeout: float = 600.0) -> str | None:
+        """The run's id once every queued write is done (None: the build failed before its run opened); raises the
+        first error of the thread."""
         t0 = time.perf_counter()
         try:
+            if self._opened is None:
+                return None
             run = self._opened.result(timeout)
             for f in self._pending:
                 f.result(timeout)
@@ -131,6 +169,20 @@ class BuildRun:
             return run.run_id
         finally:
             self._thread.shutdown(wait=False)
+
+
+class _OpensRun:
+    """An executor whose ``begin`` opens the build's run first (the MLflow thread and Ray then start together)."""
+
+    def __init__(self, executor: Any, run: BuildRun) -> None:
+        self._executor, self._run = executor, run
+
+    def begin(self) -> None:
+        self._run.start()
+        self._executor.begin()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._executor, name)
 
 
 def vocab_run(tracking_uri: str, experiment: str, name: str, params: dict[str, Any], marker: Any, started: float,
@@ -187,6 +239,8 @@ def readable_params(args: Any, cfg: Any) -> dict[str, Any]:
     params |= flatten_params(cfg.read, "read") | flatten_params(cfg.instances, "instances")
     params |= {k: getattr(cfg, k) for k in ("do_lower_case", "dupe_factor", "pool_tokens", "unit_bytes")}
     params["num_shards"] = cfg.num_shards if cfg.num_shards is not None else "from the planned size"
+    if cfg.curate.enabled:
+        params |= flatten_params(cfg.curate, "curate")
     if cfg.vocab:
         params["vocab"] = cfg.vocab
     else:

@@ -13,6 +13,8 @@ tag is still set (`tracking.store`): it is what the UI reads where the switch is
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from urllib.parse import quote
 
 WORKFLOW_PARAM = "workflowType=machine_learning"  # the model-training view (runs, metrics, charts)
@@ -36,8 +38,12 @@ def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
     return f"{ui_base(tracking_uri)}/#/experiments/{quote(str(experiment_id))}/runs/{quote(run_id)}?{WORKFLOW_PARAM}"
 
 
-def ui_command(tracking_uri: str, mlflow: str = "mlflow") -> str | None:
-    """The command that serves a local store's UI at LOCAL_UI (None for a tracking server: it serves its own)."""
+def ui_command(tracking_uri: str, python: str | None = None) -> str | None:
+    """The command that serves a local store's UI at LOCAL_UI in seconds, every page in the model-training view
+    (`jobs/mlflow_ui.py`, run by `python`, default this interpreter: a fresh shell can run the line as printed);
+    None for a tracking server: it serves its own."""
     if tracking_uri.startswith(("http://", "https://")):
         return None
-    return f"{mlflow} ui --backend-store-uri {tracking_uri} --port {LOCAL_UI.rsplit(':', 1)[1]}"
+    python = python or sys.executable
+    job = Path(__file__).resolve().parent.parent / "jobs" / "mlflow_ui.py"
+    return f"{python} {job} --store {tracking_uri} --port {LOCAL_UI.rsplit(':', 1)[1]}"

@@ -142,6 +142,26 @@ def close_stale_children(run: Run) -> None:
             client.set_terminated(r.info.run_id, status="KILLED")
 
 
+STALE_NOTE = ("the job ended without closing this run (killed, or its machine lost); marked KILLED by the next job "
+              "on the same output, run {run_id}")
+
+
+def close_stale_runs(run: Run, tag: str, value: str) -> list[str]:
+    """Runs of `run`'s experiment whose tag `tag` is `value`, left RUNNING by a job that died, are marked KILLED with
+    an `error` tag saying so; their ids. Call it holding what rules out a live job on that thing (its lease)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(run.tracking_uri)
+    # The value is compared here, not in the filter: a path may hold quotes.
+    running = client.search_runs([run.experiment_id], filter_string="attributes.status = 'RUNNING'")
+    stale = [r.info.run_id for r in running if r.data.tags.get(tag) == value and r.info.run_id != run.run_id]
+    for run_id in stale:
+        client.set_tag(run_id, "error", STALE_NOTE.format(run_id=run.run_id))
+        client.set_terminated(run_id, status="KILLED")
+        log.warning("MLflow run %s was left RUNNING by a job that died: marked KILLED", run_id)
+    return stale
+
+
 def run_exists(tracking_uri: str, run_id: str) -> bool:
     from mlflow.tracking import MlflowClient
 
@@ -163,6 +183,13 @@ def run_metrics(tracking_uri: str, run_id: str) -> dict[str, float]:
     from mlflow.tracking import MlflowClient
 
     return dict(MlflowClient(tracking_uri).get_run(run_id).data.metrics)
+
+
+def metric_history(tracking_uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    """(step, value) of every point of a run's metric, by step."""
+    from mlflow.tracking import MlflowClient
+
+    return sorted((m.step, m.value) for m in MlflowClient(tracking_uri).get_metric_history(run_id, key))
 
 
 def run_summary(tracking_uri: str, run_id: str) -> dict[str, str] | None:

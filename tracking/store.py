@@ -10,6 +10,11 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 DEFAULT_TRACKING_DIR = "mlruns"
+# The experiment every stand-alone job logs to unless --experiment says otherwise: one per pipeline, so a build's
+# runs, the vocabulary's, pre-training's and fine-tuning's sit in one runs table (the Dataset column beside them,
+# fine-tuning nested under the pre-training run it started from, which MLflow shows within one experiment only).
+# A workflow names its own (its config's `mlflow.experiment`).
+DEFAULT_EXPERIMENT = "bert"
 # The experiment's kind (the UI's ExperimentKind enum): model training. MLflow 3.17.2's UI does not read it to pick
 # an experiment's view (its GenAI | Model training switch does, see tracking/links.py: the links we print carry the
 # switch's URL parameter); it reads it where the switch is off, and other clients (the API, search) see it.
@@ -44,7 +49,7 @@ def check_tracking_reachable(tracking_uri: str, timeout: float = 10.0) -> None:
         Path(tracking_uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
 
 
-def _artifact_root(tracking_uri: str) -> str | None:
+def artifact_root(tracking_uri: str) -> str | None:
     """With a sqlite store and no artifact root, MLflow writes artifacts to the *logging process's* cwd, which
     inside Ray is a session temp dir: pin them beside the database instead. Servers manage their own."""
     if tracking_uri.startswith("sqlite:///"):
@@ -60,7 +65,7 @@ def get_or_create_experiment(name: str, tracking_uri: str) -> str:
     client = MlflowClient(tracking_uri)
     exp = client.get_experiment_by_name(name)
     if exp is None:
-        root = _artifact_root(tracking_uri)
+        root = artifact_root(tracking_uri)
         return client.create_experiment(name, artifact_location=f"{root}/{name}" if root else None,
                                         tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
     if EXPERIMENT_KIND_TAG not in exp.tags:

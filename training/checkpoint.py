@@ -8,17 +8,25 @@ A checkpoint directory holds
 
 Where checkpoints live is the caller's business: `LocalCheckpoints` keeps the last k in a local folder for
 `pretraining.loop.fit` without Ray; the Ray wrapper hands the same folder to `ray.train.report` (local or S3 storage).
+
+Under a job's writer lease (pipeline/safe_io/fence.py) a checkpoint counts only once committed: its writer adds its
+name, step and digest (`checkpoint_digest`, every file's bytes) to the lease's record by a conditional write before it
+puts the files in place (a rename, an upload). A run resumes only from a committed checkpoint whose
+files still have that digest (`resumable`): a folder a stalled or cut-off job wrote after it lost the lease is never
+resumed from, and neither is one such a job overwrote.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -37,8 +45,70 @@ PREFIX = "checkpoint-"
 MAX_TRAIN_STATE_JSON_BYTES = 64 << 20
 
 
+COMMITS = "checkpoints"  # the kind of entry checkpoints are committed as in the lease's record
+_HASH_CHUNK = 8 << 20
+
+
 def checkpoint_name(step: int) -> str:
     return f"{PREFIX}{step:08d}"
+
+
+def checkpoint_digest(directory: str | os.PathLike) -> str:
+    """``sha256:<hex>`` over every file of a checkpoint (relative name, size and bytes, in name order): what its
+    commit records and a resume verifies. About a second per GB, once per checkpoint and once per resume."""
+    root, total = Path(directory), hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(_HASH_CHUNK):
+                h.update(chunk)
+        total.update(f"{path.relative_to(root).as_posix()}\0{path.stat().st_size}\0{h.hexdigest()}\n".encode())
+    return "sha256:" + total.hexdigest()
+
+
+def commit_entry(step: int, directory: str | os.PathLike) -> dict[str, Any]:
+    return {"name": checkpoint_name(step), "step": step, "digest": checkpoint_digest(directory)}
+
+
+def resumable(fence, written: dict[str, float]) -> list[tuple[str, str | None]]:
+    """The checkpoints a run under ``fence`` may resume from, newest first, as (name, digest to verify or None):
+    the committed ones among ``written`` (folder name -> when its files were written, by the store's clock), or, when
+    nothing was ever committed under the lease, the folders older than the lease's first record (written by a
+    version of this tool without commits). Anything else is named in a warning and left alone."""
+    entries, legacy_before = fence.committed(COMMITS)
+    if entries:
+        chosen = [(e["name"], e.get("digest")) for e in sorted(entries, key=lambda e: e["step"], reverse=True)
+                  if e["name"] in written]
+        newest = max((e["step"] for e in entries), default=-1)
+        ignored = sorted(n for n in written if n not in {e["name"] for e in entries} and _step(n) > newest)
+    elif legacy_before is not None:
+        chosen = [(n, None) for n in sorted(written, reverse=True) if written[n] <= legacy_before]
+        ignored = sorted(n for n in written if written[n] > legacy_before)
+    else:
+        chosen, ignored = [], sorted(written)
+    if ignored:
+        log.warning("not resuming from %s: written without a commit under this run's writer lease (by a job that had"
+                    " lost it, or was stopped before committing); left as it is", ", ".join(ignored))
+    return chosen
+
+
+def _step(name: str) -> int:
+    try:
+        return int(name.removeprefix(PREFIX))
+    except ValueError:
+        return -1
+
+
+def first_verified(candidates: list[tuple[str, str | None]], directory_of: Callable[[str], Any]):
+    """The name of the first candidate whose files have its committed digest (None: none has): ``directory_of(name)``
+    is a context manager giving the checkpoint as a local directory."""
+    for name, digest in candidates:
+        with directory_of(name) as d:
+            if digest is None or checkpoint_digest(d) == digest:
+                return name
+            log.warning("not resuming from %s: its files differ from what was committed (overwritten by a job that"
+                        " had lost the run's writer lease?); trying an older one", name)
+    return None
 
 
 def save_train_state(directory, optimizer: torch.optim.Optimizer, scheduler=None, extra: dict | None = None) -> None:
@@ -117,10 +187,11 @@ class LocalCheckpoints:
 
     A checkpoint is written under a temporary name and renamed into place, so a folder named checkpoint-N is
     always complete (a killed run leaves at most a stray temp folder, which is ignored and cleaned next time).
+    With a `fence` (the job's writer lease), each checkpoint is proved before and committed after (see above).
     """
 
-    def __init__(self, directory: str | os.PathLike, keep: int = 3) -> None:
-        self.directory, self.keep = Path(directory), keep
+    def __init__(self, directory: str | os.PathLike, keep: int = 3, fence=None) -> None:
+        self.directory, self.keep, self.fence = Path(directory), keep, fence
 
     def all(self) -> list[Path]:
         if not self.directory.is_dir():
@@ -130,16 +201,32 @@ class LocalCheckpoints:
     @contextmanager
     def latest(self) -> Iterator[Path | None]:
         found = self.all()
-        yield found[-1] if found else None
+        if self.fence is None:
+            yield found[-1] if found else None
+            return
+        written = {p.name: max(f.stat().st_mtime for f in p.rglob("*") if f.is_file()) for p in found}
+
+        @contextmanager
+        def local(name: str) -> Iterator[Path]:
+            yield self.directory / name
+
+        name = first_verified(resumable(self.fence, written), local)
+        yield self.directory / name if name else None
 
     def save(self, step: int, metrics: dict, write) -> str | None:
-        """`write(tmp_dir)` fills a new checkpoint; it becomes checkpoint-<step> atomically."""
+        """`write(tmp_dir)` fills a new checkpoint; it becomes checkpoint-<step> atomically (and, with a fence,
+        committed under the job's writer lease)."""
         if write is None:
             return None
+        if self.fence is not None:
+            self.fence.check(fresh=True)
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.directory))
+        committed = None
         try:
             write(tmp)
+            if self.fence is not None:  # committed before it takes its name: a writer that cannot commit names nothing
+                committed = self.fence.commit(COMMITS, commit_entry(step, tmp))
             final = self.directory / checkpoint_name(step)
             if final.exists():
                 shutil.rmtree(final)
@@ -147,8 +234,14 @@ class LocalCheckpoints:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        for old in self.all()[:-self.keep] if self.keep > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
+        old = self.all()[:-self.keep] if self.keep > 0 else []
+        if committed is not None:
+            # Under a lease only what was committed counts: keep the last `keep` committed ones and remove what is
+            # older than all of them; a newer folder that was never committed is not ours to remove.
+            kept = sorted(e["step"] for e in committed)[-self.keep:]
+            old = [p for p in self.all() if _step(p.name) < kept[0]]
+        for path in old:
+            shutil.rmtree(path, ignore_errors=True)
         for stray in self.directory.glob(".tmp-*"):
             shutil.rmtree(stray, ignore_errors=True)
         return str(final)

@@ -86,3 +86,19 @@ def warmup_or_default(steps: int | None, max_steps: int) -> int:
     log.info("--warmup-steps %d: %.0f%% of --max-steps %d (pass --warmup-steps to choose, 0 for none)", value,
              100 * WARMUP_FRACTION, max_steps)
     return value
+
+
+EVAL_POINTS = 5  # a pre-training run's evaluations by default: enough for a curve of held-out accuracy, at little cost
+
+
+def eval_every_or_default(every: int | None, max_steps: int, log_every: int) -> int:
+    """--eval-every as given, else about EVAL_POINTS evaluations over the run, on logging steps (and one at the
+    end), said in the log."""
+    if every is not None:
+        return every
+    value = max(1, -(-max_steps // EVAL_POINTS))
+    if log_every < value:  # on a logging step: each held-out point beside a training one
+        value = -(-value // log_every) * log_every
+    log.info("--eval-every %d: %d evaluations over --max-steps %d (pass --eval-every to choose, 0 for the end only)",
+             value, -(-max_steps // value), max_steps)
+    return value

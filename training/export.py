@@ -5,7 +5,8 @@ A later stage reads the lineage file beside the weights it starts from (`read_li
 the one that made them. Publishing is all-or-nothing (pipeline/safe_io/publish.py): a local export is staged beside its
 destination and swapped in by renames; an upload goes under a new version prefix and `export.json`, written last,
 points readers at it. One export writes a destination at a time: it holds the destination's lease
-(`<destination>.lease.json`, pipeline/safe_io/lease.py) while it publishes.
+(`<destination>.lease.json`, pipeline/safe_io/lease.py) while it publishes, and proves it (pipeline/safe_io/fence.py)
+right before each switch: an export stalled past the lease's stale time never swaps in or points at its files.
 """
 from __future__ import annotations
 
@@ -68,11 +69,12 @@ def export_model(model_dir: Path, dest: str | None, run: Run, lineage: str,
         run.log_artifacts(staged, artifact_path="model")
         if dest is not None:
             with holding(lease_url_beside(str(target or dest)), str(target or dest), "export", endpoint_url,
-                         hint="or export somewhere else", wait=EXPORT_WAIT_SECONDS):
+                         hint="or export somewhere else", wait=EXPORT_WAIT_SECONDS) as lease:
+                prove = lambda: lease.fence.check(fresh=True)  # noqa: E731 - before each switch
                 if target is not None:
-                    swap_in_local(staged, target)
+                    swap_in_local(staged, target, prove)
                 else:
-                    publish_remote(staged, dest, endpoint_url)
+                    publish_remote(staged, dest, endpoint_url, prove)
     if dest is not None:
         log.info("exported the model (Hugging Face layout) to %s", target or redact_url(dest))
 

@@ -140,6 +140,7 @@ def _remove_storage_folders(launch: LaunchConfig) -> None:
     """The storage folder and its parent, when no other run uses them (a fine-tuning job's default storage is a
     folder of its own beside its output); after the lease, whose file lies in the storage folder, is released."""
     if _local(launch):
+        launch.forget_writer_lease()  # released by now: the temporary run leaves nothing behind
         with contextlib.suppress(OSError):  # rmdir fails on a folder that is not empty: it is kept
             launch.local_directory.parent.rmdir()
             launch.local_directory.parent.parent.rmdir()

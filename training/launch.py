@@ -12,8 +12,16 @@ which every rank calls: it is a barrier) and what the job prepared for every wor
 place that decides where a run keeps its checkpoints: `launch.local_directory` in this process, Ray Train's storage
 (`launch.storage`/`launch.name`, local or S3) on Ray.
 
-Ray is imported inside the functions (Ray itself is started by `pipeline.build.ray_start.init_ray`, on loopback
+Ray is imported inside the functions (Ray itself is started by `pipeline.cluster.ray_start.init_ray`, on loopback
 unless the job joins a cluster), so `fit` without Ray never loads it.
+
+Fencing (pipeline/safe_io/fence.py): when this process holds the run's writer lease (`LaunchConfig.writer_lease`), its
+fence goes to every worker. Rank 0 commits each checkpoint (name, step, digest) under the lease by a conditional
+write before uploading it (the verdict is broadcast, so every rank stops together), logs to MLflow only while it can
+prove the lease, resumes only from a committed checkpoint whose files have the committed digest, and watches the
+lease between checkpoints: a worker whose job's driver is stopped or cut off stops within half the stale time of its
+last heartbeat. The driver proves the lease again before it hands back
+the final checkpoint (an export, the MLflow run's end follow), and steps down (exits, one line) when it cannot.
 """
 from __future__ import annotations
 
@@ -104,6 +112,13 @@ class LaunchConfig:
         return holding(lease_url_beside(self.run_url), self.run_url, what, self.endpoint_url,
                        hint="or give this job another --run-name")
 
+    def forget_writer_lease(self) -> None:
+        """Remove the run's released lease record: for a run folder removed as a whole once its job ended
+        (fine-tuning's temporary checkpoints), so nothing of the run is left beside it."""
+        from pipeline.safe_io.lease import forget_released, lease_url_beside
+
+        forget_released(lease_url_beside(self.run_url), self.endpoint_url)
+
     @property
     def local_directory(self) -> Path:
         """The run's folder on local disk, where a run in this process (`no_ray`) keeps its checkpoints."""
@@ -145,19 +160,44 @@ def run(fit: Callable[[Any, Worker], Any], config: Any, launch: LaunchConfig, *,
     checkpoint only for its best epoch, so that is the best one). `inputs`, when given, is handed to every worker
     as `worker.inputs` (through Ray's object store: put once, whatever the number of workers); `tracking` is the
     job's MLflow run, which rank 0 logs into."""
+    fence = _fence(launch)
     if launch.no_ray:
-        with _in_process(launch, inputs, tracking) as worker:
+        with _in_process(launch, inputs, tracking, fence) as worker:
             result = fit(config, worker)
-        if result.checkpoint is None:
+            final = result.checkpoint
+            if final is None and result.step and result.step == result.resumed_from:
+                with worker.checkpoints.latest() as done:  # a rerun of a finished run: nothing to train
+                    final = str(done) if done is not None else None
+                if final is not None:
+                    log.info("%s is already complete (step %d, checkpoint %s): nothing to train",
+                             launch.run_url, result.step, Path(final).name)
+        if final is None:
             raise RuntimeError("training finished without a checkpoint; see the log above")
-        yield Path(result.checkpoint)
+        _prove(fence)
+        yield Path(final)
         return
-    with _on_ray(fit, config, launch, inputs, tracking) as directory:
+    with _on_ray(fit, config, launch, inputs, tracking, fence) as directory:
         yield directory
 
 
+def _fence(launch: LaunchConfig):
+    """The fence of the run's writer lease when this process holds it (a job does; a test calling `run` may not)."""
+    from pipeline.safe_io.lease import held
+
+    lease = held(launch.run_url)
+    return lease.fence if lease is not None else None
+
+
+def _prove(fence) -> None:
+    """The driver proves the lease before what follows a run (the export, the MLflow run's end); when it cannot,
+    the lease steps down (by default: one ERROR line naming who holds it, exit status 2)."""
+    if fence is not None:
+        fence.check(fresh=True)
+
+
 @contextlib.contextmanager
-def _in_process(launch: LaunchConfig, inputs: Any = None, tracking: RunRef | None = None) -> Iterator[Worker]:
+def _in_process(launch: LaunchConfig, inputs: Any = None, tracking: RunRef | None = None,
+                fence=None) -> Iterator[Worker]:
     """Rank 0 of 1 in this process, its checkpoints in the run's local folder (`launch.local_directory`); its torch
     threads are the launch's CPUs (restored after: the caller's process, a test session or a notebook, keeps its
     own)."""
@@ -171,8 +211,8 @@ def _in_process(launch: LaunchConfig, inputs: Any = None, tracking: RunRef | Non
         torch.set_num_threads(max(1, round(launch.cpus_per_worker)))
     try:
         yield Worker(device=torch.device("cuda" if launch.use_gpu else "cpu"),
-                     checkpoints=LocalCheckpoints(launch.local_directory, keep=launch.keep_checkpoints),
-                     inputs=inputs, tracking=tracking)
+                     checkpoints=LocalCheckpoints(launch.local_directory, keep=launch.keep_checkpoints, fence=fence),
+                     inputs=inputs, tracking=tracking, fence=fence)
     finally:
         torch.set_num_threads(before)
 
@@ -189,13 +229,14 @@ def _cpus_per_worker(launch: LaunchConfig) -> float:
 
 @contextlib.contextmanager
 def _on_ray(fit: Callable, config, launch: LaunchConfig, inputs: Any = None,
-            tracking: RunRef | None = None) -> Iterator[Path]:
-    """`fit(config, worker)` on Ray Train workers (DDP); yields the last checkpoint Ray Train kept."""
+            tracking: RunRef | None = None, fence=None) -> Iterator[Path]:
+    """`fit(config, worker)` on Ray Train workers (DDP); yields the last checkpoint Ray Train kept (under a fence: the
+    last one committed, or the one a finished run was found complete at)."""
     import ray
     import ray.train
     from ray.train.torch import TorchTrainer
 
-    from pipeline.build.ray_start import init_ray
+    from pipeline.cluster.ray_start import init_ray
     from training.rendezvous import LocalRendezvous
 
     init_ray(dashboard=True)
@@ -210,7 +251,8 @@ def _on_ray(fit: Callable, config, launch: LaunchConfig, inputs: Any = None,
     trainer = TorchTrainer(
         ray_worker,
         train_loop_config={"fit": fit, "config": config, "threads": max(1, round(cpus)),
-                           "inputs": ray.put(inputs) if inputs is not None else None, "tracking": tracking},
+                           "inputs": ray.put(inputs) if inputs is not None else None, "tracking": tracking,
+                           "fence": fence, "run_folder": (fs, f"{storage_path}/{launch.name}")},
         # Single-node groups rendezvous through a private file store, not a TCPStore on every interface.
         torch_config=LocalRendezvous(backend="nccl" if launch.use_gpu else "gloo"),
         scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=launch.use_gpu,
@@ -224,66 +266,162 @@ def _on_ray(fit: Callable, config, launch: LaunchConfig, inputs: Any = None,
     )
     log.info("training on %s Ray worker(s) x %s CPU%s", f"{launch.min_workers} to {launch.num_workers}" if
              launch.elastic else launch.num_workers, cpus, " + GPU" if launch.use_gpu else "")
-    result = trainer.fit()
+    try:
+        result = trainer.fit()
+    except Exception:
+        _prove(fence)  # a worker that stopped because the lease was lost: say that, not what Ray made of it
+        raise
+    _prove(fence)
     _raise_verdict(result.return_value)
-    if result.checkpoint is None:
+    checkpoint = result.checkpoint
+    named = (result.return_value or {}).get("checkpoint")
+    if fence is not None and named:
+        checkpoint = ray.train.Checkpoint(path=f"{storage_path}/{launch.name}/{named}", filesystem=fs)
+    if checkpoint is None:
         raise RuntimeError("training finished without a checkpoint; see the worker logs above")
-    with result.checkpoint.as_directory() as d:
+    if (result.return_value or {}).get("complete"):
+        log.info("%s is already complete (checkpoint %s): nothing to train", launch.run_url, named)
+    with checkpoint.as_directory() as d:
         yield Path(d)
 
 
 # ---- inside a Ray Train worker -------------------------------------------------------------------------------------
 
 class RayCheckpoints:
-    """Checkpoints through Ray Train: it uploads them to the run's storage (local or S3) and keeps the last k."""
+    """Checkpoints through Ray Train: it uploads them to the run's storage (local or S3) and keeps the last k. With
+    a `fence`, rank 0 commits each checkpoint under the run's writer lease before uploading it; the verdict is
+    broadcast, so every rank stops together (a rank left waiting in a collective would hang the group). `folder`:
+    (pyarrow filesystem or None, path) of the run's folder, where a fenced resume looks for committed checkpoints."""
+
+    def __init__(self, fence=None, folder: tuple[Any, str] | None = None) -> None:
+        self.fence, self.folder = fence, folder
+        self.last: str | None = None  # the checkpoint resumed from or last committed (rank 0)
 
     @contextlib.contextmanager
     def latest(self) -> Iterator[Path | None]:
-        """The latest checkpoint persisted, the same on every rank: Ray updates `get_checkpoint()` after a report
-        only on the rank that reported one (rank 0), so a guard's rollback takes rank 0's, broadcast."""
+        """The latest checkpoint persisted (under a fence: the latest committed whose files are intact), the same
+        on every rank: Ray updates `get_checkpoint()` after a report only on the rank that reported one (rank 0), so
+        rank 0's choice is broadcast."""
         import ray.train
-        import torch
 
-        checkpoint = ray.train.get_checkpoint()
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            shared = [checkpoint]
-            torch.distributed.broadcast_object_list(shared, src=0)
-            checkpoint = shared[0]
+        checkpoint = self._committed() if self.fence is not None else ray.train.get_checkpoint()
+        checkpoint = _from_rank0(checkpoint)
         if checkpoint is None:
             yield None
             return
         with checkpoint.as_directory() as d:
             yield Path(d)
 
+    def _committed(self):
+        """Rank 0: the newest committed checkpoint in the run's folder that still has its committed digest."""
+        import ray.train
+
+        from training.checkpoint import first_verified, resumable
+
+        if ray.train.get_context().get_world_rank() != 0:
+            return None
+        fs, folder = self.folder
+        fs = fs or _local_fs()
+        written = _written(fs, folder)
+        at = {name: ray.train.Checkpoint(path=f"{folder}/{name}", filesystem=fs) for name in written}
+        name = first_verified(resumable(self.fence, written), lambda n: at[n].as_directory())
+        self.last = name
+        return at[name] if name else None
+
     def save(self, step: int, metrics: dict[str, float], write: Callable[[Path], None] | None) -> str | None:
         import ray.train
 
-        from training.checkpoint import checkpoint_name
+        from training.checkpoint import COMMITS, checkpoint_name, commit_entry
 
         tmp = Path(tempfile.mkdtemp(prefix=f"ckpt-{step:08d}-")) if write is not None else None
         try:
             if tmp is not None:
                 write(tmp)
+            # Committed (name, step, digest) before it is uploaded: a writer that cannot commit uploads nothing, and
+            # one stopped mid-upload leaves files a resume finds differ from the digest (it takes an older one).
+            entry = commit_entry(step, tmp) if self.fence is not None and tmp is not None else None
+            _agree(lambda: self.fence.commit(COMMITS, entry) if entry is not None else None)
             ray.train.report({"step": step, **metrics},
                              checkpoint=ray.train.Checkpoint.from_directory(str(tmp)) if tmp else None,
                              checkpoint_dir_name=checkpoint_name(step))
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            self.last = checkpoint_name(step)
         return checkpoint_name(step) if tmp is not None else None
 
 
-def ray_worker(loop_config: dict[str, Any]) -> dict[str, str]:
-    """The Ray Train entry point of both trainers: `{"fit", "config", "threads", "inputs", "tracking"}`.
+def _agree(action: Callable[[], Any]) -> None:
+    """Run `action` (rank 0's proof or commit; a no-op elsewhere) and raise its LeaseLost on every rank."""
+    from pipeline.safe_io.lease_record import LeaseLost
 
-    Returns (rank 0's is `Result.return_value`) `{}`, or `{"error": message, "kind": "module:Class"}` when the
-    settings cannot work (a `training.worker.Verdict`: every rank reaches it at the same point): raised, it would
-    make Ray Train restart the group (`max_failures` times) into the same failure."""
+    message = None
+    try:
+        action()
+    except LeaseLost as e:
+        message = str(e)
+    message = _from_rank0(message)
+    if message is not None:
+        raise LeaseLost(message)
+
+
+def _from_rank0(value: Any) -> Any:
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        shared = [value]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        return shared[0]
+    return value
+
+
+def _local_fs():
+    import pyarrow.fs
+
+    return pyarrow.fs.LocalFileSystem()
+
+
+def _written(fs, folder: str) -> dict[str, float]:
+    """The run's checkpoint folders -> when their train state was written (the store's clock)."""
+    import pyarrow.fs
+
+    from training.checkpoint import PREFIX, TRAIN_STATE_JSON
+
+    try:
+        entries = fs.get_file_info(pyarrow.fs.FileSelector(folder, allow_not_found=True))
+    except FileNotFoundError:
+        return {}
+    names = [e.base_name for e in entries if e.type == pyarrow.fs.FileType.Directory and e.base_name.startswith(PREFIX)]
+    paths = [f"{folder}/{n}/{TRAIN_STATE_JSON}" for n in names]
+    infos = fs.get_file_info(paths)
+    fsspec_fs = getattr(getattr(fs, "handler", None), "fs", None)  # S3 through fsspec: pyarrow gives no mtime
+    written = {}
+    for name, path, info in zip(names, paths, infos):
+        if info.type != pyarrow.fs.FileType.File:
+            continue
+        when = info.mtime
+        if when is None and fsspec_fs is not None:
+            when = fsspec_fs.info(path).get("LastModified")
+        # A time we cannot read: a candidate if committed, never trusted as older than the lease.
+        written[name] = when.timestamp() if when is not None else float("inf")
+    return written
+
+
+def ray_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
+    """The Ray Train entry point of both trainers: `{"fit", "config", "threads", "inputs", "tracking", "fence",
+    "run_folder"}`.
+
+    Returns (rank 0's is `Result.return_value`) `{"checkpoint": name or None, "complete": bool}`, or
+    `{"error": message, "kind": "module:Class"}` when the settings cannot work (a `training.worker.Verdict`: every rank
+    reaches it at the same point) or the run's writer lease was lost: raised, either would make Ray Train restart the
+    group (`max_failures` times) into the same failure."""
     import ray
     import ray.train
     import ray.train.torch
     import torch
 
+    from pipeline.safe_io.lease_record import LeaseLost
     from pipeline.safe_io.redact import install_log_redaction, redact_exception, redact_text
     from training.worker import Verdict, Worker
 
@@ -294,20 +432,28 @@ def ray_worker(loop_config: dict[str, Any]) -> dict[str, str]:
     torch.set_num_threads(loop_config["threads"])
     ctx = ray.train.get_context()
     world = ctx.get_world_size()
-    inputs = loop_config["inputs"]
+    inputs, fence = loop_config["inputs"], loop_config.get("fence")
+    checkpoints = RayCheckpoints(fence, loop_config.get("run_folder"))
     worker = Worker(rank=ctx.get_world_rank(), world_size=world, local_world_size=ctx.get_local_world_size(),
                     device=ray.train.torch.get_device(),
                     wrap=ray.train.torch.prepare_model if world > 1 else (lambda m: m),
-                    checkpoints=RayCheckpoints(), inputs=ray.get(inputs) if inputs is not None else None,
-                    tracking=loop_config["tracking"])
+                    checkpoints=checkpoints, inputs=ray.get(inputs) if inputs is not None else None,
+                    tracking=loop_config["tracking"], fence=fence)
+    # Between checkpoints too: a worker whose driver is stopped or cut off stops (the process exits, status 2).
+    watching = fence.watch() if fence is not None and worker.rank == 0 else None
     try:
-        loop_config["fit"](loop_config["config"], worker)
-    except Verdict as e:
+        result = loop_config["fit"](loop_config["config"], worker)
+    except (Verdict, LeaseLost) as e:
         logging.getLogger(__name__).error("%s", e)
         return {"error": redact_text(str(e)), "kind": f"{type(e).__module__}:{type(e).__qualname__}"}
     except Exception as e:
         raise redact_exception(e)  # Ray prints it to its session logs and the driver, past our log filter
-    return {}
+    finally:
+        if watching is not None:
+            watching.set()
+    complete = bool(result is not None and result.step and result.step == result.resumed_from and
+                    result.checkpoint is None)
+    return {"checkpoint": checkpoints.last, "complete": complete}
 
 
 def _raise_verdict(return_value: dict | None) -> None:
@@ -317,6 +463,7 @@ def _raise_verdict(return_value: dict | None) -> None:
         return
     import importlib
 
+    from pipeline.safe_io.lease_record import LeaseLost
     from training.worker import Verdict
 
     module, _, name = str(return_value.get("kind", "")).partition(":")
@@ -324,6 +471,6 @@ def _raise_verdict(return_value: dict | None) -> None:
         kind = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError):
         kind = ValueError
-    if not (isinstance(kind, type) and issubclass(kind, Verdict)):
+    if not (isinstance(kind, type) and issubclass(kind, (Verdict, LeaseLost))):
         kind = ValueError
     raise kind(return_value["error"])

@@ -41,6 +41,18 @@ class Worker:
     inputs: Any = None
     tracking: RunRef | None = None  # the job's MLflow run (None: not tracked)
     tracker: Tracker | None = None  # default: into `tracking`, on rank 0
+    fence: Any = None  # the job's writer lease, proved before each write (pipeline/safe_io/fence.py); None: unfenced
+
+    def make_tracker(self, system_metrics: bool = False) -> Tracker:
+        """`tracker`, or one into `tracking` (rank 0's): under a fence, a point is logged only while the lease can
+        be proved (training/fenced.py)."""
+        if self.tracker is not None:
+            return self.tracker
+        from tracking.tracker import make_tracker
+        from training.fenced import FencedTracker
+
+        tracker = make_tracker(self.tracking, system_metrics)
+        return FencedTracker(tracker, self.fence) if self.fence is not None else tracker
 
 
 @dataclass

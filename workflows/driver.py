@@ -93,7 +93,7 @@ def run_workflow(wf: Workflow, todo: dict[str, bool], echo: Callable[[str], None
         (wf.workdir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         return summary
     finally:
-        lock.unlink(missing_ok=True)
+        lock.release()
 
 
 def _run_stages(wf: Workflow, todo: dict[str, bool], parent_run_id: str,

@@ -1,5 +1,6 @@
 """The workflow's state in its workdir: one done-marker per finished stage (WORKDIR/_workflow/<stage>.json, holding
-the stage's fingerprint, command, outputs and result) and a lock against two workflows on one workdir."""
+the stage's fingerprint, command, outputs and result) and a lock against two workflows on one workdir: a writer
+lease."""
 from __future__ import annotations
 
 import json
@@ -7,12 +8,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pipeline.safe_io.lease import Lease
 from pipeline.safe_io.untrusted import read_local_bounded
 from workflows.stage import JobStage
 from workflows.specs import SPECS
 
 STATE_DIR = "_workflow"
 MAX_STATE_BYTES = 16 << 20  # a done-marker holds a command, outputs and a result: KBs; a workdir may be shared
+LOCK = "writer.lease"  # not *.json: the folder's *.json are the done-markers
 
 
 def marker_path(workdir: Path, stage: JobStage) -> Path:
@@ -43,18 +46,10 @@ def finished(workdir: Path, stage: JobStage) -> dict[str, Any] | None:
     return marker
 
 
-def acquire_lock(workdir: Path) -> Path:
-    """WORKDIR/_workflow/lock with this process's id; refused while another live workflow holds it."""
-    lock = workdir / STATE_DIR / "lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    if lock.is_file():
-        text = read_local_bounded(lock, 64, "workflow lock").decode("ascii", "replace").strip()
-        pid = int(text) if text.isdigit() else 0
-        try:
-            if pid and pid != os.getpid():
-                os.kill(pid, 0)
-                raise ValueError(f"another workflow (pid {pid}) is running on {workdir}; wait for it or stop it")
-        except ProcessLookupError:
-            pass  # a killed run's lock
-    lock.write_text(f"{os.getpid()}\n")
-    return lock
+def acquire_lock(workdir: Path):
+    """The workflow's writer lease (pipeline/safe_io/lease.py) at WORKDIR/_workflow/writer.lease, held until
+    ``release()``: one workflow per workdir, taken exclusively (not a PID file written after a check), a killed
+    workflow on this host taken over at once, one elsewhere after the lease's stale time; refused (LeaseHeld, a
+    ValueError naming the holder) while another live workflow holds it."""
+    path = workdir.resolve() / STATE_DIR / LOCK
+    return Lease(str(path), str(workdir.resolve()), "workflow", hint="or give this workflow another --workdir").acquire()

@@ -2,7 +2,6 @@
 lines for the console and as WORKDIR/summary.json."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +38,7 @@ def summary_lines(name: str, stages: list[JobStage], results: dict[str, dict[str
                  f"store {tracking_uri}")
     exp_id = experiment_id(tracking_uri, experiment)
     url = experiment_url(tracking_uri, exp_id) if exp_id is not None else ui_base(tracking_uri)
-    # The mlflow beside this interpreter: a fresh shell (no venv activated) can run the line as printed.
-    command = ui_command(tracking_uri, str(Path(sys.executable).parent / "mlflow"))
+    command = ui_command(tracking_uri)
     if command:
         lines.append(f"  open the UI:  {command}   then {url}")
     else:

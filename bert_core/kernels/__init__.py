@@ -2,7 +2,9 @@
 
 - `dropout_layer_norm`: out = LayerNorm(dropout(x) + residual), forward and backward, for `BertSelfOutput` and
   `BertOutput`; masks from Philox with 8 keep decisions per call, recomputed in backward from (seed, offset).
-  On by default for CUDA tensors when Triton is installed. Its boundary takes over what Inductor fused around
+  Opt-in (`KernelOptions(fused=True)`, `--fused-kernels on`): the default is Inductor's composition, the measured
+  path, until a GPU run shows the op >= 3% faster per step (`options.FUSED_BY_DEFAULT`; by the byte count below it
+  can gain 1-4% at most at the default fp32 residual). Its boundary takes over what Inductor fused around
   LayerNorm (issue 24): under autocast the forward also writes the bf16 copy the next GEMM reads, and the
   backward takes that GEMM's gradient beside the residual path's and adds them in the kernel; the encoder hands
   each copy to the next GEMM (`residual_layer_norm_and_copy`).
@@ -14,18 +16,20 @@
   Opt-in (`KernelOptions(fused_bias_gelu=True)`): its module says why it is not shown to win.
 - `options`: `KernelOptions` and `set_kernel_options(model, options)`; `bench`: the GPU measurements.
 - `self_check`: each kernel in use against the composition at a run's shapes, once at worker start; a kernel that
-  disagrees or raises is switched off with one WARNING line (pretraining/kernel_options.py calls it).
+  disagrees or raises is switched off with one WARNING line, one that faults the device ends the run naming it
+  (pretraining/kernel_options.py calls it).
 
 Triton is optional (the `gpu` extra); nothing here imports it until a fused call runs. The CPU path is unchanged.
 
-Not measured yet (no GPU was lent while this was written); `python benchmarks/gpu_suite.py` runs every GPU figure
-in one command (docs/benchmarks.md § GPU); the commands for the kernels alone, one line each on a CUDA machine:
+Not measured yet (no GPU was lent while this was written); `python benchmarks/gpu_suite.py --call 1` measures the
+kernels at training shapes and the step with them on and off (docs/benchmarks.md § GPU); the commands for the
+kernels alone, one line each on a CUDA machine:
     python -m bert_core.kernels.bench                      # byte counts, then each kernel vs eager and compiled
     python -m pytest -m gpu tests/bert_core                # the kernel tests on the compiled kernels
-    python benchmarks/gpu_step.py --shapes 128x256x20      # the whole step (the LayerNorm kernel is on on CUDA)
+    python benchmarks/gpu_step.py --shapes 128x256x20 --fused-kernels on   # the whole step with the LayerNorm op
 Whether `KernelOptions(low_precision_residual=True)` (a bf16 residual stream) keeps the fp32 loss curve needs a
-2,000-step bf16 run with and without it (`jobs/pretrain.py --use-gpu --low-precision-residual` against the same
-command without the flag; docs/benchmarks.md § GPU).
+2,000-step bf16 run with and without it (`jobs/pretrain.py --use-gpu --fused-kernels on --low-precision-residual`
+against the same command without the last flag; docs/benchmarks.md § GPU).
 
 Looked at and not done: QKV gradients written into one buffer. Every attention backward op of torch 2.13 (schemas
 read here: `_scaled_dot_product_{cudnn,flash,efficient}_attention_backward`, `_flash_attention_backward`) returns

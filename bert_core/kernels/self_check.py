@@ -6,7 +6,8 @@ the same dropout mask; `switch_off_failed` turns off each kernel whose result is
 that raised, with one WARNING line naming the kernel, the figure and the flag that turns them all off. The run then
 trains on the composition at those sites. A compiled kernel can be wrong on one GPU and right in the interpreter
 (a miscompile, a new architecture, a driver); this is the net for that, not a test suite: one call per run, about
-the cost of one site's forward and backward.
+the cost of one site's forward and backward. A check that ends in a device fault (a CUDA error, after which the
+context is unusable) is marked `device_fault`: the caller ends the run naming the kernel (pretraining.kernel_options).
 
 Errors are measured as relative L2 distance, ||fused - composition|| / ||composition||, per output and gradient;
 the limit, 2e-2, is about five bf16 roundings (2**-8 each) and far below what a wrong mask, a wrong reduction or a
@@ -34,10 +35,19 @@ FLAG = "--fused-kernels off"
 
 @dataclass(frozen=True)
 class CheckResult:
-    """ok: the kernel agreed with the composition; figure: what was measured (or the error), for the log."""
+    """ok: the kernel agreed with the composition; figure: what was measured (or the error), for the log;
+    device_fault: the check ended in a fault of the device (a CUDA error: the context is unusable afterwards, so a
+    run cannot go on on the composition either; the caller ends it)."""
 
     ok: bool
     figure: str
+    device_fault: bool = False
+
+
+def is_device_fault(error: BaseException) -> bool:
+    """A CUDA error (torch's AcceleratorError, or older torch's RuntimeError saying so), not a host-side failure
+    such as a Triton compile or launch error, after which the device still works."""
+    return isinstance(error, getattr(torch, "AcceleratorError", ())) or "CUDA error" in str(error)
 
 
 def _relative_error(got: Tensor, want: Tensor) -> float:
@@ -121,14 +131,16 @@ def self_check(rows: int, hidden: int, intermediate: int, device: torch.device, 
         shape = f"{rows} x {intermediate if name == 'bias_gelu' else hidden}"
         try:
             worst, error = _worst(check())
+            if device.type == "cuda":  # inside the try: an asynchronous fault of this kernel surfaces here
+                torch.cuda.synchronize(device)
         except Exception as e:  # noqa: BLE001 - any failure of a kernel's launch or run is the verdict
             first = (str(e).strip().splitlines() or [""])[0][:200]
-            results[name] = CheckResult(False, f"raised {type(e).__name__}: {first} at {shape}")
+            results[name] = CheckResult(False, f"raised {type(e).__name__}: {first} at {shape}", is_device_fault(e))
+            if results[name].device_fault:
+                break  # nothing more can run on this device
             continue
         ok = error <= LIMIT  # False for NaN too
         results[name] = CheckResult(ok, f"relative error {error:.3g} in {worst} at {shape} (limit {LIMIT:g})")
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
     return results
 
 
@@ -145,4 +157,4 @@ def switch_off_failed(options: KernelOptions, results: dict[str, CheckResult]) -
     return dataclasses.replace(options, **off) if off else options
 
 
-__all__ = ["CheckResult", "FLAG", "LIMIT", "self_check", "switch_off_failed"]
+__all__ = ["CheckResult", "FLAG", "LIMIT", "is_device_fault", "self_check", "switch_off_failed"]

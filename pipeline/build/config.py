@@ -1,15 +1,14 @@
-"""The build's config (what decides the dataset, and where it goes) and the state the stage planners see."""
+"""The build's config: what decides the dataset, and where it goes."""
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from pipeline.build.executor import Shared
-from pipeline.build.markers import Marker
 from pipeline.build.work import StepContext
 from pipeline.checks import CheckConfig
 from pipeline.create_instances import InstanceConfig
-from pipeline.readers import ReadOptions, ReadReport, Unit
+from pipeline.curate.config import CurateConfig
+from pipeline.readers import ReadOptions
 from pipeline.safe_io.redact import redact
 from pipeline.schema import WORK_DIR
 from pipeline.storage import join
@@ -37,6 +36,7 @@ class BuildConfig:
     unit_bytes: int = 4 << 20
     endpoint_url: str | None = None
     checks: CheckConfig = CheckConfig()
+    curate: CurateConfig = CurateConfig()  # every filter off by default (pipeline/build/curation/filters.py)
 
     def __post_init__(self) -> None:
         if not self.output:
@@ -63,27 +63,11 @@ class BuildConfig:
         d.pop("output")
         d.pop("endpoint_url")
         d.pop("checks")  # they decide whether the build goes on, not what it makes
+        if not self.curate.enabled:
+            d.pop("curate")  # a build without curation keeps the hash it had before curation existed
         return redact(d)  # input URLs without userinfo or signatures: hashed, compared and written as such
 
-    def step_context(self, vocab_size: int, pool_threshold: int, build_id: str) -> StepContext:
+    def step_context(self, vocab_size: int, build_id: str, fence: Any = None) -> StepContext:
         return StepContext(work=self.work, output=self.output, read=self.read,
                            instances=self.instances, do_lower_case=self.do_lower_case, dupe_factor=self.dupe_factor,
-                           vocab_size=vocab_size, pool_threshold=pool_threshold, build_id=build_id,
-                           endpoint_url=self.endpoint_url)
-
-
-@dataclasses.dataclass
-class BuildState:
-    """What the stage planners see: the config, the step context, the units, the shared vocabulary and the
-    markers of the stages run so far (by stage name, in item order)."""
-
-    cfg: BuildConfig
-    ctx: StepContext
-    units: list[Unit]
-    vocab: Shared
-    report: ReadReport
-    planned_tokens: int
-    unit_sizes: dict[str, int]  # bytes of text per unit uid (progress; estimated for compressed files)
-    num_shards: int  # the config's, or the default from the planned size
-    pool: Shared | None = None  # the merged random-next pool, once its stage has run (an object reference on Ray)
-    markers: dict[str, list[Marker]] = dataclasses.field(default_factory=dict)
+                           vocab_size=vocab_size, build_id=build_id, endpoint_url=self.endpoint_url, fence=fence)

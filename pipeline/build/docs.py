@@ -1,14 +1,9 @@
-"""A unit's documents: read, split into sentences, WordPiece-tokenized and packed, in one process.
+"""A unit's documents: read, split into sentences and WordPiece-tokenized, in one process; what the passes share.
 
-Both per-unit stages start here: the pool stage reads a unit to tokenize its random-next pool members, the instances
-stage reads it again to make its pairs (it takes the members' tokens from the merged pool, so each document is
-tokenized once). Tokenized documents are never stored between stages: reading a unit again costs a few percent of
-tokenizing it, writing and reading back its tokens cost a storage round trip and a barrier (docs/data.md).
-
-Random-next pool: a document is a member when ``derive_seed(seed, doc_id, "pool") < ctx.pool_threshold``, a
-threshold the driver sets from the planned input size before any work (``pipeline/build/pool.py``), so membership
-is a seeded Bernoulli sample of the whole corpus decided from the document id alone, before tokenizing. The
-WordPiece encoder is loaded once per process and cached by vocabulary.
+``ReadCorpus`` gives a unit's documents as rows, ``SplitTokenize`` adds their WordPiece ids (the read pass,
+``read.py``, commits them); ``docs_table`` / ``doc_arrays`` are the tokenized documents' Arrow form in ``_work``,
+which the pool and the instances pass read. The WordPiece encoder is loaded once per process and cached by
+vocabulary.
 """
 from __future__ import annotations
 
@@ -23,12 +18,13 @@ import pyarrow as pa
 
 from pipeline.build.executor import Shared
 from pipeline.build.rows import users_mistake
-from pipeline.build.work import StepContext, cached
+from pipeline.build.work import WORK_SUFFIX, StepContext, cached
 from pipeline.pairs import PackedDoc
 from pipeline.readers import InputError, ReadReport, Unit, read_unit
 from pipeline.rng import derive_seed
 from pipeline.safe_io.redact import redact_text, redact_url
 from pipeline.schema import token_dtype, work_docs_schema
+from pipeline.storage import open_atomic
 
 _ENCODE_BATCH = 20000  # sentences per encode call: bounds the tokenizer's temporary memory
 
@@ -57,13 +53,7 @@ class UnitText:
 def read_docs(unit: Unit, ctx: StepContext) -> UnitText:
     report = ReadReport()
     doc_ids, lines = [], []
-    if unit.fmt == "documents":  # a unit of a Ray Dataset given to the build
-        from pipeline.build.ray_data.documents import read_documents
-
-        docs = read_documents(unit, ctx.read, ctx.endpoint_url, report)
-    else:
-        docs = read_unit(unit, ctx.read, ctx.endpoint_url, report)
-    for doc in docs:
+    for doc in read_unit(unit, ctx.read, ctx.endpoint_url, report):
         doc_ids.append(doc.doc_id)
         lines.append(doc.lines)
     return UnitText(unit.uid, unit.path, doc_ids, lines, report)
@@ -78,11 +68,6 @@ def split(lines: list[str], presplit: bool) -> list[str]:
 
         sents = split_sentences(" ".join(lines))
     return [s for s in sents if s and not s.isspace()]
-
-
-def pool_members(doc_ids: Sequence[str], ctx: StepContext) -> np.ndarray:
-    seed = ctx.instances.seed
-    return np.array([derive_seed(seed, d, "pool") < ctx.pool_threshold for d in doc_ids], dtype=bool)
 
 
 def tokenize_docs(sentences: list[list[str]], encoder, vocab_size: int) -> list[PackedDoc | None]:
@@ -114,8 +99,8 @@ def tokenize_docs(sentences: list[list[str]], encoder, vocab_size: int) -> list[
     return out
 
 
-def docs_table(docs: list[tuple[str, PackedDoc]], vocab_size: int) -> pa.Table:
-    """Tokenized documents as a _work docs table: one row per document, its sentences as id lists."""
+def docs_table(docs: list[tuple[str, PackedDoc]], pool_hash: np.ndarray, vocab_size: int) -> pa.Table:
+    """Tokenized documents as a _work docs table: one row per document, its pool hash, its sentences as id lists."""
     schema = work_docs_schema(vocab_size)
     dtype = token_dtype(vocab_size)
     values = np.concatenate([d.tokens for _, d in docs]).astype(dtype, copy=False) if docs else np.zeros(0, dtype)
@@ -125,16 +110,43 @@ def docs_table(docs: list[tuple[str, PackedDoc]], vocab_size: int) -> pa.Table:
     outer = np.zeros(len(docs) + 1, dtype=np.int32)
     np.cumsum([len(d.sent_offsets) - 1 for _, d in docs], out=outer[1:])
     sentences = pa.ListArray.from_arrays(pa.array(outer), pa.ListArray.from_arrays(pa.array(inner), pa.array(values)))
-    return pa.Table.from_arrays([pa.array([i for i, _ in docs], pa.string()), sentences], schema=schema)
+    return pa.Table.from_arrays([pa.array([i for i, _ in docs], pa.string()),
+                                 pa.array(np.asarray(pool_hash, np.uint64)), sentences], schema=schema)
 
 
-def doc_arrays(table: pa.Table) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+# Bands of the pool hash, one record batch each: [0, 2**44), [2**44, 2**45), ..., [2**63, 2**64). The pool of a
+# fraction p of the corpus reads the bands below p * 2**64: at most 2p of each unit's documents (for p >= 2**-20).
+POOL_BANDS: tuple[int, ...] = (0,) + tuple(1 << b for b in range(44, 65))
+DOCS_DIR = "docs"
+
+
+def docs_url(ctx: StepContext, uid: str) -> str:
+    return ctx.url(DOCS_DIR, uid + WORK_SUFFIX)
+
+
+def pool_hashes(ids: list[str], seed: int) -> np.ndarray:
+    """Each document's pool hash: it is in the random-next pool when the hash is below the pool's threshold."""
+    return np.array([derive_seed(seed, d, "pool") for d in ids], dtype=np.uint64)
+
+
+def write_batches(url: str, table: pa.Table, endpoint_url: str | None) -> None:
+    """Commit tokenized documents in pool-hash order as a docs file: one record batch per band (``POOL_BANDS``)."""
+    bounds = np.searchsorted(table.column("pool_hash").to_numpy(), np.array(POOL_BANDS[1:-1], np.uint64))
+    edges = [0, *bounds.tolist(), table.num_rows]
+    with open_atomic(url, endpoint_url) as f:
+        with pa.ipc.new_file(f, table.schema) as w:
+            for a, b in zip(edges, edges[1:]):
+                part = table.slice(a, b - a).combine_chunks().to_batches()
+                w.write_batch(part[0] if part else pa.RecordBatch.from_pylist([], schema=table.schema))
+
+
+def doc_arrays(table: pa.Table, id_column: str = "doc_id") -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
     """(doc ids, sentences per document as offsets, token offsets per sentence, tokens) of a _work docs table."""
     col = table.column("sentences").combine_chunks()
     if not len(col):
         return [], np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(0, np.uint16)
     inner = col.values
-    return (table.column("doc_id").to_pylist(), col.offsets.to_numpy(), inner.offsets.to_numpy(),
+    return (table.column(id_column).to_pylist(), col.offsets.to_numpy(), inner.offsets.to_numpy(),
             inner.values.to_numpy())
 
 
@@ -146,6 +158,20 @@ def power_of_two_histogram(counts: Sequence[int]) -> dict[str, int]:
     _, exp = np.frexp(np.asarray(counts, dtype=np.float64))  # count = m * 2**exp, m in [0.5, 1): exact for ints
     lows, n = np.unique(np.left_shift(1, exp.astype(np.int64) - 1), return_counts=True)
     return {str(int(k)): int(v) for k, v in zip(lows, n)}
+
+
+def unk_check(cfg, markers: list, of: str) -> str | None:
+    """What the tokenized text says about the vocabulary: [UNK] per file, warned or refused (pipeline/checks.py).
+    ``markers``: per-unit markers with ``path``, ``unk_tokens`` and ``tokens``."""
+    from pipeline.checks import unk_check as check
+
+    per_file: dict[str, tuple[int, int]] = {}
+    for m in markers:
+        u, t = per_file.get(m.path, (0, 0))
+        per_file[m.path] = (u + m.unk_tokens, t + m.tokens)
+    vocab = f"--vocab {cfg.vocab}" if cfg.vocab else "the vocabulary trained on the input"
+    return check(sum(m.unk_tokens for m in markers), sum(m.tokens for m in markers), per_file, vocab,
+                 cfg.checks.max_unk_fraction, of)
 
 
 def doc_totals(markers: list, report: ReadReport, on_error: str) -> tuple[Counter, dict[str, str]]:
@@ -223,16 +249,11 @@ def _list_array(values: np.ndarray, lengths: np.ndarray, valid: np.ndarray) -> p
 
 @dataclasses.dataclass(frozen=True)
 class SplitTokenize:
-    """Documents -> sentences -> WordPiece ids, per row: adds ``tokens`` (the document's ids), ``sent_offsets``
-    (where each sentence starts in them, then the end) and ``tokenized`` (False: not tokenized here).
-
-    ``members``: "only" keeps only the random-next pool's members (the pool pass), "skip" passes the members on
-    untokenized (the instances pass: their tokens come from the pool, so each document is tokenized once). A
-    document with no tokens has ``tokenized`` True and null ``tokens``."""
+    """Documents -> sentences -> WordPiece ids, per row: ``lines`` replaced by ``tokens`` (the document's ids, null
+    for a document with no tokens) and ``sent_offsets`` (where each sentence starts in them, then the end)."""
 
     ctx: StepContext
     vocab: Shared
-    members: str  # "only" | "skip"
 
     def setup(self) -> None:
         import pipeline.sentences  # noqa: F401 - imported here so a warm worker's first unit does not pay for it
@@ -240,18 +261,8 @@ class SplitTokenize:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         ids = batch.column("id").to_pylist()
-        is_doc = np.array([i is not None for i in ids], dtype=bool)
-        member = np.zeros(len(ids), dtype=bool)
-        member[is_doc] = pool_members([i for i in ids if i is not None], self.ctx)
-        if self.members == "only":
-            batch = batch.filter(pa.array(member | ~is_doc))
-            ids = batch.column("id").to_pylist()
-            is_doc, member = is_doc[member | ~is_doc], member[member | ~is_doc]
-            todo = is_doc
-        else:
-            todo = is_doc & ~member
         lines = batch.column("lines").to_pylist()
-        idx = np.flatnonzero(todo).tolist()
+        idx = [i for i, d in enumerate(ids) if d is not None]
         encoder = encoder_for(self.vocab, self.ctx.do_lower_case)
         packed = tokenize_docs([split(lines[i], self.ctx.read.presplit) for i in idx], encoder, self.ctx.vocab_size)
         dtype = token_dtype(self.ctx.vocab_size)
@@ -265,9 +276,7 @@ class SplitTokenize:
         offsets = _list_array(np.concatenate([d.sent_offsets for d in got]).astype(np.int64, copy=False) if got
                               else np.zeros(0, np.int64),
                               np.array([len(d.sent_offsets) if d else 0 for d in docs]), valid)
-        return (batch.drop_columns(["lines"]).append_column("member", pa.array(member))
-                .append_column("tokenized", pa.array(todo)).append_column("tokens", tokens)
-                .append_column("sent_offsets", offsets))
+        return batch.drop_columns(["lines"]).append_column("tokens", tokens).append_column("sent_offsets", offsets)
 
 
 def packed_docs(batch: pa.Table) -> list[PackedDoc | None]:

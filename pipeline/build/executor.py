@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from pipeline.build.markers import Marker, read_markers
 from pipeline.build.progress import StageProgress
-from pipeline.build.rows import RowStage, UserError
+from pipeline.build.rows import RowStage, UserError, measured, sum_ops
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +90,12 @@ class LocalExecutor:
         return (step(item) for item in items)
 
     def rows(self, stage: RowStage, units: Sequence[Any]) -> Iterator[Marker | UserError]:
-        for unit in units:  # the same callables Ray Data runs, one unit at a time
-            table = stage.read(unit)
+        read = measured(stage.read)
+        tables = ((b for b in stage.source.iter_batches(batch_size=None, batch_format="pyarrow"))
+                  if stage.source is not None else (read(u) for u in units))
+        for table in tables:  # the same callables Ray Data runs, one unit (or one block of a Dataset) at a time
             for op in stage.operators:
-                table = op(table)
+                table = measured(op)(table)
             yield from stage.sink.write([table])
 
     def end(self) -> None:
@@ -103,7 +105,9 @@ class LocalExecutor:
 @dataclasses.dataclass(frozen=True)
 class Stage:
     """``items``: key -> item, the key naming the item's marker (``<work>/<name>/<key>.done.json``); ``sizes``:
-    bytes of text per key, for the progress lines' MB/s and ETA (None: items only); ``noun`` names the items."""
+    bytes of text per key, for the progress lines' MB/s and ETA (None: items only); ``noun`` names the items;
+    ``after``: the stage's hook, called by the driver with the build's state once the stage's markers are in it
+    (what the next stages need from this one: the units, the vocabulary, the pool, a check that refuses early)."""
 
     name: str
     step: Callable[[Any], Marker]
@@ -111,20 +115,41 @@ class Stage:
     marker: type[Marker]
     sizes: dict[str, int] | None = None
     noun: str = "items"
+    after: Callable[[Any], None] | None = None
+    probe: Callable[[], float | None] | None = None  # share (0..1) of a running item done, its step says (vocab)
+
+
+def ops_line(stage: str, ops: dict[str, tuple[float, ...]]) -> str:
+    """A row pass's operators, as the progress lines show them at its end."""
+    return f"{stage} operators: " + "; ".join(
+        f"{k} {int(v[0]):,} -> {int(v[1]):,} rows, {v[2] / 1e6:.1f} MB out, {v[3]:.1f} CPU-s" for k, v in ops.items())
 
 
 def run_stage(stage: Stage | RowStage, executor: Executor, work: str, endpoint_url: str | None = None
               ) -> list[Marker]:
     """Every item's marker in item order, running only the items that have none committed."""
     assert stage.marker.stage == stage.name, (stage.marker, stage.name)
+    if isinstance(stage, RowStage) and stage.source is not None:
+        log.info("%s: the documents Dataset, streamed", stage.name)
+        progress = StageProgress(stage.name, "blocks", 0, 0, lines=False)
+        results = []
+        for m in executor.rows(stage, []):
+            if isinstance(m, UserError):
+                m.raise_()
+            results.append(m)
+        log.info("%s", progress.finish())
+        log.info("%s", ops_line(stage.name, sum_ops(results)))
+        return results
     items = stage.units if isinstance(stage, RowStage) else stage.items
+    if not items:
+        return []
     done = {k: m for k, m in read_markers(work, stage.marker, endpoint_url).items() if k in items}
     pending = {k: item for k, item in items.items() if k not in done}
     sizes = stage.sizes or {}
     log.info("%s: %d %s to run%s", stage.name, len(pending), stage.noun,
              f" ({len(done)} done before)" if done else "")
     progress = StageProgress(stage.name, stage.noun, len(pending), sum(sizes.get(k, 0) for k in pending),
-                             lines=not executor.bars)
+                             lines=not executor.bars, probe=getattr(stage, "probe", None))
     try:
         if pending:
             run = (executor.rows(stage, list(pending.values())) if isinstance(stage, RowStage)
@@ -137,6 +162,8 @@ def run_stage(stage: Stage | RowStage, executor: Executor, work: str, endpoint_u
     finally:
         summary = progress.finish()
     log.info("%s", summary)
+    if isinstance(stage, RowStage) and pending:
+        log.info("%s", ops_line(stage.name, sum_ops(list(done.values()))))
     missing = [k for k in items if k not in done]
     assert not missing, f"{stage.name}: no marker for {missing[:5]}"
     return [done[k] for k in items]

@@ -67,15 +67,16 @@ def finished(cfg: BuildConfig, chash: str, inputs: list[dict[str, Any]]) -> bool
     return True
 
 
-def committed_items(work: str, endpoint_url: str | None = None) -> int:
-    """How many items an unfinished build has committed (markers under ``<work>/<stage>/``)."""
-    stages = [n for n in list_names(work, endpoint_url) if n != STATE_FILE]
+def committed_items(work: str, endpoint_url: str | None = None, but: tuple[str, ...] = ()) -> int:
+    """How many items an unfinished build has committed (markers under ``<work>/<stage>/``, but ``but``'s)."""
+    stages = [n for n in list_names(work, endpoint_url) if n != STATE_FILE and n not in but]
     counts = map_threads(lambda n: sum(x.endswith(SUFFIX) for x in list_names(join(work, n), endpoint_url)), stages)
     return sum(counts)
 
 
-def check_state(cfg: BuildConfig, chash: str, inputs: list[dict]) -> None:
-    """Refuse to mix two configs (or versions of the inputs) in one output; record ours for a later resume."""
+def check_state(cfg: BuildConfig, chash: str, inputs: list[dict], keep: tuple[str, ...] = ()) -> None:
+    """Refuse to mix two configs (or versions of the inputs) in one output; record ours for a later resume.
+    ``keep``: the folders of ``_work`` a start over leaves (what this run has just written)."""
     out, ep = cfg.output, cfg.endpoint_url
     work = join(out, WORK_DIR)
     state_url = join(work, STATE_FILE)
@@ -87,13 +88,15 @@ def check_state(cfg: BuildConfig, chash: str, inputs: list[dict]) -> None:
             return
         what = (f"a different config (hash {state['config_hash'][:12]} vs {chash[:12]})"
                 if state["config_hash"] != chash else f"other versions of the inputs ({_listing(changes)})")
-        done = committed_items(work, ep)
+        done = committed_items(work, ep, keep)
         if done:
             raise ValueError(
                 f"{out} holds an unfinished build with {what} that has committed {done} item(s). Rerun it with the same"
                 f" flags and inputs to resume it, use another --output, or delete {work} to start over")
         log.info("starting over in %s: the unfinished build there had %s and had committed nothing", out, what)
-        remove_tree(work, ep)
+        for name in list_names(work, ep):
+            if name not in keep:
+                remove_tree(join(work, name), ep)
     elif list_names(join(out, SHARDS_DIR), ep):
         raise ValueError(f"{out} already holds shards but no manifest and no resumable state: use an empty --output")
     write_json_atomic(state_url, {"config_hash": chash, "config": cfg.identity(), "inputs": inputs}, ep)

@@ -1,21 +1,20 @@
-"""The instances pass: a unit's documents turned into NSP pairs + MLM masks for every (document, pass), committed
-as the record batches the shards read. A row pipeline (``rows.py``):
+"""The instances pass: a unit's tokenized documents (read.py) turned into NSP pairs + MLM masks for every
+(document, pass), committed as the record batches the shards read. A row pipeline (``rows.py``):
 
-    ReadCorpus -> SplitTokenize (members skipped) -> PairsAndMasks -> WriteUnits
-                  each unit's instances as _work/instances/<uid>.arrow (each pass's rows as a few record batches),
-                  then its InstancesMarker
+    ReadDocs -> PairsAndMasks -> WriteUnits
+                each unit's instances as _work/instances/<uid>.arrow (each pass's rows as a few record batches),
+                then its InstancesMarker
 
-Reading, splitting and tokenizing a unit and making its instances happen in one process (Ray Data fuses the
-chain), so a unit's tokens never leave it. The pool's members are not tokenized again: their tokens come from the
-merged pool, which PairsAndMasks holds anyway for the random-next segments. The algorithm is
+It reads what the read pass committed, never the input. The algorithm is
 ``pipeline.create_instances.create_instances_flat`` (pure numpy over token ids), fed a block of documents at a time;
 each pass's rows are cut into ``chunks`` record batches (``shards.chunk_bounds``) so that a shard can read just its
-slices. The encoder, the pool and the vocabulary's ids are loaded once per worker process.
+slices. The pool and the vocabulary's ids are loaded once per worker process.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections import Counter
 from typing import ClassVar
 
@@ -23,18 +22,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.build.config import BuildState
-from pipeline.build.docs import ReadCorpus, SplitTokenize, packed_docs, power_of_two_histogram, vocab_info_for
+from pipeline.build.docs import doc_arrays, docs_url, vocab_info_for
+from pipeline.build.drops import copies_of, kept
 from pipeline.build.executor import Shared
 from pipeline.build.markers import Marker, write_marker
-from pipeline.build.pool import pool_doc, pool_for
-from pipeline.build.rows import RowStage, UserError, by_unit, user_error
+from pipeline.build.pool import pool_for
+from pipeline.build.rows import RowStage, UserError, by_unit, take_ops, user_error
 from pipeline.build.shards import chunk_bounds, chunks_per_pass
-from pipeline.build.work import WORK_SUFFIX, StepContext
+from pipeline.build.state import BuildState
+from pipeline.build.work import WORK_SUFFIX, StepContext, read_table
 from pipeline.create_instances import create_instances_flat
 from pipeline.pairs import PackedDoc
+from pipeline.readers import Unit
 from pipeline.schema import token_dtype, work_instance_schema
 from pipeline.storage import open_atomic
+
+log = logging.getLogger(__name__)
 
 LIST_COLUMNS = ("input_ids", "masked_lm_positions", "masked_lm_ids")
 
@@ -43,30 +46,66 @@ _INSTANCE_BLOCK_TOKENS = 1 << 20  # instance tokens per block of documents (~10 
 
 @dataclasses.dataclass(frozen=True)
 class InstancesMarker(Marker):
-    """A unit's documents and instances: ``rows[p]`` rows in pass ``p``, cut into ``chunks`` record batches per
-    pass; ``documents``, ``sentences``, ``tokens`` count what was kept, ``dropped`` what was not, by reason."""
+    """A unit's instances: ``rows[p]`` rows in pass ``p``, cut into ``chunks`` record batches per pass, and what
+    they hold (the documents they came from are counted by the read pass's marker)."""
 
     stage: ClassVar[str] = "instances"
     uid: str
-    path: str
-    read_documents: int
     documents: int
-    sentences: int
-    tokens: int
-    dropped: dict[str, int]
-    bad_files: dict[str, str]
     rows: tuple[int, ...]
     chunks: int
     random_next: int
     masked: int
     seq_len_histogram: dict[str, int]
-    unk_tokens: int  # tokens that are [UNK]: a vocabulary that does not fit the text (pipeline/checks.py)
-    tokens_per_document: dict[str, int]  # documents by tokens, in power-of-two bins keyed by their lower bound
     masked_per_seq_histogram: dict[str, int]  # sequences by their number of masked positions
+    ops: dict[str, tuple] = dataclasses.field(default_factory=dict)  # the operators' statistics (rows.take_ops)
 
     @property
     def key(self) -> str:
         return self.uid
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadDocs:
+    """The instances pass's read: a unit's tokenized documents (``read.py``) as rows (``unit``, ``ord``, ``id``,
+    ``sentences``) and a report row holding how many there are, so the sink knows it has all of them."""
+
+    ctx: StepContext
+    dropped: frozenset[str] = frozenset()  # the docs files a global step gave a drop list (drops.py)
+    copied: frozenset[str] = frozenset()  # the docs files with a copies list (--mix weights above 1; drops.py)
+
+    def __call__(self, unit: Unit) -> pa.Table:
+        error, copies = None, None
+        if unit.fmt == "documents":  # a unit of a Dataset's documents: its part of the fragments
+            from pipeline.build.ray_data.documents import read_dataset_unit
+
+            table, error = read_dataset_unit(unit, self.ctx, self.dropped)
+        else:
+            url = docs_url(self.ctx, unit.uid)
+            table = kept(read_table(url, self.ctx), url, self.dropped, self.ctx)
+            copies = copies_of(table, url, self.copied, self.ctx)
+        n = table.num_rows
+        tail = pa.table({"doc_id": pa.nulls(1, pa.string()), "pool_hash": pa.nulls(1, pa.uint64()),
+                         "sentences": pa.nulls(1, table.schema.field("sentences").type)}, schema=table.schema)
+        table = pa.concat_tables([table, tail]).rename_columns(["id", "pool_hash", "sentences"])
+        if copies is not None:
+            table = table.append_column("copies", pa.array(np.append(copies, 1), pa.int64()))
+        return (table.drop_columns(["pool_hash"])
+                .append_column("unit", pa.array([unit.uid] * (n + 1), pa.string()))
+                .append_column("ord", pa.array(np.arange(n + 1, dtype=np.int64)))
+                .append_column("report", pa.array([None] * n + [json.dumps(
+                    {"documents": n} | ({"error": ["InputError", error]} if error else {}))], pa.string())))
+
+
+def _docs(rows: pa.Table) -> list[tuple[str, PackedDoc]]:
+    """The documents of ReadDocs's rows as (id, PackedDoc) views of one flat array."""
+    ids, outer, inner, flat = doc_arrays(rows, "id")
+    inner = inner.astype(np.int64)
+    docs = []
+    for i, d in enumerate(ids):
+        s0, s1 = outer[i], outer[i + 1]
+        docs.append((d, PackedDoc(flat[inner[s0]:inner[s1]], inner[s0:s1 + 1] - inner[s0])))
+    return docs
 
 
 def _table(parts: list[dict], vocab_size: int) -> pa.Table:
@@ -99,13 +138,10 @@ _PASS_SHIFT = 40
 
 @dataclasses.dataclass(frozen=True)
 class PairsAndMasks:
-    """Documents with tokens -> NSP pairs and MLM masks for every (document, pass), as instance rows (the _work
-    instance columns, plus ``unit`` and ``part``), and per unit one summary row (``summary``: the documents'
-    counts, the report row's content) that the sink turns into the unit's marker.
-
-    Members of the random-next pool come untokenized (SplitTokenize skipped them): their tokens are taken from the
-    pool, which this operator holds anyway for the random next segments (``pool``: a shared handle, an object
-    reference on Ray, built once per process)."""
+    """Documents -> NSP pairs and MLM masks for every (document, pass), as instance rows (the _work instance
+    columns, plus ``unit`` and ``part``), and per unit one summary row (``summary``: the documents seen, the report
+    row's content) that the sink turns into the unit's marker. ``pool``: the random-next pool, a shared handle (an
+    object reference on Ray), built once per process."""
 
     ctx: StepContext
     vocab: Shared
@@ -121,23 +157,15 @@ class PairsAndMasks:
     def _unit(self, uid: str, rows: pa.Table) -> pa.Table:
         ctx, pool, vocab = self.ctx, pool_for(self.pool), vocab_info_for(self.vocab)
         reports = [r for r in rows.column("report").to_pylist() if r is not None]
-        is_doc = pc.invert(pc.is_null(rows.column("id")))
-        rows = rows.filter(is_doc)
-        ids = rows.column("id").to_pylist()
+        rows = rows.filter(pc.invert(pc.is_null(rows.column("id"))))
         ords = rows.column("ord").to_numpy()
-        member = rows.column("member").to_numpy(zero_copy_only=False)
-        tokenized = rows.column("tokenized").to_numpy(zero_copy_only=False)
-        packed = packed_docs(rows)
-        for i in np.flatnonzero(member & ~tokenized).tolist():
-            code = pool.code(ids[i])  # a member with no tokens is not in the pool: it has none here either
-            packed[i] = pool_doc(pool, code) if code >= 0 else None
-        docs = [(d, p) for d, p in zip(ids, packed) if p is not None]
-        summary = {"seen": len(ids), "documents": len(docs), "no_tokens": len(ids) - len(docs),
-                   "sentences": sum(len(d.sent_offsets) - 1 for _, d in docs),
-                   "tokens": sum(len(d.tokens) for _, d in docs),
-                   "unk_tokens": sum(int(np.count_nonzero(d.tokens == vocab.unk_id)) for _, d in docs),
-                   "tokens_per_document": power_of_two_histogram([len(d.tokens) for _, d in docs]),
-                   "report": json.loads(reports[0]) if reports else None}
+        docs = _docs(rows)
+        # --mix: a document made c times gets c * dupe_factor passes; copy k's pass p is drawn as pass
+        # k * dupe_factor + p (streams of its own) and written with pass p's rows, so every unit keeps dupe_factor
+        # passes for the shards.
+        copies = rows.column("copies").to_numpy() if "copies" in rows.column_names else np.ones(len(docs), np.int64)
+        copies_of_block: list[int] = []
+        summary = {"seen": len(docs), "report": json.loads(reports[0]) if reports else None}
         first = int(ords[0]) if len(ords) else 0
         passes = range(ctx.dupe_factor)
         parts: list[list[dict]] = [[] for _ in passes]
@@ -148,14 +176,18 @@ class PairsAndMasks:
             # A pass's rows do not depend on the other passes (each draws from its own stream): one call per pass
             # keeps every pass's rows apart for the shards, at one numpy pass per block and pass.
             for p in passes:
-                out = create_instances_flat(block, [p], ctx.instances, pool, vocab)
-                if out is not None:
-                    parts[p].append(out)
+                for k in range(max(copies_of_block)):
+                    docs_k = block if k == 0 else [d for d, c in zip(block, copies_of_block) if c > k]
+                    out = create_instances_flat(docs_k, [k * ctx.dupe_factor + p], ctx.instances, pool, vocab)
+                    if out is not None:
+                        parts[p].append(out)
             block.clear()
+            copies_of_block.clear()
 
-        for doc in docs:
+        for doc, c in zip(docs, copies.tolist()):
             block.append(doc)
-            block_tokens += len(doc[1].tokens)
+            copies_of_block.append(c)
+            block_tokens += len(doc[1].tokens) * c
             if block_tokens * ctx.dupe_factor >= _INSTANCE_BLOCK_TOKENS:
                 flush()
                 block_tokens = 0
@@ -177,18 +209,16 @@ class PairsAndMasks:
 
 def _merge(summaries: list[dict]) -> dict:
     """One unit's summary rows (one per batch it was made in) as one."""
-    out: dict = {"tokens_per_document": Counter()}
-    for s in summaries:
-        for k in ("seen", "documents", "no_tokens", "sentences", "tokens", "unk_tokens"):
-            out[k] = out.get(k, 0) + s[k]
-        out["tokens_per_document"].update(s["tokens_per_document"])
-        if s["report"] is not None:
+    out: dict = {"seen": sum(x["seen"] for x in summaries)}
+    for x in summaries:
+        if x["report"] is not None:
             assert "report" not in out, "two report rows for one unit"
-            out["report"] = s["report"]
+            out["report"] = x["report"]
     return out
 
 
-def write_unit(uid: str, rows: pa.Table, ctx: StepContext, chunks: int) -> InstancesMarker | UserError:
+def write_unit(uid: str, rows: pa.Table, ctx: StepContext, chunks: int, ops: dict | None = None
+               ) -> InstancesMarker | UserError:
     """Commit one unit's instance rows (all of them: checked against its report row) as
     ``_work/instances/<uid>.arrow``, each pass's rows cut into ``chunks`` record batches (contiguous, sizes differing
     by at most one row; batch ``p * chunks + c``), what the shards read; then its marker."""
@@ -198,10 +228,7 @@ def write_unit(uid: str, rows: pa.Table, ctx: StepContext, chunks: int) -> Insta
     assert report is not None, f"unit {uid}: no report row among its rows"
     if (err := user_error(report)) is not None:
         return err
-    assert s["seen"] == report["read_documents"], (uid, s["seen"], report["read_documents"])
-    dropped = Counter(report["dropped"])
-    if s["no_tokens"]:
-        dropped["no_tokens"] += s["no_tokens"]  # the reference removes documents left empty
+    assert s["seen"] == report["documents"], (uid, s["seen"], report["documents"])
     inst = rows.filter(pc.invert(is_summary))
     # Rows in document order within each pass: the shard writer orders its rows by key (sorting here too would
     # copy every row once more for nothing).
@@ -228,13 +255,10 @@ def write_unit(uid: str, rows: pa.Table, ctx: StepContext, chunks: int) -> Insta
                     random_next += int(pc.sum(table.column("next_sentence_label")).as_py())
                     masked += int(per_seq.sum())
     marker = InstancesMarker(
-        uid=uid, path=report["path"], read_documents=report["read_documents"], documents=s["documents"],
-        sentences=s["sentences"], tokens=s["tokens"], dropped=dict(dropped), bad_files=report["bad_files"],
-        rows=tuple(rows_per_pass), chunks=chunks, random_next=random_next, masked=masked,
-        seq_len_histogram={str(k): int(v) for k, v in sorted(hist.items()) if v}, unk_tokens=s["unk_tokens"],
-        tokens_per_document=dict(s["tokens_per_document"]),
-        masked_per_seq_histogram={str(k): int(v) for k, v in sorted(masked_hist.items())})
-    write_marker(ctx.work, marker, ctx.endpoint_url)
+        uid=uid, documents=s["seen"], rows=tuple(rows_per_pass), chunks=chunks, random_next=random_next,
+        masked=masked, seq_len_histogram={str(k): int(v) for k, v in sorted(hist.items()) if v},
+        masked_per_seq_histogram={str(k): int(v) for k, v in sorted(masked_hist.items())}, ops=ops or {})
+    write_marker(ctx.work, marker, ctx.endpoint_url, ctx.fence)
     return marker
 
 
@@ -247,12 +271,12 @@ class WriteUnits:
     chunks: int = 1  # record batches per pass (shards.chunks_per_pass)
 
     def write(self, tables: list[pa.Table]) -> list[InstancesMarker | UserError]:
-        return [write_unit(uid, rows, self.ctx, self.chunks) for uid, rows in by_unit(tables)]
+        return [write_unit(uid, rows, self.ctx, self.chunks, take_ops()) for uid, rows in by_unit(tables)]
 
 
 def instances_stage(s: BuildState) -> RowStage:
     assert s.pool is not None, "the instances pass runs after the pool's merge"
     chunks = chunks_per_pass(len(s.units), s.cfg.dupe_factor, s.num_shards)
-    return RowStage("instances", {u.uid: u for u in s.units}, ReadCorpus(s.ctx),
-                    (SplitTokenize(s.ctx, s.vocab, members="skip"), PairsAndMasks(s.ctx, s.vocab, s.pool)),
+    return RowStage("instances", s.doc_units, ReadDocs(s.ctx, s.dropped, s.copied),
+                    (PairsAndMasks(s.ctx, s.vocab, s.pool),),
                     WriteUnits(s.ctx, chunks), InstancesMarker, s.unit_sizes)

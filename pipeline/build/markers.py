@@ -47,8 +47,12 @@ class Marker:
         return cls(**{f.name: _freeze(d[f.name]) for f in dataclasses.fields(cls)})
 
 
-def write_marker(work: str, marker: Marker, endpoint_url: str | None = None) -> None:
-    """Commit ``marker`` under ``<work>/<stage>/<key>.done.json`` (after the output it vouches for)."""
+def write_marker(work: str, marker: Marker, endpoint_url: str | None = None, fence: Any = None) -> None:
+    """Commit ``marker`` under ``<work>/<stage>/<key>.done.json`` (after the output it vouches for). ``fence``: the
+    build's writer lease (pipeline/safe_io/fence.py), proved first, in whichever process commits: a build that lost
+    its output to another never commits an item into it."""
+    if fence is not None:
+        fence.check()
     write_bytes_atomic(join(work, marker.stage, marker.key + SUFFIX), marker.to_json().encode(), endpoint_url)
 
 

@@ -7,14 +7,16 @@ its first line never goes a minute without one, even when no item finishes in be
 Every duration says what it measures: ``s wall`` is elapsed time; ``driver CPU-s`` is the CPU time of this process
 only (the workers' CPU is not in it: the driver plans and collects markers, so it stays small and flat).
 
-    pool_parts: 12/40 units, 48.0/160.0 MB of text, 6.1 MB/s, ETA 18 s (14.2 s wall)
+    read: 12/40 units, 48.0/160.0 MB of text, 6.1 MB/s, ETA 18 s (14.2 s wall)
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import resource
 import threading
 import time
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +50,9 @@ class StageProgress:
     ``total_bytes`` is 0 when the stage's items have no meaningful size (then no MB/s, the ETA from items)."""
 
     def __init__(self, name: str, noun: str, total: int, total_bytes: int, lines: bool = True,
-                 first_interval: float = FIRST_INTERVAL_S):
+                 first_interval: float = FIRST_INTERVAL_S, probe: Callable[[], float | None] | None = None):
         self.name, self.noun, self.total, self.total_bytes = name, noun, total, total_bytes
+        self.probe = probe  # the share of an unfinished stage's bytes done, from its running item
         self.done = self.done_bytes = 0
         self.t0 = time.perf_counter()
         self.cpu0 = driver_cpu_s()
@@ -69,6 +72,9 @@ class StageProgress:
     def line(self) -> str:
         with self._lock:
             done, done_bytes = self.done, self.done_bytes
+        if self.probe is not None and done < self.total:
+            with contextlib.suppress(Exception):  # a progress line is never worth failing a stage for
+                done_bytes = max(done_bytes, int((self.probe() or 0) * self.total_bytes))
         wall = time.perf_counter() - self.t0
         parts = [f"{self.name}: {done}/{self.total} {self.noun}"]
         if self.total_bytes:

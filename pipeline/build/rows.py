@@ -1,11 +1,11 @@
 """The per-unit stages as pipelines over rows: a read of our own, operators over rows, a sink that commits units.
 
     ReadCorpus (docs.read_block: one read task per planned unit, a row per document with its stable id)
-      -> SplitTokenize (docs.py: sentences and WordPiece ids, per document)
-      -> PairsAndMasks (instances.py: NSP pairs and MLM masks; the random-next pool handed over as a shared object)
-      -> WriteUnits (instances.py: each unit's instances committed atomically, then its marker)
+      -> [document filters] -> SplitTokenize (docs.py: sentences and WordPiece ids, per document)
+      -> WriteDocs (read.py: each unit's tokenized documents committed atomically, then its marker)
 
-and for the random-next pool: ReadCorpus -> SplitTokenize (members only) -> WritePoolParts (pool.py).
+    ReadDocs (instances.py: a unit's tokenized documents) -> PairsAndMasks (NSP pairs and MLM masks; the
+      random-next pool handed over as a shared object) -> WriteUnits (each unit's instances, then its marker)
 
 A ``RowStage`` names the units to read, the operators (picklable callables, ``pa.Table -> pa.Table``) and the sink
 (``write(tables) -> markers``). ``pipeline.build.ray_data`` runs it as one Ray Data execution
@@ -21,7 +21,7 @@ unit's rows never leave that process before they are committed.
 from __future__ import annotations
 
 import dataclasses
-import json
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -64,12 +64,71 @@ class RowStage:
     marker: type[Marker]
     sizes: dict[str, int] | None = None
     noun: str = "units"
+    after: Callable[[Any], None] | None = None  # the stage's hook (executor.Stage says what for)
+    # A user's ray.data.Dataset streamed through the operators instead of ``read`` over ``units``: the sink's
+    # results are the stage's, and the pass always runs (what it read is only known by reading it)
+    source: Any = None
 
     def setup(self) -> None:
         """Load what the operators keep per process (the tokenizer, the pool): the warm-up runs it."""
         for op in self.operators:
             if hasattr(op, "setup"):
                 op.setup()
+
+
+# --- Per-operator statistics: rows in and out, bytes out, CPU and wall seconds of every operator (the read and the
+# sink included) in this process since the sink last took them. Ray Data fuses a pass into one task per unit, so its
+# own statistics show the chain as one operator; these are per operator, carried by the unit's marker (``ops``) to
+# the driver, its progress lines and the build's MLflow run. The plain loop counts the same way.
+_OPS: dict[str, list[float]] = {}
+
+
+def count(name: str, rows_in: int, rows_out: int, nbytes: int, cpu_s: float, wall_s: float) -> None:
+    row = _OPS.setdefault(name, [0, 0, 0, 0.0, 0.0])
+    for i, v in enumerate((rows_in, rows_out, nbytes, cpu_s, wall_s)):
+        row[i] += v
+
+
+def take_ops() -> dict[str, tuple[float, ...]]:
+    """The operators' statistics since the last call (``count``), as a marker keeps them: (rows in, rows out,
+    bytes out, CPU seconds, wall seconds) by operator."""
+    out = {k: (int(v[0]), int(v[1]), int(v[2]), round(v[3], 4), round(v[4], 4)) for k, v in _OPS.items()}
+    _OPS.clear()
+    return out
+
+
+class Measured:
+    """An operator (or a read) whose calls are counted (``count``); ``measured`` names it after the operator."""
+
+    def __init__(self, fn: Callable[[Any], pa.Table]):
+        self.fn = fn
+
+    def __getattr__(self, name: str) -> Any:  # setup() and the rest pass through
+        if "fn" not in self.__dict__:  # unpickling: nothing to pass through yet
+            raise AttributeError(name)
+        return getattr(self.__dict__["fn"], name)
+
+    def __call__(self, arg: Any) -> pa.Table:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        out = self.fn(arg)
+        count(type(self).__name__, arg.num_rows if isinstance(arg, pa.Table) else 0, out.num_rows, out.nbytes,
+              time.thread_time() - c0, time.perf_counter() - t0)
+        return out
+
+
+def measured(fn: Callable[[Any], pa.Table]) -> Measured:
+    return type(type(fn).__name__, (Measured,), {})(fn)
+
+
+def sum_ops(markers: Sequence[Any]) -> dict[str, tuple[float, ...]]:
+    """A stage's operators' statistics: its markers' ``ops`` added up."""
+    total: dict[str, list[float]] = {}
+    for m in markers:
+        for k, v in (getattr(m, "ops", None) or {}).items():
+            row = total.setdefault(k, [0, 0, 0, 0.0, 0.0])
+            for i, x in enumerate(v):
+                row[i] += x
+    return {k: tuple(v) for k, v in total.items()}
 
 
 def by_unit(tables: Sequence[pa.Table]) -> list[tuple[str, pa.Table]]:
@@ -80,13 +139,6 @@ def by_unit(tables: Sequence[pa.Table]) -> list[tuple[str, pa.Table]]:
     table = pa.concat_tables(tables, promote_options="default")
     units = table.column("unit")
     return [(u, table.filter(pc.equal(units, u))) for u in sorted(set(units.to_pylist()))]
-
-
-def report_of(rows: pa.Table) -> dict[str, Any]:
-    """The unit's report row (``docs.read_block``): present exactly once among a unit's rows."""
-    reports = [r for r in rows.column("report").to_pylist() if r is not None]
-    assert len(reports) == 1, f"a unit's rows must hold its one report row, got {len(reports)}"
-    return json.loads(reports[0])
 
 
 def user_error(report: dict[str, Any]) -> UserError | None:

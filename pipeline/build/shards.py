@@ -32,9 +32,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.build.config import BuildState
 from pipeline.build.executor import Stage
 from pipeline.build.markers import Marker, write_marker
+from pipeline.build.sizes import SHARD_BYTES, default_num_shards  # noqa: F401 - where tests and tools look
+from pipeline.build.state import BuildState
 from pipeline.build.work import WORK_SUFFIX, StepContext
 from pipeline.rng import derive_seed
 from pipeline.schema import instance_schema, shard_name
@@ -51,11 +52,6 @@ PARQUET_ROW_GROUP = 1 << 16
 CHUNKS_PER_SHARD = 32  # pieces of units a shard should mix, when the corpus has fewer units than that per shard
 MAX_CHUNKS = 64  # chunks per unit and pass at most: each is one small read for a shard item
 _READ_THREADS = 8
-SHARD_BYTES = 128 << 20  # the default shard size
-# Parquet bytes per token and pass (uint16 ids, zstd, masks included): 2.40 measured on Moby Dick at seq 128, dupe 5
-# (3.55 MB of shards for 296k tokens); it plans --num-shards before any text is read.
-PARQUET_BYTES_PER_TOKEN = 2.4
-
 @dataclasses.dataclass(frozen=True)
 class ShardItem:
     """The work item of one shard: shard ``index`` of ``count``, its slices ``(uid, batch, lo, hi)``, rows [lo, hi) of record batch ``batch``
@@ -68,14 +64,6 @@ class ShardItem:
     @property
     def rows(self) -> int:
         return sum(hi - lo for _, _, lo, hi in self.slices)
-
-
-def default_num_shards(planned_tokens: int, dupe_factor: int, vocab_size: int) -> int:
-    """Shards of at most about ``SHARD_BYTES`` of Parquet for the planned corpus (at least one): a size a training
-    worker loads in a second or two and a shard item writes in bounded memory, whatever the corpus's size. It
-    depends on the inputs' listed sizes only, never on the CPUs, so the dataset does not either."""
-    per_token = PARQUET_BYTES_PER_TOKEN * (1 if vocab_size <= 65536 else 2)
-    return max(1, -(-int(planned_tokens * dupe_factor * per_token) // SHARD_BYTES))
 
 
 def chunks_per_pass(num_units: int, dupe_factor: int, num_shards: int) -> int:
@@ -190,7 +178,7 @@ class ShardStep:
                            instance_schema(ctx.vocab_size), ctx.endpoint_url)
         assert rows == item.rows, (rows, item.rows)
         marker = ShardMarker(index=item.index, file=name, rows=rows)
-        write_marker(ctx.work, marker, ctx.endpoint_url)
+        write_marker(ctx.work, marker, ctx.endpoint_url, ctx.fence)
         return marker
 
 

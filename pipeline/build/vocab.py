@@ -9,9 +9,9 @@ key, block start) until ``sample_bytes`` is reached (at least one block; 0 = eve
 ``corpus.txt`` give the same sample and the same vocabulary. Parquet row groups are blocks of their own.
 
     sample_blocks(units, sizes, unit_bytes, sample_bytes, seed) -> [[Unit]]    the driver: metadata only
-    vocab_step(item, ctx) -> VocabMarker                                        one item: read, train, commit
-    VocabStep(ctx)(item) -> VocabMarker                                         the same as a step object
+    vocab_step(item, ctx) -> VocabMarker (VocabStep(ctx): a step)               one item: read, train, commit
     train_vocab(files, units, ctx, sample, output, executor) -> VocabMarker     all of it, resumable, on an executor
+    vocab_stage(state) -> Stage                                                 the build's stage (none with --vocab)
 
 Why a sample: WordPiece training counts words in one process; on 256 MB of text it sees every word frequent enough
 to enter a 30k vocabulary of English (the long tail it misses would fall below min_frequency or become ##pieces
@@ -19,20 +19,23 @@ anyway), and it takes minutes instead of hours on a 10 GB corpus. The default bu
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
+import time
 from collections import Counter, defaultdict
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pipeline.build.config import DEFAULT_SAMPLE_BYTES
 from pipeline.build.executor import Executor, Stage, run_stage
 from pipeline.build.markers import Marker, write_marker
-from pipeline.build.pieces import worker_id
+from pipeline.build.inputs.pieces import worker_id
+from pipeline.build.state import BuildState
 from pipeline.checks import vocab_size_warning
 from pipeline.readers import ReadOptions, ReadReport, Unit, read_unit
 from pipeline.rng import DEFAULT_SEED, derive_seed
-from pipeline.storage import FileInfo, write_bytes_atomic
+from pipeline.storage import FileInfo, read_bytes, remove_tree, write_bytes_atomic
 from pipeline.tokenize import BERT_VOCAB_SIZE
 
 log = logging.getLogger(__name__)
@@ -46,6 +49,7 @@ class VocabContext:
     do_lower_case: bool = True
     endpoint_url: str | None = None
     work: str | None = None  # where the marker goes (<work>/vocab/vocab.done.json); None: no marker (a job)
+    fence: Any = None  # the output's writer lease (pipeline/safe_io/fence.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,20 +123,38 @@ def sample_blocks(units: list[Unit], sizes: dict[str, int], unit_bytes: int, sam
     return [b[3] for b in blocks], sum(b[2] for b in blocks)
 
 
+PROGRESS_EVERY_S = 2.0  # how often the step writes the share of its reading done, for the driver's progress line
+
+
+def _tell(item: VocabItem, share: float, endpoint_url: str | None) -> None:
+    with contextlib.suppress(Exception):  # a progress figure is never worth failing the vocabulary for
+        write_bytes_atomic(f"{item.output}.progress", f"{share:.4f}".encode(), endpoint_url)
+
+
+def read_progress(output: str, endpoint_url: str | None = None) -> float | None:  # of the two passes' reading
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        return float(read_bytes(f"{output}.progress", endpoint_url))
+    return None
+
+
 def vocab_step(item: VocabItem, ctx: VocabContext) -> VocabMarker:
     """Train WordPiece on the blocks' documents and commit vocab.txt (one token per line) atomically."""
     from pipeline.tokenize import train_wordpiece
 
     report = ReadReport()
-    count, passes = 0, 0
+    count, passes, read, told = 0, 0, 0, time.monotonic()
 
     def texts():
-        nonlocal count, passes
+        nonlocal count, passes, read, told
         passes += 1
         for block in item.blocks:
             for u in block:
                 for doc in read_unit(u, ctx.read, ctx.endpoint_url, report if passes == 1 else ReadReport()):
                     count += passes == 1
+                    read += sum(len(line) + 1 for line in doc.lines)
+                    if time.monotonic() - told > PROGRESS_EVERY_S:  # for the driver's progress line
+                        told = time.monotonic()
+                        _tell(item, min(0.99, read / max(1, 2 * item.sampled_bytes)), ctx.endpoint_url)
                     yield "\n".join(doc.lines)
 
     log.info("training a %d-entry WordPiece vocabulary on %d sampled blocks", ctx.vocab_size, len(item.blocks))
@@ -140,21 +162,21 @@ def vocab_step(item: VocabItem, ctx: VocabContext) -> VocabMarker:
     tokens = train_wordpiece(texts, ctx.vocab_size, ctx.do_lower_case, ctx.min_frequency)
     data = ("\n".join(tokens) + "\n").encode()
     write_bytes_atomic(item.output, data, ctx.endpoint_url)
+    with contextlib.suppress(Exception):  # a leftover progress figure is harmless
+        remove_tree(f"{item.output}.progress", ctx.endpoint_url)
     dropped = dict(report.dropped + Counter(report.bad_files.values()))
     marker = VocabMarker(item.output, hashlib.sha256(data).hexdigest(), len(tokens), len(item.blocks),
                          item.sampled_bytes, count, dropped, worker_id())
     if ctx.work is not None:
-        write_marker(ctx.work, marker, ctx.endpoint_url)
+        write_marker(ctx.work, marker, ctx.endpoint_url, ctx.fence)
     return marker
 
 
 @dataclasses.dataclass(frozen=True)
 class VocabStep:
-    """``vocab_step`` as a step object (picklable, one argument) for a generic ``map(step, items)`` executor."""
-
     ctx: VocabContext
 
-    def __call__(self, item: VocabItem) -> VocabMarker:
+    def __call__(self, item: VocabItem) -> VocabMarker:  # vocab_step as a picklable step of one argument
         return vocab_step(item, self.ctx)
 
 
@@ -168,17 +190,46 @@ class VocabSample:
     seed: int = DEFAULT_SEED
 
 
+def vocab_stage(s: BuildState) -> Stage | None:
+    """One item training the vocabulary on a seeded sample (its hook reads what it committed, and warns when the
+    corpus gave fewer entries than asked); none when one is given."""
+    from pipeline.schema import VOCAB_FILE
+    from pipeline.storage import join
+
+    cfg = s.cfg
+    if s.vocab_bytes is not None:
+        return None
+    ctx = VocabContext(cfg.read, cfg.vocab_size, cfg.min_frequency, cfg.do_lower_case, cfg.endpoint_url, cfg.work,
+                       s.fence)
+    return dataclasses.replace(
+        _stage(s.inputs.files, s.units, ctx, VocabSample(cfg.unit_bytes, cfg.vocab_sample_bytes, cfg.instances.seed),
+               join(cfg.work, VOCAB_FILE)), after=_trained)
+
+
+def _stage(files: list[FileInfo], units: list[Unit], ctx: VocabContext, sample: VocabSample, output: str) -> Stage:
+    blocks, nbytes = sample_blocks(units, {f.path: f.size for f in files}, sample.unit_bytes, sample.sample_bytes,
+                                   sample.seed)
+    log.info("vocabulary: %d entries from a %.1f MB sample", ctx.vocab_size, nbytes / 1e6)
+    return Stage("vocab", VocabStep(ctx), {"vocab": VocabItem(blocks, output, nbytes)}, VocabMarker,
+                 {"vocab": nbytes}, "sample", probe=lambda: read_progress(output, ctx.endpoint_url))
+
+
+def _trained(s: BuildState) -> None:
+    from pipeline.storage import read_bytes
+
+    (marker,) = s.markers["vocab"]
+    if (w := vocab_size_warning(s.cfg.vocab_size, marker.vocab_size, marker.documents)) is not None:
+        log.warning("%s", w)
+        s.warnings.append(w)
+    s.vocab_bytes = read_bytes(marker.file, s.cfg.endpoint_url)
+
+
 def train_vocab(files: list[FileInfo], units: list[Unit], ctx: VocabContext, sample: VocabSample, output: str,
                 executor: Executor) -> VocabMarker:
     """Train (or, resuming, find the committed) vocabulary on ``sample`` of ``units`` and commit it to ``output``;
     ``ctx.work`` holds the marker. One item on ``executor``: never the driver's work."""
     assert ctx.work is not None, "train_vocab resumes from its marker: give the context a work folder"
-    blocks, nbytes = sample_blocks(units, {f.path: f.size for f in files}, sample.unit_bytes, sample.sample_bytes,
-                                   sample.seed)
-    log.info("vocabulary: %d entries from a %.1f MB sample", ctx.vocab_size, nbytes / 1e6)
-    stage = Stage("vocab", VocabStep(ctx), {"vocab": VocabItem(blocks, output, nbytes)}, VocabMarker,
-                  {"vocab": nbytes}, "sample")
-    (marker,) = run_stage(stage, executor, ctx.work, ctx.endpoint_url)
+    (marker,) = run_stage(_stage(files, units, ctx, sample, output), executor, ctx.work, ctx.endpoint_url)
     if (shortfall := vocab_size_warning(ctx.vocab_size, marker.vocab_size, marker.documents)) is not None:
         log.warning("%s", shortfall)
     return marker  # type: ignore[return-value]

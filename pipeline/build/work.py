@@ -23,7 +23,7 @@ WORK_SUFFIX = ".arrow"
 @dataclasses.dataclass(frozen=True)
 class StepContext:
     """What the steps need (never the whole job config): where _work is, the component configs, and ``build_id``
-    (a hash of the config and the input stamps) that keys the per-process caches."""
+    (the config's hash)."""
 
     work: str
     output: str
@@ -32,9 +32,9 @@ class StepContext:
     do_lower_case: bool
     dupe_factor: int
     vocab_size: int
-    pool_threshold: int  # a document is in the pool when its seeded 64-bit hash is below this (2**64: all)
     build_id: str
     endpoint_url: str | None = None
+    fence: Any = None  # the output's writer lease, proved before each commit (pipeline/safe_io/fence.py)
 
     def url(self, *parts: str) -> str:
         return join(self.work, *parts)

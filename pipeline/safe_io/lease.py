@@ -1,89 +1,53 @@
-"""One writer per output: a lease (an owner record with a heartbeat) that a build's output folder, a training run
-(`--storage` + `--run-name`) and an export destination are held under while a job writes them.
+"""One writer per output: a lease that a build's output folder, a training run (`--storage` + `--run-name`) and an
+export destination are held under while a job writes them, and the fence every process that writes for the job
+checks it with (pipeline/safe_io/fence.py).
 
-The record is a small JSON file: who holds it (host, pid, start time, what it is doing), a random token, and the
-time of its last heartbeat. It is *created* exclusively, so of two writers started together exactly one gets it:
+The record (pipeline/safe_io/lease_record.py) is changed only by conditional writes (pipeline/safe_io/lease_store.py:
+S3 ``If-None-Match``/``If-Match``, probed once per bucket; on local disk numbered records created with ``link()``),
+so of two writers that read one version exactly one replaces it:
 
-- on local disk (and shared file systems that honour it, NFSv3+), ``open(O_CREAT | O_EXCL)``;
-- on S3 (and stores that implement it: AWS since 2024-11, MinIO, moto), a PutObject with ``If-None-Match: *``.
-  A store that ignores the header would let both PUTs through, so the creator reads the record back after a
-  short wait and refuses when the token there is not its own (the last writer wins on such stores: the loser
-  sees it).
+- **acquire**: create the record; or take it over when its holder is gone: at once when the record names a process
+  on this host (same boot, same pid namespace) that has exited, else when the holder's last beat is older than the
+  stale time S by the store's clock; or re-take a released record. A live holder is a ``LeaseHeld`` refusal naming it.
+- **beat**: every S/4 the holder rewrites its record (if it is still its own). A separate watchdog thread steps the
+  holder down when no beat has succeeded for 3/4 S (the store unreachable, a partition, the beat stuck in retries) or
+  the record names someone else: one ERROR line naming who holds it now, then the process exits at once
+  (``os._exit``, exit status 2: nothing more it would write, no SIGINT that a job started in the background ignores).
+- **release**: the record is kept, marked released (token None), with what writers committed under it (a run's
+  checkpoints): the next holder reads them to know what it may resume from.
 
-A thread rewrites the heartbeat every ``stale/4`` seconds. A second writer that finds the record refuses in one
-line naming the holder and what to do. A record whose heartbeat is older than ``stale_seconds()`` (60 s, or
-``BERT_LEASE_STALE_SECONDS``; the holder's own setting, kept in its record, when that is longer) belongs to a
-writer that died (SIGKILL, a lost node): the next writer takes it over with a WARNING. A takeover is itself
-exclusive: on S3 a PutObject with ``If-Match: <etag of the stale record>``; locally a short-lived ``.takeover``
-file created with O_EXCL around re-reading and replacing the record. The lease is released (its record deleted)
-when the block exits, on error too. A holder whose heartbeat finds the record no longer its own (it stalled past
-the stale time and was taken over) logs an ERROR and interrupts its main thread, so it stops writing.
+The holder's own processes (Ray Train workers, Ray Data tasks) get ``lease.fence`` (picklable) and prove the lease
+before each commit; see fence.py.
 """
 from __future__ import annotations
 
-import _thread
 import contextlib
-import datetime as dt
-import json
 import logging
 import os
-import socket
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from fsspec.implementations.local import LocalFileSystem
-
 from pipeline import storage
-from pipeline.safe_io.retry import retrying
+from pipeline.safe_io import lease_record
+from pipeline.safe_io.fence import Fence
+from pipeline.safe_io.lease_record import (BEAT_FRACTION, HELD, STALE_ENV, STALE_SECONDS, STEP_DOWN_FRACTION,
+                                           LeaseHeld, LeaseLost, describe, held, holder_beat_age,
+                                           holder_gone, identity, iso, now, stale_seconds)
+from pipeline.safe_io.lease_store import Version, store_for
+
+__all__ = ["STALE_ENV", "STALE_SECONDS", "Lease", "LeaseHeld", "LeaseLost", "OUTPUT_LEASE", "forget_released", "held",
+           "holding",
+           "lease_url_beside", "output_lease", "stale_seconds"]
 
 log = logging.getLogger(__name__)
 
-# A holder whose heartbeat is older than this is taken to be dead. It must be well above the heartbeat period
-# (stale/4) plus the slowest round trip to the store, so that a live writer on a loaded machine is never taken
-# over; 60 s leaves 45 s of slack. Tests shorten it through the environment variable.
-STALE_SECONDS = 60.0
-STALE_ENV = "BERT_LEASE_STALE_SECONDS"
-READ_BACK_SECONDS = 0.5  # how long a creator waits before reading its record back (stores without conditional PUT)
-MAX_RECORD_BYTES = 64 << 10  # a lease record is ~300 bytes; anything bigger was not written by us
-
-
-def stale_seconds() -> float:
-    """The stale time in force: ``BERT_LEASE_STALE_SECONDS`` when set (tests, operators), else STALE_SECONDS."""
-    raw = os.environ.get(STALE_ENV)
-    if not raw:
-        return STALE_SECONDS
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{STALE_ENV}={raw!r}: give a number of seconds") from None
-    if value <= 0:
-        raise ValueError(f"{STALE_ENV}={raw!r}: give a positive number of seconds")
-    return value
-
-
-class LeaseHeld(ValueError):
-    """Another live writer holds the lease (a user-facing error: its message says who and what to do)."""
-
-
-class LeaseLost(RuntimeError):
-    """The record is no longer ours: we stalled past the stale time and another writer took over."""
-
-
-def _now() -> float:
-    return time.time()
-
-
-def _iso(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat(timespec="seconds")
-
-
 def lease_url_beside(target: str) -> str:
-    """The lease of a folder that is replaced as a whole (an export, a training run's folder): a sibling file
-    ``<target>.lease.json``, which the folder's replacement or removal does not touch."""
+    """The lease of a folder that is replaced as a whole (an export, a training run's folder): a sibling
+    ``<target>.lease.json`` (an object on S3, a folder of numbered records on local disk), which the folder's
+    replacement or removal does not touch."""
     trimmed = target.rstrip("/")
     if not trimmed or (storage.is_url(trimmed) and "/" not in trimmed.split("://", 1)[1]):
         raise ValueError(f"{target}: name a folder inside the bucket or disk, not its root")
@@ -92,236 +56,236 @@ def lease_url_beside(target: str) -> str:
 
 class Lease:
     """The lease at ``url`` for the writer of ``target`` (``what`` says who we are in messages). Use as a context
-    manager, or ``acquire()``/``release()``."""
+    manager, or ``acquire()``/``release()``. ``on_lost(message)`` is how the holder steps down (default:
+    ``lease_record.exit_process``, the process exits with status 2)."""
 
     def __init__(self, url: str, target: str, what: str, endpoint_url: str | None = None,
-                 hint: str = "or write somewhere else") -> None:
-        self.url, self.target, self.what, self.hint = url, target, what, hint
-        self.endpoint_url = endpoint_url
+                 hint: str = "or write somewhere else", on_lost: Callable[[str], None] | None = None) -> None:
+        self.url, self.target, self.what, self.hint = url, target.rstrip("/"), what, hint
+        self.endpoint_url, self.on_lost = endpoint_url, on_lost
         self.token = uuid.uuid4().hex
         self.stale = stale_seconds()
-        self.started = _now()
-        self._fs, self._path = storage.filesystem_for(url, endpoint_url)
-        self._local = isinstance(self._fs, LocalFileSystem)
-        self._etag: str | None = None  # of our record on S3: heartbeats replace exactly it
+        self.started = now()
+        self._store = store_for(url, endpoint_url)
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self.last_ok = time.monotonic()  # when the last successful write of our record was sent
         self.lost = False
+        self._lost_lock = threading.Lock()
+        self.record: dict[str, Any] = {}
 
     # ---- the record ----------------------------------------------------------------------------------------------
 
-    def _record(self) -> bytes:
-        return json.dumps({
-            "token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
-            # The program only: its arguments may hold URLs with credentials, and this record is readable by all.
-            "process": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python",
-            "what": self.what, "target": self.target,
-            "started": _iso(self.started), "started_unix": self.started, "heartbeat_unix": _now(),
-            "stale_seconds": self.stale,
-        }, sort_keys=True).encode()
-
-    def _read(self) -> tuple[dict[str, Any], str | None] | None:
-        """(record, etag) now at the URL; None when there is none."""
-        try:
-            if self._local:
-                with open(self._path, "rb") as f:
-                    data = f.read(MAX_RECORD_BYTES + 1)
-                etag = None
-            else:
-                self._fs.invalidate_cache(self._path)  # s3fs may answer from a cached listing: ask the store
-                info = retrying(lambda: self._fs.info(self._path), f"stat {self.url}")
-                if int(info.get("size") or 0) > MAX_RECORD_BYTES:
-                    raise ValueError(f"lease {self.url} is {info.get('size')} bytes, not a lease record: delete it")
-                data = retrying(lambda: self._fs.cat_file(self._path), f"read {self.url}")
-                etag = str(info.get("ETag") or info.get("etag") or "").strip('"') or None
-        except FileNotFoundError:
-            return None
-        if len(data) > MAX_RECORD_BYTES:
-            raise ValueError(f"lease {self.url} is over {MAX_RECORD_BYTES} bytes, not a lease record: delete it")
-        try:
-            record = json.loads(data)
-            float(record["heartbeat_unix"])
-        except (ValueError, KeyError, TypeError):
-            # A half-written local record (a writer killed between create and write) or foreign bytes: treat it as
-            # a record with no heartbeat, i.e. stale. Its file time stands in for the heartbeat.
-            record = {"token": None, "host": "?", "pid": "?", "started": "?", "what": "unknown writer",
-                      "heartbeat_unix": self._mtime()}
-        return record, etag
-
-    def _mtime(self) -> float:
-        try:
-            return os.path.getmtime(self._path) if self._local else 0.0
-        except OSError:
-            return 0.0
-
-    def _create(self) -> bool:
-        """Create the record if there is none; False when one exists."""
-        data = self._record()
-        if self._local:
-            os.makedirs(os.path.dirname(self._path) or ".", exist_ok=True)
-            try:
-                fd = os.open(self._path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                return False
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            return True
-        try:
-            out = retrying(lambda: self._fs.pipe_file(self._path, data, mode="create"), f"create {self.url}",
-                           done=lambda: self._is_ours())
-        except FileExistsError:
-            # botocore retries a PUT whose answer was dropped by itself: the retry then fails against the record
-            # the first attempt wrote. The token says whether that record is ours.
-            return self._is_ours()
-        self._etag = _etag_of(out) or self._etag
-        return True
-
-    def _is_ours(self) -> bool:
-        """After a PUT whose answer was lost (a dropped connection): did it land?"""
-        got = self._read()
-        if got is not None and got[0].get("token") == self.token:
-            self._etag = got[1]
-            return True
-        return False
-
-    def _replace(self, expected_etag: str | None) -> bool:
-        """Overwrite the record (S3: only if it still has ``expected_etag``); False when someone else changed it."""
-        data = self._record()
-        if self._local:
-            tmp = f"{self._path}.tmp-{uuid.uuid4().hex}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, self._path)
-            return True
-        condition = {"IfMatch": f'"{expected_etag}"'} if expected_etag else {}
-        try:
-            out = retrying(lambda: self._fs.pipe_file(self._path, data, **condition), f"renew {self.url}",
-                           done=lambda: self._is_ours())
-        except OSError as e:  # s3fs: a failed If-Match is OSError(EINVAL, "...pre-conditions ... did not hold")
-            if isinstance(e, (FileExistsError, FileNotFoundError)) or "condition" in str(e).lower():
-                # Someone else's record, or our own: botocore retried a PUT whose answer was dropped, and the retry
-                # failed against the record its first attempt wrote. The token tells the two apart.
-                return self._is_ours()
-            raise
-        self._etag = _etag_of(out) or self._etag
-        return True
-
-    # ---- acquire, heartbeat, release -----------------------------------------------------------------------------
-
-    def acquire(self) -> Lease:
-        """Take the lease, or raise LeaseHeld (one line: who holds it, what to do); a store that refuses us (a
-        missing bucket, credentials) is a ValueError naming the URL and the usual fix."""
-        try:
-            return self._acquire()
-        except (ValueError, KeyboardInterrupt):
-            raise
-        except Exception as e:  # noqa: BLE001 - botocore/aiohttp/OS errors: name the URL and the fix
-            raise storage.storage_error(self.target, e, "write to") from e
-
-    def _acquire(self) -> Lease:
-        for _ in range(3):  # a holder may release between our create and our read: look again
-            if self._create():
-                if not self._local:
-                    time.sleep(READ_BACK_SECONDS)
-                    if not self._is_ours():
-                        raise LeaseHeld(self._refusal(self._read()))
-                break
-            got = self._read()
-            if got is None:
-                continue
-            record, etag = got
-            age = _now() - float(record["heartbeat_unix"])
-            stale = self._stale_for(record)
-            if age <= stale:
-                raise LeaseHeld(self._refusal(got))
-            if self._take_over(record, etag):
-                log.warning("%s: took over from %s, whose heartbeat stopped %.0f s ago (more than %.0f s: it died or"
-                            " was killed); its unfinished output is resumed or replaced as the job's rules say",
-                            self.target, _holder(record), age, stale)
-                break
-        else:
-            raise LeaseHeld(self._refusal(self._read()))
-        self._thread = threading.Thread(target=self._beat, name=f"lease-{os.path.basename(self._path)}", daemon=True)
-        self._thread.start()
-        log.info("holding the writer lease %s", self.url)
-        return self
+    def _new_record(self, before: dict[str, Any] | None, version: Version | None) -> dict[str, Any]:
+        commits = (before or {}).get("commits") or {}
+        legacy = None
+        if before is None:
+            legacy = "create"  # replaced by the creation's store time right after (see _acquire)
+        elif not any(commits.values()) and before.get("legacy_before") is not None:
+            legacy = before["legacy_before"]
+        return {
+            "token": self.token, "generation": int((before or {}).get("generation") or 0) + 1,
+            "write_id": uuid.uuid4().hex, "prev": (before or {}).get("write_id"), "writer": "holder",
+            **identity(), "what": self.what, "target": self.target, "started": iso(self.started),
+            "stale_seconds": self.stale, "commits": commits, "legacy_before": legacy,
+            "took_over_from": describe(before) if before and before.get("token") else None,
+        }
 
     def _stale_for(self, record: dict[str, Any]) -> float:
-        """The holder heartbeats every stale/4 of *its* stale time: a taker configured shorter must not take over a
-        live holder configured longer, so the longer of the two counts."""
+        """The holder beats every S/4 of *its* stale time: a taker configured shorter must not take over a live
+        holder configured longer, so the longer of the two counts."""
         try:
             theirs = float(record.get("stale_seconds") or 0)
         except (TypeError, ValueError):
             theirs = 0.0
         return max(self.stale, min(theirs, 24 * 3600.0))
 
-    def _take_over(self, stale: dict[str, Any], etag: str | None) -> bool:
-        if not self._local:
-            return etag is not None and self._replace(etag) and self._is_ours()
-        guard = self._path + ".takeover"
-        with contextlib.suppress(OSError):  # a taker killed inside its few milliseconds left it: stale as well
-            if _now() - os.path.getmtime(guard) > self.stale:
-                os.remove(guard)
+    # ---- acquire, beat, release ----------------------------------------------------------------------------------
+
+    def acquire(self) -> Lease:
+        """Take the lease, or raise LeaseHeld (one line: who holds it, what to do); a store that refuses us (a
+        missing bucket, credentials, no conditional writes) is a ValueError naming the URL and the usual fix."""
         try:
-            fd = os.open(guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        os.close(fd)
-        try:
-            now = self._read()
-            if now is None or now[0].get("token") != stale.get("token") or \
-                    now[0].get("heartbeat_unix") != stale.get("heartbeat_unix"):
-                return False  # it came back to life, or another taker was quicker
-            return self._replace(None)
-        finally:
-            with contextlib.suppress(OSError):
-                os.remove(guard)
+            self._store.check_conditional_writes(self.endpoint_url)
+            self._acquire()
+        except (ValueError, KeyboardInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001 - botocore/aiohttp/OS errors: name the URL and the fix
+            raise storage.storage_error(self.target, e, "write to") from e
+        HELD[self.target] = self
+        for name, fn in (("beat", self._beat), ("watchdog", self._watchdog)):
+            thread = threading.Thread(target=fn, name=f"lease-{name}-{os.path.basename(self.target)}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        log.info("holding the writer lease %s", self.url)
+        return self
+
+    def _acquire(self) -> None:
+        for _ in range(5):  # a holder may release or beat between our read and our write: look again
+            got = self._store.read()
+            sent = time.monotonic()
+            if got is None:
+                record = self._new_record(None, None)
+                if self._store.create(record):
+                    self.last_ok = sent
+                    self._date_legacy(record)
+                    return
+                continue
+            before, version = got
+            if not before.get("token") and not before.get("foreign"):
+                record = self._new_record(before, version)
+                if self._store.replace(record, version):
+                    self.last_ok, self.record = sent, record
+                    return
+                continue
+            gone = holder_gone(before)
+            age = holder_beat_age(before, version, upper=False)
+            stale = self._stale_for(before)
+            if gone is None and age <= stale:
+                raise LeaseHeld(self._refusal(before, version))
+            record = self._new_record(before, version)
+            if self._store.replace(record, version):
+                self.last_ok, self.record = sent, record
+                why = gone if gone else f"whose heartbeat stopped {age:.0f} s ago (more than {stale:.0f} s: it died," \
+                                        " was killed or is cut off)"
+                log.warning("%s: took over from host %s, pid %s (%s), started %s, %s%s; what it committed is kept,"
+                            " anything it wrote after is not resumed from", self.target, before.get("host"),
+                            before.get("pid"), before.get("process") or "unknown process", before.get("started"),
+                            why, ": at once" if gone else "")
+                return
+        got = self._store.read()
+        raise LeaseHeld(self._refusal(*got) if got else f"{self.target}: could not take the writer lease {self.url};"
+                        " try again")
+
+    def _date_legacy(self, record: dict[str, Any]) -> None:
+        """A record created where there was none: output already in the target was written without commits (an
+        older version of this tool) and is trusted if it is older than the record, by the store's clock."""
+        got = self._store.read()
+        if got is None or got[0].get("write_id") != record["write_id"]:
+            self.record = record
+            return
+        dated = {**record, "legacy_before": got[1].modified, "write_id": uuid.uuid4().hex,
+                 "prev": record["write_id"]}
+        sent = time.monotonic()
+        if self._store.replace(dated, got[1]):
+            self.last_ok, self.record = sent, dated
+        else:
+            self.record = record
+
+    def renew(self) -> bool:
+        """One beat: rewrite our record if it is still ours. False when it is not (we were taken over)."""
+        for _ in range(3):
+            got = self._store.read()
+            if got is None or got[0].get("token") != self.token:
+                self.lose(self._lost_message(got[0] if got else None))
+                return False
+            record, version = got
+            beat = {k: v for k, v in record.items() if k != "holder_beat"}
+            beat.update(write_id=uuid.uuid4().hex, prev=record.get("write_id"), writer="holder")
+            sent = time.monotonic()
+            if self._store.replace(beat, version):
+                self.last_ok, self.record = sent, beat
+                return True
+            # A writer of ours committed between our read and our write: read again.
+        return True
 
     def _beat(self) -> None:
-        period = self.stale / 4
+        period = self.stale * BEAT_FRACTION
         while not self._stop.wait(period):
             try:
-                got = self._read()
-                if got is None or got[0].get("token") != self.token or not self._replace(self._etag):
-                    self._lose(got)
+                if not self.renew():
                     return
-            except Exception as e:  # noqa: BLE001 - a failed beat is retried next period; stale time has slack
+            except Exception as e:  # noqa: BLE001 - the watchdog steps down if this goes on for 3/4 of the stale time
                 log.warning("lease %s: heartbeat failed (%s: %s); retrying in %.0f s", self.url, type(e).__name__,
-                            e, period)
+                            str(e)[:300], period)
 
-    def _lose(self, got) -> None:
-        self.lost = True
-        holder = _holder(got[0]) if got else "nobody (the record was deleted)"
-        log.error("lease %s is no longer ours: %s holds it now (this process stalled for more than %.0f s and was"
-                  " taken over). Stopping this job so that it does not write over the new writer", self.url, holder,
-                  self.stale)
-        _thread.interrupt_main()
+    def _watchdog(self) -> None:
+        """Steps the holder down when its beats have failed for 3/4 of the stale time, however long a single beat is
+        stuck in retries: the takeover comes only after the whole stale time."""
+        limit = self.stale * STEP_DOWN_FRACTION
+        while not self._stop.wait(min(1.0, self.stale / 16)):
+            silent = time.monotonic() - self.last_ok
+            if silent > limit:
+                self.step_down_silent(silent)
+                return
+
+    def step_down_silent(self, silent: float) -> None:
+        """Step down after ``silent`` seconds without a successful beat, naming the job that took over when the
+        store says so within a moment (a stalled process woken up finds its taker), else why."""
+        now_held = self._who_holds(timeout=min(2.0, self.stale / 8))
+        if now_held is not None and now_held[0] is not None and now_held[0].get("token") != self.token:
+            self.lose(self._lost_message(now_held[0]))
+            return
+        self.lose(f"{self.target}: this {self.what} could not renew its writer lease {self.url} for {silent:.0f} s"
+                  " (the store unreachable, slow or refusing, or this process stalled); stopping now, before another"
+                  f" job may take it over ({self.stale:.0f} s after the last renewal)")
+
+    def _who_holds(self, timeout: float) -> tuple[dict[str, Any] | None] | None:
+        """(the record now,) when the store answers within ``timeout`` (a stepping-down holder names its taker);
+        None when it does not (a partition: the step-down does not wait for it)."""
+        answer: list = []
+
+        def read() -> None:
+            with contextlib.suppress(Exception):
+                got = self._store.read()
+                answer.append(got[0] if got else None)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(timeout)
+        return (answer[0],) if answer else None
+
+    def _lost_message(self, record: dict[str, Any] | None) -> str:
+        return (f"{self.target}: this {self.what} lost its writer lease to {describe(record)} (this job stalled or"
+                f" was cut off for more than {self.stale:.0f} s and was taken over); stopping without writing more")
+
+    def lose(self, message: str) -> None:
+        """Step down: one ERROR line (who holds the lease now), then ``on_lost`` (by default the process exits). Every
+        thread that finds the lease lost goes through ``on_lost``, not only the first: a main thread must not go on
+        to write (an MLflow run's end) while the watchdog is still saying why it steps down."""
+        with self._lost_lock:
+            first, self.lost = not self.lost, True
+        self._stop.set()
+        if first:
+            log.error("%s", message)
+        (self.on_lost or lease_record.exit_process)(message)
 
     def release(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=10)
+        if HELD.get(self.target) is self:
+            del HELD[self.target]
         if self.lost:
             return
         try:
-            got = self._read()
-            if got is not None and got[0].get("token") == self.token:
-                if self._local:
-                    os.remove(self._path)
-                else:
-                    retrying(lambda: self._fs.rm_file(self._path), f"delete {self.url}")
+            for _ in range(3):
+                got = self._store.read()
+                if got is None or got[0].get("token") != self.token:
+                    return
+                record, version = got
+                released = {k: v for k, v in record.items() if k != "holder_beat"}
+                released.update(token=None, write_id=uuid.uuid4().hex, prev=record.get("write_id"),
+                                writer="release", released=iso(now()))
+                if self._store.replace(released, version):
+                    return
         except Exception as e:  # noqa: BLE001 - an unreleased lease goes stale and is taken over: say so, go on
             log.warning("could not release the lease %s (%s); the next writer takes it over after %.0f s", self.url,
                         e, self.stale)
 
-    def _refusal(self, got) -> str:
-        if got is None:
-            return f"{self.target}: could not take the writer lease {self.url}; try again"
-        record = got[0]
-        age = _now() - float(record["heartbeat_unix"])
-        return (f"{self.target} is being written by another {record.get('what', 'writer')} ({_holder(record)},"
-                f" heartbeat {age:.0f} s ago): wait for it to finish (a holder that died is taken over"
-                f" {self._stale_for(record):.0f} s after its last heartbeat), {self.hint}")
+    @property
+    def fence(self) -> Fence:
+        """What the job's writers (other processes included) prove the lease with: pipeline/safe_io/fence.py."""
+        return Fence(self.url, self.endpoint_url, self.token, self.target, self.what, self.stale)
+
+    def _refusal(self, record: dict[str, Any], version: Version) -> str:
+        age = max(0.0, holder_beat_age(record, version, upper=False))
+        return (f"{self.target} is being written by another {record.get('what', 'writer')} (host"
+                f" {record.get('host')}, pid {record.get('pid')} ({record.get('process') or 'unknown process'}),"
+                f" started {record.get('started')}, heartbeat {age:.0f} s ago): wait for it to finish (a holder that"
+                f" died is taken over {self._stale_for(record):.0f} s after its last heartbeat, at once when it ran"
+                f" on this host), {self.hint}")
 
     def __enter__(self) -> Lease:
         return self.acquire()
@@ -330,16 +294,16 @@ class Lease:
         self.release()
 
 
-def _holder(record: dict[str, Any]) -> str:
-    return (f"host {record.get('host')}, pid {record.get('pid')} ({record.get('process') or 'unknown process'}),"
-            f" started {record.get('started')}")
-
-
-def _etag_of(response: Any) -> str | None:
-    if isinstance(response, dict):
-        etag = response.get("ETag")
-        return str(etag).strip('"') if etag else None
-    return None
+def forget_released(url: str, endpoint_url: str | None = None) -> bool:
+    """Remove a lease's record once it is released, for an output removed as a whole after its job (fine-tuning's
+    temporary checkpoints): True when there is none left. A held record is left alone."""
+    store = store_for(url, endpoint_url)
+    got = store.read()
+    if got is None:
+        return True
+    if got[0].get("token"):
+        return False
+    return store.delete(got[1])
 
 
 WAIT_POLL_SECONDS = 2.0
@@ -347,20 +311,21 @@ WAIT_POLL_SECONDS = 2.0
 
 @contextlib.contextmanager
 def holding(url: str, target: str, what: str, endpoint_url: str | None = None,
-            hint: str = "or write somewhere else", wait: float = 0.0) -> Iterator[Lease]:
+            hint: str = "or write somewhere else", wait: float = 0.0,
+            on_lost: Callable[[str], None] | None = None) -> Iterator[Lease]:
     """``with holding(...)``: the lease for the block, released on exit and on error. ``wait``: seconds to wait
     for a live holder to finish before refusing (an export after hours of training waits for another export's
     few seconds rather than failing)."""
-    deadline, told = _now() + wait, False
+    deadline, told = time.monotonic() + wait, False
     while True:
         try:
-            lease = Lease(url, target, what, endpoint_url, hint).acquire()
+            lease = Lease(url, target, what, endpoint_url, hint, on_lost).acquire()
             break
         except LeaseHeld as e:
-            if _now() + WAIT_POLL_SECONDS > deadline:
+            if time.monotonic() + WAIT_POLL_SECONDS > deadline:
                 raise
             if not told:
-                log.info("waiting up to %.0f s for the other writer: %s", deadline - _now(), e)
+                log.info("waiting up to %.0f s for the other writer: %s", deadline - time.monotonic(), e)
                 told = True
             time.sleep(WAIT_POLL_SECONDS)
     try:
@@ -374,5 +339,6 @@ OUTPUT_LEASE = "_writer.lease.json"
 
 def output_lease(output: str, what: str = "dataset build", ep: str | None = None,
                  hint: str = "or use another --output") -> contextlib.AbstractContextManager[Lease]:
-    """The lease of a folder a job fills in place (a dataset build's --output): a file inside it."""
+    """The lease of a folder a job fills in place (a dataset build's --output): inside it."""
     return holding(storage.join(output, OUTPUT_LEASE), output, what, ep, hint)
+

@@ -26,6 +26,7 @@ import os
 import posixpath
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +73,15 @@ def recover_local(target: Path) -> None:
         log.warning("%s: restored the previous export from %s (an export was interrupted mid-swap)", target, aside)
 
 
-def swap_in_local(staged: Path, target: Path) -> None:
-    """Make ``staged`` (a folder on the same file system) the folder at ``target``; the old one is removed."""
+def _nothing() -> None:
+    pass
+
+
+def swap_in_local(staged: Path, target: Path, prove: Callable[[], None] = _nothing) -> None:
+    """Make ``staged`` (a folder on the same file system) the folder at ``target``; the old one is removed.
+    ``prove()`` (the destination's writer lease, pipeline/safe_io/fence.py) raises when this writer may no longer
+    write there: it is asked right before the swap."""
+    prove()
     recover_local(target)
     if not target.exists():
         os.rename(staged, target)
@@ -96,9 +104,12 @@ def _new_version() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ") + "-" + uuid.uuid4().hex[:8]
 
 
-def publish_remote(local: Path, url: str, endpoint_url: str | None = None) -> str:
+def publish_remote(local: Path, url: str, endpoint_url: str | None = None, prove: Callable[[], None] = _nothing) -> str:
     """Upload the files of ``local`` under a new version of ``url`` and point ``url/export.json`` at it (last).
-    Returns the version. Retries transient faults per file (``retry.retrying``)."""
+    Returns the version. Retries transient faults per file (``retry.retrying``). ``prove()`` (the destination's
+    writer lease) is asked before the uploads, before the switch and before old versions are removed: a writer that
+    lost the lease meanwhile leaves an unpointed version folder, never a pointer or a deletion."""
+    prove()
     fs, root = storage.filesystem_for(url, endpoint_url)
     version = _new_version()
     files = sorted(p for p in local.rglob("*") if p.is_file())
@@ -108,7 +119,9 @@ def publish_remote(local: Path, url: str, endpoint_url: str | None = None) -> st
         retrying(lambda: fs.put_file(str(p), dest), f"upload {name} to {url}")
     pointer = {"format": FORMAT, "version": version,
                "files": {p.relative_to(local).as_posix(): p.stat().st_size for p in files}}
+    prove()
     storage.write_json_atomic(storage.join(url, MARKER), pointer, endpoint_url)  # one PUT: the switch
+    prove()
     _prune(fs, root, url, version)
     return version
 

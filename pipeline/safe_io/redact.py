@@ -2,9 +2,12 @@
 tags, manifests, checkpoints' train_state.json, exports' lineage, error messages). The full URL is used only to read.
 
 What goes: the userinfo (`http://user:password@host` -> `http://REDACTED@host`: a user name alone can be a token,
-as in `https://TOKEN@host`) and the value of every query parameter that signs or authorises a request (S3 and GCS
-presigned URLs, Azure SAS, OAuth-style `access_token`, anything named like a token, secret, password, signature,
-credential or key). The parameter names stay, so a reader still sees that a URL was signed.
+as in `https://TOKEN@host`) and the value of every parameter that signs or authorises a request, after `?`, `&`, `;`
+or `#` (S3 and GCS presigned URLs, Azure SAS, OAuth's `#access_token=` fragments, `;jsessionid=` path parameters,
+anything named like a token, secret, password, signature, credential, session, JWT or key). The parameter names
+stay, so a reader still sees that a URL was signed. In free text also: `name=value` for those names, an
+environment-style `AWS_SECRET_ACCESS_KEY=...` (an upper-case name holding SECRET, TOKEN, PASSWORD, CREDENTIAL,
+SESSION or ACCESS/PRIVATE/API_KEY) and the credentials of an `Authorization:` header.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import logging
 import re
 import traceback
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 REDACTED = "REDACTED"
 
@@ -23,8 +26,10 @@ SECRET_PARAMS = frozenset({
     "x-goog-signature", "x-goog-credential", "googleaccessid",
     "sig", "token", "access_token", "id_token", "refresh_token", "auth", "authorization", "code",
     "key", "api_key", "apikey", "api-key", "password", "passwd", "pwd", "secret", "client_secret",
+    "jwt", "session", "sessionid", "session_id", "jsessionid", "phpsessid", "access_key", "secret_key", "private_key",
 })
-_SECRET_WORDS = ("token", "secret", "password", "signature", "credential", "apikey", "api_key", "api-key")
+_SECRET_WORDS = ("token", "secret", "password", "passwd", "signature", "credential", "apikey", "api_key", "api-key",
+                 "jwt", "session", "access_key", "accesskey", "private_key", "secret_key")
 
 # A scheme, "://", then everything up to whitespace or a character that ends a URL in prose, JSON or a repr.
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
@@ -46,20 +51,28 @@ def redact_url(url: str) -> str:
     netloc = parts.netloc
     if "@" in netloc:
         netloc = REDACTED + "@" + netloc.rsplit("@", 1)[1]
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        if any(_secret_param(k) for k, _ in pairs):
-            query = "&".join(f"{quote(k, safe='')}={REDACTED if _secret_param(k) else quote(v, safe='/:')}"
-                             for k, v in pairs)
-    if netloc == parts.netloc and query == parts.query:
-        return url
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+        url = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    # Parameters after ? & ; # (the query, `;name=` path parameters, an OAuth fragment), their text kept as it was.
+    return _PARAM.sub(_redact_param, url) if "=" in url else url
 
 
-# A query parameter outside a full URL (a file name a listing shows, `corpus.txt?X-Amz-Signature=...`).
+# A parameter after ? & ; or # (in a URL, or a file name a listing shows: `corpus.txt?X-Amz-Signature=...`).
 # A parameter's value ends at the next parameter, a blank or a quote; punctuation right before those ends prose.
-_PARAM = re.compile(r"([?&])([^=&?\s'\"<>`]+)=([^&\s'\"<>`]*?)(?=[.,;:)\]}]*(?:[&\s'\"<>`]|$))")
+_PARAM = re.compile(r"([?&;#])([^=&?;#\s'\"<>`]+)=([^&?;#\s'\"<>`]*?)(?=[.,;:)\]}]*(?:[&?;#\s'\"<>`]|$))")
+# `name=value` in prose for the exact secret names (`jwt=...`, `session=...`), after a blank or an opening mark.
+_BARE = re.compile(r"(?i)(^|[\s(\[{'\"])(" + "|".join(re.escape(n) for n in sorted(SECRET_PARAMS, key=len,
+                                                                                     reverse=True))
+                   + r")=([^\s&;'\"<>`]+)")
+# An environment-style assignment of a secret: AWS_SECRET_ACCESS_KEY=..., GITHUB_TOKEN=..., DB_PASSWORD=...
+_ENV = re.compile(r"\b([A-Z][A-Z0-9_]*(?:SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|SESSION|ACCESS_KEY|PRIVATE_KEY|"
+                  r"API_KEY)[A-Z0-9_]*)=([^\s'\"]+)")
+# An Authorization header quoted in text: its scheme stays, its credentials go.
+_AUTH = re.compile(r"(?i)\b((?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)((?:basic|bearer|digest|token|negotiate|"
+                   r"aws4-hmac-sha256|aws)\s+)?([^\s'\"][^'\"\n]*)")
+
+
+def _redact_param(m: re.Match) -> str:
+    return f"{m.group(1)}{m.group(2)}={REDACTED}" if _secret_param(m.group(2)) else m.group(0)
 
 
 def _redact_match(m: re.Match) -> str:
@@ -75,8 +88,11 @@ def redact_text(text: str) -> str:
     if "://" in text:
         text = _URL.sub(_redact_match, text)
     if "=" in text:
-        text = _PARAM.sub(lambda m: f"{m.group(1)}{m.group(2)}={REDACTED}" if _secret_param(m.group(2))
-                          else m.group(0), text)
+        text = _PARAM.sub(_redact_param, text)
+        text = _BARE.sub(lambda m: f"{m.group(1)}{m.group(2)}={REDACTED}", text)
+        text = _ENV.sub(lambda m: f"{m.group(1)}={REDACTED}", text)
+    if "uthorization" in text or "UTHORIZATION" in text:
+        text = _AUTH.sub(lambda m: f"{m.group(1)}{m.group(2) or ''}{REDACTED}", text)
     return text
 
 

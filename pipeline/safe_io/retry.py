@@ -10,6 +10,7 @@ tests/pipeline/test_s3_faults.py and tests/jobs/test_pretrain_s3_faults.py.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import random
 import time
@@ -25,6 +26,7 @@ RETRY_ATTEMPTS = 6  # our wrapper's tries of one whole operation, each already r
 RETRY_BASE_SECONDS = 0.25
 RETRY_MAX_SECONDS = 8.0
 _FAULT_WORDS = ("slowdown", "reduce your request rate", "serviceunavailable", "service unavailable", "internalerror",
+              "throttl", "too many requests", "requestlimitexceeded", "429",
               "requesttimeout", "connection reset", "connection was closed", "server disconnected",
               "connection aborted", "incompleteread", "incomplete read", "response ended prematurely",
               "remotedisconnected", "broken pipe", "timed out", "payload", "content-length", "503", "500 ", "502",
@@ -41,12 +43,15 @@ def s3_options(endpoint_url: str | None = None) -> dict[str, Any]:
 
 def is_transient(e: BaseException) -> bool:
     """Whether an error from a store is worth retrying: throttling, 5xx, a dropped or reset connection. Missing
-    files, refused credentials and failed preconditions are answers, not faults."""
+    files, refused credentials and failed preconditions are answers, not faults. Readers ask it too: a read that
+    still fails this way after the retries is the store's fault, never a corrupt file to skip."""
     if isinstance(e, (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError,
                       ValueError)):
         return False
     if isinstance(e, (ConnectionError, TimeoutError)):
         return True
+    if isinstance(e, OSError) and e.errno in (errno.EBUSY, errno.EAGAIN, errno.ETIMEDOUT):
+        return True  # s3fs's SlowDown, ServiceUnavailable and 503 (EBUSY); a timed-out read
     text = f"{type(e).__name__} {e}".lower()
     if "condition" in text or "accessdenied" in text or "nosuchkey" in text or "nosuchbucket" in text:
         return False

@@ -12,6 +12,7 @@ import bert_core
 from bert_core import BertForPreTraining
 from bert_core.attention import BertSelfOutput
 from bert_core.kernels import DEFAULT, KernelOptions, set_kernel_options
+from bert_core.kernels.options import FUSED_BY_DEFAULT
 
 V = 300
 
@@ -50,7 +51,8 @@ def test_options_validate_and_choose_by_device():
     with FakeTensorMode():
         cuda = torch.empty(2, device="cuda")  # a fake CUDA tensor: only its device is read
     assert not DEFAULT.use_fused(cpu)  # the CPU path is untouched by default
-    assert DEFAULT.use_fused(cuda)  # Triton is installed here (the test extra)
+    # CUDA too: the default is the measured path, Inductor's composition, until a GPU run shows the op >= 3% faster
+    assert not FUSED_BY_DEFAULT and not DEFAULT.use_fused(cuda)
     assert not KernelOptions(fused=False).use_fused(cuda)
     assert KernelOptions(fused=True).use_fused(cpu)  # forced: the interpreter, for tests
 

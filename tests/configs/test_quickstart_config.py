@@ -17,3 +17,15 @@ def test_quickstart_pretraining_evaluates_during_training(tmp_path):
     assert args.eval_data and args.eval_every > 0
     assert args.max_steps // args.eval_every >= 5  # a curve, not a dot: 5+ held-out points over the full --max-steps
     assert args.eval_every % args.log_every == 0  # each eval point lands beside a training point
+
+
+def test_quickstart_trains_with_the_measured_defaults(tmp_path):
+    """No --lr or --warm-up pinned (the quickstart once pinned 5e-4, a rate docs/learning-rates.md measured below the
+    default): the jobs choose them for the model's width, as for any user who leaves them out."""
+    from jobs import finetune
+
+    stages = {s.name: s for s in plan(load_config(REPO / "configs" / "quickstart.yaml"), str(tmp_path))}
+    args = pretrain.parse_args(stages["pretrain phase1"].argv)
+    assert args.lr is None and args.warmup_steps is None
+    tune = finetune.parse_args(stages["finetune rt_sentiment"].argv)
+    assert tune.lr is None and tune.warmup_ratio == finetune.WARMUP_FRACTION

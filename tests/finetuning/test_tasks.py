@@ -89,6 +89,15 @@ def test_missing_column_and_unseen_label_errors(tok):
         prepare_task("pair_classification", [{"sentence1": "a", "label": 0}], [], TaskColumns(), tok, cfg, "tr", "ev")
 
 
+def test_null_text_is_named_as_null_not_as_a_missing_column(tok):
+    """`"text": null` in some rows: the column is there (the old message said it was missing, listing it)."""
+    rows = RECS * 25 + [{"text": None, "label": "pos"}] * 2
+    with pytest.raises(ValueError, match=r"^column 'text' is null in 2 of the \d+ rows of train.jsonl \(the first: "
+                                         r"row \d+\): remove those rows or fill them in$"):
+        prepare_task("classification", rows, RECS, TaskColumns(), tok, FeatureConfig(max_seq_length=32),
+                     "train.jsonl", "ev")
+
+
 def test_pair_features_segments_and_collate(tok):
     recs = [{"sentence1": "the cat sat", "sentence2": "on the mat", "label": 1},
             {"sentence1": "hi", "sentence2": "there", "label": 0}]

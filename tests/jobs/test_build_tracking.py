@@ -50,7 +50,7 @@ def test_a_build_with_a_trained_vocabulary_logs_a_report_a_dataset_and_a_vocabul
     m = run.data.metrics
     assert m["instances"] == manifest["totals"]["instances"] > 0 and m["unk_fraction"] == 0.0
     assert 0.3 < m["random_next_fraction"] < 0.7
-    assert {f"stage_seconds.{s}" for s in ("vocab", "pool_parts", "instances", "shards")} <= m.keys()
+    assert {f"stage_seconds.{s}" for s in ("vocab", "read", "instances", "shards")} <= m.keys()
     assert f"{manifest['totals']['instances']:,} sequences" in run.data.tags["mlflow.note.content"]
 
     report = [f.path for f in client.list_artifacts(run_id, "report")]
@@ -127,7 +127,13 @@ def test_on_ray_the_run_hears_every_stage_and_the_callers_ray_stays_up(ray_shutd
                                "--experiment", "builds", "--progress", "lines"]) == 0
     run = MlflowClient(mlflow_uri).get_run(last_json(capsys.readouterr().out)["mlflow_run_id"])
     assert run.info.status == "FINISHED" and run.data.params["executor"] == "ray data"
-    assert {f"stage_seconds.{s}" for s in ("pool_parts", "pool", "instances", "shards")} <= run.data.metrics.keys()
+    assert {f"stage_seconds.{s}" for s in ("read", "pool", "instances", "shards")} <= run.data.metrics.keys()
+    # Per operator of the row passes, counted on Ray's workers (Ray Data fuses each pass into one task per unit).
+    m = run.data.metrics
+    docs = read_manifest(str(out)).totals.documents
+    assert m["op.read.SplitTokenize.rows_in"] == m["op.read.ReadCorpus.rows_out"] > docs  # documents + report rows
+    assert m["op.instances.ReadDocs.rows_out"] >= docs and m["op.instances.PairsAndMasks.rows_out"] > docs
+    assert m["op.read.SplitTokenize.cpu_s"] > 0 and m["op.instances.PairsAndMasks.mb_out"] > 0
     assert run.inputs.dataset_inputs[0].dataset.digest == read_manifest(str(out)).sha256[:16]
     assert ray.is_initialized()  # the job leaves a Ray it did not start
 
@@ -149,3 +155,53 @@ def test_a_build_without_a_tracking_uri_logs_to_the_store_the_other_jobs_use(tmp
     store = tmp_path / "mlruns" / "mlflow.db"
     assert store.is_file()
     assert MlflowClient(f"sqlite:///{store}").get_run(run_id).info.status == "FINISHED"
+
+
+def test_a_killed_builds_run_is_marked_killed_by_the_next_build_of_its_output(tmp_path, sample_dir):
+    """SIGKILL leaves a build's run RUNNING (nothing of the job is left to end it); the next build of the same output
+    takes the output's lease over and marks that run KILLED, saying why, before it opens its own."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from mlflow.tracking import MlflowClient
+
+    repo = Path(__file__).resolve().parents[2]
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "BERT_LEASE_STALE_SECONDS": "3"}
+    flags = ["--input", corpus(tmp_path, sample_dir, "m.jsonl", 1, 4), "--output", str(tmp_path / "ds"), "--vocab",
+             str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"), "--no-ray", "--dupe-factor", "1",
+             "--num-shards", "1", "--experiment", "builds", "--log-level", "WARNING"]
+    first = subprocess.Popen([sys.executable, str(repo / "tests" / "jobs" / "_slow_build.py"), "60", *flags],
+                             cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    client = MlflowClient(uri)
+
+    def opened() -> list:
+        exp = client.get_experiment_by_name("builds") if (tmp_path / "mlflow.db").exists() else None
+        return client.search_runs([exp.experiment_id]) if exp else []
+
+    try:
+        deadline = time.time() + 120
+        while not opened():  # the run opens as the work begins; each unit's instances then wait 60 s
+            assert first.poll() is None and time.time() < deadline, first.stderr.read().decode()
+            time.sleep(0.5)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    [killed] = opened()
+    assert killed.info.status == "RUNNING"  # what a dead job leaves
+    time.sleep(4)  # the dead holder's lease goes stale (3 s after its last heartbeat)
+
+    second = subprocess.run([sys.executable, str(repo / "jobs" / "build_dataset.py"), *flags], cwd=repo, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    after = client.get_run(killed.info.run_id)
+    new_id = last_json(second.stdout)["mlflow_run_id"]
+    assert after.info.status == "KILLED" and after.info.end_time is not None
+    assert after.data.tags["error"].startswith("the job ended without closing this run") and new_id in \
+        after.data.tags["error"]
+    assert f"MLflow run {killed.info.run_id} was left RUNNING by a job that died: marked KILLED" in second.stderr
+    assert client.get_run(new_id).info.status == "FINISHED"

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs import finetune
+from tracking.store import DEFAULT_EXPERIMENT
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -196,18 +197,20 @@ def test_bad_inputs_fail_before_training(data, tmp_path, mlflow_uri, caplog):
         ["--task", "classification", "--split-eval-from-train", "0.1", *base[:1], str(empty), *base[2:]]))
     assert re.search(r"task data file not found: .*nowhere.jsonl", error_of(
         ["--task", "classification", "--eval", str(tmp_path / "nowhere.jsonl"), *base]))
-    assert MlflowClient(mlflow_uri).search_experiments(filter_string="name = 'finetune'") == []
+    assert MlflowClient(mlflow_uri).get_experiment_by_name(DEFAULT_EXPERIMENT) is None
 
 
-def test_output_to_s3_writes_the_model_there(data, mlflow_uri, s3_bucket, capsys, monkeypatch):
+def test_output_to_s3_writes_the_model_there(data, mlflow_uri, s3_bucket, capsys, monkeypatch, tmp_path):
     """--output s3://...: the best model is uploaded (under a new version, export.json naming it last) with the
-    standard AWS settings."""
+    standard AWS settings; the temporary checkpoints (under the working directory) leave nothing behind, their
+    released writer lease included."""
     import boto3
 
     from pipeline.safe_io.publish import resolve
 
     endpoint, bucket = s3_bucket
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)  # botocore's standard variable (--endpoint-url works too)
+    monkeypatch.chdir(tmp_path)
     rc = finetune.main(["--task", "regression", "--train", data["regression"]["train"], "--eval",
                         data["regression"]["eval"], *QUICK, "--init", "random", "--preset", "bert_tiny",
                         "--label-column", "rating", "--no-ray", "--epochs", "1", "--output", f"s3://{bucket}/ft",
@@ -218,6 +221,7 @@ def test_output_to_s3_writes_the_model_there(data, mlflow_uri, s3_bucket, capsys
     version, files = resolve(f"s3://{bucket}/ft", endpoint)
     assert {"config.json", "model.safetensors", "vocab.txt"} <= set(files)
     assert {version.removeprefix(f"s3://{bucket}/") + "/" + name for name in files} | {"ft/export.json"} == keys
+    assert not (tmp_path / ".finetune-checkpoints").exists()
 
 
 def test_init_from_s3_fetches_the_model_beside_the_output(data, mlflow_uri, s3_bucket, tmp_path, capsys, sample_dir):

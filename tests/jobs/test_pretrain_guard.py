@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from jobs import pretrain
 from pretraining import memory
+from tracking.store import DEFAULT_EXPERIMENT
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -43,7 +44,7 @@ def test_a_divergent_learning_rate_fails_the_job(ray_local, tiny_pretrain_data, 
     assert message.startswith("training diverged at step ") and re.search(r"--lr \S+ \(.*this run(: |'s )10000\)", message)
 
     client = MlflowClient(mlflow_uri)
-    (found,) = client.search_runs([client.get_experiment_by_name("bert-pretrain").experiment_id])
+    (found,) = client.search_runs([client.get_experiment_by_name(DEFAULT_EXPERIMENT).experiment_id])
     assert found.info.status == "FAILED"
     assert found.data.tags["guard.diverged"] == message and found.data.metrics["rollbacks"] == 3
     assert any(math.isnan(m.value) for m in client.get_metric_history(found.info.run_id, "loss"))
@@ -67,7 +68,7 @@ def test_a_micro_batch_that_cannot_fit_fails_at_once_naming_the_flag(tiny_pretra
     assert error.getMessage().startswith("--micro-batch-size 256 needs ~")
     assert "use --micro-batch-size 16 (gradient accumulation keeps --batch-size)" in error.getMessage()
     # Before any worker, checkpoint or MLflow run.
-    assert not (tmp_path / "runs").exists() and MlflowClient(mlflow_uri).get_experiment_by_name("bert-pretrain") is None
+    assert not (tmp_path / "runs").exists() and MlflowClient(mlflow_uri).get_experiment_by_name(DEFAULT_EXPERIMENT) is None
 
 
 def test_without_a_micro_batch_the_job_sizes_one_that_fits(tiny_pretrain_data, tmp_path, mlflow_uri, caplog, capsys):

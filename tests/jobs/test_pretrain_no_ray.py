@@ -32,6 +32,9 @@ def test_no_ray_run_resumes_into_the_same_mlflow_run(tiny_pretrain_data, tmp_pat
     assert run.data.tags["bert.run_checkpoints"] == str((tmp_path / "runs" / "local").resolve())  # the launcher's folder
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [2, 4, 6]
     assert {"eval_loss", "run_sequences_per_second", "run_data_wait_fraction"} <= set(run.data.metrics)
+    # No --eval-every: a few evaluations over the run (a curve, not a dot), with what the collapse check reads.
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval_loss")] == [2, 4, 6]
+    assert 0 < run.data.metrics["eval_mlm_predicted_top_share"] <= 1
     ckpts = sorted(p.name for p in (tmp_path / "runs" / "local").iterdir())
     assert ckpts == ["checkpoint-00000003", "checkpoint-00000006"]
     state = json.loads((tmp_path / "runs" / "local" / ckpts[-1] / "train_state.json").read_text())
@@ -53,3 +56,29 @@ def test_no_ray_run_resumes_into_the_same_mlflow_run(tiny_pretrain_data, tmp_pat
 
     model, info = transformers.BertForPreTraining.from_pretrained(export, output_loading_info=True)
     assert not info["missing_keys"] and model.config.vocab_size == 600
+
+
+@pytest.mark.parametrize("lr", [None, "1e-7"])
+def test_a_short_run_near_the_baseline_is_a_note_and_a_rate_too_low_one_warning(tiny_pretrain_data, tmp_path, caplog,
+                                                                               capsys, lr):
+    """Six steps at the default rate: accuracy near the top token's share, but learning: no WARNING (it said 'try a
+    higher --lr (this run: 0.002)'). At --lr 1e-7 the loss stays where it started: one WARNING, the default named."""
+    import logging
+
+    from jobs import pretrain
+
+    caplog.set_level(logging.INFO)
+    args = ["--data", tiny_pretrain_data["train"], "--eval-data", tiny_pretrain_data["eval"], "--eval-sequences",
+            "32", "--preset", "bert_tiny", "--max-steps", "6", "--batch-size", "8", "--threads", "1", "--storage",
+            str(tmp_path / "runs"), "--log-every", "2", "--no-ray", "--mlflow-tracking-uri",
+            f"sqlite:///{tmp_path}/mlflow.db", "--no-system-metrics", "--seed", "3"] + (["--lr", lr] if lr else [])
+    assert pretrain.main(args) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "collapse" in r.getMessage()]
+    if lr is None:
+        assert warned == [] and result["collapse"] is None
+        assert result["eval_mlm_accuracy"] > 1.25 * result["eval_mlm_top_token_share"] or any(
+            r.getMessage().startswith("not a collapse: ") for r in caplog.records if r.levelname == "INFO")
+    else:
+        assert len(warned) == 1 and warned[0] == result["collapse"]
+        assert "try a higher --lr (this run: 1e-07): the default for this model's width is 0.002" in warned[0]

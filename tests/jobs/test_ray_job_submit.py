@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from _local_stack import free_ports, local_stack
+from tracking.store import DEFAULT_EXPERIMENT
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "data" / "sample"
@@ -63,6 +64,11 @@ def test_ray_job_submit_to_the_local_stack(tmp_path):
         assert started.returncode == 0, started.stdout + started.stderr
         assert f"export MLFLOW_TRACKING_URI=http://127.0.0.1:{mlflow_port}" in started.stdout
         assert _stack("status", env).returncode == 0
+        # `status` in another shell, without the start's port variables: the ports the stack runs on.
+        bare = {k: v for k, v in env.items() if k not in ("RAY_PORT", "RAY_DASHBOARD_PORT", "MLFLOW_PORT")}
+        status = _stack("status", bare)
+        assert status.returncode == 0 and f"job server http://127.0.0.1:{dash_port}" in status.stdout, status.stdout
+        assert f"GCS 127.0.0.1:{ray_port}" in status.stdout and f"http://127.0.0.1:{mlflow_port}," in status.stdout
         job_env = dict(env, **_env_file(state))
         # The README's command, verbatim apart from absolute paths (a job's working dir is a temporary copy).
         cmd = (f"ray job submit --working-dir . -- python jobs/build_dataset.py "
@@ -80,7 +86,7 @@ def test_ray_job_submit_to_the_local_stack(tmp_path):
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(f"http://127.0.0.1:{mlflow_port}")
-        exp = client.get_experiment_by_name("bert-dataset")
+        exp = client.get_experiment_by_name(DEFAULT_EXPERIMENT)
         runs = client.search_runs([exp.experiment_id])
         assert len(runs) == 1 and runs[0].data.metrics["instances"] == manifest["totals"]["instances"]
     finally:

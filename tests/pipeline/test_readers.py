@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from pipeline.build.pieces import PieceContext, piece_units, pieces_step, plan_pieces
+from pipeline.build.inputs.pieces import PieceContext, piece_units, pieces_step, plan_pieces
 from pipeline.readers import InputError, ReadOptions, ReadReport, plan_units, read_unit
 from pipeline.storage import expand_inputs
 

@@ -140,3 +140,25 @@ def test_a_task_error_leaves_the_worker_redacted_and_a_users_mistake_as_it_is():
     assert type(op).__name__ == "SplitTokenize"  # Ray's plans name the operator, not the guard
     with pytest.raises(InputError):
         op(1)
+
+
+def test_the_forms_the_audit_found_in_free_text():
+    """Issue 30, item 14: secrets after `;` and `#`, under the names jwt/session/access_key, an Authorization header and
+    an environment-style assignment, wherever they appear in a line."""
+    cases = {
+        "GET http://h/app;jsessionid=CANARY1?page=2": f"GET http://h/app;jsessionid={REDACTED}?page=2",
+        "see http://h/x?a=1;token=CANARY2 now": f"see http://h/x?a=1;token={REDACTED} now",
+        "redirect to https://h/cb#access_token=CANARY3&state=ok": f"redirect to https://h/cb#access_token={REDACTED}&state=ok",
+        "cookie jwt=CANARY4; session=CANARY5": f"cookie jwt={REDACTED}; session={REDACTED}",
+        "args access_key=CANARY6 region=eu": f"args access_key={REDACTED} region=eu",
+        "header Authorization: Basic Q0FOQVJZNzpwdw==": f"header Authorization: Basic {REDACTED}",
+        "{'Authorization': 'Bearer CANARY8'}": f"{{'Authorization': 'Bearer {REDACTED}'}}",
+        "env AWS_SECRET_ACCESS_KEY=CANARY9 AWS_DEFAULT_REGION=us-east-1":
+            f"env AWS_SECRET_ACCESS_KEY={REDACTED} AWS_DEFAULT_REGION=us-east-1",
+    }
+    for text, expected in cases.items():
+        assert redact_text(text) == expected, text
+    assert redact_url("https://h/cb#access_token=CANARY&x=1") == f"https://h/cb#access_token={REDACTED}&x=1"
+    # What is not a secret stays: metrics in progress lines, plain key=value, an Authorization without credentials.
+    line = "step 40/400 tokens_per_second=3280 loss=6.99 session_count=2"
+    assert redact_text(line) == line

@@ -105,9 +105,9 @@ def _concurrent(monkeypatch, module, name):
 def test_listing_probes_and_pieces_on_s3_run_in_parallel(s3_bucket, tmp_path, monkeypatch, sample_dir):
     import s3fs
 
-    import pipeline.build.pieces as pieces_mod
+    import pipeline.build.inputs.pieces as pieces_mod
     import pipeline.storage as storage_mod
-    from pipeline.build.pieces import PieceContext, piece_units, pieces_step, plan_pieces
+    from pipeline.build.inputs.pieces import PieceContext, piece_units, pieces_step, plan_pieces
     from pipeline.readers import ReadOptions, read_unit
     from pipeline.storage import expand_inputs
 

@@ -47,7 +47,32 @@ def test_a_build_through_faults_gives_the_same_bytes(s3_bucket, sample_dir, engi
         assert getattr(faulty, key) == getattr(clean, key), key
     assert faulty.vocab.sha256 == clean.vocab.sha256
     got, expected = _listing(f"s3://{bucket}/faulty", endpoint), _listing(f"s3://{bucket}/clean", endpoint)
-    assert sorted(got) == sorted(expected)  # no leftovers: no _work, no lease, no probe
+    assert sorted(got) == sorted(expected)  # no leftovers: no _work, no probe; the lease record, released
+    assert "/_writer.lease.json" in got
     for name, data in expected.items():
-        if name != "/manifest.json":  # it names its own output and timings
+        if name not in ("/manifest.json", "/_writer.lease.json"):  # they name their own output, holder and times
             assert got[name] == data, name
+
+
+def test_a_throttle_that_outlasts_the_retries_fails_the_build(s3_bucket, sample_dir, monkeypatch):
+    """Issue 30, item 10: an input whose reads are throttled (503 SlowDown) past every retry is the store's failure,
+    not a corrupt file: even with --on-error skip the build fails, in one line naming the input, and writes no
+    manifest (it used to skip the input as corrupt_file and exit 0 with its documents silently gone)."""
+    import boto3
+
+    import pipeline.safe_io.retry as retry
+    from pipeline.readers import ReadOptions
+
+    endpoint, bucket = s3_bucket
+    boto3.client("s3", endpoint_url=endpoint).upload_file(str(sample_dir / "corpus" / "mobydick.jsonl.gz"), bucket,
+                                                           "in/moby.jsonl.gz")
+    monkeypatch.setattr(retry, "S3_RETRIES", {"max_attempts": 2, "mode": "standard"})  # the retries run out soon
+    with FaultProxy(endpoint, slow_every=10**9, drop_every=10**9) as proxy:
+        proxy.unavailable("in/moby.jsonl.gz", seconds=600, methods=("GET",))  # listed fine, never read
+        cfg = BuildConfig(inputs=(f"s3://{bucket}/in/moby.jsonl.gz",), output=f"s3://{bucket}/out", dupe_factor=1,
+                          num_shards=1, vocab=str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"),
+                          instances=InstanceConfig(max_seq_length=64, max_predictions_per_seq=10),
+                          read=ReadOptions(on_error="skip"), endpoint_url=proxy.url)
+        with pytest.raises(ValueError, match=r"cannot read input s3://.*moby\.jsonl\.gz.*reduce your request rate"):
+            build(cfg)
+    assert not storage.exists(f"s3://{bucket}/out/manifest.json", endpoint)

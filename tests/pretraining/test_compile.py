@@ -42,7 +42,7 @@ class GraphCounter(NullTracker):
         self.graphs[step] = int(counters["stats"]["unique_graphs"]) - self._base
 
 
-def config_for(data: str, compile_model: bool, steps: int = STEPS) -> PretrainConfig:
+def config_for(data: str, compile_model: bool, steps: int = STEPS, seed: int = 3) -> PretrainConfig:
     from pathlib import Path
 
     vocab = Path(data, "vocab.txt").read_text().splitlines()
@@ -53,7 +53,7 @@ def config_for(data: str, compile_model: bool, steps: int = STEPS) -> PretrainCo
                         length_buckets=BUCKETS, mask_id=vocab.index("[MASK]")),
         max_steps=steps, optimizer=OptimizerConfig(lr=1e-3),
         tracking=TrackingConfig(log_every=1),
-        runtime=RuntimeConfig(device="cpu", threads=1, compile=compile_model, compile_backend="aot_eager", seed=3),
+        runtime=RuntimeConfig(device="cpu", threads=1, compile=compile_model, compile_backend="aot_eager", seed=seed),
     )
 
 
@@ -66,12 +66,21 @@ def widths_per_step(config: PretrainConfig) -> list[int]:
         batches.close()
 
 
+def several_widths(data: str) -> tuple[PretrainConfig, list[int]]:
+    """The first seed whose first STEPS batches land in several length buckets (about 6% of the fixture's rows are
+    short: a seed's first window can hold too few of them for a short batch), and its widths per step."""
+    for seed in range(3, 13):
+        config = config_for(data, compile_model=True, seed=seed)
+        per_step = widths_per_step(config)
+        if len(set(per_step)) >= 2:
+            return config, per_step
+    raise AssertionError("no seed of 3..12 exercises several length buckets: the fixture's rows are too uniform")
+
+
 def test_compiled_fit_stops_compiling_after_warmup(varied_pretrain_data):
     torch._dynamo.reset()
-    config = config_for(varied_pretrain_data, compile_model=True)
-    per_step = widths_per_step(config)
+    config, per_step = several_widths(varied_pretrain_data)
     widths = set(per_step)
-    assert len(widths) >= 2, f"the run should exercise several length buckets, saw {widths}"
     assert widths <= set(BUCKETS)
     counter = GraphCounter()
     fit(config, Worker(tracker=counter))

@@ -140,3 +140,33 @@ def test_compile_key_is_the_same_after_a_resume_and_differs_with_the_graph(tiny_
     assert reloaded.architectures and compile_key(rt, data, reloaded, cpu) == compile_key(rt, data, bert, cpu)
     wider = dataclasses.replace(bert, hidden_size=64, intermediate_size=128)
     assert compile_key(rt, data, wider, cpu) != compile_key(rt, data, bert, cpu)
+
+
+def test_torchs_own_tmp_default_is_not_taken_for_the_operators_choice(tmp_path, monkeypatch):
+    """Issue 30, item 9: torch sets TORCHINDUCTOR_CACHE_DIR to /tmp/torchinductor_<user> the first time anything asks
+    for its cache (building a fused optimizer does). That is torch's default, not the operator's folder: the job's
+    private folder replaces it."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
+
+    from pretraining.compile import private_inductor_cache
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert cache_dir() == os.path.abspath(default_cache_dir())  # what torch leaves in the environment
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == os.path.abspath(default_cache_dir())
+    directory = private_inductor_cache()
+    assert directory == tmp_path / "cache" / "bert-pretrain" / "inductor"
+    assert cache_dir() == str(directory) and stat.S_IMODE(directory.stat().st_mode) == 0o700
+
+
+def test_an_operators_cache_that_others_can_write_is_refused(tmp_path, monkeypatch):
+    from pretraining.compile import private_inductor_cache
+
+    shared = tmp_path / "shared-cache"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
+    with pytest.raises(ValueError, match=r"can be written by other users \(mode 777\).*chmod 700"):
+        private_inductor_cache()
+    shared.chmod(0o700)
+    assert private_inductor_cache() == shared

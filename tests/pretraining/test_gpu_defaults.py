@@ -1,7 +1,9 @@
 """GPU defaults that would pass silently if wrong (issue 24). Skipped without a GPU.
 
 - CUDA graphs (`--cuda-graphs`): Inductor may skip recording a graph (a CPU tensor, a mutated input, dynamic
-  shapes) and run the step without it, training the same: the test counts Inductor's `cudagraph_skips` and wants 0.
+  shapes) and run the step without it, training the same: the test counts Inductor's `cudagraph_skips` and wants 0,
+  and counts, step by step, the graphs captured and replayed (`torch.cuda.CUDAGraph.capture_begin` / `replay`,
+  which Inductor's CUDA graph trees call): steps must run from replays, not only have nothing skipped.
 - The compiled packed step with dropout against the padded one: tests/bert_core/test_packed_model_gpu.py."""
 from __future__ import annotations
 
@@ -33,11 +35,47 @@ def _config(data: str, dropout: float, steps: int, **runtime) -> PretrainConfig:
     )
 
 
-def test_cuda_graphs_are_recorded_not_skipped(varied_pretrain_data):
+class GraphCounts:
+    """Captures and replays of CUDA graphs in this process, per training step (`pretraining.loop._train_step`)."""
+
+    def __init__(self, monkeypatch):
+        from pretraining import loop
+
+        self.captures = self.replays = 0
+        self.per_step: list[tuple[int, int]] = []  # (replays, captures) of each step
+        graph, step = torch.cuda.CUDAGraph, loop._train_step
+        capture_begin, replay = graph.capture_begin, graph.replay
+
+        def counted_capture(g, *args, **kwargs):
+            self.captures += 1
+            return capture_begin(g, *args, **kwargs)
+
+        def counted_replay(g, *args, **kwargs):
+            self.replays += 1
+            return replay(g, *args, **kwargs)
+
+        def counted_step(run):
+            before = (self.replays, self.captures)
+            out = step(run)
+            self.per_step.append((self.replays - before[0], self.captures - before[1]))
+            return out
+
+        monkeypatch.setattr(graph, "capture_begin", counted_capture)
+        monkeypatch.setattr(graph, "replay", counted_replay)
+        monkeypatch.setattr(loop, "_train_step", counted_step)
+
+
+def test_cuda_graphs_are_recorded_and_replayed(varied_pretrain_data, monkeypatch):
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
-    result = fit(_config(varied_pretrain_data, 0.1, 6, cuda_graphs=True))
-    assert result.step == 6 and all(math.isfinite(m["loss"]) for _, m in result.history)
+    graphs = GraphCounts(monkeypatch)
+    result = fit(_config(varied_pretrain_data, 0.1, 8, cuda_graphs=True))
+    assert result.step == 8 and all(math.isfinite(m["loss"]) for _, m in result.history)
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    assert len(graphs.per_step) == 8 and graphs.captures > 0, graphs.per_step
+    # A width's graphs are recorded once, then replayed: with at most 4 widths in 8 steps, some steps run from
+    # replays alone (forward and backward each a graph: >= 2 replays, nothing captured).
+    replayed = [r for r, c in graphs.per_step if r >= 2 and c == 0]
+    assert len(replayed) >= 2, graphs.per_step

@@ -1,4 +1,7 @@
 """Links into the MLflow UI open the model-training view (MLflow 3.17.2 reads the `workflowType` parameter)."""
+import sys
+from pathlib import Path
+
 from tracking.links import experiment_url, run_url, ui_command
 
 
@@ -13,5 +16,7 @@ def test_a_server_store_links_to_itself_in_the_model_training_view():
 def test_a_local_store_links_to_the_ui_that_its_command_serves():
     uri = "sqlite:////work/mlruns/mlflow.db"
     assert experiment_url(uri, "1").startswith("http://127.0.0.1:5000/#/experiments/1/runs?")
-    assert ui_command(uri, "/venv/bin/mlflow") == ("/venv/bin/mlflow ui --backend-store-uri "
-                                                   "sqlite:////work/mlruns/mlflow.db --port 5000")
+    job = Path(__file__).resolve().parents[2] / "jobs" / "mlflow_ui.py"
+    assert ui_command(uri, "/venv/bin/python") == (f"/venv/bin/python {job} --store sqlite:////work/mlruns/mlflow.db"
+                                                   " --port 5000")
+    assert ui_command(uri).startswith(f"{sys.executable} {job} ")  # this interpreter: the venv's, from any shell

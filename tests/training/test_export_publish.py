@@ -45,7 +45,8 @@ def test_a_local_export_is_replaced_whole(tmp_path, mlflow_uri):
     _same_weights(BertForPreTraining.from_pretrained(dest), first)
     export_model(second_dir, str(dest), run, PRETRAIN_LINEAGE)
     _same_weights(BertForPreTraining.from_pretrained(dest), second)
-    assert sorted(os.listdir(dest.parent)) == ["bert"]  # no staging folder, no lease, no old copy left
+    # No staging folder, no old copy left; the destination's lease record stays, released.
+    assert sorted(os.listdir(dest.parent)) == ["bert", "bert.lease.json"]
 
 
 def test_a_local_export_killed_mid_swap_leaves_the_previous_one(tmp_path, mlflow_uri, monkeypatch):
@@ -188,3 +189,45 @@ def test_is_complete_reads_the_pointer_on_s3_and_the_folder_locally(tmp_path, ml
     export_model(model_dir, str(tmp_path / "e"), run, PRETRAIN_LINEAGE)
     assert is_complete(f"s3://{bucket}/e", names, endpoint) and is_complete(str(tmp_path / "e"), names)
     assert not is_complete(f"s3://{bucket}/e", ("tokenizer.json",), endpoint)
+
+
+def test_an_export_that_lost_its_lease_mid_upload_never_switches(tmp_path, mlflow_uri, s3_bucket, monkeypatch):
+    """An export stalls between its uploads and its pointer (the switch) past the lease's stale time, and another
+    export takes the destination over: the stalled one proves the lease before the switch, fails (LeaseLost naming
+    the taker) and leaves the previous export in place, unpointed files and all."""
+    import time
+
+    import pipeline.safe_io.lease_record as lease_record
+    from pipeline.safe_io.lease import STALE_ENV, Lease, held
+    from pipeline.safe_io.lease_record import LeaseLost
+
+    endpoint, bucket = s3_bucket
+    url = f"s3://{bucket}/models/bert"
+    monkeypatch.setenv(STALE_ENV, "4")  # a beat every second: a loaded machine's slow beats do not end the export early
+    monkeypatch.setattr(lease_record, "exit_process", lambda message: None)  # step down without ending the test
+    run = open_run(mlflow_uri, "export", "r")
+    first, first_dir = _model(tmp_path, 1)
+    _, second_dir = _model(tmp_path, 2)
+    export_model(first_dir, url, run, PRETRAIN_LINEAGE, endpoint)
+    before = storage.read_bytes(f"{url}/{MARKER}", endpoint)
+    uploading, takers = pipeline.safe_io.publish.retrying, []
+
+    def stalled(fn, doing, *args, **kwargs):
+        if doing.startswith("upload") and not takers:  # the export stalls here, its lease's threads with it
+            lease = held(url)
+            lease._stop.set()
+            for thread in lease._threads:
+                thread.join()
+            time.sleep(4 + 2.5)  # past the stale time by the store's clock (S3 dates are to the second)
+            takers.append(Lease(lease.url, lease.target, "export", endpoint).acquire())
+        return uploading(fn, doing, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline.safe_io.publish, "retrying", stalled)
+    try:
+        with pytest.raises(LeaseLost, match=r"lost its writer lease to export on host .*pid"):
+            export_model(second_dir, url, run, PRETRAIN_LINEAGE, endpoint)
+    finally:
+        for taker in takers:
+            taker.release()
+    assert storage.read_bytes(f"{url}/{MARKER}", endpoint) == before
+    _same_weights(BertForPreTraining.from_pretrained(fetch_model(url, tmp_path / "cache", endpoint)), first)

@@ -23,4 +23,4 @@ def test_a_budget_stop_and_a_collapse_are_said(tmp_path, mlflow_uri):
     assert "STOPPED EARLY: by --max-minutes at step 400 of 1500" in text
     assert "WARNING: collapsed model: predicts one class for 100.0%" in text
     assert "sequences_per_second 69.4" in text
-    assert "mlflow ui --backend-store-uri" in text and "http://127.0.0.1:5000" in text
+    assert f"jobs/mlflow_ui.py --store {mlflow_uri} --port 5000" in text and "http://127.0.0.1:5000" in text

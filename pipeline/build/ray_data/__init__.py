@@ -1,10 +1,11 @@
 """The Ray adapter: the build on Ray Data. Each per-unit pass is one Ray Data execution over rows:
 
-    ReadCorpus -> MapBatches(SplitTokenize) -> MapBatches(PairsAndMasks) -> Write (sink WriteUnits)
+    ReadCorpus -> MapBatches(SplitTokenize) -> Write (sink WriteDocs)          the read pass: the input, once
+    ReadDocs -> MapBatches(PairsAndMasks) -> Write (sink WriteUnits)           the instances pass
 
 ``CorpusDatasource`` (a ``ray.data.Datasource``: one read task per planned unit, a row per document with its
 stable id) feeds the operators of a ``rows.RowStage`` (``map_batches``, one block per unit) and
-``UnitsDatasink`` (a ``ray.data.Datasink`` named after the stage's sink, ``WriteUnits`` / ``WritePoolParts``)
+``UnitsDatasink`` (a ``ray.data.Datasink`` named after the stage's sink, ``WriteDocs`` / ``WriteUnits``)
 commits each unit with its marker. Ray Data fuses the chain into one task per unit (same compute, same resources):
 Ray's Dashboard and ``Dataset.stats()`` show it as ``ReadCorpus->MapBatches(SplitTokenize)->...->Write`` with rows
 and bytes per operator, and a unit's rows never leave the process that read them before they are committed.
@@ -14,7 +15,7 @@ shards) are ``from_items(work items) -> map_batches(<step>)``, one Ray Data task
 because what they do is not per document: the shards' exact balance needs every unit's row count first and then
 hands each shard precisely its slices (docs/data.md says why no Ray Data repartition does that).
 
-What stays ours, and why: the reading of ``--input`` files (``pipeline/readers.py``, for every format: Ray Data's
+What stays ours, and why: the reading of ``--input`` files (``pipeline/readers/``, for every format: Ray Data's
 ``read_text``/``read_json``/``read_parquet`` give no byte offsets or row indices for the ``<file>:<offset>``
 document ids every seed derives from, split by file or row group only, never at a document boundary inside a big
 file or compressed stream, and know neither blank-line-separated documents nor the reference's one-sentence-per-line
@@ -24,7 +25,7 @@ readers are for the other input: ``build(config, documents=ray.data.read_parquet
 worker processes and their warm-up: ``cluster.py``. A Ray Dataset of documents as the input: ``documents.py``.
 
     executor.py    RayDataExecutor (row passes: read_datasource -> map_batches -> write_datasink; item stages)
-    datasource.py  CorpusDatasource (ReadCorpus), UnitsDatasink (WriteUnits, WritePoolParts)
+    datasource.py  CorpusDatasource (ReadCorpus, ReadDocs), UnitsDatasink (WriteDocs, WriteUnits)
     cluster.py     Ray brought up early, warm worker processes, the vocabulary in the object store
     documents.py   build(config, documents=ds): the Dataset's digest and units
     guard.py       in_worker/guarded: every task's code with our log lines and its exceptions redacted

@@ -1,8 +1,8 @@
 """The Ray side of the build's executor: bringing Ray up early, the worker processes started and warmed ahead of the
 stages, the vocabulary in the object store, users' errors carried back as values, and never a hang for CPUs.
 
-- ``begin`` brings Ray up (``init``: ``pipeline.build.ray_start.init_ray`` attaches to RAY_ADDRESS, as ``ray job submit``
-  sets, or starts a local Ray capped at ``--num-cpus``) in a background thread while the driver lists and plans.
+- ``begin`` brings Ray up (``init``: ``pipeline.cluster.ray_start.init_ray`` attaches to RAY_ADDRESS, as ``ray job
+  submit`` sets, or starts a local Ray capped at ``--num-cpus``) in a background thread while the driver lists and plans.
 - ``warm(setup, items)`` starts the worker processes the stages will use (one per CPU, fewer when no stage has that
   many items) by handing each a task that imports what the steps use and runs ``setup`` (loads the tokenizer),
   not waited for. Worker processes are the expensive part of a job on Ray (an interpreter, Ray, Arrow, NumPy, the
@@ -171,7 +171,7 @@ class RayCluster(abc.ABC):
         # other worker processes, which would miss the warm caches.
         # No runtime_env env vars: Ray writes them to runtime_env_agent.log and serves them on its dashboard. Credentials
         # reach the workers as the cluster provides them (a local Ray inherits this process's environment;
-        # pipeline.build.ray_start).
+        # pipeline.cluster.ray_start).
         return {"num_cpus": 1}
 
     # --- the Executor protocol

@@ -1,6 +1,6 @@
 """The build's two ends in Ray Data's terms: ``CorpusDatasource`` (a ``ray.data.Datasource``: one read task per
 planned unit, a row per document with its stable id; ``ReadCorpus`` in Ray's plans) and ``UnitsDatasink`` (a
-``ray.data.Datasink`` named after the stage's sink, ``WriteUnits`` / ``WritePoolParts``: each write task commits its
+``ray.data.Datasink`` named after the stage's sink, ``WriteDocs`` / ``WriteUnits``: each write task commits its
 units with their markers and returns the markers)."""
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class CorpusDatasource(Datasource):
         self._units, self._read, self._sizes = list(units), read, sizes or {}
 
     def get_name(self) -> str:
-        return "Corpus"
+        return type(self._read).__name__.removeprefix("Read")  # Ray names the operator Read<name>: ReadCorpus
 
     def estimate_inmemory_data_size(self) -> int | None:
         return sum(self._sizes.get(u.uid, 0) for u in self._units) or None
@@ -51,7 +51,7 @@ class UnitsDatasink(Datasink):
         self.results: list[Marker | UserError] = []
 
     def get_name(self) -> str:
-        return type(self._sink).__name__  # WriteUnits, WritePoolParts
+        return type(self._sink).__name__  # WriteDocs, WriteUnits
 
     def write(self, blocks, ctx) -> list[bytes]:
         import pyarrow as pa

@@ -1,153 +1,202 @@
-"""Any Ray Dataset of documents as the build's input: ``build(config, documents=ds)``.
+"""Any Ray Dataset of documents as the build's input, streamed: ``build(config, documents=ds)``.
 
-The Dataset needs an id column (``BuildConfig.id_column``, default ``id``) and a text column
-(``read.text_field``, default ``text``); anything a user did before (``filter``, ``map_batches``: language ID,
-dedup, a quality classifier; ``ray.data.read_parquet`` of a lake, a Hugging Face dataset) is theirs. Ray Data
-gives no order and no fixed blocks, so the build fixes its own, from the documents alone:
+The Dataset needs an id column (``id_column``, default ``id``) and a text column (``read.text_field``, default
+``text``); anything a user did before (``filter``, ``map_batches``: language ID, a quality classifier;
+``ray.data.read_parquet`` of a lake, a Hugging Face dataset) is theirs. The user's Dataset is the source of the read
+pass, which runs it once (nothing is materialized, no document's text is copied to ``_work``):
 
-- **Identity**: a digest of what was read, order-free (the sum mod 2**256 of sha256(id, text) over the documents),
-  with their count and bytes. It stands in for the input files' stamps (``identity.py``): a rerun on changed
-  documents is refused, never reported complete; on the same documents it resumes like a file build.
-- **Units**: ``ceil(bytes / unit_bytes)`` units; a document goes to unit ``derive_seed(id) % units``, and a unit's
-  documents are read in id order (a trailing ``:<number>`` compared as a number, so ``file:99`` < ``file:100``).
-  Each unit is a folder of fragments under ``_work/documents/`` (one per (block, unit), written by a Ray Data
-  ``map_batches``): no shuffle, so no all-to-all operator and no actor pool on a small cluster. ``ReadCorpus``
-  reads a unit by concatenating its fragments and ordering them by id (``read_documents``, format ``documents``).
+    <the user's Dataset> -> MapBatches(DatasetRows) -> [document filters] -> MapBatches(SplitTokenize)
+                         -> Write (WriteFragments: tokenized documents, as fragments of their buckets)
 
-So the same documents give the same shards whatever their blocks or order. The same documents from a file give
-the same shards as that file when they carry the file's document ids (``<file key>:<offset>``) and the file is one
-unit (at most ``unit_bytes`` of text, the default 4 MiB) and the random-next pool takes every document (the
-default ``--pool-tokens`` for such a file): a file's units are byte ranges and its pool's threshold is planned from
-its stored size, a Dataset's from its text. Otherwise the same instances (ids and seeds are the same) land in other
-shards. The pass over the documents runs the user's pipeline once: it is materialized (Ray's object store, spilled
-to disk when big) and read twice, for the digest and for the fragments.
+Ray Data gives no order and no fixed blocks, so the build fixes its own, from the documents alone:
+
+- **Buckets, then units.** A document's unit hash (``derive_seed("dataset-unit", id)``) puts it in one of
+  ``BUCKETS`` buckets (its top bits); each write task commits its tokenized documents as one fragment per bucket
+  (``_work/docs/g<bucket>/<digest of its ids>.arrow``, the docs-file format of ``read.py``: pool-hash order, a
+  record batch per band). Once the pass is done the text's size is known: ``ceil(bytes / unit_bytes)`` units,
+  unit ``k`` holding the documents whose unit hash is in ``[k, k + 1) * 2**64 / units``, read from the fragments
+  of the buckets that range overlaps (``ReadDataset``), in the order of their pool hash and id, like a file's unit.
+- **Identity**: what the pass hashed on the way, an order-free digest of the documents (the sum mod 2**256 of
+  sha256(id, text)), with their count and bytes. It stands in for the input files' stamps (``identity.py``),
+  checked once the pass is done: a rerun on changed documents is refused, never reported complete; on the same
+  documents (in any order) it resumes from the committed units of the later stages.
+
+So the same documents give the same shards whatever their blocks or order, and the same records in a file
+(``--input``, ids from the records' ``id``) give the same documents, the same pool and, when the file is one unit
+as the Dataset is (at most ``unit_bytes`` of text, 4 MiB by default), the same shards byte for byte; otherwise the
+same instances land in other shards, since a file's units are byte ranges.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import re
-from collections.abc import Iterator
-from typing import Any
+from collections import Counter
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from pipeline.build.ray_data.guard import guarded
-from pipeline.readers import Doc, InputError, ReadOptions, ReadReport, Unit
+from pipeline.build.docs import (DOCS_DIR, docs_table, packed_docs, pool_hashes, power_of_two_histogram,
+                                 vocab_info_for, write_batches)
+from pipeline.build.drops import SUFFIX as DROP_SUFFIX
+from pipeline.build.drops import kept
+from pipeline.build.executor import Shared
+from pipeline.build.rows import by_unit, take_ops
+from pipeline.build.work import StepContext, read_work_table
+from pipeline.readers import InputError, Unit
 from pipeline.rng import derive_seed
-from pipeline.storage import FileInfo, filesystem_for, join, list_names, open_atomic, remove_tree
+from pipeline.storage import filesystem_for, join, list_names
 
 DATASET_PATH = "ray.data.Dataset"  # how the input is named in the manifest, its stamps and messages
-DOCUMENTS_DIR = "documents"
-_NUMBERED = re.compile(r"^(.*):(\d{1,20})$")
+BUCKETS = 64  # fragments per write task at most; a unit reads the buckets its hash range overlaps
+_SHIFT = 58  # a unit hash's top 6 bits: its bucket
 
 
-def sort_key(doc_id: str) -> str:
-    """Document ids in natural order: ``file:99`` before ``file:100`` (the order of a file's documents)."""
-    m = _NUMBERED.match(doc_id)
-    return f"{m.group(1)}:{int(m.group(2)):020d}" if m else doc_id
-@dataclasses.dataclass(frozen=True)
-class Digest:
-    """One batch's documents: count, text bytes and the order-free sum of their sha256 (as a hex string)."""
+def unit_hash(doc_id: str) -> int:
+    return derive_seed("dataset-unit", doc_id)
 
-    id_column: str
-    text_column: str
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        ids = batch.column(self.id_column).to_pylist()
-        texts = batch.column(self.text_column).to_pylist()
-        total, nbytes = 0, 0
-        for i, t in zip(ids, texts):
-            b = (t or "").encode()
-            nbytes += len(b)
-            h = hashlib.sha256(str(i).encode() + b"\0" + (b"\1" if t is None else b"\2") + b).digest()
-            total += int.from_bytes(h, "big")
-        return pa.table({"documents": [len(ids)], "bytes": [nbytes], "digest": [f"{total % (1 << 256):064x}"]})
+def bucket_dir(ctx: StepContext, b: int) -> str:
+    return ctx.url(DOCS_DIR, f"g{b:03d}")
+
+
+def digest_of(ids: list[str], texts: list[str | None]) -> tuple[int, int]:
+    """(order-free digest, text bytes) of documents: the sum of sha256(id, text), kept mod 2**256 by the caller."""
+    total, nbytes = 0, 0
+    for i, t in zip(ids, texts):
+        b = (t or "").encode()
+        nbytes += len(b)
+        total += int.from_bytes(hashlib.sha256(str(i).encode() + b"\0" + (b"\1" if t is None else b"\2") + b)
+                                .digest(), "big")
+    return total, nbytes
 
 
 @dataclasses.dataclass(frozen=True)
-class WriteFragments:
-    """A batch's documents split by unit, each part written as a fragment of its unit's folder (id, text), named
-    by the hash of its ids so that a retried task rewrites the same file."""
+class DatasetRows:
+    """A batch of the user's Dataset as the reader's rows (``unit`` = the bucket, ``ord``, ``id``, ``lines``) and
+    one report row per bucket (documents read, dropped, text bytes and the digest of what was read)."""
 
     id_column: str
     text_column: str
-    folder: str
-    units: int
-    endpoint_url: str | None = None
+    presplit: bool
+    on_error: str
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         ids = batch.column(self.id_column).cast(pa.string())
         if ids.null_count:
             raise ValueError(f"a document of the Dataset has a null {self.id_column!r}: every document needs an id")
-        unit = np.array([derive_seed("dataset-unit", i) % self.units for i in ids.to_pylist()], dtype=np.int64)
-        table = pa.table({"id": ids, "text": batch.column(self.text_column).cast(pa.string())})
-        written = []
-        for u in np.unique(unit).tolist():
-            part = table.filter(pa.array(unit == u))
-            name = hashlib.sha256("\0".join(part.column("id").to_pylist()).encode()).hexdigest()[:32]
-            with open_atomic(join(self.folder, f"{u:05d}", name + ".arrow"), self.endpoint_url) as f:
-                with pa.ipc.new_file(f, part.schema) as w:
-                    w.write_table(part)
-            written.append(part.num_rows)
-        return pa.table({"written": [sum(written)]})
+        ids = ids.to_pylist()
+        texts = batch.column(self.text_column).cast(pa.string()).to_pylist()
+        buckets = np.array([unit_hash(i) >> _SHIFT for i in ids], dtype=np.int64)
+        unit, ords, out_ids, lines, reports = [], [], [], [], []
+        for b in np.unique(buckets).tolist():
+            idx = np.flatnonzero(buckets == b).tolist()
+            digest, nbytes = digest_of([ids[k] for k in idx], [texts[k] for k in idx])
+            missing = [k for k in idx if texts[k] is None]
+            if missing and self.on_error == "fail":
+                raise InputError(f"the documents Dataset: document {ids[missing[0]]!r} has a null text "
+                                 "[missing_text_field]. Drop it (ds.filter) or pass on_error='skip'.")
+            kept = [k for k in idx if texts[k] is not None]
+            name = f"g{b:03d}"
+            unit += [name] * (len(kept) + 1)
+            ords += list(range(len(kept) + 1))
+            out_ids += [ids[k] for k in kept] + [None]
+            lines += [texts[k].split("\n") if self.presplit else [texts[k]] for k in kept] + [None]
+            reports += [None] * len(kept) + [{"path": DATASET_PATH, "read_documents": len(idx),
+                                              "dropped": {"missing_text_field": len(missing)} if missing else {},
+                                              "bad_files": {}, "text_bytes": nbytes, "digest": f"{digest:x}"}]
+        import json
+
+        return pa.table({"unit": pa.array(unit, pa.string()), "ord": pa.array(ords, pa.int64()),
+                         "id": pa.array(out_ids, pa.string()), "lines": pa.array(lines, pa.list_(pa.string())),
+                         "report": pa.array([None if r is None else json.dumps(r) for r in reports], pa.string())})
 
 
-def check_columns(ds: Any, id_column: str, text_column: str) -> None:
-    names = ds.columns()
-    for col, flag in ((id_column, "id_column"), (text_column, "read.text_field (--text-field)")):
-        if col not in names:
-            raise ValueError(f"the documents Dataset has no column {col!r} (columns: {names}): add it (for example"
-                             f" with map_batches) or name the column with BuildConfig.{flag}")
+@dataclasses.dataclass(frozen=True)
+class Fragment:
+    """What a write task committed for one bucket (returned to the driver, which sums them)."""
+
+    bucket: int
+    read_documents: int
+    dropped: dict[str, int]
+    documents: int
+    sentences: int
+    tokens: int
+    unk_tokens: int
+    tokens_per_document: dict[str, int]
+    text_bytes: int
+    digest: int
+    ops: dict = dataclasses.field(default_factory=dict)  # the operators' statistics (rows.take_ops)
 
 
-def dataset_stamp(ds: Any, id_column: str, text_column: str) -> dict[str, Any]:
-    """The Dataset's identity: {"path", "size" (bytes of text), "etag" (the digest), "mtime", "documents"}."""
-    rows = ds.map_batches(guarded(Digest(id_column, text_column)), batch_size=None,
-                          batch_format="pyarrow").take_all()
-    digest = sum(int(r["digest"], 16) for r in rows) % (1 << 256)
-    return {"path": DATASET_PATH, "size": int(sum(r["bytes"] for r in rows)), "etag": f"{digest:064x}",
-            "mtime": None, "documents": int(sum(r["documents"] for r in rows))}
+@dataclasses.dataclass(frozen=True)
+class WriteFragments:
+    """The Dataset read pass's sink: each bucket's documents of a write task, tokenized, as one fragment."""
+
+    ctx: StepContext
+    vocab: Shared
+
+    def write(self, tables: list[pa.Table]) -> list[Fragment]:
+        import json
+
+        unk_id = vocab_info_for(self.vocab).unk_id
+        out = []
+        for name, rows in by_unit(tables):
+            reports = [json.loads(r) for r in rows.column("report").to_pylist() if r is not None]
+            docs = rows.filter(pc.invert(pc.is_null(rows.column("id"))))
+            kept = [(i, d) for i, d in zip(docs.column("id").to_pylist(), packed_docs(docs)) if d is not None]
+            dropped = sum((Counter(r["dropped"]) for r in reports), Counter())
+            if len(kept) < docs.num_rows:
+                dropped["no_tokens"] += docs.num_rows - len(kept)
+            hashes = pool_hashes([i for i, _ in kept], self.ctx.instances.seed)
+            order = sorted(range(len(kept)), key=lambda k: (int(hashes[k]), kept[k][0]))
+            kept, hashes = [kept[k] for k in order], hashes[order] if order else hashes
+            bucket = int(name[1:])
+            if kept:
+                fid = hashlib.sha256("\0".join(i for i, _ in kept).encode()).hexdigest()[:32]
+                write_batches(join(bucket_dir(self.ctx, bucket), fid + ".arrow"), docs_table(kept, hashes,
+                                                                                              self.ctx.vocab_size),
+                              self.ctx.endpoint_url)
+            out.append(Fragment(
+                bucket=bucket, read_documents=sum(r.get("read_documents", 0) for r in reports), dropped=dict(dropped),
+                documents=len(kept), sentences=sum(len(d.sent_offsets) - 1 for _, d in kept),
+                tokens=int(sum(len(d.tokens) for _, d in kept)),
+                unk_tokens=sum(int(np.count_nonzero(d.tokens == unk_id)) for _, d in kept),
+                tokens_per_document=power_of_two_histogram([len(d.tokens) for _, d in kept]),
+                text_bytes=sum(r.get("text_bytes", 0) for r in reports),
+                digest=sum(int(r["digest"], 16) for r in reports if "digest" in r) % (1 << 256), ops=take_ops()))
+        return out
 
 
-def dataset_units(ds: Any, stamp: dict[str, Any], id_column: str, text_column: str, work: str, unit_bytes: int,
-                  endpoint_url: str | None = None) -> tuple[list[FileInfo], list[Unit]]:
-    """Write the documents as fragments of their units under ``<work>/documents`` (anew: a rerun's blocks may
-    differ); the input as a FileInfo and its units."""
-    folder = join(work, DOCUMENTS_DIR)
-    remove_tree(folder, endpoint_url)
-    n = max(1, -(-stamp["size"] // unit_bytes))
-    ds.map_batches(guarded(WriteFragments(id_column, text_column, folder, n, endpoint_url)), batch_size=None,
-                   batch_format="pyarrow").materialize()
-    info = FileInfo(DATASET_PATH, DATASET_PATH, stamp["size"], stamp["etag"], None)
-    per_unit = stamp["size"] // n
-    units = [Unit(f"d{u:05d}", DATASET_PATH, DATASET_PATH, "documents", u * per_unit,
-                  stamp["size"] if u == n - 1 else (u + 1) * per_unit, data=join(folder, f"{u:05d}"))
-             for u in range(n)]
-    return [info], units
+def dataset_units(text_bytes: int, unit_bytes: int, work: str) -> list[Unit]:
+    """The units of a Dataset's documents: ``ceil(bytes / unit_bytes)`` ranges of the unit hash."""
+    n = max(1, -(-text_bytes // unit_bytes))
+    return [Unit(f"d{k:05d}", DATASET_PATH, DATASET_PATH, "documents", k, n, data=join(work, DOCS_DIR))
+            for k in range(n)]
 
 
-def read_documents(unit: Unit, opts: ReadOptions, endpoint_url: str | None, report: ReadReport) -> Iterator[Doc]:
-    """A unit of a Dataset's documents (format ``documents``): its fragments, in id order. A null text is a
-    dropped record (``missing_text_field``), or fails with on_error='fail'."""
-    fs, folder = filesystem_for(unit.data, endpoint_url)
+def read_dataset_unit(unit: Unit, ctx: StepContext, dropped: frozenset[str] = frozenset()
+                      ) -> tuple[pa.Table, str | None]:
+    """A Dataset unit's tokenized documents (the fragments of the buckets its range overlaps, kept to its range),
+    in pool-hash then id order; and the user's mistake, if two documents share an id."""
+    k, n = unit.start, unit.end
+    lo, hi = (k << 64) // n, ((k + 1) << 64) // n
     tables = []
-    for name in sorted(list_names(unit.data, endpoint_url)):
-        with fs.open(f"{folder}/{name}", "rb") as f:
-            tables.append(pa.ipc.open_file(f).read_all())
-    ids = [i for t in tables for i in t.column("id").to_pylist()]
-    texts = [x for t in tables for x in t.column("text").to_pylist()]
-    order = sorted(range(len(ids)), key=lambda k: sort_key(ids[k]))
-    for a, b in zip(order, order[1:]):
-        if ids[a] == ids[b]:
-            raise InputError(f"the documents Dataset has two documents with id {ids[a]!r}: ids must be unique"
-                             " (they seed every random choice of the build)")
-    for k in order:
-        if texts[k] is None:
-            if opts.on_error == "fail":
-                raise InputError(f"the documents Dataset: document {ids[k]!r} has a null text [missing_text_field]."
-                                 " Drop it (ds.filter) or pass on_error='skip'.")
-            report.dropped["missing_text_field"] += 1
-            continue
-        yield Doc(ids[k], texts[k].split("\n") if opts.presplit else [texts[k]])
+    fs, _ = filesystem_for(unit.data, ctx.endpoint_url)
+    for b in range(lo >> _SHIFT, ((hi - 1) >> _SHIFT) + 1):
+        folder = bucket_dir(ctx, b)
+        for name in sorted(n for n in list_names(folder, ctx.endpoint_url) if not n.endswith(DROP_SUFFIX)):
+            url = join(folder, name)
+            with fs.open(filesystem_for(url, ctx.endpoint_url)[1], "rb") as f:
+                tables.append(kept(read_work_table(f), url, dropped, ctx))
+    from pipeline.schema import work_docs_schema
+
+    table = pa.concat_tables(tables) if tables else work_docs_schema(ctx.vocab_size).empty_table()
+    ids = table.column("doc_id").to_pylist()
+    mine = np.array([lo <= unit_hash(i) < hi for i in ids], dtype=bool)
+    table = table.filter(pa.array(mine)).sort_by([("pool_hash", "ascending"), ("doc_id", "ascending")])
+    ids = table.column("doc_id").to_pylist()
+    twin = next((a for a, b in zip(ids, ids[1:]) if a == b), None)
+    error = None if twin is None else (f"the documents Dataset has two documents with id {twin!r} [duplicate_id]:"
+                                       " ids must be unique (they seed every random choice of the build)")
+    return table.combine_chunks(), error

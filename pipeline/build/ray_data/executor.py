@@ -13,7 +13,7 @@ from pipeline.build.markers import SUFFIX, Marker
 from pipeline.build.ray_data.cluster import RayCluster, RayShared, run_step
 from pipeline.build.ray_data.datasource import CorpusDatasource, UnitsDatasink
 from pipeline.build.ray_data.guard import guarded, in_worker
-from pipeline.build.rows import RowStage, UserError
+from pipeline.build.rows import RowStage, UserError, measured
 from pipeline.readers import Unit
 from pipeline.storage import join, list_names, read_bytes
 
@@ -103,21 +103,29 @@ class RayDataExecutor(RayCluster):
     def dataset(self, stage: RowStage, units: Sequence[Unit]) -> ray.data.Dataset:
         """The row stage's Dataset up to its sink: ReadCorpus -> MapBatches(<operator>) ..."""
         opts, compute = self._options(), self._compute()
-        ds = ray.data.read_datasource(CorpusDatasource(units, stage.read, stage.sizes),
+        ds = ray.data.read_datasource(CorpusDatasource(units, measured(stage.read), stage.sizes),
                                       override_num_blocks=len(units), compute=compute, num_cpus=opts["num_cpus"],
                                       ray_remote_args={k: v for k, v in opts.items() if k != "num_cpus"})
         for op in stage.operators:
-            ds = ds.map_batches(guarded(op), batch_size=None, batch_format="pyarrow", zero_copy_batch=True,
+            ds = ds.map_batches(guarded(measured(op)), batch_size=None, batch_format="pyarrow", zero_copy_batch=True,
                                 compute=compute, **opts)
+        return ds
+
+    def stream(self, stage: RowStage) -> ray.data.Dataset:
+        """A user's Dataset through the stage's operators (its own operators run first, once)."""
+        ds = stage.source
+        for op in stage.operators:
+            ds = ds.map_batches(guarded(measured(op)), batch_size=None, batch_format="pyarrow", zero_copy_batch=True,
+                                compute=self._compute(), **self._options())
         return ds
 
     def rows(self, stage: RowStage, units: Sequence[Unit]) -> Iterator[Marker | UserError]:
         """One Ray Data execution: read, operators, sink. Markers are yielded as they are committed (the driver
         lists the stage's marker folder every few seconds, for the progress lines), then the sink's results."""
-        if not units:
+        if not units and stage.source is None:
             return
         self._wait()
-        ds = self.dataset(stage, units)
+        ds = self.dataset(stage, units) if stage.source is None else self.stream(stage)
         sink = UnitsDatasink(stage.sink)
         failed: list[BaseException] = []
 
@@ -142,7 +150,7 @@ class RayDataExecutor(RayCluster):
         if failed:
             raise failed[0]
         for m in sink.results:
-            if isinstance(m, UserError) or m.key not in seen:
+            if isinstance(m, UserError) or stage.source is not None or m.key not in seen:
                 yield m
         if log.isEnabledFor(logging.DEBUG):
             log.debug("Ray Data's statistics of the %s pass:\n%s", stage.name, ds.stats())

@@ -2,7 +2,6 @@
 random-next pool as a seeded hash sample of the whole corpus."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pyarrow as pa
@@ -13,7 +12,8 @@ from _corpus import ships_corpus
 from pipeline.build import BuildConfig, build
 from pipeline.build.instances import InstancesMarker
 from pipeline.build.markers import read_markers, write_marker
-from pipeline.build.pool import BYTES_PER_TOKEN, PoolPartMarker, pool_threshold
+from pipeline.build.read import ReadMarker
+from pipeline.build.sizes import pool_threshold
 from pipeline.build.shards import (SHARD_BYTES, ShardItem, chunk_bounds, chunks_per_pass, default_num_shards, plan_shards,
                                    unit_order, write_shard)
 from pipeline.create_instances import InstanceConfig
@@ -24,18 +24,17 @@ from pipeline.storage import expand_inputs
 
 def test_markers_round_trip_and_are_read_back_concurrently(tmp_path):
     work = str(tmp_path / "_work")
-    written = [InstancesMarker(uid=f"{i:05d}-00000", path="p", read_documents=i + 1, documents=i, sentences=2 * i,
-                               tokens=9 * i, dropped={"no_tokens": 1}, bad_files={}, rows=(i, i + 1), chunks=2,
-                               random_next=i, masked=3 * i, seq_len_histogram={"64": i}, unk_tokens=i,
-                               tokens_per_document={"8": i}, masked_per_seq_histogram={"3": i}) for i in range(40)]
+    written = [InstancesMarker(uid=f"{i:05d}-00000", documents=i, rows=(i, i + 1), chunks=2, random_next=i,
+                               masked=3 * i, seq_len_histogram={"64": i}, masked_per_seq_histogram={"3": i})
+               for i in range(40)]
     for m in written:
         write_marker(work, m)
     got = read_markers(work, InstancesMarker)
     assert got == {m.uid: m for m in written}
-    d = PoolPartMarker(uid="u", path="p", read_documents=1, dropped={"bad_json": 1}, bad_files={}, documents=1,
-                       tokens=3, unk_tokens=1)
-    assert PoolPartMarker.from_json(d.to_json()) == d
-    assert read_markers(str(tmp_path / "nothing"), PoolPartMarker) == {}
+    d = ReadMarker(uid="u", path="p", read_documents=1, dropped={"bad_json": 1}, bad_files={}, documents=1,
+                   sentences=2, tokens=3, unk_tokens=1, tokens_per_document={"2": 1})
+    assert ReadMarker.from_json(d.to_json()) == d
+    assert read_markers(str(tmp_path / "nothing"), ReadMarker) == {}
 
 
 def _rows(n_units=7, passes=3, seed=0):
@@ -103,7 +102,7 @@ def test_shard_rows_are_in_key_order_within_each_group(tmp_path):
     assert np.count_nonzero(np.diff(docs[:90])) > 20  # mixed, not two runs
 
 
-def test_default_num_shards_follows_the_planned_size():
+def test_default_num_shards_follows_the_corpus_size():
     per_shard = SHARD_BYTES / 2.4  # tokens x passes per shard at uint16
     assert default_num_shards(1000, 10, 30522) == 1  # at least one
     assert default_num_shards(int(per_shard * 8 / 5), 5, 30522) == 8
@@ -130,18 +129,20 @@ def _corpus(path, n_docs=400):
 
 def test_pool_is_the_seeded_hash_sample_of_the_whole_corpus(tmp_path, sample_dir):
     corpus = _corpus(tmp_path / "c.jsonl")
-    planned = int(os.path.getsize(corpus) / BYTES_PER_TOKEN)
     cfg = BuildConfig(inputs=(corpus,), output=str(tmp_path / "out"), dupe_factor=1, num_shards=2,
                       vocab=str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"), unit_bytes=4096,
-                      pool_tokens=planned // 4, instances=InstanceConfig(max_seq_length=64))
+                      pool_tokens=3600, instances=InstanceConfig(max_seq_length=64))
     m = build(cfg)
+    tokens = m.totals.tokens  # "A river saw 7 ships on day 3." is 9 WordPiece tokens, more for 3-digit numbers
+    assert 400 * 4 * 9 <= tokens < 400 * 4 * 10
     files = expand_inputs([corpus])
     ids = [d.doc_id for u in plan_units(files, ReadOptions(), 4096) for d in read_unit(u, ReadOptions(), None,
                                                                                       ReadReport())]
-    threshold = pool_threshold(cfg.pool_tokens, planned)
+    threshold = pool_threshold(cfg.pool_tokens, tokens)  # from the exact count the read pass made
     members = [d for d in ids if derive_seed(cfg.instances.seed, d, "pool") < threshold]
     pool = dict(m.random_pool)
-    assert pool["documents"] == len(members) and pool["planned_tokens"] == planned
+    assert pool["documents"] == len(members) and pool["corpus_tokens"] == tokens
+    assert 9 * 4 * len(members) <= pool["tokens"] < 10 * 4 * len(members)
     assert abs(len(members) / len(ids) - 0.25) < 0.07  # a Bernoulli(1/4) sample of 400 documents
-    assert pool["sample_fraction"] == pytest.approx(0.25, rel=1e-3)
+    assert pool["sample_fraction"] == pytest.approx(3600 / tokens, rel=1e-6)
     assert members != [d for d in ids if derive_seed(1, d, "pool") < threshold]  # another seed, another sample

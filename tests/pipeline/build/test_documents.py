@@ -25,13 +25,8 @@ CORPUS = str(Path(__file__).resolve().parents[3] / "data" / "sample" / "corpus" 
 
 
 def _records(path=CORPUS) -> list[dict]:
-    """The file's records with the ids a build of the file gives its documents: ``<key>:<byte offset>``."""
-    key = os.path.basename(path).removesuffix(".gz")
-    out, offset = [], 0
-    for line in gzip.open(path, "rb"):
-        out.append({"id": f"{key}:{offset}", "text": json.loads(line)["text"]})
-        offset += len(line)
-    return out
+    """The file's records as they are: ``{"id", "text"}`` (a build of the file names its documents by their id)."""
+    return [json.loads(line) for line in gzip.open(path, "rb")]
 
 
 def _cfg(tmp_path, name, vocab, **kw):
@@ -127,3 +122,42 @@ def test_a_dataset_without_the_columns_is_refused_naming_them(ray_local, tmp_pat
         build(_cfg(tmp_path, "x", vocab), documents=ds, id_column="doc")
     with pytest.raises(ValueError, match="needs a vocabulary"):
         build(_cfg(tmp_path, "x", None), documents=ds)
+
+
+@pytest.mark.timeout(600)
+def test_a_users_dataset_is_streamed_once_and_never_copied(ray_local, tmp_path, vocab, monkeypatch):
+    """The user's own map runs once per row (no materialize, no digest pass, no second read), and _work holds
+    tokenized documents only: no copy of any document's text."""
+    from pipeline.build.ray_data import RayDataExecutor
+
+    seen = tmp_path / "seen"
+    seen.mkdir()
+
+    def users_map(batch):  # runs in Ray's workers: each call leaves a file naming the rows it saw
+        (seen / f"{os.getpid()}-{random.random()}").write_text("\n".join(batch["id"].to_pylist()))
+        return batch
+
+    real = ray_local.data.Dataset.materialize
+
+    def materialize(self):  # Ray's write_datasink materializes what its sink returned (the markers): that only
+        if type(self._logical_plan.dag).__name__ != "Write":
+            raise AssertionError("the user's Dataset was materialized")
+        return real(self)
+    monkeypatch.setattr(ray_local.data.Dataset, "materialize", materialize)
+    records = _records()
+    ds = ray_local.data.from_items(records, override_num_blocks=4).map_batches(users_map, batch_format="pyarrow")
+    work, schemas = [], []
+
+    def on_stage(name, *a):
+        if name == "read":  # what the read pass left in _work
+            root = tmp_path / "ds" / "_work"
+            work.extend(str(p.relative_to(root)) for p in root.rglob("*"))
+            schemas.extend(pa.ipc.open_file(str(p)).schema.names for p in root.rglob("*.arrow"))
+    m = build(_cfg(tmp_path, "ds", vocab), RayDataExecutor(num_cpus=2), on_stage=on_stage, documents=ds)
+    rows = [i for f in seen.iterdir() for i in f.read_text().split("\n")]
+    assert sorted(rows) == sorted(r["id"] for r in records)  # every row once, no row twice
+    assert m.totals.documents == len(records) and m.inputs[0]["documents"] == len(records)
+    assert work and not any(p.startswith("documents") for p in work)
+    fragments = [p for p in work if p.endswith(".arrow")]
+    assert fragments and all(p.startswith("docs/") for p in fragments)
+    assert schemas and all(n == ["doc_id", "pool_hash", "sentences"] for n in schemas)  # token ids, not text

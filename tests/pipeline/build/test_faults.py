@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import pipeline.build.instances
-import pipeline.build.pool
+import pipeline.build.read
 import pipeline.build.shards
 from pipeline.build import BuildConfig, build
 from pipeline.create_instances import InstanceConfig
@@ -58,7 +58,7 @@ def _same(a, b):
     assert not os.path.exists(os.path.join(b, "_work"))
 
 
-@pytest.mark.parametrize("module, stage", [(pipeline.build.pool, "write_pool_part"),
+@pytest.mark.parametrize("module, stage", [(pipeline.build.read, "write_docs"),
                                            (pipeline.build.instances, "write_unit"),
                                            (pipeline.build.shards, "write_shard")])
 def test_failure_in_any_stage_then_rerun_gives_the_same_rows(tmp_path, sample_dir, monkeypatch, module, stage):

@@ -1,4 +1,4 @@
-"""pipeline.build.pieces: one big compressed input is cut into pieces of about one unit, in bounded memory, and the
+"""pipeline.build.inputs.pieces: one big compressed input is cut into pieces of about one unit, in bounded memory, and the
 dataset built from it is byte-identical to the one built from the same text uncompressed; a killed pieces step
 resumes; bad compressed inputs fail naming the file or are counted."""
 from __future__ import annotations
@@ -10,11 +10,10 @@ import shutil
 
 import pytest
 
-import pipeline.build.pieces as pieces_mod
-import pipeline.build.vocab as vocab_mod
+import pipeline.build.inputs.pieces as pieces_mod
 from pipeline.build import BuildConfig, build
 from pipeline.create_instances import InstanceConfig
-from pipeline.build.pieces import CHUNK, PieceContext, PieceItem, PieceMarker, pieces_step, plan_pieces
+from pipeline.build.inputs.pieces import CHUNK, PieceContext, PieceItem, PieceMarker, pieces_step, plan_pieces
 from pipeline.readers import InputError, ReadOptions
 from pipeline.storage import expand_inputs
 
@@ -47,7 +46,7 @@ def _shard_bytes(out):
 
 
 def _record(monkeypatch):
-    """The markers of the pieces tasks the build runs (PiecesStep calls pipeline.build.pieces.pieces_step)."""
+    """The markers of the pieces tasks the build runs (PiecesStep calls pipeline.build.inputs.pieces.pieces_step)."""
     seen, real = [], pieces_mod.pieces_step
 
     def spy(task, ctx):
@@ -181,32 +180,26 @@ def test_bad_compressed_inputs_fail_naming_the_file_or_are_counted(tmp_path, sam
 
 
 @pytest.mark.timeout(300)
-def test_pieces_and_vocab_run_as_ray_tasks_with_the_plain_loops_output(ray_local, moby, tmp_path, sample_dir,
-                                                                        monkeypatch):
+def test_pieces_and_vocab_run_as_ray_tasks_with_the_plain_loops_output(ray_local, moby, tmp_path, sample_dir):
     from pipeline.build.ray_data import RayDataExecutor
 
     root, raw = moby
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "moby.txt.gz").write_bytes(gzip.compress(raw[: 400_000], compresslevel=1))
     markers = []
-    real_run_stage = pieces_mod.run_stage
 
-    def run_stage(stage, *args):
-        out = real_run_stage(stage, *args)
-        markers.extend(out)
-        return out
-    monkeypatch.setattr(pieces_mod, "run_stage", run_stage)
-    monkeypatch.setattr(vocab_mod, "run_stage", run_stage)
+    def on_stage(name, done, *times):  # what the build tells of each stage: its markers
+        markers.extend(done if name in ("pieces", "vocab") else [])
 
     def cfg(name):
         return _cfg(tmp_path / name, [str(tmp_path / "in")], sample_dir, vocab=None, vocab_size=300,
                     vocab_sample_bytes=200_000)
 
-    build(cfg("ray"), RayDataExecutor(num_cpus=2))
+    build(cfg("ray"), RayDataExecutor(num_cpus=2), on_stage=on_stage)
     workers = {m.worker for m in markers}
     assert len(markers) == 2 and f":{os.getpid()}" not in "".join(workers)  # a pieces task and a vocab task
     markers.clear()
-    build(cfg("plain"))
+    build(cfg("plain"), on_stage=on_stage)
     assert {m.worker for m in markers} == {f"{os.uname().nodename}:{os.getpid()}"}  # the plain loop: here
     assert _shard_bytes(tmp_path / "ray")[1] == _shard_bytes(tmp_path / "plain")[1]
     assert (tmp_path / "ray" / "vocab.txt").read_bytes() == (tmp_path / "plain" / "vocab.txt").read_bytes()

@@ -48,7 +48,7 @@ def test_a_build_says_what_each_stage_did_in_wall_and_cpu_seconds(caplog, tmp_pa
                       vocab=str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"), dupe_factor=1,
                       unit_bytes=1 << 20, instances=InstanceConfig(max_seq_length=64, max_predictions_per_seq=10)))
     done = {m.split(":")[0]: m for m in (r.getMessage() for r in caplog.records) if " done in " in m}
-    assert set(done) == {"pieces", "pool_parts", "pool", "instances", "shards"}, done
-    for stage in ("pool_parts", "instances"):  # per-unit stages: the MB of text they went through
+    assert set(done) == {"pieces", "read", "pool", "instances", "shards"}, done
+    for stage in ("read", "instances"):  # per-unit stages: the MB of text they went through
         assert re.match(rf"{stage}: \d+ units \(\d+\.\d MB of text\) done in \d+\.\d s wall, \d+\.\d MB/s; driver "
                         r"CPU \d\.\d\d s this stage, \d+\.\d s since the driver started", done[stage]), done[stage]

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(300)
 
 JOB = """
 import json, os, sys
-from pipeline.build.ray_start import init_ray
+from pipeline.cluster.ray_start import init_ray
 init_ray(num_cpus=1)
 import ray
 print(json.dumps({"gcs": ray.get_runtime_context().gcs_address, "token": os.environ["RAY_AUTH_TOKEN_PATH"]}),

@@ -3,6 +3,7 @@ the driver itself reads no corpus bytes (every step runs in a Ray worker), and R
 operator, our operators over rows and our sink."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -73,7 +74,8 @@ def test_the_driver_reads_no_corpus_bytes(ray_local, tmp_path, sample_dir, monke
         raise AssertionError("the driver read corpus data")
     for mod, name in [(pipeline.readers, "read_unit"), (pipeline.build.docs, "read_unit"),
                       (pipeline.build.docs, "read_docs"), (pipeline.build.docs, "read_block"),
-                      (pipeline.build.pool, "read_table"), (pipeline.build.shards, "_read_slice")]:
+                      (pipeline.build.pool, "read_table"), (pipeline.build.pool, "read_members"),
+                      (pipeline.build.instances, "read_table"), (pipeline.build.shards, "_read_slice")]:
         monkeypatch.setattr(mod, name, forbidden)
     build(_cfg(tmp_path, corpus, sample_dir, "ray"), RayDataExecutor(num_cpus=2))
     _same(tmp_path / "ray", tmp_path / "plain")
@@ -106,42 +108,50 @@ def test_two_raylet_cluster_of_16_cpus_equals_plain_loop(ray_shutdown, tmp_path,
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_node_removed_mid_build_gives_the_same_bytes(ray_shutdown, tmp_path, sample_dir):
-    """Three raylets (a head with no CPU, two nodes of one CPU each, all on 127.0.0.1). Once the build has committed
-    its first units, one node is removed abruptly (its raylet and the tasks on it die, as when a machine goes away):
-    Ray retries the lost tasks on the other node, the build completes in the same call, and its shards are the
-    plain loop's, byte for byte. A build that finished before the removal fails the test (nothing was survived)."""
+def test_a_node_removed_mid_build_on_s3_gives_the_same_bytes(ray_shutdown, tmp_path, sample_dir, s3_bucket):
+    """Three raylets (a head with no CPU, two nodes of one CPU each, all on 127.0.0.1), the input, the output and
+    its _work on the loopback S3 server. Once the build has committed its first units, one node is removed abruptly
+    (its raylet and the tasks on it die, as when a machine goes away): Ray retries the lost tasks on the other node,
+    the build completes in the same call, and its shards are the plain loop's (of the same input on local disk),
+    byte for byte. A build that finished before the removal fails the test (nothing was survived)."""
     import threading
     import time
-    from pathlib import Path
 
     import ray
     from ray.cluster_utils import Cluster
 
     from pipeline.build.markers import SUFFIX
     from pipeline.build.ray_data import RayDataExecutor
+    from pipeline.storage import filesystem_for, list_names, read_bytes
 
+    endpoint, bucket = s3_bucket
     corpus = _corpus(tmp_path / "c.jsonl", n_docs=240)
+    fs, _ = filesystem_for(f"s3://{bucket}/in/c.jsonl", endpoint)
+    fs.put_file(corpus, f"{bucket}/in/c.jsonl")
     build(_cfg(tmp_path, corpus, sample_dir, "plain"), LocalExecutor())
+    out = f"s3://{bucket}/cluster"
+    cfg = dataclasses.replace(_cfg(tmp_path, f"s3://{bucket}/in/c.jsonl", sample_dir, "x"), output=out,
+                              endpoint_url=endpoint)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     nodes = [cluster.add_node(num_cpus=1), cluster.add_node(num_cpus=1)]
     outcome: dict = {}
 
     def run() -> None:
         try:
-            outcome["manifest"] = build(_cfg(tmp_path, corpus, sample_dir, "cluster"), RayDataExecutor())
+            outcome["manifest"] = build(cfg, RayDataExecutor())
         except BaseException as e:  # noqa: BLE001 - the test reports it
             outcome["error"] = e
 
-    work = Path(tmp_path / "cluster" / "_work")
+    def committed() -> bool:
+        return any(n.endswith(SUFFIX) for n in list_names(f"{out}/_work/read", endpoint))
     try:
         ray.init(address=cluster.address, log_to_driver=False)
         job = threading.Thread(target=run, daemon=True)
         job.start()
         deadline = time.monotonic() + 300
-        while not any(work.rglob(f"*{SUFFIX}")) and job.is_alive() and time.monotonic() < deadline:
+        while not committed() and job.is_alive() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert job.is_alive() and any(work.rglob(f"*{SUFFIX}")), "the build ended (or stalled) before a unit committed"
+        assert job.is_alive() and committed(), "the build ended (or stalled) before a unit committed"
         cluster.remove_node(nodes[0], allow_graceful=False)
         job.join(timeout=max(1.0, deadline - time.monotonic()))
         assert not job.is_alive(), "the build did not finish after the node was removed"
@@ -150,8 +160,11 @@ def test_a_node_removed_mid_build_gives_the_same_bytes(ray_shutdown, tmp_path, s
     finally:
         ray.shutdown()
         cluster.shutdown()
-    _same(tmp_path / "cluster", tmp_path / "plain")
-    assert not work.exists()  # the finished build cleaned its markers up
+    m, mp = outcome["manifest"], json.load(open(tmp_path / "plain" / "manifest.json"))
+    assert m.to_dict()["totals"] == mp["totals"] and [s.rows for s in m.shards] == [s["rows"] for s in mp["shards"]]
+    assert [read_bytes(s.url, endpoint) for s in m.shards] == [open(tmp_path / "plain" / s["file"], "rb").read()
+                                                               for s in mp["shards"]]
+    assert not list_names(f"{out}/_work", endpoint)  # the finished build cleaned its markers up
 
 
 @pytest.mark.timeout(120)
@@ -198,8 +211,9 @@ def test_real_text_at_1_2_and_4_cpus_equals_the_plain_loop(ray_shutdown, ray_tmp
 @pytest.mark.timeout(300)
 def test_rays_logs_show_our_read_our_row_operators_and_our_sink(ray_local, ray_tmpdir, tmp_path, sample_dir):
     """What a Ray user reads in Ray Data's logs (<session>/logs/ray-data/, what the Dashboard's Data view shows):
-    the per-unit passes as ReadCorpus -> MapBatches(SplitTokenize) -> MapBatches(PairsAndMasks) -> Write, fused
-    into one task per unit, the sinks by their names with the rows they wrote, and rows per operator."""
+    the per-unit passes as ReadCorpus -> MapBatches(SplitTokenize) -> Write (the read pass, the only one reading
+    the input) and ReadDocs -> MapBatches(PairsAndMasks) -> Write, each fused into one task per unit, the sinks by
+    their names with the rows they wrote, and rows per operator."""
     import glob
 
     from pipeline.build.ray_data import RayDataExecutor
@@ -210,13 +224,13 @@ def test_rays_logs_show_our_read_our_row_operators_and_our_sink(ray_local, ray_t
     # first session this process started, its per-dataset logs go to the current one.
     logs = "".join(open(f, errors="replace").read()
                    for f in glob.glob(os.path.join(ray_tmpdir, "**", "ray-data", "*.log"), recursive=True))
-    assert "TaskPoolMapOperator[ReadCorpus->MapBatches(SplitTokenize)->MapBatches(PairsAndMasks)->Write]" in logs
-    assert "TaskPoolMapOperator[ReadCorpus->MapBatches(SplitTokenize)->Write]" in logs  # the pool pass
+    assert "TaskPoolMapOperator[ReadCorpus->MapBatches(SplitTokenize)->Write]" in logs  # the read pass
+    assert "TaskPoolMapOperator[ReadDocs->MapBatches(PairsAndMasks)->Write]" in logs  # the instances pass
     assert "TaskPoolMapOperator[MapBatches(ShardStep)]" in logs
     # The sink's rows: every instance, plus one summary row per unit (what becomes its marker).
     wrote = [line for line in logs.splitlines() if "Data sink WriteUnits finished" in line]
     assert wrote, "no line from our WriteUnits sink"
     rows = [int(line.split("finished. ")[1].split(" rows")[0]) for line in wrote]
     assert any(m.totals.instances < r < m.totals.instances + 100 for r in rows), rows
-    assert "Data sink WritePoolParts finished" in logs
+    assert "Data sink WriteDocs finished" in logs
     assert "'rows_outputs_of_finished_tasks'" in logs and "'bytes_outputs_of_finished_tasks'" in logs

@@ -12,7 +12,7 @@ from pipeline.readers import ReadOptions
 def _ctx(tmp_path) -> StepContext:
     return StepContext(work=str(tmp_path / "_work"), output=str(tmp_path), read=ReadOptions(),
                        instances=InstanceConfig(), do_lower_case=True, dupe_factor=1, vocab_size=30522,
-                       pool_threshold=1 << 64, build_id="test")
+                       build_id="test")
 
 
 @pytest.mark.timeout(180)
@@ -24,7 +24,7 @@ def test_warm_up_loads_the_tokenizer_once_per_worker_before_any_item(ray_local, 
     executor = RayDataExecutor(num_cpus=2)
     executor.begin()
     vocab = executor.share("vocab-test-warm", tokens)
-    executor.warm(SplitTokenize(_ctx(tmp_path), vocab, members="only").setup, items=16)
+    executor.warm(SplitTokenize(_ctx(tmp_path), vocab).setup, items=16)
     # The build never waits for the warm-up (a stage's first items may overtake it and load the tokenizer
     # themselves, once); here we wait, to see where it went: one warm-up per worker process.
     warmed = ray_local.get(executor._warming)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 
 from pipeline.build.executor import LocalExecutor
-from pipeline.build.pieces import input_units
+from pipeline.build.inputs.pieces import input_units
 from pipeline.build.vocab import VocabContext, VocabItem, sample_blocks, vocab_step
 from pipeline.readers import ReadOptions, ReadReport, read_unit
 from pipeline.storage import expand_inputs
@@ -31,8 +31,8 @@ def _plan(root, tmp_path, name):
     return units, {f.path: f.size for f in files}
 
 
-def _docs(blocks):
-    return [(d.doc_id, d.lines) for b in blocks for u in b for d in read_unit(u, ReadOptions())]
+def _docs(blocks):  # named by position (not by the records' own ids): the sample is a matter of positions
+    return [(d.doc_id, d.lines) for b in blocks for u in b for d in read_unit(u, ReadOptions(id_field=""))]
 
 
 def test_sample_is_seeded_bounded_and_the_same_compressed_or_not(tmp_path, sample_dir):
@@ -63,3 +63,32 @@ def test_sample_is_seeded_bounded_and_the_same_compressed_or_not(tmp_path, sampl
     mg = vocab_step(VocabItem(blocks_g, str(tmp_path / "vg.txt"), nbytes_g), ctx)
     assert (tmp_path / "vp.txt").read_bytes() == (tmp_path / "vg.txt").read_bytes()
     assert mp.sha256 == mg.sha256 and mp.vocab_size == 400 and mp.documents == len(docs)
+
+
+def test_the_vocabulary_step_says_how_far_its_reading_is(tmp_path, sample_dir, monkeypatch):
+    """One item for minutes on a big sample: the step reports the share of its two passes read, which the driver's
+    progress line shows as MB of text with an ETA (it read '0/1 sample ... ETA --' until the end)."""
+    import pipeline.build.vocab as vocab
+    from pipeline.build.progress import StageProgress
+
+    plain = _corpus(tmp_path / "plain", sample_dir, compress=False)
+    units, sizes = _plan(plain, tmp_path, "w")
+    blocks, nbytes = sample_blocks(units, sizes, UNIT, 600_000, seed=12345)
+    out = str(tmp_path / "vocab.txt")
+    seen: list[float | None] = []
+    told = vocab._tell
+
+    def tell(item, share, endpoint_url):
+        told(item, share, endpoint_url)
+        seen.append(vocab.read_progress(out))  # what the driver reads, as the step runs
+
+    monkeypatch.setattr(vocab, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(vocab, "_tell", tell)
+    vocab_step(VocabItem(blocks, out, nbytes), VocabContext(ReadOptions(), vocab_size=400, min_frequency=2))
+    assert len(seen) > 10 and seen == sorted(seen) and 0 < seen[0] < 0.1 and 0.9 < seen[-1] < 1
+    assert vocab.read_progress(out) is None  # removed once the vocabulary is written
+
+    p = StageProgress("vocab", "sample", total=1, total_bytes=nbytes, lines=False, probe=lambda: 0.25)
+    p.t0 -= 10.0
+    line = p.line()
+    assert f"vocab: 0/1 sample, {nbytes / 4e6:.1f}/{nbytes / 1e6:.1f} MB of text" in line and "ETA 30 s" in line

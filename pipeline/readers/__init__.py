@@ -6,12 +6,14 @@ decompressed on the fly.
 
 Work units are fixed by the files alone: byte ranges of ``unit_bytes`` for uncompressed text and JSON Lines, one
 row group for Parquet. A unit owns the documents that *start* inside its range (as Hadoop's line splits do) and
-reads past its end to finish the last one. Document ids are ``<file key>:<byte offset>`` (row index for Parquet),
-so they, and every seed derived from them, do not depend on the unit size or the number of workers. The key has no
-compression suffix and offsets count decompressed bytes, so ``corpus.txt.gz`` gives the ids of ``corpus.txt``.
+reads past its end to finish the last one. A document's id is its record's own ``id_field`` (JSON Lines, Parquet)
+when it has one, else ``<file key>:<byte offset>`` (row index for Parquet), so ids, and every seed derived from
+them, do not depend on the unit size or the number of workers, and the same records give the same documents in a
+file or a Ray Dataset. The key has no compression suffix and offsets count decompressed bytes, so
+``corpus.txt.gz`` gives the ids of ``corpus.txt``.
 
 Compressed streams cannot seek. A compressed file of about one unit or less is one unit; a bigger one goes through
-the pieces step first (``pipeline.build.pieces``): one item streams it once and commits pieces of about ``unit_bytes``
+the pieces step first (``pipeline.build.inputs.pieces``): one item streams it once and commits pieces of about ``unit_bytes``
 cut at document boundaries, and each piece becomes a unit whose ``data`` is the piece and whose ``base`` is the
 piece's offset in the decompressed input, so its documents keep the ids they have in the uncompressed file.
 ``plan_units(..., exclude=...)`` leaves those files to that step.
@@ -31,7 +33,10 @@ from typing import IO
 import pyarrow.parquet as pq
 
 from pipeline.safe_io.redact import redact_url
-from pipeline.storage import FileInfo, compression_of, filesystem_for, map_threads, storage_error, strip_compression
+from pipeline.readers.ranged import Ranged
+from pipeline.safe_io.retry import is_transient
+from pipeline.storage import (FileInfo, compression_of, filesystem_for, is_url, map_threads, storage_error,
+                              strip_compression, without_query)
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +45,7 @@ ON_ERROR = ("fail", "skip")
 _CONTEXT = 64 << 10  # bytes read before a unit's start to learn whether its first line starts a document
 _CHUNK = 256 << 10
 # The modules whose exceptions are a storage client's failure (after its retries), not a bug of ours.
-_STORAGE_CLIENTS = ("aiohttp", "botocore", "s3fs", "fsspec", "gcsfs", "adlfs", "urllib3", "requests")
+STORAGE_CLIENTS = ("aiohttp", "botocore", "s3fs", "fsspec", "gcsfs", "adlfs", "urllib3", "requests")
 
 
 class InputError(ValueError):
@@ -52,6 +57,7 @@ class ReadOptions:
     fmt: str = "auto"
     presplit: bool = False
     text_field: str = "text"
+    id_field: str = "id"  # a record's own id, when it has one ("": documents are named by position)
     on_error: str = "fail"
     max_record_bytes: int = 16 << 20
 
@@ -99,7 +105,7 @@ class ReadReport:
 def detect_format(path: str, fmt: str = "auto") -> str:
     if fmt != "auto":
         return fmt
-    base = strip_compression(path).lower()
+    base = strip_compression(without_query(path)).lower()  # a presigned URL's signature is no extension
     if base.endswith((".jsonl", ".json", ".ndjson")):
         return "jsonl"
     if base.endswith((".parquet", ".pq")):
@@ -172,7 +178,9 @@ def read_unit(unit: Unit, opts: ReadOptions, endpoint_url: str | None = None,
             yield from _parquet_docs(fs, path, unit, opts, report)
             return
         compression = compression_of(path)
-        with fs.open(path, "rb", compression=compression) as f:
+        remote = compression is None and is_url(unit.data or unit.path)
+        with (Ranged(fs, path, unit.start, unit.end, unit.base, _CONTEXT if unit.fmt == "text" else 1) if remote
+              else fs.open(path, "rb", compression=compression)) as f:
             if unit.fmt == "jsonl":
                 yield from _jsonl_docs(f, unit, opts, report, seekable=compression is None)
             else:
@@ -180,14 +188,25 @@ def read_unit(unit: Unit, opts: ReadOptions, endpoint_url: str | None = None,
     except InputError:
         raise
     except (EOFError, OSError, ValueError, RuntimeError) as e:
+        if is_transient(e):  # throttled or cut off past the retries: the store's failure, loud, never skipped
+            raise storage_error(unit.path, e, "read input") from e
         # Truncated gzip (EOFError), not-gzip/xz/zstd junk (OSError, LZMAError, ZstdError), corrupt Parquet.
-        _bad_file(opts, report, unit.path, "corrupt_file", f"cannot be read to the end ({type(e).__name__}: {e})")
+        _bad_file(opts, report, unit.path, "corrupt_file", unreadable(e))
     except Exception as e:  # noqa: BLE001 - only a storage client's own errors (aiohttp's, botocore's) are caught
-        if not type(e).__module__.startswith(_STORAGE_CLIENTS):
+        if not type(e).__module__.startswith(STORAGE_CLIENTS):
             raise
         # The store failed us after the retries (an http 500, a refused read): not the file's fault, so not a bad
         # file to skip; one line naming the input (redacted) and the usual fix.
         raise storage_error(unit.path, e, "read input") from e
+
+
+def unreadable(e: BaseException, text_bytes: int | None = None) -> str:
+    """What a read error of a compressed or Parquet file says of the file (``text_bytes``: read before it)."""
+    if isinstance(e, EOFError):  # gzip/bz2/xz/zstd: the stream stops before its end marker
+        at = f", {text_bytes:,} bytes of text in" if text_bytes else ""
+        return (f"the file is cut short (its compressed stream ends before its end marker{at}: an interrupted "
+                "download or copy?); fetch it again")
+    return f"cannot be read to the end ({type(e).__name__}: {e})"
 
 
 def _position(f: IO[bytes], pos: int, seekable: bool) -> None:
@@ -309,6 +328,15 @@ def _text_docs(f: IO[bytes], unit: Unit, opts: ReadOptions, report: ReadReport, 
             yield doc
 
 
+def _id(own: object, position: str) -> str:
+    """The record's own id (a string or an integer), else its position in the file."""
+    if isinstance(own, str) and own:
+        return own
+    if isinstance(own, int) and not isinstance(own, bool):
+        return str(own)
+    return position
+
+
 def _missing_field(rec: object, field: str) -> tuple[str, str, str]:
     """(what is wrong, how to fix it, what the record holds) for a JSON record without a string ``field``: the
     fields it has, so that a corpus keyed ``body`` or ``content`` is one flag away."""
@@ -349,6 +377,7 @@ def _jsonl_docs(f: IO[bytes], unit: Unit, opts: ReadOptions, report: ReadReport,
                 reason = "bad_json"
             else:
                 text = rec.get(opts.text_field) if isinstance(rec, dict) else None
+                own = rec.get(opts.id_field) if opts.id_field and isinstance(rec, dict) else None
                 if not isinstance(text, str):
                     what, fix, has = _missing_field(rec, opts.text_field)
                     missing += 1
@@ -358,7 +387,7 @@ def _jsonl_docs(f: IO[bytes], unit: Unit, opts: ReadOptions, report: ReadReport,
         if reason:
             _bad_record(opts, report, unit, off, lineno, reason, _WHAT[reason])
             continue
-        yield Doc(f"{unit.key}:{off}", text.split("\n") if opts.presplit else [text])
+        yield Doc(_id(own, f"{unit.key}:{off}"), text.split("\n") if opts.presplit else [text])
     if missing:  # skipped as asked, but a wrong --text-field drops everything: say what the records hold
         log.warning("input %s: dropped %d record(s) without a string %r field (the first has %s); pass"
                     " --text-field NAME if the text is in another field", unit.path, missing, opts.text_field,
@@ -373,9 +402,12 @@ def _parquet_docs(fs, path: str, unit: Unit, opts: ReadOptions, report: ReadRepo
                       f"no column {opts.text_field!r} (columns: {pf.schema_arrow.names}); pass --text-field")
             return
         first = sum(pf.metadata.row_group(g).num_rows for g in range(unit.start))
-        column = pf.read_row_group(unit.start, columns=[opts.text_field]).column(0).to_pylist()
-    for i, text in enumerate(column):
+        has_id = bool(opts.id_field) and opts.id_field in pf.schema_arrow.names and opts.id_field != opts.text_field
+        group = pf.read_row_group(unit.start, columns=[opts.text_field] + ([opts.id_field] if has_id else []))
+        column = group.column(opts.text_field).to_pylist()
+        ids = group.column(opts.id_field).to_pylist() if has_id else [None] * len(column)
+    for i, (text, own) in enumerate(zip(column, ids)):
         if not isinstance(text, str):
             _bad_record(opts, report, unit, first + i, None, "missing_text_field", f"row {first + i}: null text")
             continue
-        yield Doc(f"{unit.key}:{first + i}", text.split("\n") if opts.presplit else [text])
+        yield Doc(_id(own, f"{unit.key}:{first + i}"), text.split("\n") if opts.presplit else [text])

@@ -10,10 +10,9 @@ input: documents keep the ids (``<key>:<decompressed offset>``) they have in the
 dataset is byte-identical whether the input was compressed or not, and does not depend on ``unit_bytes``.
 
     plan_pieces(files, opts, unit_bytes, endpoint_url) -> [PieceItem]   which files need the step (metadata only)
-    pieces_step(item, ctx) -> PieceMarker                                one item per file: stream, cut, commit
-    PiecesStep(ctx)(item) -> PieceMarker                                 the same as a picklable step object
-    piece_units(markers, ctx) -> [Unit]                                  the pieces as units of the docs stage
+    pieces_step(item, ctx) -> PieceMarker (PiecesStep(ctx): a step)     one item per file: stream, cut, commit
     input_units(files, read, unit_bytes, work, executor, report) -> [Unit]   every unit, the pieces cut by the executor
+    pieces_stage(state) -> Stage                                         the build's stage; its hook sets the units
 
 Pieces are written with zstd level 1 (``<file index>-<piece>.zst`` under ``_work/pieces``): measured on 11.8 MB of
 text here, 181 MB/s to compress and 430 MB/s to read back (under 2% of the ~3 MB/s per CPU that tokenizing costs)
@@ -30,14 +29,18 @@ import logging
 import os
 import re
 import socket
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pipeline.build.executor import Executor, Stage, run_stage
 from pipeline.build.markers import Marker, write_marker
-from pipeline.readers import InputError, ReadOptions, ReadReport, Unit, detect_format, plan_units
+from pipeline.build.sizes import COMPRESSED_RATIO
+from pipeline.build.state import BuildState
+from pipeline.readers import (InputError, ReadOptions, ReadReport, Unit, detect_format, plan_units,
+                              unreadable)
 from pipeline.safe_io.redact import redact_url
+from pipeline.safe_io.retry import is_transient
 from pipeline.storage import (FileInfo, compression_of, filesystem_for, join, map_threads, open_atomic,
-                              write_bytes_atomic)
+                              storage_error, write_bytes_atomic)
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +73,7 @@ class PieceContext:
     unit_bytes: int
     read: ReadOptions
     endpoint_url: str | None = None
+    fence: Any = None  # the output's writer lease (pipeline/safe_io/fence.py)
 
     def url(self, *parts: str) -> str:
         return join(self.work, PIECES_DIR, *parts)
@@ -215,10 +219,12 @@ class _Corrupt(Exception):
     """The input could not be decompressed to the end (its cause says why)."""
 
 
-def _read(f) -> bytes:
+def _read(f, path: str) -> bytes:
     try:
         return f.read(CHUNK)
     except (EOFError, OSError, ValueError, RuntimeError) as e:
+        if is_transient(e):  # throttled or cut off past the retries: the store's failure, never a corrupt file
+            raise storage_error(path, e, "read input") from e
         # Truncated gzip (EOFError), not-gzip/xz/zstd junk (OSError, LZMAError, ZstdError). Write errors are not
         # caught here: a failing _work is not a corrupt input.
         raise _Corrupt() from e
@@ -282,7 +288,7 @@ def pieces_step(item: PieceItem, ctx: PieceContext) -> PieceMarker:
 
     try:
         with fs.open(path, "rb", compression=compression_of(path)) as f:
-            while chunk := _read(f):
+            while chunk := _read(f, item.path):
                 buffer = max(buffer, len(chunk))
                 view = memoryview(chunk)
                 while len(view):
@@ -308,7 +314,7 @@ def pieces_step(item: PieceItem, ctx: PieceContext) -> PieceMarker:
             writer = _PieceWriter(ctx.url(f"{item.index:05d}-{len(pieces):05d}.zst"), ctx.endpoint_url)
             close_piece()
     except _Corrupt as e:
-        what = f"cannot be read to the end ({type(e.__cause__).__name__}: {e.__cause__})"
+        what = unreadable(e.__cause__, pos)
         if ctx.read.on_error == "fail":
             _discard(writer, e)
             raise InputError(f"input {shown}: {what} [corrupt_file]. Fix or remove the file, or pass "
@@ -320,7 +326,7 @@ def pieces_step(item: PieceItem, ctx: PieceContext) -> PieceMarker:
             kept = _keep_complete_documents(ctx.url(name), item.fmt, ctx.endpoint_url)
             if kept:
                 pieces.append((name, start, start + kept))
-        log.warning("input %s %s: keeping the %d pieces read before", shown, what, len(pieces))
+        log.warning("input %s: %s: keeping the %d pieces read before", shown, what, len(pieces))
         bad[shown] = "corrupt_file"
     except BaseException as e:  # a failed write, a kill: no piece is left half-written
         _discard(writer, e)
@@ -334,17 +340,15 @@ def pieces_step(item: PieceItem, ctx: PieceContext) -> PieceMarker:
         index=item.index, path=shown, file_key=item.key, fmt=item.fmt, pieces=tuple(pieces), decompressed_bytes=pos,
         largest_piece_bytes=max((e - s for _, s, e in pieces), default=0), buffer_bytes=buffer,
         rss_growth_bytes=None if rss0 is None else rss_peak - rss0, bad_files=bad, worker=worker_id())
-    write_marker(ctx.work, marker, ctx.endpoint_url)
+    write_marker(ctx.work, marker, ctx.endpoint_url, ctx.fence)
     return marker
 
 
 @dataclasses.dataclass(frozen=True)
 class PiecesStep:
-    """``pieces_step`` as a step object (picklable, one argument) for a generic ``map(step, items)`` executor."""
-
     ctx: PieceContext
 
-    def __call__(self, item: PieceItem) -> PieceMarker:
+    def __call__(self, item: PieceItem) -> PieceMarker:  # pieces_step as a picklable step of one argument
         return pieces_step(item, self.ctx)
 
 
@@ -355,19 +359,42 @@ def piece_units(markers: list[PieceMarker], ctx: PieceContext) -> list[Unit]:
 
 
 def input_units(files: list[FileInfo], read: ReadOptions, unit_bytes: int, work: str, executor: Executor,
-                report: ReadReport, endpoint_url: str | None = None) -> list[Unit]:
+                report: ReadReport, endpoint_url: str | None = None, fence: Any = None) -> list[Unit]:
     """Every unit of the inputs, in uid order: big compressed inputs are first cut into unit-sized pieces under
     ``work`` (one item per file, streaming it once, so memory per item stays bounded and the docs stage is parallel
     over the pieces); the rest are planned from metadata."""
-    ctx = PieceContext(work, unit_bytes, read, endpoint_url)
+    stage, ctx = _stage(files, read, unit_bytes, work, endpoint_url, fence)
+    return _units(files, read, unit_bytes, ctx, stage, run_stage(stage, executor, work, endpoint_url), report)
+
+
+def _stage(files: list[FileInfo], read: ReadOptions, unit_bytes: int, work: str,
+           endpoint_url: str | None, fence: Any = None) -> tuple[Stage, PieceContext]:
+    ctx = PieceContext(work, unit_bytes, read, endpoint_url, fence)
     items = plan_pieces(files, read, unit_bytes, endpoint_url)
-    stage = Stage("pieces", PiecesStep(ctx), {f"{t.index:05d}": t for t in items}, PieceMarker,
-                  noun="compressed files")
-    markers: list[PieceMarker] = run_stage(stage, executor, work, endpoint_url)  # type: ignore[assignment]
+    return (Stage("pieces", PiecesStep(ctx), {f"{t.index:05d}": t for t in items}, PieceMarker,
+                  noun="compressed files"), ctx)
+
+
+def _units(files: list[FileInfo], read: ReadOptions, unit_bytes: int, ctx: PieceContext, stage: Stage,
+           markers: list, report: ReadReport) -> list[Unit]:
     for m in markers:
         report.bad_files.update(m.bad_files)
-    units = plan_units(files, read, unit_bytes, endpoint_url, report, exclude={t.path for t in items})
+    units = plan_units(files, read, unit_bytes, ctx.endpoint_url, report, exclude={t.path for t in stage.items.values()})
     return sorted(units + piece_units(markers, ctx), key=lambda u: u.uid)
+
+
+def pieces_stage(s: BuildState) -> Stage | None:
+    """The build's first stage: big compressed inputs cut into pieces; its hook plans every unit (``s.units``).
+    A Dataset of documents has no files to cut: its units come from the Dataset (``ray_data/documents.py``)."""
+    cfg = s.cfg
+    stage, ctx = _stage(s.inputs.files, cfg.read, cfg.unit_bytes, cfg.work, cfg.endpoint_url, s.fence)
+    if s.inputs.documents is not None:
+        return None  # no files to cut; the units come from the Dataset once its read pass has run
+
+    def after(st: BuildState) -> None:
+        st.units = _units(st.inputs.files, cfg.read, cfg.unit_bytes, ctx, stage, st.markers["pieces"], st.report)
+        st.unit_sizes = unit_sizes(st.units, st.inputs.files, COMPRESSED_RATIO)
+    return dataclasses.replace(stage, after=after)
 
 
 def unit_sizes(units: list[Unit], files: list[FileInfo], compressed_ratio: int) -> dict[str, int]:

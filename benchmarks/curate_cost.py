@@ -1,0 +1,336 @@
+"""What curation costs next to the build's own work on the same text, and the memory of near dedup on Ray.
+
+    python benchmarks/curate_cost.py                    # the shared corpora (26 MB); near dedup's memory at 1x and 4x
+    python benchmarks/curate_cost.py --scales 2,20      # the issue's memory check: ~52 MB and ~520 MB
+    python benchmarks/curate_cost.py --smoke            # a tiny run (what the test suite runs)
+
+1. In this process, one thread, the same documents (JSON Lines, one document per line): the build's work (the
+   whole build as a plain loop, ``pipeline.build.build`` with ``LocalExecutor``: read, sentences, WordPiece, pairs
+   and masks at seq 128, dupe factor 5, shards) and each curation stage (language, quality, decontamination with
+   its index, exact and near signatures, the global decision, applying it, the mix draw), as CPU-seconds of this
+   process, MB of text per CPU-second, and percent of the build's CPU-seconds.
+2. On Ray with 2 CPUs (a local Ray started here, loopback only), at each ``--ray-scales`` size of the passages
+   corpus (below): the build (``pipeline.build.build`` on ``RayDataExecutor``, as the job runs it) without and with
+   ``--dedup near`` (signatures in the read pass, the curate stage's decision on Ray Data, the drop lists), CPU-seconds
+   of every process of the Ray (driver, workers, Ray Data's actors, daemons) for each, the stages' wall seconds, and
+   per MB between the sizes: the issue's budget is that dedup adds <= 30% to the build's CPU-seconds.
+3. Peak RSS of any one Ray worker during the build with ``--dedup near`` at each ``--scales`` size (a fresh Ray
+   each; dupe factor 1), over the whole build and while the curate stage decides: the corpus cut into 200-word
+   passages, copy k of it with 2 words of every passage changed, so near dedup finds (k-1)/k of them; flat in input
+   size means memory bounded by block and partition, not corpus.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+
+import pyarrow as pa  # noqa: E402
+
+from build_throughput import Watch  # noqa: E402
+from pipeline.curate import CurateConfig, DecontaminationConfig, DedupConfig, LanguageConfig, MixConfig  # noqa: E402
+from pipeline.curate import QualityConfig  # noqa: E402
+from pipeline.curate.decontaminate import build_index  # noqa: E402
+from pipeline.curate.dedup import ApplyDrops, Signatures, drop_set  # noqa: E402
+from pipeline.curate.eval_sets import eval_texts  # noqa: E402
+from pipeline.curate.mix import Mix  # noqa: E402
+
+SHARED = REPO.parent / "shared" / "data"
+VOCAB = REPO / "data" / "sample" / "reference" / "bert-base-uncased-vocab.txt"
+BATCH_BYTES = 16 << 20  # documents per curation call: about a build unit
+
+
+def _docs(files: list[Path], limit_bytes: int | None = None) -> list[dict]:
+    out, size = [], 0
+    for p in files:
+        with gzip.open(p, "rt", encoding="utf-8") as f:
+            for line in f:
+                d = json.loads(line)
+                out.append({"id": d["id"], "text": d["text"], "source": p.name})
+                size += len(d["text"].encode())
+                if limit_bytes and size >= limit_bytes:
+                    return out
+    return out
+
+
+def _batches(docs: list[dict]) -> list[pa.Table]:
+    out, cur, size = [], [], 0
+    for d in docs:
+        cur.append(d)
+        size += len(d["text"])
+        if size >= BATCH_BYTES:
+            out.append(pa.Table.from_pylist(cur))
+            cur, size = [], 0
+    if cur:
+        out.append(pa.Table.from_pylist(cur))
+    return out
+
+
+class Sampling:
+    """``watch.sample()`` every 0.1 s in a thread while the block runs: a process that ends mid-run (Ray starts and
+    ends workers as tasks come and go) keeps its last sample instead of vanishing from the count."""
+
+    def __init__(self, watch: Watch):
+        self.watch, self.stop = watch, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.1):
+            self.watch.sample()
+
+    def __enter__(self) -> Watch:
+        self.thread.start()
+        return self.watch
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.watch.sample()
+
+
+def _cpu(fn):
+    t0 = time.process_time()
+    result = fn()
+    return time.process_time() - t0, result
+
+
+def build_cpu(corpus: Path, work: Path, executor=None) -> float:
+    from pipeline.build import BuildConfig, build
+    from pipeline.build.executor import LocalExecutor
+    from pipeline.create_instances import InstanceConfig
+
+    cfg = BuildConfig(inputs=(str(corpus),), output=str(work / f"build-{time.time_ns()}"), vocab=str(VOCAB),
+                      dupe_factor=5, instances=InstanceConfig(max_seq_length=128))
+    cpu, _ = _cpu(lambda: build(cfg, executor or LocalExecutor()))
+    return cpu
+
+
+def stage_costs(docs: list[dict], corpus: Path, tasks: Path, work: Path) -> tuple[float, list[tuple[str, float]]]:
+    mb = sum(len(d["text"].encode()) for d in docs) / 1e6
+    build = build_cpu(corpus, work)
+    batches = _batches(docs)
+    rows: list[tuple[str, float]] = []
+    cfg = CurateConfig(language=LanguageConfig(languages=("en",)), quality=QualityConfig(),
+                       decontamination=DecontaminationConfig(paths=(str(tasks),)), dedup=DedupConfig(mode="near"),
+                       mix=MixConfig(weights=(("austen", 0.5), ("mobydick", 2.0))))
+    cpu, index = _cpu(lambda: build_index(eval_texts(cfg.decontamination.paths), cfg.decontamination))
+    rows.append((f"decontamination index ({index.texts:,} evaluation texts, once per build)", cpu))
+    for name, f in cfg.document_filters(index):
+        cpu, _ = _cpu(lambda: [f(b) for b in batches])
+        rows.append((name, cpu))
+    exact, near = DedupConfig(mode="exact"), cfg.dedup
+    cpu, sig_exact = _cpu(lambda: [Signatures(exact)(b) for b in batches])
+    rows.append(("dedup exact: content hashes", cpu))
+    cpu, _ = _cpu(lambda: drop_set(sig_exact, exact))
+    rows.append(("dedup exact: decision (plain loop)", cpu))
+    cpu, sigs = _cpu(lambda: [Signatures(near)(b) for b in batches])
+    rows.append(("dedup near: signatures (hash + MinHash)", cpu))
+    cpu, drops = _cpu(lambda: drop_set(sigs, near))
+    rows.append((f"dedup near: decision (plain loop; {len(drops)} dropped)", cpu))
+    cpu, _ = _cpu(lambda: [ApplyDrops(drops)(b) for b in batches])
+    rows.append(("dedup: applying the drop set", cpu))
+    cpu, _ = _cpu(lambda: [Mix(cfg.mix)(b) for b in batches])
+    rows.append(("mix draw", cpu))
+    print(f"\n## 1. In one process: {mb:.1f} MB of text, {len(docs):,} documents, {len(batches)} batches")
+    print(f"\n| stage | CPU-s | MB per CPU-s | % of the build |\n|---|---:|---:|---:|")
+    print(f"| **the build** (plain loop: read, sentences, WordPiece, pairs + masks x5, shards) | {build:.2f} |"
+          f" {mb / build:.2f} | 100 |")
+    for name, cpu in rows:
+        print(f"| {name} | {cpu:.2f} | {mb / max(cpu, 1e-9):.1f} | {100 * cpu / build:.1f} |")
+    dedup = sum(c for n, c in rows if n.startswith(("dedup near", "dedup: ")))
+    print(f"\nnear dedup in all (signatures + decision + applying): {dedup:.2f} CPU-s = {100 * dedup / build:.1f}% of"
+          " the build's CPU-seconds in one process")
+    return build, rows
+
+
+class Stages:
+    """The build's ``on_stage`` hook: each stage's wall seconds; ``running`` names what runs now (a stage starts
+    when the one before it ends), so a sampler can keep the workers' peak RSS per stage."""
+
+    def __init__(self):
+        self.wall: dict[str, float] = {}
+        self.running = "read and before"
+
+    def __call__(self, name: str, markers: list, started: float, ended: float) -> None:
+        self.wall[name] = ended - started
+        self.running = f"after {name}"
+
+
+class PeakByStage(Sampling):
+    """Sampling that also keeps the largest RSS of any one Ray worker while each stage ran (``Stages.running``)."""
+
+    def __init__(self, watch: Watch, stages: Stages, driver: int):
+        super().__init__(watch)
+        self.stages, self.driver, self.peak = stages, driver, {}
+
+    def _run(self) -> None:
+        from build_throughput import _proc_table
+
+        while not self.stop.wait(0.1):
+            self.watch.sample()
+            _, rss, _ = _proc_table()
+            now = max((rss.get(p, 0) for p in self.watch.ticks
+                       if self.watch.kind(p, self.driver) == "ray_workers"), default=0)
+            label = self.stages.running
+            self.peak[label] = max(self.peak.get(label, 0), now)
+
+
+def build_on_ray(corpus: Path, work: Path, cpus: int, dedup: str, dupe_factor: int = 5, on_stage=None):
+    from pipeline.build import BuildConfig, build
+    from pipeline.build.ray_data import RayDataExecutor
+    from pipeline.create_instances import InstanceConfig
+
+    cfg = BuildConfig(inputs=(str(corpus),), output=str(work / f"build-{time.time_ns()}"), vocab=str(VOCAB),
+                      dupe_factor=dupe_factor, instances=InstanceConfig(max_seq_length=128),
+                      curate=CurateConfig(dedup=DedupConfig(mode=dedup)))
+    return build(cfg, RayDataExecutor(num_cpus=cpus), on_stage=on_stage)
+
+
+def _passages_file(src: list[Path], scale: int, work: Path, limit_bytes: int | None) -> tuple[Path, float, int]:
+    docs = scaled_corpus(src, scale, limit_bytes)
+    corpus = work / f"passages-{scale}x.jsonl"
+    with open(corpus, "w") as f:
+        for d in docs:
+            f.write(json.dumps({"id": d["id"], "text": d["text"]}) + "\n")
+    return corpus, sum(len(d["text"].encode()) for d in docs) / 1e6, len(docs)
+
+
+def ray_costs(src: list[Path], scales: list[int], work: Path, cpus: int, limit_bytes: int | None) -> None:
+    """The build job's work on Ray (``jobs/build_dataset.py``'s build, seq 128, dupe factor 5) without and with
+    ``--dedup near``, on the same passages: CPU-seconds of every process."""
+    import ray
+
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             _temp_dir=tempfile.mkdtemp(prefix="rc", dir="/tmp"))
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    print(f"\n## 2. The build on Ray, {cpus} CPUs, without and with --dedup near (200-word passages; copy k of the"
+          " corpus with 2 words of each passage changed)\n")
+    print("| input | build | wall s | CPU-s all processes | driver / workers / Ray Data actors / daemons | "
+          "stages (wall s) | dropped |\n|---|---|---:|---:|---|---|---:|")
+    driver = os.getpid()
+    rows = []
+    try:
+        for scale in scales:
+            corpus, mb, _ = _passages_file(src, scale, work, limit_bytes)
+            if not rows and not limit_bytes:  # (not in --smoke)
+                build_on_ray(corpus, work, cpus, "off")  # warm: workers up, as on a cluster
+            out = {}
+            for dedup in ("off", "near"):
+                t0 = time.time()
+                stages = Stages()
+                with Sampling(Watch([driver])) as watch:
+                    m = build_on_ray(corpus, work, cpus, dedup, on_stage=stages)
+                cpu = watch.cpu_by_kind(driver)
+                out[dedup] = sum(cpu.values())
+                print(f"| {mb:.0f} MB ({scale}x) | {'--dedup near' if dedup == 'near' else 'no dedup'} | "
+                      f"{time.time() - t0:.1f} | {out[dedup]:.1f} | " + " / ".join(f"{v:.1f}" for v in cpu.values())
+                      + " | " + ", ".join(f"{k} {v:.1f}" for k, v in stages.wall.items())
+                      + f" | {sum(m.dropped.values()):,} |", flush=True)
+            rows.append((scale, mb, out["off"], out["near"]))
+    finally:
+        ray.shutdown()
+    for scale, mb, b, d in rows:
+        print(f"\n{mb:.0f} MB: --dedup near at {cpus} CPUs adds {100 * (d - b) / b:.0f}% to the build's CPU-seconds"
+              f" (budget: 30%): {'met' if d - b <= 0.3 * b else 'NOT met'}")
+    if len(rows) > 1:
+        (_, m0, b0, d0), (_, m1, b1, d1) = rows[0], rows[-1]
+        print(f"per MB between {m0:.0f} and {m1:.0f} MB: the build {(b1 - b0) / (m1 - m0):.3f} CPU-s, --dedup near"
+              f" adds {((d1 - b1) - (d0 - b0)) / (m1 - m0):.3f} CPU-s")
+
+
+def scaled_corpus(src: list[Path], scale: int, limit_bytes: int | None) -> list[dict]:
+    """200-word passages; copy k > 0 has 2 words of each passage changed (a near copy, ~0.9 Jaccard)."""
+    base = []
+    for d in _docs(src, limit_bytes):
+        w = d["text"].split()
+        base += [(f"{d['id']}@{i}", w[i:i + 200]) for i in range(0, len(w) - 199, 200)]
+    out = []
+    for k in range(scale):
+        rng = random.Random(k)
+        for doc_id, w in base:
+            if k:
+                w = list(w)
+                w[rng.randrange(10, 90)] = f"copy{k}"
+                w[rng.randrange(110, 190)] = f"copy{k}"
+            out.append({"id": f"c{k}/{doc_id}", "text": " ".join(w), "source": f"copy{k}"})
+    return out
+
+
+def memory(src: list[Path], scales: list[int], work: Path, cpus: int, limit_bytes: int | None) -> None:
+    """The build job's work with --dedup near (dupe factor 1: the instances pass is not what is measured) on a fresh
+    local Ray per size: the largest RSS of any one Ray worker, over the build and while the curate stage (the dedup
+    decision) ran."""
+    import ray
+
+    print(f"\n## 3. The build with --dedup near on Ray, {cpus} CPUs: peak RSS of one worker by input size\n")
+    print("| input | documents | wall s | CPU-s all processes | dropped | peak RSS of one worker: the build | "
+          "during the dedup decision (curate stage) |\n|---|---:|---:|---:|---:|---:|---:|")
+    for scale in scales:
+        corpus, mb, n_docs = _passages_file(src, scale, work, limit_bytes)
+        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 _temp_dir=tempfile.mkdtemp(prefix="rm", dir="/tmp"))
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        try:
+            driver = os.getpid()
+            t0 = time.time()
+            stages = Stages()
+            sampler = PeakByStage(Watch([driver]), stages, driver)
+            with sampler as watch:  # a worker's peak while it runs, not its RSS at the end
+                m = build_on_ray(corpus, work, cpus, "near", dupe_factor=1, on_stage=stages)
+            wall = time.time() - t0
+            cpu = sum(watch.cpu_by_kind(driver).values())
+            print(f"| {mb:.0f} MB ({scale}x) | {n_docs:,} | {wall:.1f} | {cpu:.1f} | {sum(m.dropped.values()):,} |"
+                  f" {watch.worker_peak_mb(driver):.0f} MB | {sampler.peak.get('after read', 0) / 1e6:.0f} MB |",
+                  flush=True)
+        finally:
+            ray.shutdown()
+        corpus.unlink()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpus", type=Path, default=SHARED / "corpora", help="a folder of gzipped JSON Lines")
+    ap.add_argument("--tasks", type=Path, default=SHARED / "tasks", help="evaluation sets for decontamination")
+    ap.add_argument("--scales", default="1,4", help="input sizes for the memory check, in copies of the corpus")
+    ap.add_argument("--ray-scales", default="1,4", help="input sizes for the CPU cost on Ray, in copies")
+    ap.add_argument("--cpus", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true", help="~1 MB and tiny scales: checks that every part runs")
+    ap.add_argument("--skip", default="", help="parts to leave out: stages,ray,memory")
+    args = ap.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    files = sorted(args.corpus.glob("*.jsonl.gz"))
+    limit = 1 << 20 if args.smoke else None
+    print(f"curate_cost on {platform.node()} ({os.cpu_count()} CPUs),"
+          f" {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {os.getloadavg()[0]:.1f}")
+    with tempfile.TemporaryDirectory(prefix="curate-cost-") as tmp:
+        work = Path(tmp)
+        docs = _docs(files, limit)
+        corpus = work / "corpus.jsonl"
+        with open(corpus, "w") as f:
+            for d in docs:
+                f.write(json.dumps({"id": d["id"], "text": d["text"]}) + "\n")
+        if "stages" not in skip:
+            stage_costs(docs, corpus, args.tasks, work)
+        if "ray" not in skip:
+            ray_costs(files, [int(x) for x in args.ray_scales.split(",") if x], work, args.cpus, limit)
+        if "memory" not in skip:
+            memory(files, [int(s) for s in args.scales.split(",") if s], work, args.cpus, limit)
+
+
+if __name__ == "__main__":
+    main()
