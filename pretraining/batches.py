@@ -88,10 +88,17 @@ def from_run(run_url: str, endpoint_url: str | None, world: int | None) -> tuple
 
 
 def decode(rows, i: int, vocab: list[str]) -> str:
-    """Row i's original text (its masked positions restored), WordPiece pieces joined."""
+    """Row i's original text (its masked positions restored), WordPiece pieces joined. A segment may start inside a
+    word: a `##` piece right after [CLS] or [SEP] is shown as it is, not glued to the special token."""
     ids = rows.ids[rows.ids_off[i]:rows.ids_off[i + 1]].copy()
     ids[rows.pos[rows.pos_off[i]:rows.pos_off[i + 1]]] = rows.lab[rows.pos_off[i]:rows.pos_off[i + 1]]
-    return " ".join(vocab[t] if 0 <= t < len(vocab) else f"<{t}>" for t in ids).replace(" ##", "")
+    words: list[str] = []
+    for piece in (vocab[t] if 0 <= t < len(vocab) else f"<{t}>" for t in ids):
+        if piece.startswith("##") and words and not (words[-1].startswith("[") and words[-1].endswith("]")):
+            words[-1] += piece[2:]
+        else:
+            words.append(piece)
+    return " ".join(words)
 
 
 def show(replay: Replay, first: int, last: int, ids: bool, text: bool, write: Callable[[str], object]) -> None:

@@ -52,3 +52,14 @@ def test_ids_and_text_list_the_examples_of_a_step(tiny_pretrain_data, capsys):
 def test_a_folder_without_checkpoints_is_one_line(tmp_path, capsys):
     rc, out, err = run(["--run", str(tmp_path)], capsys)
     assert rc == 2 and out == "" and err.count("\n") == 1 and "no checkpoint-* folder" in err
+
+
+def test_text_keeps_a_segment_that_starts_inside_a_word_apart_from_the_special_token():
+    import numpy as np
+
+    from pretraining.rows import Rows
+
+    vocab = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "##oop", "sl", "##ing", "go"]
+    ids = np.array([1, 4, 5, 3, 2, 7, 2])  # [CLS] ##oop sl [MASK] [SEP] go [SEP], the mask hiding ##ing
+    rows = Rows(ids, np.array([0, 7]), np.array([5]), np.array([3]), np.array([0, 1]), np.array([6]), np.array([0]))
+    assert batches.decode(rows, 0, vocab) == "[CLS] ##oop sling [SEP] go [SEP]"
