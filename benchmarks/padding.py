@@ -36,7 +36,7 @@ def measure(data_config, rows_total: int, vocab_size: int) -> dict[str, float]:
             self.mlm_loss = self.nsp_loss = torch.zeros(())
             self.mlm_correct = self.nsp_correct = torch.zeros((), dtype=torch.long)
 
-    batches = train_batches(data_config, vocab_size, seed=12345, rank=0, world=1, start_batch=0)
+    batches = train_batches(data_config, vocab_size, seed=12345, rank=0, world=1, start=0)
     sums, slots = MetricSums(), 0
     try:
         while sums.sequences < rows_total:

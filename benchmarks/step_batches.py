@@ -106,7 +106,7 @@ def dataset_steps(cfg: BertConfig, data: str, batch_size: int, micro_batch: int,
     shards = read_manifest(data)
     config = DataConfig(train=shards, micro_batch_size=micro_batch, accum=batch_size // micro_batch,
                         packing=packing, pack_sequences=pack_sequences)
-    batches = train_batches(config, cfg.vocab_size, seed=0, rank=0, world=1, start_batch=0)
+    batches = train_batches(config, cfg.vocab_size, seed=0, rank=0, world=1, start=0)
     try:
         return [_step(cfg, [{k: torch.from_numpy(v) for k, v in next(batches).items()}
                             for _ in range(config.accum)], device) for _ in range(n)]

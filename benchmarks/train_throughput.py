@@ -1,4 +1,4 @@
-"""Training-loop throughput: the full loop (Parquet -> RankStream -> collate -> step) vs the model-only step.
+"""Training-loop throughput: the full loop (Parquet -> the global data order -> collate -> step) vs the model-only step.
 
     python benchmarks/train_throughput.py --data /work/artifacts/pretrain-data/train [--preset bert_tiny]
         [--micro-batch-size 32] [--steps 60] [--threads 2] [--dynamic-masking] [--length-bucketing]
@@ -62,7 +62,7 @@ def main() -> int:
     # model-only step on exactly those batches, already in memory, with a second model and optimizer.
     full_model, full_opt, full_sched = fresh()
     only_model, only_opt, only_sched = fresh()
-    stream = train_batches(data, vocab_size, seed=1, rank=0, world=1, start_batch=0)
+    stream = train_batches(data, vocab_size, seed=1, rank=0, world=1, start=0)
     full_s = model_s = wait_s = 0.0
     sums = MetricSums()
     for step0 in range(0, a.warmup + a.steps, a.chunk):

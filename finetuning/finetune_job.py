@@ -1,14 +1,13 @@
-"""One fine-tuning job, as `jobs/finetune.py` and the workflow run it, shaped like `pretraining.pretrain_job`: check
-everything that can be wrong with the inputs before any worker starts, open the job's MLflow run (nested under the
-pre-training run its weights came from), launch `finetuning.fit` (Ray Train workers or this process), export the
-best epoch's model in the Hugging Face layout with its label map, log the final metrics, end the run.
+"""One fine-tuning job, as `jobs/finetune.py` and the workflow run it: the steps of `training.job.run_job`, as
+pre-training's job, with fine-tuning's parts: check everything that can be wrong with the inputs before any worker
+starts (the task data prepared once, here), open the job's MLflow run (nested under the pre-training run its weights
+came from), launch `finetuning.fit` (Ray Train workers or this process) with the prepared task, export the best
+epoch's model in the Hugging Face layout with its label map, log the final metrics, end the run.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,21 +18,19 @@ from finetuning.config import FinetuneConfig
 from finetuning.evaluation import MAIN_METRIC
 from finetuning.loop import BEST_METRICS_FILE, fit
 from finetuning.task_model import tokenizer_for
-from finetuning.prepare import PreparedTask, prepare
-from pipeline.storage import is_url
-from training import launch as launcher
-from training.checkpoint import MODEL_DIR
-from training.export import FINETUNE_LINEAGE, check_destination, export_model, read_lineage
-from training.launch import LaunchConfig
-from tracking.config import RunRef
-from tracking.lineage import finetuning_lineage
-from tracking.store import DEFAULT_EXPERIMENT, check_tracking_reachable
-from tracking.params import flatten_params
+from finetuning.prepare import PreparedTask
+from finetuning.prepare import prepare as prepare_task
 from tracking.datasets import log_task_data
+from tracking.lineage import finetuning_lineage
 from tracking.notes import NOTE_TAG, finetune_note
-from tracking.runs import Run, open_run, run_summary
-from training.collapse import diagnose
+from tracking.params import flatten_params
+from tracking.runs import Run, run_summary
+from tracking.store import DEFAULT_EXPERIMENT
+from training.collapse import Collapse, diagnose
 from training.defaults import default_lr
+from training.export import FINETUNE_LINEAGE, read_lineage
+from training.job import JobParts, Prepared, run_job
+from training.launch import LaunchConfig
 
 log = logging.getLogger(__name__)
 
@@ -114,59 +111,53 @@ def _facts(job: FinetuneJob, prepared: PreparedTask) -> dict[str, Any]:
 
 
 def run_finetuning(job: FinetuneJob) -> FinetuneResult:
-    """The whole job. ValueError, before any worker starts, names what to fix (a column, a label, a file, a flag)."""
+    """The whole job (`training.job.run_job`'s steps). ValueError, before any worker starts, names what to fix (a
+    column, a label, a file, a flag)."""
     t0 = time.perf_counter()
     config, launch = job.config, job.launch
-    check_tracking_reachable(job.tracking_uri)
-    check_destination(job.output, launch.endpoint_url)
-    if config.schedule.batch_size % launch.num_workers:
-        raise ValueError(f"--batch-size {config.schedule.batch_size} (global) must divide evenly over "
-                         f"--num-workers {launch.num_workers}")
-    tokenizer, _ = tokenizer_for(config.model)
-    prepared = prepare(config.data, tokenizer)  # every check of the data, here, once
-    parent, tags, pretrain = _parent_and_tags(job)
-    params = {**{k: v for k, v in job.flags.items() if v is not None}, **flatten_params(config),
-              **_facts(job, prepared)}
-    remove = not job.keep_checkpoints and not is_url(launch.storage)
-    collapse = None
-    try:
-        with launch.writer_lease("fine-tuning run"):  # one job writes this run's checkpoints (and removes them)
-            run = open_run(job.tracking_uri, job.experiment, launch.name, params=params, tags=tags,
-                           parent_run_id=parent)
-            finetuning_lineage(job.tracking_uri, run.run_id, launch.name, config.data.task, pretrain)
-            try:
-                with run.ending():
-                    _log_data(job, run, prepared)
-                    run.set_tags({NOTE_TAG: _note(job, prepared, pretrain)})
-                    with launcher.run(fit, config, launch, inputs=prepared,
-                                      tracking=RunRef(job.tracking_uri, run.run_id, launch.name)) as best:
-                        metrics = json.loads((best / BEST_METRICS_FILE).read_text())
-                        export_model(best / MODEL_DIR, job.output, run, FINETUNE_LINEAGE, launch.endpoint_url)
-                    final = {k.removeprefix("eval_"): v for k, v in metrics.items() if k.startswith("eval_")}
-                    final.update(best_epoch=int(metrics["epoch"]), job_seconds=round(time.perf_counter() - t0, 1))
-                    run.log_metrics({f"final_{k}": v for k, v in final.items()})
-                    found = diagnose(config.data.task, metrics, config.schedule.lr, config.schedule.epochs,
-                                     default_lr(config.model.hidden_size, "finetune"))
-                    if found is not None:
-                        collapse = found.message
-                        log.warning("%s", collapse)
-                        run.set_tags({"collapse": found.figure})
-                    shown = {k: v for k, v in final.items() if k in ("accuracy", "f1", "mcc", "pearson",
-                                                                    "exact_match", "majority_share", "best_epoch")}
-                    run.set_tags({"model_output": job.output,
-                                  NOTE_TAG: _note(job, prepared, pretrain, shown, collapse)})
-            finally:
-                if remove:
-                    shutil.rmtree(Path(launch.storage) / launch.name, ignore_errors=True)
-    finally:
-        if remove:
-            launch.forget_writer_lease()  # released by now: the temporary run leaves nothing behind
-            with contextlib.suppress(OSError):  # the folders of our default storage, when no other run uses them
-                Path(launch.storage).rmdir()
-                Path(launch.storage).parent.rmdir()
+    task: dict[str, Any] = {}  # what preparing found, for the steps after it
+
+    def prepare() -> Prepared:  # every check of the data, here, once, before the run exists
+        if config.schedule.batch_size % launch.num_workers:
+            raise ValueError(f"--batch-size {config.schedule.batch_size} (global) must divide evenly over "
+                             f"--num-workers {launch.num_workers}")
+        tokenizer, _ = tokenizer_for(config.model)
+        task["prepared"] = prepared = prepare_task(config.data, tokenizer)
+        parent, tags, task["pretrain"] = _parent_and_tags(job)
+        params = {**{k: v for k, v in job.flags.items() if v is not None}, **flatten_params(config),
+                  **_facts(job, prepared)}
+        return Prepared(params, tags, parent, inputs=prepared)
+
+    def log_inputs(run: Run) -> None:
+        finetuning_lineage(job.tracking_uri, run.run_id, launch.name, config.data.task, task["pretrain"])
+        _log_data(job, run, task["prepared"])
+        run.set_tags({NOTE_TAG: _note(job, task["prepared"], task["pretrain"])})
+
+    def outcome(run: Run, best: Path) -> dict[str, float]:
+        """The best epoch's evaluation, its number and the job's seconds, logged as final_* metrics."""
+        metrics = json.loads((best / BEST_METRICS_FILE).read_text())
+        final = {k.removeprefix("eval_"): v for k, v in metrics.items() if k.startswith("eval_")}
+        final.update(best_epoch=int(metrics["epoch"]), job_seconds=round(time.perf_counter() - t0, 1))
+        run.log_metrics({f"final_{k}": v for k, v in final.items()})
+        return final
+
+    def closing_tags(final: dict[str, float], collapse: Collapse | None) -> dict[str, str]:
+        shown = {k: v for k, v in final.items() if k in ("accuracy", "f1", "mcc", "pearson", "exact_match",
+                                                        "majority_share", "best_epoch")}
+        return {"model_output": job.output,
+                NOTE_TAG: _note(job, task["prepared"], task["pretrain"], shown, collapse and collapse.message)}
+
+    done = run_job(JobParts(
+        what="fine-tuning run", fit=fit, config=config, launch=launch, tracking_uri=job.tracking_uri,
+        experiment=job.experiment, lineage=FINETUNE_LINEAGE, destination=job.output,
+        keep_checkpoints=job.keep_checkpoints, prepare=prepare, log_inputs=log_inputs, outcome=outcome,
+        diagnose=lambda run, final: diagnose(config.data.task, final, config.schedule.lr, config.schedule.epochs,
+                                             default_lr(config.model.hidden_size, "finetune")),
+        closing_tags=closing_tags))
+    final, collapse = done.outcome, done.collapse
     main = MAIN_METRIC[config.data.task]
     log.info("best model (epoch %d, %s %.4g%s) exported to %s; MLflow run %s%s", final["best_epoch"], main,
              final.get(main, float("nan")),
              f", majority class {final['majority_share']:.4g}" if "majority_share" in final else "", job.output,
-             run.run_id, "; but it has COLLAPSED (see the warning above)" if collapse else "")
-    return FinetuneResult(run.run_id, job.output, final, collapse)
+             done.run.run_id, "; but it has COLLAPSED (see the warning above)" if collapse else "")
+    return FinetuneResult(done.run.run_id, job.output, final, collapse.message if collapse else None)

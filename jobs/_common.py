@@ -1,6 +1,6 @@
 """What every job shares: logging set-up (configured once, here; library code only logs), with every URL in a log
-line redacted (`pipeline.safe_io.redact`: no userinfo, no signed or token query values), and the --help format
-(every default shown)."""
+line redacted (`pipeline.safe_io.redact`: no userinfo, no signed or token query values), the --help format
+(every default shown) and the flag types the jobs share."""
 from __future__ import annotations
 
 import argparse
@@ -53,3 +53,23 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         if "%(default)" in text or not self.shows_default(action):
             return text
         return f"{text} (default: %(default)s)"
+
+
+def comma_ints(text: str) -> tuple[int, ...]:
+    """An argparse type: comma-separated integers ("32,64,96,128")."""
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated integers, e.g. 32,64,96,128") from None
+
+
+def workers(text: str) -> int | tuple[int, int]:
+    """An argparse type: a number of workers, or MIN:MAX for an elastic run."""
+    low, colon, high = text.partition(":")
+    try:
+        value = (int(low), int(high)) if colon else int(low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of workers, or MIN:MAX (e.g. 2:8)") from None
+    if min(value if colon else (value,)) < 1 or (colon and value[0] > value[1]):
+        raise argparse.ArgumentTypeError(f"{text!r}: workers must be >= 1, and MIN <= MAX")
+    return value

@@ -36,7 +36,7 @@ from finetuning.records import FORMATS
 from jobs._common import HelpFormatter, refuse_secrets, setup_logging
 from pipeline.safe_io.redact import redact
 from pipeline.storage import absolute, is_url
-from training.defaults import WARMUP_FRACTION, default_lr
+from training.defaults import WARMUP_FRACTION, lr_or_default
 from training.launch import LaunchConfig
 from tracking.store import DEFAULT_EXPERIMENT, resolve_tracking_uri
 
@@ -130,7 +130,7 @@ def job_from(a: argparse.Namespace) -> FinetuneJob:
                                                max_query_length=a.max_query_length)),
         model=head,
         schedule=ScheduleConfig(epochs=a.epochs, batch_size=a.batch_size, eval_batch_size=a.eval_batch_size,
-                                lr=lr_for(a, head), warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay,
+                                lr=lr_or_default(a.lr, head.hidden_size, "finetune"), warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay,
                                 max_answer_length=a.max_answer_length),
         seed=a.seed)
     # Only the best epoch writes a checkpoint, so keeping one keeps the best.
@@ -139,17 +139,6 @@ def job_from(a: argparse.Namespace) -> FinetuneJob:
                           endpoint_url=a.endpoint_url)
     return FinetuneJob(config, launch, resolve_tracking_uri(a.mlflow_tracking_uri), output, a.experiment,
                        a.parent_run_id, keep_checkpoints=bool(a.storage_path), flags=vars(a))
-
-
-def lr_for(a: argparse.Namespace, head: HeadConfig) -> float:
-    """--lr, else the default for the model's width (training.defaults), said in the log."""
-    if a.lr is not None:
-        return a.lr
-    width = head.hidden_size
-    lr = default_lr(width, "finetune")
-    log.info("--lr %g: the default for a model of hidden width %d (pass --lr to choose; docs/learning-rates.md)",
-             lr, width)
-    return lr
 
 
 def main(argv: list[str] | None = None) -> int:

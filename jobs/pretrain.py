@@ -5,24 +5,10 @@
         [--storage ./runs --run-name NAME --checkpoint-every 200] [--init CHECKPOINT] [--export DIR_OR_URL]
     ray job submit --working-dir . -- python jobs/pretrain.py ...          # the same flags, on a cluster
 
-Flags -> `training.PretrainConfig` (checked: dataset manifests against the model, one vocabulary for train, eval
-and `--init`, the batch geometry) -> `pretraining.pretrain_job.run_pretraining`, which checks the MLflow store and
-the export destination, opens the run and launches `pretraining.loop.fit` on Ray Train workers (DDP) or, with `--no-ray`,
-in this process. The last line on stdout is a JSON object: the run, where the checkpoints and export are, the
-final metrics.
-
-The micro-batch is sized to the workers' memory (`pretraining.memory`); a diverging run rolls back, then fails in one
-line naming the step and what to try, its MLflow run FAILED (`training.guard`).
-Fault tolerance: checkpoints go to STORAGE/RUN_NAME every `--checkpoint-every` steps (the last `--keep-checkpoints`
-kept). A dead worker makes Ray Train restart the group from the last checkpoint (`--max-failures`); running the same
-command again with the same `--storage` and `--run-name` resumes from there too, into the same MLflow run (found by
-its `bert.run_checkpoints` tag). The data position is part of the checkpoint, so the resumed run sees the same
-batches. One job per storage and run name: a second one refuses, naming the first (pipeline/safe_io/lease.py).
-
-Data: each rank reads its own deterministic part of the balanced shards in a background thread
-(`pretraining.loader`): ranks stay exactly equal, the data position is a number, and no Ray CPU slot is needed (no
-2-CPU starvation hang). Batches are padded to a few fixed widths (`--length-buckets`) and
-`--compile` is on by default on CUDA; compile warm-up steps are kept out of the throughput metrics.
+Flags -> `pretraining.config.PretrainConfig` (checked against the dataset; the micro-batch planned for the
+workers' memory) -> `pretraining.pretrain_job.run_pretraining` (`training.job.run_job`'s steps); the last line on
+stdout is a JSON summary. Checkpoints go to STORAGE/RUN_NAME; the same command again resumes from the last one into
+the same MLflow run. docs/architecture.md says how the data order, the guard, the memory plan and the launch work.
 """
 from __future__ import annotations
 
@@ -39,22 +25,21 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
 
     require_project_env(__file__)
 
-from jobs._common import HelpFormatter, refuse_secrets, setup_logging
+from jobs import _eval_flags
+from jobs._common import HelpFormatter, comma_ints, refuse_secrets, setup_logging, workers
 from pipeline.safe_io.redact import redact
 from pipeline.schema import read_manifest
 from pretraining import kernel_options
 from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
 from tracking.config import TrackingConfig
-from training.defaults import WARMUP_FRACTION, default_lr, default_warmup_steps
+from training.defaults import WARMUP_FRACTION, lr_or_default, warmup_or_default
 from training.launch import LaunchConfig
-from pretraining.loader import DataConfig, EvalConfig, batch_geometry
-from pretraining.memory import MemoryConfig, micro_batch_for
+from pretraining.loader import DataConfig
+from pretraining.memory import MemoryConfig, plan_for_workers
 from pretraining.pretrain_job import PretrainJob, run_pretraining
 from tracking.store import DEFAULT_EXPERIMENT, resolve_tracking_uri
 
 log = logging.getLogger("jobs.pretrain")
-EVAL_SEQUENCES = EvalConfig.sequences
-EVAL_POINTS = 5  # evaluations of a run by default: enough for a curve of held-out accuracy, at little cost
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -62,13 +47,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=HelpFormatter, fromfile_prefix_chars="@")
     d = p.add_argument_group("data")
     d.add_argument("--data", required=True, help="dataset directory written by jobs/build_dataset.py (local/s3://)")
-    d.add_argument("--eval-data", help="held-out dataset (same vocabulary) for eval_* metrics")
-    d.add_argument("--eval-sequences", type=int,
-                   help=f"eval on the first N sequences (0 = all) (default: {EVAL_SEQUENCES})")
     d.add_argument("--endpoint-url", help="S3-compatible endpoint for s3:// data and storage (MinIO, Ceph, ...)")
     d.add_argument("--length-bucketing", action=argparse.BooleanOptionalAction, default=True,
                    help="batch rows of similar length together (little padding at the bucket widths)")
-    d.add_argument("--length-buckets", type=_widths, help="comma-separated widths batches are padded to, e.g. "
+    d.add_argument("--length-buckets", type=comma_ints, help="comma-separated widths batches are padded to, e.g. "
                    "32,64,96,128 (default: multiples of the dataset's max_seq_length / 4)")
     d.add_argument("--dynamic-masking", action="store_true", help="redraw MLM masks every time a row is read")
     d.add_argument("--packing", action="store_true",
@@ -89,11 +71,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     m.add_argument("--micro-batch-size", type=int, help="sequences per forward per worker (default: as many as "
                    "fit in memory, up to all of them; gradient accumulation keeps --batch-size)")
     m.add_argument("--optimizer", choices=("adamw", "lamb"), default="adamw")
-    m.add_argument("--lr", type=float,
-                   help="peak learning rate. Default: chosen for the model's width (--preset or --init), 2e-3 for "
-                        "bert_tiny (H=128) down to 1e-4 for bert_base (H=768) (training/defaults.py, "
-                        "docs/learning-rates.md); the value used is logged. An MLM accuracy stuck at the most "
-                        "frequent token's share says: higher; a divergence: lower (the job names a value)")
+    m.add_argument("--lr", type=float, help="peak learning rate. Default: chosen for the model's width (--preset "
+                   "or --init), 2e-3 for bert_tiny (H=128) down to 1e-4 for bert_base (H=768) (training/defaults.py, "
+                   "docs/learning-rates.md); the value used is logged. An MLM accuracy stuck at the most frequent "
+                   "token's share says: higher; a divergence: lower (the job names a value)")
     m.add_argument("--warmup-steps", type=int,
                    help=f"steps over which the rate ramps up from 0. Default: {100 * WARMUP_FRACTION:.0f}%% of --max-steps; "
                         "0 turns it off (a small model at a high rate without warm-up stalls or diverges early)")
@@ -117,7 +98,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     m.add_argument("--low-precision-residual", action="store_true", help=kernel_options.LOW_PRECISION_RESIDUAL_HELP)
     m.add_argument("--seed", type=int, default=RuntimeConfig.seed)
     r = p.add_argument_group("resources")
-    r.add_argument("--num-workers", type=int, default=1)
+    r.add_argument("--num-workers", type=workers, default=1, help="Ray Train workers, or MIN:MAX for an elastic run "
+                   "(it shrinks when a node is lost and grows when one returns; the same data order: docs/scaling.md)")
+    r.add_argument("--resize-check-seconds", type=float, default=60.0, help="how often an elastic run looks for more")
     r.add_argument("--use-gpu", action="store_true", help="one GPU per worker, NCCL, bf16 autocast, fused AdamW")
     r.add_argument("--cpus-per-worker", type=float, default=1.0,
                    help="Ray CPUs per worker; fractions are fine (the data thread needs no Ray slot)")
@@ -136,119 +119,61 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     c.add_argument("--export", help="write the final model here in the Hugging Face layout (a local directory or a "
                    "URL such as s3://bucket/models/name)")
     c.add_argument("--mlflow-tracking-uri")
-    c.add_argument("--experiment", default=DEFAULT_EXPERIMENT,
-                   help="MLflow experiment (one for the whole pipeline: the build's, pre-training's and "
-                        "fine-tuning's runs side by side)")
+    c.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment (one for the whole "
+                   "pipeline: the build's, pre-training's and fine-tuning's runs side by side)")
     c.add_argument("--parent-run-id", help="log this run as a child of that MLflow run")
     c.add_argument("--log-every", type=int, default=50)
-    c.add_argument("--eval-every", type=int,
-                   help=f"evaluate on --eval-data every N steps and at the end (0: only at the end). Default: "
-                        f"{EVAL_POINTS} evaluations over the run, so eval_* metrics are curves")
     c.add_argument("--max-minutes", type=float, help="wall-clock budget of the training loop: stop (with a final "
                    "eval, checkpoint and export) at the first log step after it; the lr schedule still spans --max-steps")
     c.add_argument("--no-system-metrics", action="store_true", help="do not sample CPU/GPU/memory into MLflow")
+    _eval_flags.add_flags(p)
     refuse_secrets(p, argv)
     a = p.parse_args(argv)
-    for name in ("max_steps", "batch_size", "num_workers", "checkpoint_every", "keep_checkpoints", "log_every"):
+    for name in ("max_steps", "batch_size", "checkpoint_every", "keep_checkpoints", "log_every"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if a.cpus_per_worker <= 0:
         p.error("--cpus-per-worker must be > 0")
-    if a.no_ray and a.num_workers != 1:
+    if a.no_ray and a.num_workers not in (1, (1, 1)):
         p.error("--no-ray runs one worker in this process: drop --num-workers")
-    if a.eval_every is not None and a.eval_every < 0:
-        p.error("--eval-every must be >= 0 (0: only at the end)")
-    if not a.eval_data:
-        given = [f for f, v in (("--eval-every", a.eval_every), ("--eval-sequences", a.eval_sequences)) if v is not None]
-        if given:
-            p.error(f"{' and '.join(given)} without --eval-data: pass the held-out dataset to evaluate on, or drop "
-                    f"{' and '.join(given)}")
+    _eval_flags.check(p, a)
     return a
 
 
-def _widths(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated integers, e.g. 32,64,96,128") from None
-
-
-def job_from(args: argparse.Namespace) -> PretrainJob:
-    """The flags as typed configs (each validates itself; the config checks the model against its data)."""
-    data = read_manifest(args.data, args.endpoint_url)
-    eval_data = read_manifest(args.eval_data, args.endpoint_url) if args.eval_data else None
-    launch = LaunchConfig(num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker, use_gpu=args.use_gpu,
-                          no_ray=args.no_ray, storage=args.storage, name=args.run_name,
-                          keep_checkpoints=args.keep_checkpoints, max_failures=args.max_failures,
-                          endpoint_url=args.endpoint_url)
-    model = ModelConfig.resolve(args.preset, args.init, data.vocab.size, launch.init_cache, args.endpoint_url)
-    # The micro-batch that fits the workers' memory, decided before the config is built (the config is final).
-    micro, accum = micro_batch_for(model.bert, batch_geometry(args.batch_size, args.num_workers),
-                                   max(args.length_buckets or (data.max_seq_length,)), data.max_predictions,
-                                   workers=args.num_workers, use_gpu=args.use_gpu, budget_gb=args.memory_gb,
-                                   requested=args.micro_batch_size, model_name=args.init or args.preset)
+def job_from(a: argparse.Namespace) -> PretrainJob:
+    """The flags as typed configs (each validates itself); the micro-batch is planned first: the config is final."""
+    data = read_manifest(a.data, a.endpoint_url)
+    fewest, most = a.num_workers if isinstance(a.num_workers, tuple) else (a.num_workers, a.num_workers)
+    launch = LaunchConfig(num_workers=most, min_workers=fewest, resize_check_seconds=a.resize_check_seconds,
+                          cpus_per_worker=a.cpus_per_worker, use_gpu=a.use_gpu, no_ray=a.no_ray, storage=a.storage,
+                          name=a.run_name, keep_checkpoints=a.keep_checkpoints, max_failures=a.max_failures,
+                          endpoint_url=a.endpoint_url)
+    model = ModelConfig.resolve(a.preset, a.init, data.vocab.size, launch.init_cache, a.endpoint_url)
+    micro, accum = plan_for_workers(model.bert, a.batch_size, (fewest, most), max(a.length_buckets or (
+        data.max_seq_length,)), data.max_predictions, use_gpu=a.use_gpu, budget_gb=a.memory_gb,
+        requested=a.micro_batch_size, model_name=a.init or a.preset)
     config = PretrainConfig(
-        model=model,
-        data=DataConfig(train=data, endpoint_url=args.endpoint_url, micro_batch_size=micro, accum=accum,
-                        length_bucketing=args.length_bucketing,
-                        length_buckets=args.length_buckets or (), dynamic_masking=args.dynamic_masking,
-                        mask_id=data.vocab.mask_id, masked_lm_prob=data.masked_lm_prob, packing=args.packing,
-                        pack_sequences=args.pack_sequences),
-        max_steps=args.max_steps,
-        optimizer=OptimizerConfig(name=args.optimizer, lr=lr_for(args, model.bert.hidden_size),
-                                  weight_decay=args.weight_decay, warmup_steps=warmup_for(args), decay=args.decay,
-                                  poly_power=args.poly_power,
-                                  max_grad_norm=args.max_grad_norm),
-        eval=EvalConfig(data=eval_data, every=eval_every_for(args),
-                        sequences=EVAL_SEQUENCES if args.eval_sequences is None else args.eval_sequences)
-        if eval_data else None,
-        checkpoint=CheckpointConfig(every=args.checkpoint_every,
-                                    vocab_url=data.vocab.url, do_lower_case=data.vocab.do_lower_case),
-        tracking=TrackingConfig(system_metrics=not args.no_system_metrics,
-                                log_every=args.log_every),
-        runtime=RuntimeConfig(device="cuda" if args.use_gpu else "cpu", compile=args.compile,
-                              compile_backend=args.compile_backend, cuda_graphs=args.cuda_graphs,
-                              compile_cache=str(Path(args.compile_cache).resolve()) if args.compile_cache else None,
-                              fused_kernels=kernel_options.FUSED_KERNELS[args.fused_kernels],
-                              low_precision_residual=args.low_precision_residual,
-                              threads=args.threads or max(1, round(args.cpus_per_worker)),
-                              peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
-                              max_seconds=args.max_minutes * 60 if args.max_minutes else None, seed=args.seed),
-        memory=MemoryConfig(budget_gb=args.memory_gb),
-    )
-    return PretrainJob(config, launch, resolve_tracking_uri(args.mlflow_tracking_uri), args.experiment,
-                       args.parent_run_id, args.export, flags=vars(args))
-
-
-def lr_for(args: argparse.Namespace, width: int) -> float:
-    """--lr, else the default for the model's width (training.defaults), said in the log."""
-    if args.lr is not None:
-        return args.lr
-    lr = default_lr(width, "pretrain")
-    log.info("--lr %g: the default for a model of hidden width %d (pass --lr to choose; docs/learning-rates.md)",
-             lr, width)
-    return lr
-
-
-def eval_every_for(args: argparse.Namespace) -> int:
-    """--eval-every, else about EVAL_POINTS evaluations over the run, on logging steps (and one at the end)."""
-    if args.eval_every is not None:
-        return args.eval_every
-    every = max(1, -(-args.max_steps // EVAL_POINTS))
-    if args.log_every < every:  # on a logging step: each held-out point beside a training one
-        every = -(-every // args.log_every) * args.log_every
-    log.info("--eval-every %d: %d evaluations over --max-steps %d (pass --eval-every to choose, 0 for the end only)",
-             every, -(-args.max_steps // every), args.max_steps)
-    return every
-
-
-def warmup_for(args: argparse.Namespace) -> int:
-    if args.warmup_steps is not None:
-        return args.warmup_steps
-    steps = default_warmup_steps(args.max_steps)
-    log.info("--warmup-steps %d: %.0f%% of --max-steps %d (pass --warmup-steps to choose, 0 for none)", steps,
-             100 * WARMUP_FRACTION, args.max_steps)
-    return steps
+        model=model, max_steps=a.max_steps, memory=MemoryConfig(budget_gb=a.memory_gb),
+        data=DataConfig(train=data, endpoint_url=a.endpoint_url, batch_size=a.batch_size, micro_batch_size=micro,
+                        accum=accum, length_bucketing=a.length_bucketing, length_buckets=a.length_buckets or (),
+                        dynamic_masking=a.dynamic_masking, mask_id=data.vocab.mask_id,
+                        masked_lm_prob=data.masked_lm_prob, packing=a.packing, pack_sequences=a.pack_sequences),
+        optimizer=OptimizerConfig(name=a.optimizer, lr=lr_or_default(a.lr, model.bert.hidden_size, "pretrain"),
+                                  warmup_steps=warmup_or_default(a.warmup_steps, a.max_steps), decay=a.decay,
+                                  weight_decay=a.weight_decay, poly_power=a.poly_power, max_grad_norm=a.max_grad_norm),
+        eval=_eval_flags.eval_config(a),
+        checkpoint=CheckpointConfig(every=a.checkpoint_every, vocab_url=data.vocab.url,
+                                    do_lower_case=data.vocab.do_lower_case),
+        tracking=TrackingConfig(system_metrics=not a.no_system_metrics, log_every=a.log_every),
+        runtime=RuntimeConfig(
+            device="cuda" if a.use_gpu else "cpu", compile=a.compile, compile_backend=a.compile_backend,
+            cuda_graphs=a.cuda_graphs, compile_cache=str(Path(a.compile_cache).resolve()) if a.compile_cache else None,
+            fused_kernels=kernel_options.FUSED_KERNELS[a.fused_kernels], seed=a.seed,
+            low_precision_residual=a.low_precision_residual, threads=a.threads or max(1, round(a.cpus_per_worker)),
+            peak_flops=a.peak_tflops * 1e12 if a.peak_tflops else None,
+            max_seconds=a.max_minutes * 60 if a.max_minutes else None))
+    return PretrainJob(config, launch, resolve_tracking_uri(a.mlflow_tracking_uri), a.experiment, a.parent_run_id,
+                       a.export, flags=vars(a))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,9 +7,11 @@ padding): a compiled model then sees one shape per width, never a new one. Witho
 row rounded up to a multiple of 8 (evaluation tools, tests).
 
 Dynamic re-masking (`Remasker`) restores the original ids and redraws the MLM positions with the rule the builder
-used (15% of non-special positions, at most `max_predictions`, 80% [MASK] / 10% random / 10% kept), from the RNG it
-is handed (the loader seeds it by (seed, rank, batch index), so it is reproducible and independent of timing). It
-masks single word pieces (the builder may have used whole-word masking; the statistics per position are the same).
+used (15% of non-special positions, at most `max_predictions`, 80% [MASK] / 10% random / 10% kept). Its random
+numbers are keyed by example: each token's draws are a hash of (seed, the row's example id, the epoch it is read
+in, its position, which draw), a counter-based generator computed for all tokens at once. A row's mask is then the
+same whichever batch, rank or world size reads it, and new in each epoch. It masks single word pieces (the builder
+may have used whole-word masking; the statistics per position are the same).
 
 Outputs are numpy arrays; the training loop wraps them with `torch.from_numpy`.
 """
@@ -21,7 +23,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from bert_core.losses import IGNORE_INDEX  # the label of padded MLM slots
+from pipeline.rng import derive_seed, mix64
 from pretraining.rows import Rows
+
+
+def keyed_uniforms(row_keys: np.ndarray, row_of: np.ndarray, column: np.ndarray, draw: int) -> np.ndarray:
+    """One uniform [0, 1) per token: a hash of its row's key, its column and the draw number."""
+    with np.errstate(over="ignore"):  # wrapping uint64 arithmetic is the hash's
+        counter = row_keys[row_of] + column.astype(np.uint64) * np.uint64(4) + np.uint64(draw)
+        return (mix64(mix64(counter)) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+
+
+def example_keys(rows: Rows, seed: int) -> np.ndarray:
+    """Each row's key for its random draws: (seed, example id, epoch)."""
+    if rows.example is None or rows.epoch is None:
+        raise ValueError("dynamic masking needs the rows' example ids and epochs (rows of the training stream)")
+    base = np.uint64(derive_seed("remask", seed))
+    with np.errstate(over="ignore"):
+        return mix64(mix64(rows.example.astype(np.uint64) ^ base) + rows.epoch.astype(np.uint64))
 
 
 def padded_width(longest: int, pad_multiple: int = 8, length_buckets: Sequence[int] | None = None) -> int:
@@ -88,30 +107,33 @@ class Remasker:
         if not 0 <= self.mask_id < self.vocab_size:
             raise ValueError(f"mask_id {self.mask_id} is outside the vocabulary (size {self.vocab_size})")
 
-    def __call__(self, rows: Rows, rng: np.random.Generator) -> Rows:
+    def __call__(self, rows: Rows, seed: int) -> Rows:
         n, lengths = len(rows), rows.lengths
         original = rows.ids.copy()
         original[np.repeat(rows.ids_off[:-1], np.diff(rows.pos_off)) + rows.pos] = rows.lab
         row_of = np.repeat(np.arange(n), lengths)
         col = np.arange(len(original)) - rows.ids_off[:-1][row_of]
+        keys = example_keys(rows, seed)
         # Candidates: every position but [CLS] (0), the [SEP] after A (a_length + 1) and the final [SEP].
         special = (col == 0) | (col == rows.a_length[row_of] + 1) | (col == lengths[row_of] - 1)
         # The reference rounds len(tokens) * prob with Python 3 rounding (half to even), as np.round does.
         k = np.minimum(self.max_predictions, np.maximum(1, np.round(lengths * self.masked_lm_prob))).astype(np.int64)
         k = np.minimum(k, np.maximum(lengths - 3, 0))  # a row never has more picks than candidates
-        keys = rng.random(len(original))
-        keys[special] = 2.0  # never chosen while a real candidate is left
-        order = np.lexsort((keys, row_of))  # grouped by row, random order inside each row
+        pick = keyed_uniforms(keys, row_of, col, 0)
+        pick[special] = 2.0  # never chosen while a real candidate is left
+        order = np.lexsort((pick, row_of))  # grouped by row, random order inside each row
         rank_in_row = np.arange(len(order)) - rows.ids_off[:-1][row_of[order]]
         chosen = np.sort(order[(rank_in_row < k[row_of[order]]) & ~special[order]])
-        u = rng.random(len(chosen))
+        u = keyed_uniforms(keys, row_of[chosen], col[chosen], 1)
         ids = original.copy()
         ids[chosen[u < 0.8]] = self.mask_id
-        rand = u >= 0.9
-        ids[chosen[rand]] = rng.integers(0, self.vocab_size, int(rand.sum()))
+        rand = chosen[u >= 0.9]
+        token = keyed_uniforms(keys, row_of[rand], col[rand], 2)
+        ids[rand] = np.minimum((token * self.vocab_size).astype(np.int64), self.vocab_size - 1)
         pos_off = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(row_of[chosen], minlength=n), out=pos_off[1:])
-        return Rows(ids, rows.ids_off, rows.a_length, col[chosen], pos_off, original[chosen], rows.nsp)
+        return Rows(ids, rows.ids_off, rows.a_length, col[chosen], pos_off, original[chosen], rows.nsp, rows.example,
+                    rows.epoch)
 
 
 def finite_batches(rows: Rows, batch_size: int, rank: int = 0, world_size: int = 1, max_rows: int | None = None,

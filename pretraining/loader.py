@@ -1,49 +1,41 @@
-"""The training loader: from a built dataset's balanced Parquet shards to this rank's padded batches, the same
-sequence of batches on every run. `DataConfig` is its one config.
+"""The training loader: from a built dataset's balanced Parquet shards to this rank's padded micro-batches of each
+optimizer step, the same global order on every run and for any number of workers. `DataConfig` is its one config.
 
-The training loop needs three things the shards do not give by themselves:
+The order itself (which rows step k trains on, and each rank's share of them) is `pretraining.order`'s: the global
+batch of `batch_size` rows is defined once, from the dataset, the seed and the data flags, and dealt to the ranks;
+gradient accumulation absorbs the world size (`DataConfig.for_world`). What that gives the training loop:
 
-* **Equal batch counts on every rank.** Each rank reads an infinite, deterministic stream: epoch `e` is the shards
-  in a seeded order (same permutation on every rank), cut into `world` contiguous parts (sizes differ by at most
-  one row); rank `r` reads its part of epoch 0, then of epoch 1, ... A micro-batch that straddles an epoch boundary
-  is completed with the first rows of the next epoch (wrap around), so no row is dropped or padded away and every
-  rank yields exactly as many batches as it is asked for: nothing can hang at the end of an epoch.
-* **Resume.** A rank's position is just the number of micro-batches it consumed; `RankStream(start_batch=b)`
-  re-derives the epoch, shard and row from it, so a resumed run sees exactly the batches an uninterrupted one would.
-  (This is why pre-training has one loader and it is not Ray Data's: a Ray Data shard's rows depend on timing, so
-  a resumed run could only skip as many rows as were consumed, not replay the same ones; and the stream's data
-  wait measured 0.06% of a step, docs/benchmarks.md.)
+* **Equal work on every rank.** Every rank yields exactly `accum` micro-batches per step, forever (the stream wraps
+  into the next epoch): nothing can hang at the end of an epoch, and no row is dropped or padded away.
+* **Resume anywhere.** The position is the number of global batches consumed (packed: (window, batches taken in
+  it)), the same on every rank and for every world size: a resumed run, on the same or another number of workers,
+  sees exactly the batches an uninterrupted one would. (This is why pre-training has one loader and it is not Ray
+  Data's: a Ray Data shard's rows depend on timing, so a resumed run could only skip as many rows as were
+  consumed, not replay the same ones; and the stream's data wait measured 0.06% of a step, docs/benchmarks.md.)
 * **Few shapes, little padding.** Batches are padded to the smallest of `DataConfig.length_buckets` that fits
-  (`pretraining.batching.collate`). Length bucketing sorts a window of `bucket_window` micro-batches by length before
-  cutting it, then shuffles the batches (seeded), so rows of a batch have similar lengths and the smallest width
-  that fits wastes little.
+  (`pretraining.batching.collate`); length bucketing sorts a window of `bucket_window` global batches by length
+  before cutting it, so the rows of a batch have similar lengths. With `DataConfig.packing` the rows are packed
+  instead (`pretraining.packing`): one shape for every micro-batch.
 
-With `dynamic_masking` every batch is re-masked (`pretraining.batching.Remasker`) from an RNG seeded by (seed, rank,
-batch index): reproducible and independent of timing. Batches are made in a background thread (`Prefetcher`).
-A new step of the stream (e.g. sequence packing) is a `DataConfig` field and a stage in `micro_batches`.
-
-With `DataConfig.packing` the rows are packed instead of padded (`pretraining.packing`): whole sequences laid end to
-end in fixed-width rows, one shape for every micro-batch. Packed windows yield a data-dependent number of batches,
-so the stream also reports its position (window, micro-batches taken in it: `Batches.position`), which the
-checkpoint keeps per rank for an exact resume (without it the stream re-packs its windows from the start).
+With `dynamic_masking` rows are re-masked (`pretraining.batching.Remasker`) with random draws keyed by example and
+epoch: reproducible, independent of timing, of the batch and of the world size. Steps are made in a background
+thread (`Prefetcher`). A new step of the stream is a `DataConfig` field and a stage in `pretraining.order`.
 """
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import numpy as np
-
-from pipeline.rng import derive_seed as seed_for  # one seed derivation for the whole pipeline
 from pipeline.schema import Manifest
 from pipeline.storage import storage_options
-from pretraining.batching import Remasker, collate, finite_batches
-from pretraining.packing import PackConfig, packed_micro_batches
+from pretraining.batching import Remasker, finite_batches
+from pretraining.order import RankShare, global_batches, rank_share
+from pretraining.packing import PackConfig
 from pretraining.rows import Rows, read_shard
-
 
 
 def default_length_buckets(max_seq_length: int, count: int = 4) -> tuple[int, ...]:
@@ -56,15 +48,21 @@ def default_length_buckets(max_seq_length: int, count: int = 4) -> tuple[int, ..
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
-    """This job's training stream: the dataset (its typed manifest: shards, lengths, vocabulary), batch geometry
-    per rank, bucketing and masking."""
+    """This job's training stream: the dataset (its typed manifest: shards, lengths, vocabulary), the global batch
+    and a worker's share of it, bucketing and masking.
+
+    `batch_size` (the global batch, rows per optimizer step; packed rows when packing) fixes the data order.
+    `micro_batch_size` and `accum` are one worker's geometry for the world size the job planned for
+    (`batch_size / (micro_batch_size x accum)` workers); `for_world(n)` gives it for n workers, the micro-batch never
+    larger than the planned one (the memory plan's)."""
 
     train: Manifest
     endpoint_url: str | None = None  # S3-compatible endpoint of s3:// datasets (train and eval); credentials: the env
     micro_batch_size: int
     accum: int = 1  # micro-batches per optimizer step on each rank
+    batch_size: int = 0  # rows per optimizer step over all workers; 0: micro_batch_size x accum (one worker)
     length_bucketing: bool = True
-    bucket_window: int = 32
+    bucket_window: int = 32  # global batches drawn together from the stream (sorted by length when bucketing)
     # Sequence widths a batch is padded to (the smallest that fits its longest row). Empty: the defaults from
     # max_seq_length. A fixed set keeps torch.compile to one graph per width.
     length_buckets: tuple[int, ...] = ()
@@ -74,7 +72,7 @@ class DataConfig:
     # Packing (pretraining.packing): micro_batch_size packed rows of pack_width positions (0: max_seq_length; wider
     # rows are allowed, positions restart per sequence), each holding up to pack_sequences whole sequences and
     # pack_slots masked-LM slots (0: max_predictions per max_seq_length of width, + pack_sequences), packed per
-    # window of pack_window_rows dataset rows (0: bucket_window x micro_batch_size x pack_sequences).
+    # window of pack_window_rows dataset rows (0: bucket_window x batch_size x pack_sequences).
     packing: bool = False
     pack_width: int = 0
     pack_sequences: int = 3
@@ -90,6 +88,11 @@ class DataConfig:
                              f"{self.train.max_seq_length}: use 0 (that length) or more")
         if self.micro_batch_size < 1 or self.accum < 1:
             raise ValueError(f"micro_batch_size ({self.micro_batch_size}) and accum ({self.accum}) must be >= 1")
+        if not self.batch_size:
+            object.__setattr__(self, "batch_size", self.micro_batch_size * self.accum)
+        if self.batch_size < self.micro_batch_size * self.accum:
+            raise ValueError(f"--batch-size {self.batch_size} is smaller than one worker's micro-batch x "
+                             f"accumulation ({self.micro_batch_size} x {self.accum})")
         if self.bucket_window < 1:
             raise ValueError("bucket_window must be >= 1")
         if not self.length_buckets:
@@ -105,11 +108,6 @@ class DataConfig:
             raise ValueError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
 
     @property
-    def window(self) -> int:
-        """Micro-batches sorted together by length (1 without bucketing)."""
-        return self.bucket_window if self.length_bucketing else 1
-
-    @property
     def pack_geometry(self) -> PackConfig | None:
         """The packed rows' geometry (None without packing): W, S, P and the window, defaults filled in. A row that
         would exceed P goes to another packed row, never truncated."""
@@ -120,17 +118,45 @@ class DataConfig:
         # scaled to the packed width, plus one for each sequence's rounding.
         slots = self.pack_slots or -(-self.train.max_predictions * width // seq) + self.pack_sequences
         return PackConfig(width=width, sequences=self.pack_sequences, slots=slots,
-                          window_rows=self.pack_window_rows or self.bucket_window * self.micro_batch_size
+                          window_rows=self.pack_window_rows or self.bucket_window * self.batch_size
                           * self.pack_sequences)
 
+    def for_world(self, world: int) -> "DataConfig":
+        """This config's geometry for `world` workers: each takes B/n rows of a step (the shares differ by at most
+        one row when n does not divide B), in `accum` micro-batches of at most `micro_batch_size` rows (this
+        config's micro-batch is the most a worker's memory was planned for). The world the config was planned for
+        gives itself."""
+        b = self.batch_size
+        if world < 1 or world > b:
+            raise ValueError(f"--batch-size {b} cannot be shared by {world} workers: every worker needs a row "
+                             "of each step; raise --batch-size or lower --num-workers")
+        if b == world * self.micro_batch_size * self.accum:
+            return self
+        share = -(-b // world)  # the largest share
+        accum = -(-share // self.micro_batch_size)
+        if b // world < accum:
+            raise ValueError(f"--batch-size {b} over {world} workers leaves {b // world} rows to some, fewer than "
+                             f"their {accum} micro-batches: raise --batch-size or --micro-batch-size")
+        return dataclasses.replace(self, micro_batch_size=-(-share // accum), accum=accum)
 
-def batch_geometry(batch_size: int, num_workers: int, micro_batch_size: int | None = None) -> tuple[int, int]:
-    """(micro-batch size, accumulation steps) of each rank for a global batch of `batch_size` sequences."""
+
+def batch_geometry(batch_size: int, num_workers: int, micro_batch_size: int | None = None,
+                   most_workers: int | None = None) -> tuple[int, int]:
+    """(micro-batch size, accumulation steps) of each rank for a global batch of `batch_size` sequences. An elastic
+    run (`most_workers` above `num_workers`, its fewest) plans for its fewest workers, the largest shares: shares
+    may then differ by one row, and `micro_batch_size` is the most a worker forwards at once."""
+    if most_workers is not None and most_workers > num_workers:
+        if batch_size < most_workers:
+            raise ValueError(f"--batch-size {batch_size} cannot be shared by up to {most_workers} workers: every "
+                             "worker needs a row of each step; raise --batch-size")
+        per_worker = -(-batch_size // num_workers)
+        accum = -(-per_worker // min(micro_batch_size or per_worker, per_worker))
+        return -(-per_worker // accum), accum
     if batch_size % num_workers:
         raise ValueError(f"--batch-size {batch_size} does not split over {num_workers} workers; "
                          f"use a multiple of {num_workers}")
     per_worker = batch_size // num_workers
-    micro = micro_batch_size or per_worker
+    micro = min(micro_batch_size or per_worker, per_worker)  # more than a worker's share: its share, in one go
     if micro < 1 or per_worker % micro:
         raise ValueError(f"--micro-batch-size {micro} must divide the {per_worker} sequences each worker gets per "
                          "step (--batch-size / --num-workers)")
@@ -149,145 +175,6 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if self.sequences < 0 or self.every < 0 or self.batch_size < 1:
             raise ValueError("--eval-sequences and --eval-every must be >= 0 and the eval batch size >= 1")
-
-
-# ---- the deterministic per-rank stream ------------------------------------------------------------------------------
-
-def epoch_shard_order(num_shards: int, seed: int, epoch: int) -> np.ndarray:
-    """The shards' order in `epoch`: the same seeded permutation on every rank."""
-    return np.random.default_rng(seed_for("shard-order", seed, epoch)).permutation(num_shards)
-
-
-def rank_segments(shard_rows: Sequence[int], seed: int, epoch: int, rank: int, world: int,
-                  ) -> list[tuple[int, int, int]]:
-    """Rank `rank`'s contiguous part of `epoch` as (shard index, first row, end row) pieces, in reading order."""
-    order = epoch_shard_order(len(shard_rows), seed, epoch)
-    total = int(sum(shard_rows))
-    lo, hi = rank * total // world, (rank + 1) * total // world
-    out, base = [], 0
-    for s in order:
-        n = int(shard_rows[s])
-        a, b = max(lo, base), min(hi, base + n)
-        if a < b:
-            out.append((int(s), a - base, b - base))
-        base += n
-    return out
-
-
-class RankStream:
-    """This rank's infinite sequence of collated micro-batches, starting at micro-batch `start_batch`.
-
-    `load_shard(i)` returns shard `i` of `data.train` as `Rows` (the caller owns storage: local, s3, ...). Every
-    rank must be built with the same data and seed; each reads only its own part of each epoch.
-    """
-
-    def __init__(self, data: DataConfig, load_shard: Callable[[int], Rows], seed: int, rank: int = 0,
-                 world: int = 1, start_batch: int = 0, remasker: Remasker | None = None,
-                 start_position: tuple[int, int] | None = None) -> None:
-        if not 0 <= rank < world:
-            raise ValueError(f"rank {rank} outside world of size {world}")
-        self.shard_rows = [int(n) for n in data.train.shard_rows]
-        total = sum(self.shard_rows)
-        if total < world:
-            raise ValueError(f"the dataset has {total} rows, fewer than the {world} ranks reading it")
-        self.data, self.seed, self.rank, self.world, self.remasker = data, seed, rank, world, remasker
-        self._load, self._cache = load_shard, {}
-        self.rank_rows = (rank + 1) * total // world - rank * total // world
-        self._first_window, self._skip = divmod(start_batch, data.window)
-        self._window_rows = data.window * data.micro_batch_size
-        if data.packing:  # packed windows yield data-dependent batch counts: a saved position, or replay
-            self._window_rows = data.pack_geometry.window_rows
-            self._first_window, self._skip = start_position if start_position is not None else (0, start_batch)
-        self.batch_index = start_batch
-
-    def _shard(self, i: int) -> Rows:
-        if i not in self._cache:
-            self._cache = {i: self._load(i)}  # segments walk shards in order: one cached shard is enough
-        return self._cache[i]
-
-    def _rows_from(self, start: int) -> Iterator[Rows]:
-        """The rank's rows from stream row `start` on, epoch after epoch, in pieces."""
-        epoch, offset = divmod(start, self.rank_rows)
-        while True:
-            for s, a, b in rank_segments(self.shard_rows, self.seed, epoch, self.rank, self.world):
-                if offset >= b - a:
-                    offset -= b - a
-                    continue
-                yield self._shard(s).slice(a + offset, b)
-                offset = 0
-            epoch += 1
-
-    def positioned(self) -> Iterator[tuple[dict[str, np.ndarray], tuple[int, int] | None]]:
-        """(micro-batch, stream position after it): (window, batches taken in it) when packing, else None (the
-        batch count is the position)."""
-        pieces = self._rows_from(self._first_window * self._window_rows)
-        if self.data.packing:
-            yield from packed_batches(pieces, self.data, self.seed, self.rank, self._first_window, self._skip,
-                                      self.remasker)
-            return
-        for batch in micro_batches(pieces, self.data, self.seed, self.rank, self._first_window, self._skip,
-                                   self.remasker):
-            yield batch, None
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        for batch, _ in self.positioned():
-            yield batch
-            self.batch_index += 1
-
-
-def micro_batches(pieces: Iterable[Rows], data: DataConfig, seed: int, rank: int = 0, first_window: int = 0,
-                  skip: int = 0, remasker: Remasker | None = None) -> Iterator[dict[str, np.ndarray]]:
-    """Cut a stream of rows into collated micro-batches of exactly `data.micro_batch_size` rows.
-
-    Rows are taken in windows of `bucket_window` micro-batches (1 without bucketing); with bucketing a window is
-    sorted by length (random tie-break), cut, and its batches shuffled, all seeded by (seed, rank, window). The
-    first `skip` batches of window `first_window` are dropped (resume); re-masking is seeded by the batch index.
-    """
-    m, max_predictions = data.micro_batch_size, data.train.max_predictions
-    window_rows = data.window * m
-    batch_index = first_window * data.window
-    for w, rows in enumerate(_windows(pieces, window_rows), start=first_window):
-        batches = [np.arange(i, i + m) for i in range(0, len(rows), m)]
-        if data.length_bucketing:
-            rng = np.random.default_rng(seed_for("bucket", seed, rank, w))
-            by_len = np.argsort(rows.lengths + rng.random(len(rows)), kind="stable")
-            batches = [by_len[i:i + m] for i in range(0, len(rows), m)]
-            batches = [batches[j] for j in rng.permutation(len(batches))]
-        for j, idx in enumerate(batches):
-            if w == first_window and j < skip:
-                batch_index += 1
-                continue
-            batch_rows = rows.take(idx)
-            if remasker is not None:
-                batch_rows = remasker(batch_rows, np.random.default_rng(seed_for("remask", seed, rank, batch_index)))
-            yield collate(batch_rows, max_predictions, length_buckets=data.length_buckets)
-            batch_index += 1
-
-
-def packed_batches(pieces: Iterable[Rows], data: DataConfig, seed: int, rank: int = 0, first_window: int = 0,
-                   skip: int = 0, remasker: Remasker | None = None,
-                   ) -> Iterator[tuple[dict[str, np.ndarray], tuple[int, int]]]:
-    """Packed micro-batches of `data.micro_batch_size` packed rows (`pretraining.packing`) and their positions; the
-    first `skip` micro-batches from window `first_window` on are dropped. Re-masking, when on, is per window,
-    before packing (the packing depends on the masked counts)."""
-    def seed_of(name: str, window: int) -> int:
-        return seed_for(name, seed, rank, window)
-
-    return packed_micro_batches(_windows(pieces, data.pack_geometry.window_rows), data.pack_geometry, data.micro_batch_size, seed_of,
-                                first_window, skip, remask=remasker)
-
-
-def _windows(pieces: Iterable[Rows], window_rows: int) -> Iterator[Rows]:
-    """Re-chunk a stream of row pieces into runs of exactly `window_rows` rows (a remainder waits for more)."""
-    held, have = [], 0
-    for piece in pieces:
-        held.append(piece)
-        have += len(piece)
-        while have >= window_rows:
-            rows = Rows.concat(held)
-            yield rows.slice(0, window_rows)
-            rest = rows.slice(window_rows, len(rows))
-            held, have = ([rest] if len(rest) else []), len(rest)
 
 
 class Prefetcher:
@@ -347,62 +234,51 @@ def _load(shards: Manifest, endpoint_url: str | None) -> Callable[[int], Rows]:
     return load
 
 
-class Batches(Prefetcher):
-    """Prefetched micro-batches; `position` is the stream position after the last one taken (packed streams:
-    (window, batches taken in it); None otherwise, where the batch count is the position)."""
-
-    position: tuple[int, int] | None = None
-
-    def __next__(self):
-        batch, self.position = super().__next__()
-        return batch
+class Steps(Prefetcher):
+    """This rank's share of each step (`pretraining.order.RankShare`), prefetched; `wait_seconds` is how long the
+    loop waited for them."""
 
 
-def gather_positions(batches: Batches) -> list | None:
-    """Every rank's packed stream position, by rank (None when not packing). A collective when distributed: every
-    rank must call it."""
-    if batches.position is None:
-        return None
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return [batches.position]
-    positions: list = [None] * dist.get_world_size()
-    dist.all_gather_object(positions, batches.position)
-    return positions
-
-
-def rank_position(data_position: dict, rank: int, world: int) -> tuple[int, int] | None:
-    """This rank's packed position from a checkpoint's `data_position` (None: not saved, or saved by another world
-    size; a packed stream then replays its windows from the start to find the batch count)."""
-    positions = data_position.get("packed_positions")
-    if not positions or len(positions) != world:
-        return None
-    return tuple(positions[rank])
-
-
-def _pinned(batches: Iterator[tuple[dict, object]]) -> Iterator[tuple[dict, object]]:
+def _pinned(shares: Iterator[RankShare]) -> Iterator[RankShare]:
     """Page-locked torch tensors, made in the prefetch thread: the loop's host-to-GPU copies are then asynchronous
     and the pinning copy costs the training thread nothing."""
     import torch
 
-    for batch, position in batches:
-        yield {k: torch.from_numpy(v).pin_memory() for k, v in batch.items()}, position
+    for share in shares:
+        share.micro = [{k: torch.from_numpy(v).pin_memory() for k, v in batch.items()} for batch in share.micro]
+        yield share
 
 
-def train_batches(data: DataConfig, vocab_size: int, seed: int, rank: int, world: int, start_batch: int,
-                  pin_memory: bool = False,
-                  start_position: tuple[int, int] | None = None) -> Batches:
-    """This rank's micro-batches from `start_batch` (packed: from `start_position` when known) on, prefetched by a
-    background thread (`.wait_seconds` is how long the loop waited for them); pinned torch tensors with
-    `pin_memory` (for a GPU), else numpy arrays."""
-    remasker = None
-    if data.dynamic_masking:
-        remasker = Remasker(vocab_size=vocab_size, mask_id=data.mask_id, max_predictions=data.train.max_predictions,
-                            masked_lm_prob=data.masked_lm_prob)
-    source = RankStream(data, _load(data.train, data.endpoint_url), seed, rank, world, start_batch, remasker,
-                        start_position).positioned()
-    return Batches(_pinned(source) if pin_memory else source, depth=max(4, 2 * data.accum))
+def remasker_for(data: DataConfig, vocab_size: int) -> Remasker | None:
+    if not data.dynamic_masking:
+        return None
+    return Remasker(vocab_size=vocab_size, mask_id=data.mask_id, max_predictions=data.train.max_predictions,
+                    masked_lm_prob=data.masked_lm_prob)
+
+
+def rank_steps(data: DataConfig, vocab_size: int, seed: int, rank: int, world: int, start: int = 0,
+               start_position: tuple[int, int] | None = None) -> Iterator[RankShare]:
+    """Rank `rank` of `world`'s share of every step from global batch `start` on (packed: from `start_position`
+    when known), unprefetched. `data` is the world's geometry (`DataConfig.for_world`)."""
+    batches = global_batches(data, seed, _load(data.train, data.endpoint_url), start, start_position,
+                             remasker_for(data, vocab_size))
+    for batch in batches:
+        yield rank_share(batch, data, rank, world, data.accum)
+
+
+def train_steps(data: DataConfig, vocab_size: int, seed: int, rank: int, world: int, start: int,
+                pin_memory: bool = False, start_position: tuple[int, int] | None = None) -> Steps:
+    """This rank's share of each step from global batch `start` on (packed: from `start_position` when known),
+    prefetched by a background thread; pinned torch tensors with `pin_memory` (for a GPU), else numpy arrays."""
+    source = rank_steps(data, vocab_size, seed, rank, world, start, start_position)
+    return Steps(_pinned(source) if pin_memory else source, depth=2)
+
+
+def train_batches(data: DataConfig, vocab_size: int, seed: int, rank: int = 0, world: int = 1,
+                  start: int = 0) -> Prefetcher:
+    """The micro-batches of `train_steps`, one after another (benchmarks, tools)."""
+    source = (batch for share in rank_steps(data, vocab_size, seed, rank, world, start) for batch in share.micro)
+    return Prefetcher(source, depth=max(4, 2 * data.accum))
 
 
 def eval_rows(ev: EvalConfig, endpoint_url: str | None = None) -> Rows:

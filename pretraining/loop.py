@@ -4,10 +4,13 @@ progress and ETA; the guard's review, which may roll back; evaluation; checkpoin
 CPU or one GPU; the Ray Train worker (`training.launch.ray_worker`) calls the same function with its rank, DDP wrapper,
 checkpoint hooks and row source.
 
-Reproducibility on resume: the data position is the step plus the batches rollbacks skipped (every rank has
-consumed `(step + skipped) * accum` micro-batches of its deterministic stream; a packed stream saves each rank's
-own position), dropout is re-seeded from (seed, rank, step) before each step and dynamic masking from (seed, rank,
-batch index), so a resumed run replays exactly the batches and random draws of an uninterrupted one.
+Reproducibility on resume, on any number of workers: the data order is global (`pretraining.order`: step k trains
+on the same examples whatever the world size; each rank takes its share and accumulation absorbs the rest), the
+data position is the step plus the batches rollbacks skipped (a packed stream: its (window, batch) position), the
+loss is the mean over the global batch, dropout is re-seeded before each micro-batch from (seed, step, the
+micro-batch's first row in the global batch), and dynamic masking is keyed by example. So a resumed run replays
+exactly the batches and random draws of an uninterrupted one, and a run resumed on another world size (an elastic
+run that Ray Train resized) trains the same examples per step; the resize is logged and tagged.
 
 Nothing in a step reads a device value on the host: metrics stay in `MetricSums` on the device and are reduced
 across ranks and read only every `log_every` steps (and at the end); the guard's per-step records are read at the
@@ -35,6 +38,7 @@ from pretraining import compile as compile_mod
 from pretraining import kernel_options
 from pretraining import loader as data_mod
 from pretraining import memory
+from pretraining import order
 from training.checkpoint import load_train_state, write_checkpoint
 from pretraining.config import PretrainConfig
 from training.guard import (Divergence, Guard, StepLog, TrainingDiverged, advice, model_and_optimizer_tensors,
@@ -132,7 +136,11 @@ class _Run:
     eval_rows: object | None
     warmup: int
     compiled: bool = False
+    data: object = None  # config.data for this world size (`DataConfig.for_world`)
     batches: object = None
+    position: object = None  # the stream position after the last step taken
+    seen: dict = field(default_factory=dict)  # step -> the global batch's example ids, since the last review
+    digests: dict = field(default_factory=dict)  # step -> its batch's digest, since the last checkpoint (rank 0)
     executed: int = 0  # steps run by this process (the warm-up exclusion counts these)
     step_log: StepLog = field(default_factory=StepLog)
     sums: MetricSums = field(default_factory=MetricSums)
@@ -182,6 +190,7 @@ def _steps(run: _Run, result: FitResult, log_every: int, eval_every: int) -> Non
                     metrics, _ = _reduce_window(run, out)
                 _roll_back(run, result, divergence, metrics)  # or raise TrainingDiverged
                 continue
+            run.seen.clear()  # reviewed: none of these batches will be skipped
             if metrics:
                 metrics.update(run.guard.window_metrics())
         if run.eval_rows is not None and ((eval_every and run.step % eval_every == 0) or last):
@@ -212,13 +221,14 @@ def _steps(run: _Run, result: FitResult, log_every: int, eval_every: int) -> Non
 def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> _Run:
     """The model, optimizer and schedule (from the latest checkpoint when there is one), compiled if asked, and
     this rank's batches from the data position; the tracker on rank 0."""
-    rt, opt_cfg, data = config.runtime, config.optimizer, config.data
+    rt, opt_cfg = config.runtime, config.optimizer
+    data = config.data.for_world(worker.world_size)  # this world's micro-batch and accumulation; the same order
     bf16 = rt.precision == "bf16" or (rt.precision == "auto" and device.type == "cuda")
     autocast_dtype = torch.bfloat16 if bf16 else None
     compile_model = rt.compile if rt.compile is not None else device.type == "cuda"
-    _check_memory(config, worker, device)
+    _check_memory(config, data, worker, device)
     guard = Guard(config.guard)
-    step, packed_position = 0, None
+    step, packed_position, resized = 0, None, None
     latest = worker.checkpoints.latest() if worker.checkpoints is not None else contextlib.nullcontext(None)
     with latest as ckpt_dir:
         ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
@@ -237,11 +247,7 @@ def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> _Ru
             state = load_train_state(ckpt_dir, optimizer, scheduler)
             step = int(state["step"])
             guard.load_state_dict(state.get("guard", {}))
-            packed_position = data_mod.rank_position(state["data_position"], worker.rank, worker.world_size)
-            if (state["world_size"], state["micro_batch_size"], state["accum"], state["seed"]) != (
-                    worker.world_size, data.micro_batch_size, data.accum, rt.seed):
-                log.warning("resuming with a different world size / batch geometry / seed than the checkpoint's: "
-                            "training continues, but not on the exact batch sequence of the original run")
+            packed_position, resized = _resume_position(state, data, rt.seed, worker)
             if worker.rank == 0:
                 log.info("resumed from %s at step %d", ckpt_dir, step)
 
@@ -259,6 +265,10 @@ def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> _Ru
         tracker = worker.make_tracker(config.tracking.system_metrics)
     if step:
         tracker.set_tag("resumed_from_step", str(step))  # visible proof of a resume in the UI
+    if resized:
+        tracker.set_tag(f"resize.step_{step}", resized)
+    # The geometry of this (re)start, charted (and at every log step): an elastic run's resizes show as steps.
+    tracker.log(_geometry(worker, data), step)
     warmup = rt.exclude_steps if rt.exclude_steps is not None else (rt.compile_warmup_steps if compile_model else 0)
     run = _Run(config=config, worker=worker, device=device, raw=raw, model=model, optimizer=optimizer,
                scheduler=scheduler, initial_state=initial, autocast_dtype=autocast_dtype, step=step,
@@ -266,20 +276,40 @@ def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> _Ru
                progress=Progress(config.max_steps, rt.max_seconds, on_cpu=device.type == "cpu",
                                  slow_advice=SLOW_ON_CPU, first_step=step),
                vocab_text=_read_vocab(config) if worker.rank == 0 else None, peak=peak_flops(device, rt.peak_flops),
-               eval_rows=data_mod.eval_rows(config.eval, config.data.endpoint_url) if config.eval is not None else None, warmup=warmup,
-               compiled=compile_model)
+               eval_rows=data_mod.eval_rows(config.eval, config.data.endpoint_url) if config.eval is not None else None,
+               warmup=warmup, compiled=compile_model, data=data, position=packed_position)
     # The data position: every step so far plus the batches rollbacks skipped (a packed stream: its own position).
-    run.batches = data_mod.train_batches(data, raw.config.vocab_size, rt.seed, worker.rank, worker.world_size,
-                                         (step + guard.skipped_batches) * data.accum,
-                                         pin_memory=device.type == "cuda", start_position=packed_position)
+    run.batches = data_mod.train_steps(data, raw.config.vocab_size, rt.seed, worker.rank, worker.world_size,
+                                       step + guard.skipped_batches, pin_memory=device.type == "cuda",
+                                       start_position=packed_position)
     _new_window(run)
     return run
 
 
-def _check_memory(config: PretrainConfig, worker: Worker, device: torch.device) -> None:
-    """Fail in seconds, naming the flag, when the micro-batch cannot fit in this worker's memory (the smallest
-    budget of all ranks, so every rank reaches the same verdict)."""
-    data = config.data
+def _resume_position(state: dict, data: data_mod.DataConfig, seed: int, worker: Worker,
+                     ) -> tuple[tuple[int, int] | None, str | None]:
+    """The packed stream's position from a checkpoint (None: not packed, or not saved), and a line saying how the
+    world size changed since it was written (None: it did not). A checkpoint of another data order (dataset,
+    batch, seed, bucketing or packing changed) is warned about: training continues, on other examples per step."""
+    position = state["data_position"]
+    if position.get("order") != order.order_key(data, seed) and worker.rank == 0:
+        log.warning("resuming with another data order than the checkpoint's (the dataset, --batch-size, --seed, "
+                    "bucketing or packing changed): training continues, but not on the examples the original run "
+                    "would have trained at each step")
+    packed = position.get("packed_position")
+    resized = None
+    if state["world_size"] != worker.world_size:
+        resized = (f"step {state['step']}: {state['world_size']} -> {worker.world_size} workers, accumulation "
+                   f"{state['accum']} -> {data.accum}, micro-batch {state['micro_batch_size']} -> "
+                   f"{data.micro_batch_size} (global batch {data.batch_size}, the same data order)")
+        if worker.rank == 0:
+            log.info("resized at %s", resized)
+    return (tuple(packed) if packed else None), resized
+
+
+def _check_memory(config: PretrainConfig, data: data_mod.DataConfig, worker: Worker, device: torch.device) -> None:
+    """Fail in seconds, naming the flag, when this world's micro-batch cannot fit in this worker's memory (the
+    smallest budget of all ranks, so every rank reaches the same verdict)."""
     budget = (int(config.memory.budget_gb * memory.GIB) if config.memory.budget_gb else
               memory.available_bytes(device, worker.local_world_size))
     budget = int(_all_reduce_host(torch.tensor([float(budget)], dtype=torch.float64), op="min")[0])
@@ -298,12 +328,17 @@ def _new_window(run: _Run) -> None:
 # ---- the step and its window -------------------------------------------------------------------------------------
 
 def _train_step(run: _Run) -> dict:
-    data, rt = run.config.data, run.config.runtime
-    micro = [to_device(next(run.batches), run.device) for _ in range(data.accum)]
-    torch.manual_seed(seed_for("dropout", rt.seed, run.worker.rank, run.step) % 2**63)
+    rt = run.config.runtime
+    share = next(run.batches)
+    micro = [to_device(batch, run.device) for batch in share.micro]
     out = train_step(run.model, run.optimizer, micro, scheduler=run.scheduler,
                      max_grad_norm=run.config.optimizer.max_grad_norm, autocast_dtype=run.autocast_dtype,
-                     sums=run.sums)
+                     sums=run.sums, totals=share.batch.totals, world=run.worker.world_size,
+                     seeds=[seed_for("dropout", rt.seed, run.step, first) for first in share.starts])
+    run.position = share.batch.position
+    run.seen[run.step + 1] = share.batch.examples  # named by the guard if this step's batch is skipped
+    if run.worker.rank == 0:
+        run.digests[run.step + 1] = order.digest(share.batch.examples)
     run.step += 1
     run.executed += 1
     if run.executed == 1 and run.worker.rank == 0:
@@ -332,7 +367,7 @@ def _reduce_window(run: _Run, out: dict) -> tuple[dict[str, float], bool]:
                                          dtype=torch.float64))
     metrics = total.summary()
     metrics.update(learning_rate=float(out["learning_rate"]), grad_norm=float(out["grad_norm"]),
-                   nonfinite_batches=total.nonfinite)
+                   nonfinite_batches=total.nonfinite, **_geometry(run.worker, run.data))
     if counted.sequences > 0:  # a window of warm-up steps only has no throughput to show
         seconds, wait = float(host[1]) / world, float(host[0]) / world
         metrics.update(throughput(counted, seconds, wait, run.raw.config, run.peak, world))
@@ -342,7 +377,7 @@ def _reduce_window(run: _Run, out: dict) -> tuple[dict[str, float], bool]:
 
 
 def _evaluate(run: _Run) -> dict[str, float]:
-    cfg, data = run.config, run.config.data
+    cfg, data = run.config, run.data
     t_eval = time.perf_counter()
     counts: list[torch.Tensor] = []  # the eval labels' token counts: the most frequent token's share is the
     #                                   accuracy of a model that always predicts it (what a stuck MLM scores)
@@ -380,13 +415,18 @@ def _top_share(counts: list[torch.Tensor]) -> float:
 
 
 QUIET_WHEN_ZERO = ("nonfinite_batches", "nonfinite_steps", "loss_spikes", "rollbacks", "skipped_batches")
+GEOMETRY = ("world_size", "grad_accumulation_steps", "micro_batch_size")  # charted, not in the log line
+
+
+def _geometry(worker: Worker, data: data_mod.DataConfig) -> dict[str, float]:
+    return dict(zip(GEOMETRY, (worker.world_size, data.accum, data.micro_batch_size)))
 
 
 def _record(run: _Run, result: FitResult, metrics: dict[str, float], step: int | None = None) -> None:
     """Log line and tracker on rank 0 (the guard's counters always go to the tracker, into the line when not 0)."""
     step = run.step if step is None else step
     if run.worker.rank == 0:
-        shown = {k: v for k, v in metrics.items() if not (k in QUIET_WHEN_ZERO and v == 0)}
+        shown = {k: v for k, v in metrics.items() if not (k in QUIET_WHEN_ZERO and v == 0) and k not in GEOMETRY}
         log.info("%s %s", run.progress.describe(step), " ".join(f"{k}={v:.4g}" for k, v in sorted(shown.items())))
         run.tracker.log(metrics, step)
         result.history.append((step, metrics))
@@ -409,6 +449,9 @@ def _roll_back(run: _Run, result: FitResult, divergence: Divergence, metrics: di
     cfg, opt = run.config, run.config.optimizer
     tips = advice(opt.lr, opt.max_grad_norm, opt.warmup_steps, cfg.model.bert.hidden_size)
     at = run.step
+    culprit = _examples_of(run, divergence.step)
+    run.seen.clear()
+    run.digests.clear()  # the steps after the checkpoint rolled back to will be trained again, on other batches
 
     def record() -> None:
         _record(run, result, {**metrics, **run.guard.window_metrics()}, at)
@@ -416,7 +459,7 @@ def _roll_back(run: _Run, result: FitResult, divergence: Divergence, metrics: di
     if run.guard.rollbacks >= cfg.guard.max_rollbacks:
         record()
         message = (f"training diverged at step {divergence.step}: {divergence.reason}, after {run.guard.rollbacks} "
-                   f"rollbacks that skipped {run.guard.skipped_batches} steps' batches; {tips}")
+                   f"rollbacks that skipped {run.guard.skipped_batches} steps' batches; {culprit}; {tips}")
         run.tracker.set_tag("guard.diverged", message[:5000])
         raise TrainingDiverged(message)
     latest = run.worker.checkpoints.latest() if run.worker.checkpoints is not None else contextlib.nullcontext(None)
@@ -425,13 +468,25 @@ def _roll_back(run: _Run, result: FitResult, divergence: Divergence, metrics: di
     run.guard.rolled_back(run.step, at)
     what = (f"step {divergence.step}: {divergence.reason}; rolled back to step {run.step} "
             f"({'its checkpoint' if run.step else 'the initial weights'}), skipping the batches of steps "
-            f"{run.step + 1}-{at} (rollback {run.guard.rollbacks} of at most {cfg.guard.max_rollbacks})")
+            f"{run.step + 1}-{at} (rollback {run.guard.rollbacks} of at most {cfg.guard.max_rollbacks}); {culprit}")
     if run.worker.rank == 0:
         log.warning("%s", what)
     run.tracker.set_tag(f"guard.rollback.{run.guard.rollbacks}", what[:5000])
     record()
     run.tracker.rewind(run.step)
     _new_window(run)  # the stream goes on: its position is already past every batch seen since the checkpoint
+
+
+def _examples_of(run: _Run, step: int) -> str:
+    """The examples of a step's global batch, named for the log (spike forensics). Called before the rollback is
+    counted: the batch's number in the data order is the step plus the batches earlier rollbacks skipped."""
+    ids, batch = run.seen.get(step), step + run.guard.skipped_batches
+    name = (run.worker.tracking.run_name if run.worker.tracking else "") or "RUN"
+    replay = f"`python -m pretraining.batches --run STORAGE/{name} --step {batch} --text`"
+    if ids is None:
+        return f"step {step}'s batch (batch {batch} of the data order): {replay} prints it"
+    return (f"step {step}'s batch was the examples (shard:row) {order.describe(ids)}, digest {order.digest(ids)} "
+            f"({replay} prints them)")
 
 
 def _restore(run: _Run, ckpt_dir: Path | None) -> None:
@@ -460,20 +515,26 @@ def _save_checkpoint(run: _Run, result: FitResult, metrics: dict[str, float], la
         if run.worker.rank == 0:
             log.warning("step %d: checkpoint deferred while the loss is non-finite or spiking", run.step)
         return
-    cfg, data, rt, at = run.config, run.config.data, run.config.runtime, run.step
-    positions = data_mod.gather_positions(run.batches)  # every rank takes part
+    cfg, data, rt, at = run.config, run.data, run.config.runtime, run.step
+    digests, run.digests = run.digests, {}
 
     def write(directory: Path) -> None:
         write_checkpoint(directory, run.raw, run.optimizer, run.scheduler, vocab_text=run.vocab_text,
                          do_lower_case=cfg.checkpoint.do_lower_case, extra={
             "step": at, "world_size": run.worker.world_size, "micro_batch_size": data.micro_batch_size,
             "accum": data.accum, "seed": rt.seed,
-            "data_position": {"micro_batches_per_rank": (at + run.guard.skipped_batches) * data.accum,
-                              "skipped_batches": run.guard.skipped_batches, "packed_positions": positions,
+            # The position in the global order (pretraining.order), the same for every rank and world size.
+            "data_position": {"global_batches": at + run.guard.skipped_batches,
+                              "skipped_batches": run.guard.skipped_batches,
+                              "packed_position": list(run.position) if data.packing and run.position else None,
+                              "batch_size": data.batch_size, "order": order.order_key(data, rt.seed),
                               "dataset_config_hash": data.train.config_hash},
+            # What these weights were trained on since the previous checkpoint: each step's batch digest, as
+            # `python -m pretraining.batches` prints it (an elastic run's checkpoints together hold every step).
+            "data_digests": {str(k): v for k, v in sorted(digests.items())},
             "guard": run.guard.state_dict(),
-            "rng": "dropout: torch.manual_seed(sha256('dropout', seed, rank, step)) before each step; dynamic "
-                   "masking: numpy Generator(sha256('remask', seed, rank, micro-batch index))",
+            "rng": "dropout: torch.manual_seed(blake2b('dropout', seed, step, the micro-batch's first row in the "
+                   "global batch)) before each micro-batch; dynamic masking: keyed by (seed, example id, epoch)",
             "mlflow_run_id": run.worker.tracking.run_id if run.worker.tracking else None,
             "run_name": run.worker.tracking.run_name if run.worker.tracking else "",
             "config": dataclasses.asdict(cfg),

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 import torch
 
 from bert_core.config import BertConfig
+from pretraining.loader import batch_geometry
 from training.model_size import parameter_count, ram_available
 from training.worker import Verdict
 
@@ -308,3 +309,16 @@ def micro_batch_for(bert: BertConfig, per_worker: tuple[int, int], width: int, m
                     "--micro-batch-size to choose", requested or batch, width, gib(budget), chosen.micro_batch,
                     chosen.accum)
     return chosen.micro_batch, chosen.accum
+
+
+def plan_for_workers(bert: BertConfig, batch_size: int, workers: tuple[int, int], width: int, max_predictions: int,
+                     *, use_gpu: bool, budget_gb: float | None, requested: int | None,
+                     model_name: str) -> tuple[int, int]:
+    """A job's (micro-batch, accumulation) for a run on `workers` = (fewest, most) workers: `micro_batch_for` the
+    fewest (the largest share of each step), with the memory each has when the most share a machine. An elastic
+    run's other world sizes take micro-batches no larger (`pretraining.loader.DataConfig.for_world`), so the plan
+    holds for each of them."""
+    fewest, most = workers
+    geometry = batch_geometry(batch_size, fewest, requested, most)
+    return micro_batch_for(bert, geometry, width, max_predictions, workers=most, use_gpu=use_gpu,
+                           budget_gb=budget_gb, requested=geometry[0] if requested else None, model_name=model_name)

@@ -5,14 +5,16 @@ for our corpora); packing fills each (W)-position row with up to S whole sequenc
 one static shape (B, W) and `torch.compile` compiles once. The model keeps each sequence exactly BERT
 (`bert_core.packing`: positions restart, attention stays inside each sequence, NSP at each [CLS]).
 
-How rows are packed, reproducibly: the rank's stream is cut into windows of `window_rows` rows; a window is packed
-on its own (best-fit decreasing on length: longest rows first, each into the open packed row it fills most tightly,
-ties broken by a seeded draw; at most S sequences and P masked slots per packed row), the packed rows are shuffled
-(seeded by (seed, rank, window)) and cut into micro-batches of B. The last micro-batch of a window is completed with
-empty packed rows (lengths 0, no labels), which counts as padding. No row is dropped or split.
+How rows are packed, reproducibly: the global stream (`pretraining.order`) is cut into windows of `window_rows`
+rows; a window is packed on its own (best-fit decreasing on length: longest rows first, each into the open packed
+row it fills most tightly, ties broken by a seeded draw; at most S sequences and P masked slots per packed row), the
+packed rows are shuffled (seeded by (seed, window)) and cut into global batches of B packed rows, which the ranks
+share. The last batch of a window is completed with empty packed rows (lengths 0, no labels), which counts as
+padding. No row is dropped or split. Every worker packs every window the same way, whatever their number.
 
-Resume: the stream position is (window, micro-batches consumed in it). The loop saves it in the checkpoint; a run
-resumed without it re-packs the windows from the start of its stream to find it (exact, but reads the data again).
+Resume: the stream position is (window, batches consumed in it), the same on every rank and for every world size.
+The loop saves it in the checkpoint; a run resumed without it re-packs the windows from the start of the stream to
+find it (exact, but reads the data again).
 
 A micro-batch is a dict of int64 numpy arrays:
     input_ids, token_type_ids, attention_mask (B, W)   attention_mask: 1 at real tokens (for metrics; the model
@@ -132,25 +134,27 @@ def collate_packed(rows, packs: list[np.ndarray], batch_rows: int, cfg: PackConf
     }
 
 
-def packed_micro_batches(windows: Iterable, cfg: PackConfig, batch_rows: int, seed_of, first_window: int = 0,
-                         skip: int = 0, pad_id: int = 0, remask=None) -> Iterator[tuple[dict, tuple[int, int]]]:
-    """Packed micro-batches from an iterable of windows (`Rows` of `cfg.window_rows` rows, window `first_window`
-    first), each with the stream position after it: (window, micro-batches consumed in it).
+def packed_batches(windows: Iterable, cfg: PackConfig, batch_size: int, seed_of, first_window: int = 0,
+                   skip: int = 0, remask=None) -> Iterator[tuple[object, list[np.ndarray], tuple[int, int]]]:
+    """The global batches of packed rows from an iterable of windows (`Rows` of `cfg.window_rows` rows, window
+    `first_window` first): (the window's rows, the batch's packed rows as index arrays into them (at most
+    `batch_size`; the last batch of a window is short, completed with empty packed rows when collated), the stream
+    position after the batch: (window, batches taken in it)).
 
-    The first `skip` micro-batches are dropped, across windows if need be (resume: a saved position's count, or
-    the whole count from window 0 when none was saved; skipped windows are packed but not collated).
-    `seed_of(name, window)` derives the seeds; `remask(rows, rng)`, optional, redraws the masks of a window's rows
-    before it is packed (the packing depends on the masked counts)."""
+    The first `skip` batches are dropped, across windows if need be (resume: a saved position's count, or the whole
+    count from window 0 when none was saved; skipped windows are packed but not collated). `seed_of(name, window)`
+    derives the seeds; `remask(rows)`, optional, redraws the masks of a window's rows before it is packed (the
+    packing depends on the masked counts)."""
     for w, rows in enumerate(windows, start=first_window):
         if remask is not None:
-            rows = remask(rows, np.random.default_rng(seed_of("remask-window", w)))
+            rows = remask(rows)
         rng = np.random.default_rng(seed_of("pack", w))
         packs = pack(rows.lengths, np.diff(rows.pos_off), cfg, rng)
         packs = [packs[i] for i in rng.permutation(len(packs))]
-        batches = [packs[i:i + batch_rows] for i in range(0, len(packs), batch_rows)]
+        batches = [packs[i:i + batch_size] for i in range(0, len(packs), batch_size)]
         first, skip = min(skip, len(batches)), max(0, skip - len(batches))
         for j in range(first, len(batches)):
-            yield collate_packed(rows, batches[j], batch_rows, cfg, pad_id), (w, j + 1)
+            yield rows, batches[j], (w, j + 1)
 
 
-__all__ = ["PackConfig", "pack", "collate_packed", "packed_micro_batches"]
+__all__ = ["PackConfig", "pack", "collate_packed", "packed_batches"]

@@ -1,9 +1,11 @@
-"""One pre-training job, as `jobs/pretrain.py` and the workflow run it: check where it will write, open (or resume)
-its MLflow run, launch the training (Ray Train workers, or this process), export the final model, end the run.
+"""One pre-training job, as `jobs/pretrain.py` and the workflow run it: the steps of `training.job.run_job` (check
+where it will write, open or resume its MLflow run, launch the training on Ray Train workers or in this process,
+export the final model, diagnose a collapse, end the run) with pre-training's parts.
 
 The run is found again by its checkpoint folder (`--storage`/`--run-name`, the `bert.run_checkpoints` tag): running
 the same job again with the same storage and run name resumes from its last checkpoint into the same MLflow run.
-One job at a time: the folder's writer lease (pipeline/safe_io/lease.py) is held from before that lookup until the run ends.
+One job at a time: the folder's writer lease (pipeline/safe_io/lease.py) is held from before that lookup until the
+run ends.
 Its params are the command line as given plus the flattened `PretrainConfig` (the one `asdict` the checkpoints hold
 too).
 """
@@ -15,27 +17,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.schema import read_manifest
-from training import launch as launcher
-from training.checkpoint import MODEL_DIR
 from pretraining.config import PretrainConfig
 from pretraining.loop import STOPPED_TAG, fit
-from training.export import PRETRAIN_LINEAGE, check_destination, export_model, read_lineage
-from training.launch import LaunchConfig
-from tracking.config import RunRef
-from tracking.runs import RUN_NAME_TAG, metric_history, open_run, run_metrics, run_tags
-from training.collapse import mlm_check
-from training.defaults import default_lr
-from tracking.store import DEFAULT_EXPERIMENT, check_tracking_reachable
-from tracking.params import flatten_params
 from tracking.datasets import log_dataset
 from tracking.lineage import pretraining_lineage
+from tracking.params import flatten_params
+from tracking.runs import RUN_NAME_TAG, Run, metric_history, run_metrics, run_tags
+from tracking.store import DEFAULT_EXPERIMENT
+from training.collapse import Collapse, mlm_check
+from training.defaults import default_lr
+from training.export import PRETRAIN_LINEAGE, read_lineage
+from training.job import JobParts, Prepared, run_job
+from training.launch import LaunchConfig
 
 log = logging.getLogger(__name__)
-
-# The tag a rerun finds its MLflow run by: the run's checkpoint folder (`<storage>/<run-name>`, made absolute), the
-# thing its writer lease covers. Not the run name alone: two jobs with one --run-name and different --storage are
-# two runs, and the second must not write into the first's MLflow run.
-RUN_KEY_TAG = "bert.run_checkpoints"
 
 # The figures a finished job reports on its last line (and the workflow puts on its summary). Throughput is the
 # run's steady mean (compile warm-up excluded: `run_*`), not the last logging window's.
@@ -53,6 +48,10 @@ class PretrainJob:
     parent_run_id: str | None = None
     export: str | None = None  # where the final model goes (local folder or URL); None: the MLflow artifact only
     flags: Mapping[str, Any] = field(default_factory=dict)  # the command line as given, logged beside the config
+
+    def __post_init__(self) -> None:
+        for world in range(self.launch.fewest_workers, self.launch.num_workers + 1):
+            self.config.data.for_world(world)  # every world size the run may get shares the batch, or says the fix
 
 
 @dataclass(frozen=True)
@@ -78,11 +77,12 @@ def params_of(job: PretrainJob) -> dict[str, Any]:
             "micro_batch_size_resolved": data.micro_batch_size, "grad_accumulation_steps": data.accum}
 
 
-def tags_of(job: PretrainJob, checkpoints: str) -> dict[str, str]:
+def tags_of(job: PretrainJob) -> dict[str, str]:
+    """The run's tags (its checkpoint folder's, `training.job.RUN_KEY_TAG`, is the skeleton's)."""
     train, ev, init = job.config.data.train, job.config.eval, job.config.model.init
-    tags = {RUN_NAME_TAG: job.launch.name, RUN_KEY_TAG: job.launch.run_url, "job": "pretrain",
-            "dataset.url": train.url, "dataset.manifest_sha256": train.sha256, "dataset.config_hash": train.config_hash,
-            "dataset.vocab_sha256": train.vocab.sha256, "storage": checkpoints}
+    tags = {RUN_NAME_TAG: job.launch.name, "job": "pretrain", "dataset.url": train.url,
+            "dataset.manifest_sha256": train.sha256, "dataset.config_hash": train.config_hash,
+            "dataset.vocab_sha256": train.vocab.sha256}
     if ev is not None:
         tags.update({"eval_dataset.url": ev.data.url, "eval_dataset.manifest_sha256": ev.data.sha256})
     if init:
@@ -94,9 +94,10 @@ def tags_of(job: PretrainJob, checkpoints: str) -> dict[str, str]:
     return tags
 
 
-def log_inputs(job: PretrainJob, run_id: str) -> None:
+def log_inputs(job: PretrainJob, run: Run) -> None:
     """The datasets the run reads, as MLflow dataset inputs ("training", "eval"): the same name and digest as the
-    build's run logged for its output, so the UI shows which build a model was trained on."""
+    build's run logged for its output, so the UI shows which build a model was trained on; and the run's lineage
+    links (tracking.lineage: the build's run, the model it starts from, where the model goes)."""
     sets = {"training": job.config.data.train, "eval": job.config.eval.data if job.config.eval else None}
     for context, read in sets.items():
         if read is not None:
@@ -104,42 +105,41 @@ def log_inputs(job: PretrainJob, run_id: str) -> None:
             if now.sha256 != read.sha256:
                 raise ValueError(f"{read.url}: the dataset changed after this job read it (its manifest's "
                                  "digest differs); run the job again")
-            log_dataset(job.tracking_uri, run_id, read, context)
+            log_dataset(job.tracking_uri, run.run_id, read, context)
+    pretraining_lineage(job.tracking_uri, run.run_id, job.config.data.train, sets["eval"], job.export,
+                        job.config.model.init)
+
+
+def _results(job: PretrainJob, run: Run) -> tuple[dict[str, float], str | None]:
+    """The KEY_METRICS the run logged last (throughput: the run's mean) and its `stopped_by` tag."""
+    metrics = run_metrics(job.tracking_uri, run.run_id)
+    metrics |= {k: metrics[mean] for k, mean in RUN_MEAN.items() if mean in metrics}
+    return {k: metrics[k] for k in KEY_METRICS if k in metrics}, run_tags(job.tracking_uri, run.run_id).get(STOPPED_TAG)
 
 
 def run_pretraining(job: PretrainJob) -> JobResult:
-    """The whole job. ValueError (before any work: an unreachable tracking server, an export that cannot be
-    written, a bad --parent-run-id) says what to fix."""
-    check_tracking_reachable(job.tracking_uri)
-    if job.export:
-        check_destination(job.export, job.launch.endpoint_url)  # a missing bucket fails now, not after training
-    launch = job.launch
-    checkpoints = str(launch.local_directory) if launch.no_ray else f"{launch.storage.rstrip('/')}/{launch.name}"
-    # One job per run folder (storage and run name): its lease is held from before the run is looked up (a second
-    # job would find and write into this job's MLflow run) until the run has ended.
-    with launch.writer_lease("pre-training run"):
-        run = open_run(job.tracking_uri, job.experiment, launch.name, params=params_of(job),
-                       tags=tags_of(job, checkpoints), parent_run_id=job.parent_run_id, resume_by=RUN_KEY_TAG)
-        with run.ending():
-            log_inputs(job, run.run_id)
-            pretraining_lineage(job.tracking_uri, run.run_id, job.config.data.train,
-                                job.config.eval.data if job.config.eval else None, job.export, job.config.model.init)
-            with launcher.run(fit, job.config, launch,
-                              tracking=RunRef(job.tracking_uri, run.run_id, launch.name)) as final_checkpoint:
-                export_model(final_checkpoint / MODEL_DIR, job.export, run, PRETRAIN_LINEAGE, launch.endpoint_url)
-    metrics = run_metrics(job.tracking_uri, run.run_id)
-    metrics |= {k: metrics[mean] for k, mean in RUN_MEAN.items() if mean in metrics}
-    stopped = run_tags(job.tracking_uri, run.run_id).get(STOPPED_TAG)
+    """The whole job (`training.job.run_job`'s steps). ValueError (before any work: an unreachable tracking
+    server, an export that cannot be written, a bad --parent-run-id) says what to fix."""
+    cfg = job.config
+    done = run_job(JobParts(
+        what="pre-training run", fit=fit, config=cfg, launch=job.launch, tracking_uri=job.tracking_uri,
+        experiment=job.experiment, lineage=PRETRAIN_LINEAGE, destination=job.export, resume=True,
+        prepare=lambda: Prepared(params_of(job), tags_of(job), job.parent_run_id),
+        log_inputs=lambda run: log_inputs(job, run), diagnose=lambda run, _: diagnose(job, run)))
+    metrics, stopped = _results(job, done.run)
+    return JobResult(done.run.run_id, done.checkpoints, job.export, metrics, stopped,
+                     done.collapse.message if done.collapse else None)
+
+
+def diagnose(job: PretrainJob, run: Run) -> Collapse | None:
+    """A collapsed MLM (training.collapse.mlm_check), for the skeleton's WARNING and `collapse` tag; a run still
+    learning near its baseline is a note in the log, not a warning."""
     data, width = job.config.data, job.config.model.bert.hidden_size
-    found = mlm_check(metrics, metric_history(job.tracking_uri, run.run_id, "mlm_loss"), lr=job.config.optimizer.lr,
-                      default_lr=default_lr(width, "pretrain"), max_steps=job.config.max_steps,
-                      sequences_per_step=data.micro_batch_size * data.accum * launch.num_workers,
+    found = mlm_check(run_metrics(job.tracking_uri, run.run_id), metric_history(job.tracking_uri, run.run_id,
+                      "mlm_loss"), lr=job.config.optimizer.lr, default_lr=default_lr(width, "pretrain"),
+                      max_steps=job.config.max_steps, sequences_per_step=data.batch_size,
                       seq_len_histogram=data.train.seq_len_histogram)
-    if found is not None and not found.collapsed:  # learning, near its baseline yet: a note, not a warning
+    if found is not None and not found.collapsed:
         log.info("%s", found.message)
-        found = None
-    if found is not None:
-        log.warning("%s", found.message)
-        run.set_tags({"collapse": found.figure})
-    return JobResult(run.run_id, checkpoints, job.export, {k: metrics[k] for k in KEY_METRICS if k in metrics},
-                     stopped, found.message if found else None)
+        return None
+    return found

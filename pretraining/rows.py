@@ -24,7 +24,9 @@ def _gather_ragged(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray) -> 
 
 @dataclass
 class Rows:
-    """A run of dataset rows, columnar. Ragged columns are flat `*_values` arrays with `(n + 1,)` offsets."""
+    """A run of dataset rows, columnar. Ragged columns are flat `*_values` arrays with `(n + 1,)` offsets. Rows of
+    the training stream also carry each row's example id (`pretraining.order.example_id`: shard and row) and the
+    epoch it is read in; rows read otherwise (evaluation, tests) have None there."""
 
     ids: np.ndarray
     ids_off: np.ndarray
@@ -33,6 +35,8 @@ class Rows:
     pos_off: np.ndarray
     lab: np.ndarray
     nsp: np.ndarray
+    example: np.ndarray | None = None
+    epoch: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.a_length)
@@ -77,7 +81,8 @@ class Rows:
         ids, ids_off = _gather_ragged(self.ids, self.ids_off, idx)
         pos, pos_off = _gather_ragged(self.pos, self.pos_off, idx)
         lab, _ = _gather_ragged(self.lab, self.pos_off, idx)
-        return Rows(ids, ids_off, self.a_length[idx], pos, pos_off, lab, self.nsp[idx])
+        return Rows(ids, ids_off, self.a_length[idx], pos, pos_off, lab, self.nsp[idx],
+                    None if self.example is None else self.example[idx], None if self.epoch is None else self.epoch[idx])
 
     def slice(self, start: int, stop: int) -> "Rows":
         return self.take(np.arange(start, stop))
@@ -94,10 +99,14 @@ class Rows:
                 base += o[-1]
             return np.concatenate(out)
 
+        def ids(name: str) -> np.ndarray | None:
+            columns = [getattr(p, name) for p in parts]
+            return None if any(c is None for c in columns) else np.concatenate(columns)
+
         return Rows(np.concatenate([p.ids for p in parts]), offs([p.ids_off for p in parts]),
                     np.concatenate([p.a_length for p in parts]), np.concatenate([p.pos for p in parts]),
                     offs([p.pos_off for p in parts]), np.concatenate([p.lab for p in parts]),
-                    np.concatenate([p.nsp for p in parts]))
+                    np.concatenate([p.nsp for p in parts]), ids("example"), ids("epoch"))
 
 
 def read_shard(url: str, storage_options: dict | None = None) -> Rows:

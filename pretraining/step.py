@@ -3,10 +3,13 @@
 The Ray Train worker and `pretraining.loop.fit` call these once per optimizer step; tests call them on CPU with a tiny
 config and no process group. Nothing here knows about Ray, MLflow or storage.
 
-Loss weighting under accumulation: the MLM loss of the step is the mean over *all* masked tokens of the rank's
-micro-batches (each micro-batch's mean is weighted by its share of masked tokens), the NSP loss the mean over all
-its sequences. So accumulating k micro-batches gives the same gradient as one batch k times larger (up to float
-rounding), whatever the number of masks per row. Across ranks DDP averages, as usual.
+Loss weighting: the MLM loss of the step is the mean over *all* masked tokens of the step's global batch (each
+micro-batch's mean weighted by its share of them), the NSP loss the mean over all its sequences. The loader knows
+the global batch's totals (`pretraining.order.GlobalBatch.totals`), so each rank weights its micro-batches by their
+share of the global batch, times the world size (DDP averages over ranks). The gradient is then the same whether the
+batch is split over 1 worker with k micro-batches or k workers with one (up to float rounding), whatever the number
+of masks per row or the rows per rank. Without totals the weights are the rank's own shares (the mean over its
+micro-batches, then DDP's average).
 
 No host reads of device tensors inside a step: the MLM weights are computed as tensors on the device (the masked
 counts are data, reading them with int() would wait for the GPU every micro-batch), metrics accumulate into
@@ -43,12 +46,16 @@ def forward(model: nn.Module, batch: dict[str, torch.Tensor], autocast_dtype: to
         )
 
 
-def micro_weights(micro_batches: Sequence[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+def micro_weights(micro_batches: Sequence[dict[str, torch.Tensor]], totals: tuple[int, int] | None = None,
+                  world: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(MLM weights, NSP weights) as device tensors: each micro-batch's share of the step's masked tokens and of
-    its labelled sequences (packed micro-batches have unused places labelled -100). Both counts are data, read
-    on the device."""
+    its labelled sequences (packed micro-batches have unused places labelled -100); of the global batch's
+    `totals` (masked tokens, labelled sequences) times `world` when given, else of this rank's micro-batches. The
+    counts are data, read on the device; the totals are the loader's host numbers."""
     mlm = torch.stack([(b["masked_lm_labels"] != IGNORE_INDEX).sum() for b in micro_batches]).float()
     nsp = torch.stack([(b["next_sentence_label"] != IGNORE_INDEX).sum() for b in micro_batches]).float()
+    if totals is not None:
+        return mlm * (world / max(totals[0], 1)), nsp * (world / max(totals[1], 1))
     return mlm / mlm.sum().clamp(min=1), nsp / nsp.sum().clamp(min=1)
 
 
@@ -61,20 +68,27 @@ def train_step(
     max_grad_norm: float = 1.0,
     autocast_dtype: torch.dtype | None = None,
     sums: MetricSums | None = None,
+    totals: tuple[int, int] | None = None,
+    world: int = 1,
+    seeds: Sequence[int] | None = None,
 ) -> dict[str, float | torch.Tensor]:
     """One pre-training step: forward/backward over the micro-batches (DDP gradient sync only on the last), clip,
     step (skipped when the gradient is non-finite), schedule. `sums`, when given, accumulates the micro-batches'
-    metrics (on the device). Returns `apply_gradients`'s values plus `loss`, this rank's loss of the step (a
-    tensor, for the guard's spike detection)."""
+    metrics (on the device); `totals` and `world` weight the losses by the global batch (`micro_weights`); `seeds`,
+    one per micro-batch, seed torch's generators before its forward (dropout keyed by the micro-batch's place in
+    the global batch). Returns `apply_gradients`'s values plus `loss`, this rank's loss of the step (a tensor,
+    for the guard's spike detection; its mean over the ranks is the global batch's loss)."""
     if not micro_batches:
         raise ValueError("train_step needs at least one micro-batch")
     model.train()
     optimizer.zero_grad(set_to_none=True)
     no_sync = getattr(model, "no_sync", None)  # DDP: all-reduce gradients once, on the last micro-batch
-    w_mlm, w_nsp = micro_weights(micro_batches)
+    w_mlm, w_nsp = micro_weights(micro_batches, totals, world)
     step_loss = torch.zeros((), device=w_mlm.device)
     for i, batch in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
+        if seeds is not None:
+            torch.manual_seed(seeds[i] % 2**63)
         with (no_sync() if no_sync is not None and not last else contextlib.nullcontext()):
             out = forward(model, batch, autocast_dtype)
             # No nan_to_num: the MLM loss of a micro-batch without masks is 0, never NaN (bert_core.losses), so a

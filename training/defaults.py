@@ -16,8 +16,11 @@ Where the numbers come from (docs/learning-rates.md has the table, the command, 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 KINDS = ("pretrain", "finetune")
 # Warm-up on by default: this fraction of the run's optimizer steps ramps the rate linearly from 0 (pre-training's
@@ -63,3 +66,39 @@ def default_lr(preset_or_width: str | int | Path, kind: str) -> float:
 def default_warmup_steps(max_steps: int) -> int:
     """Pre-training's warm-up: WARMUP_FRACTION of the steps."""
     return round(WARMUP_FRACTION * max_steps)
+
+
+def lr_or_default(lr: float | None, width: int, kind: str) -> float:
+    """--lr as given, else `default_lr` for the model's width, said in the log (the jobs' one resolution)."""
+    if lr is not None:
+        return lr
+    value = default_lr(width, kind)
+    log.info("--lr %g: the default for a model of hidden width %d (pass --lr to choose; docs/learning-rates.md)",
+             value, width)
+    return value
+
+
+def warmup_or_default(steps: int | None, max_steps: int) -> int:
+    """--warmup-steps as given, else `default_warmup_steps`, said in the log."""
+    if steps is not None:
+        return steps
+    value = default_warmup_steps(max_steps)
+    log.info("--warmup-steps %d: %.0f%% of --max-steps %d (pass --warmup-steps to choose, 0 for none)", value,
+             100 * WARMUP_FRACTION, max_steps)
+    return value
+
+
+EVAL_POINTS = 5  # a pre-training run's evaluations by default: enough for a curve of held-out accuracy, at little cost
+
+
+def eval_every_or_default(every: int | None, max_steps: int, log_every: int) -> int:
+    """--eval-every as given, else about EVAL_POINTS evaluations over the run, on logging steps (and one at the
+    end), said in the log."""
+    if every is not None:
+        return every
+    value = max(1, -(-max_steps // EVAL_POINTS))
+    if log_every < value:  # on a logging step: each held-out point beside a training one
+        value = -(-value // log_every) * log_every
+    log.info("--eval-every %d: %d evaluations over --max-steps %d (pass --eval-every to choose, 0 for the end only)",
+             value, -(-max_steps // value), max_steps)
+    return value

@@ -2,8 +2,10 @@
 launched, for either kind of run, and the Ray Train worker that runs the Ray-free loop.
 
 `run(fit, config, launch)` runs a trainer's loop, handed in by its job (`pretraining.loop.fit`,
-`finetuning.loop.fit`: training imports neither trainer), on `launch.num_workers` Ray Train workers (DDP), or in
-this process with `launch.no_ray`, and yields the final checkpoint's directory. Each worker gets a
+`finetuning.loop.fit`: training imports neither trainer), on `launch.num_workers` Ray Train workers (DDP), on
+`launch.min_workers` to `launch.num_workers` of them for an elastic run (Ray Train's elastic scaling: the group
+restarts from the last checkpoint on fewer workers when one is lost and on more when they fit), or in this process
+with `launch.no_ray`, and yields the final checkpoint's directory. Each worker gets a
 `training.worker.Worker`: its rank, world size and device, DDP (`prepare_model`), checkpoint hooks (in this
 process: the run's local folder; on Ray: resume from `get_checkpoint()`, save through `report(checkpoint=...)`,
 which every rank calls: it is a barrier) and what the job prepared for every worker (`inputs`). This is the one
@@ -44,9 +46,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, kw_only=True)
 class LaunchConfig:
-    """Where a run's workers run and where Ray Train keeps its checkpoints (`storage`/`name`: local or s3://)."""
+    """Where a run's workers run and where Ray Train keeps its checkpoints (`storage`/`name`: local or s3://).
+    `min_workers` below `num_workers` makes the run elastic: Ray Train starts it on as many workers as it can get
+    (at least `min_workers`, at most `num_workers`), continues on fewer when one is lost and grows when workers
+    return (each a restart of the worker group from the last checkpoint)."""
 
-    num_workers: int = 1
+    num_workers: int = 1  # the most workers (all of them when not elastic)
+    min_workers: int | None = None  # elastic when below num_workers; None: a fixed group of num_workers
+    resize_check_seconds: float = 60.0  # an elastic run looks for more workers this often (Ray's monitor interval)
     cpus_per_worker: float | None = None  # Ray CPUs (and torch threads) per worker; None: the cluster's CPUs / workers
     use_gpu: bool = False  # one GPU per worker, NCCL
     no_ray: bool = False  # one worker in this process: CPU, or one GPU with use_gpu
@@ -59,16 +66,29 @@ class LaunchConfig:
     def __post_init__(self) -> None:
         if self.num_workers < 1 or self.keep_checkpoints < 1 or self.max_failures < 0:
             raise ValueError("--num-workers and --keep-checkpoints must be >= 1 and --max-failures >= 0")
+        if self.min_workers is not None and not 1 <= self.min_workers <= self.num_workers:
+            raise ValueError(f"--num-workers {self.min_workers}:{self.num_workers}: give MIN:MAX with 1 <= MIN <= MAX")
+        if self.resize_check_seconds <= 0:
+            raise ValueError(f"--resize-check-seconds {self.resize_check_seconds}: give a positive number")
         cpus = self.cpus_per_worker
         if cpus is not None and not (0 < cpus <= 1 or float(cpus).is_integer()):
             raise ValueError(f"--cpus-per-worker {cpus}: use a fraction <= 1 or a whole number (Ray's rule)")
-        if self.no_ray and self.num_workers != 1:
+        if self.no_ray and (self.num_workers != 1 or self.elastic):
             raise ValueError("--no-ray runs one worker in this process; drop --num-workers or --no-ray")
         if not self.name or "/" in self.name:
             raise ValueError(f"run name {self.name!r}: give a non-empty name without '/' (--run-name)")
         if self.no_ray and "://" in self.storage and not self.storage.startswith("file://"):
             raise ValueError(f"--storage {self.storage}: a run in this process (--no-ray) keeps checkpoints on "
                              "local disk; give a local path, or drop --no-ray to use Ray Train's storage")
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_workers is not None and self.min_workers < self.num_workers
+
+    @property
+    def fewest_workers(self) -> int:
+        """The fewest workers the run may train on (all of them when not elastic)."""
+        return self.min_workers if self.elastic else self.num_workers
 
     @property
     def init_cache(self) -> str:
@@ -223,6 +243,11 @@ def _on_ray(fit: Callable, config, launch: LaunchConfig, inputs: Any = None,
     cpus = _cpus_per_worker(launch)
     resources = {"CPU": cpus, **({"GPU": 1} if launch.use_gpu else {})}
     fs, storage_path = storage_filesystem(launch.storage, launch.endpoint_url)
+    # Elastic: Ray Train 2.60's ElasticScalingPolicy starts the group on the workers the cluster can hold (between
+    # min and max), restarts it on fewer after a failure and, every `resize_check_seconds` while it runs, on more
+    # when they fit: each resize is a restart from the last checkpoint, where the loop continues the same data
+    # order on the new world size (pretraining.order) and logs the resize.
+    workers = (launch.min_workers, launch.num_workers) if launch.elastic else launch.num_workers
     trainer = TorchTrainer(
         ray_worker,
         train_loop_config={"fit": fit, "config": config, "threads": max(1, round(cpus)),
@@ -231,15 +256,17 @@ def _on_ray(fit: Callable, config, launch: LaunchConfig, inputs: Any = None,
                            "keep_checkpoints": launch.keep_checkpoints},
         # Single-node groups rendezvous through a private file store, not a TCPStore on every interface.
         torch_config=LocalRendezvous(backend="nccl" if launch.use_gpu else "gloo"),
-        scaling_config=ray.train.ScalingConfig(num_workers=launch.num_workers, use_gpu=launch.use_gpu,
-                                               resources_per_worker=resources),
+        scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=launch.use_gpu,
+                                               resources_per_worker=resources,
+                                               elastic_resize_monitor_interval_s=launch.resize_check_seconds),
         run_config=ray.train.RunConfig(
             name=launch.name, storage_path=storage_path, storage_filesystem=fs,
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=launch.keep_checkpoints),
             failure_config=ray.train.FailureConfig(max_failures=launch.max_failures),
         ),
     )
-    log.info("training on %d Ray worker(s) x %s CPU%s", launch.num_workers, cpus, " + GPU" if launch.use_gpu else "")
+    log.info("training on %s Ray worker(s) x %s CPU%s", f"{launch.min_workers} to {launch.num_workers}" if
+             launch.elastic else launch.num_workers, cpus, " + GPU" if launch.use_gpu else "")
     try:
         result = trainer.fit()
     except Exception:

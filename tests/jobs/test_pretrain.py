@@ -69,6 +69,8 @@ def test_two_workers_learn_and_mlflow_has_one_complete_run(baseline, tiny_pretra
     t = run.data.tags
     assert t["dataset.url"] == tiny_pretrain_data["train"] and len(t["dataset.manifest_sha256"]) == 64
     assert t["eval_dataset.url"] == tiny_pretrain_data["eval"] and t["bert.run_name"] == "base"
+    # One string for the run's folder (training.job): where Ray Train wrote, and what the job reported.
+    assert t["bert.run_checkpoints"] == str((baseline["tmp"] / "runs" / "base").resolve()) and "storage" not in t
     inputs = {i.dataset.digest: {x.key: x.value for x in i.tags}["mlflow.data.context"]
               for i in run.inputs.dataset_inputs}
     assert inputs == {read_manifest(tiny_pretrain_data["train"]).sha256[:16]: "training",
@@ -99,7 +101,7 @@ def test_checkpoints_keep_last_k_and_load_without_pickle(baseline):
     assert ckpts == ["checkpoint-00000030", "checkpoint-00000040"]
     last = baseline["tmp"] / "runs" / "base" / ckpts[-1]
     state = json.loads((last / "train_state.json").read_text())
-    assert state["step"] == STEPS and state["data_position"]["micro_batches_per_rank"] == STEPS * 2
+    assert state["step"] == STEPS and state["data_position"]["global_batches"] == STEPS
     assert state["mlflow_run_id"] == baseline["runs"][0].info.run_id
     assert load_file(str(last / "train_state.safetensors"))  # optimizer moments, as plain tensors
     assert (last / "model" / "model.safetensors").is_file() and (last / "model" / "vocab.txt").is_file()

@@ -33,6 +33,21 @@ def test_batch_geometry_is_checked(base, caplog):
     rc, text = run(base + ["--batch-size", "8", "--num-workers", "2", "--micro-batch-size", "3"], caplog)
     assert rc == 2 and "must divide the 4 sequences" in text
     assert batch_geometry(64, 2, 8) == (8, 4)
+    assert batch_geometry(8, 2, 16) == (4, 1)  # a micro-batch larger than a worker's share is its share
+    assert batch_geometry(12, 1, 6, most_workers=3) == (6, 2)  # elastic 1:3: planned for one worker's share
+    assert batch_geometry(10, 3, None, most_workers=4) == (4, 1)  # shares of 4, 3, 3: the largest in one go
+
+
+def test_elastic_workers_are_checked(base, caplog):
+    rc, text = run(base + ["--batch-size", "2", "--num-workers", "1:3"], caplog)
+    assert rc == 2 and "cannot be shared by up to 3 workers" in text
+    with pytest.raises(SystemExit):
+        pretrain.parse_args(base + ["--num-workers", "3:1"])
+    with pytest.raises(SystemExit):
+        pretrain.parse_args(base + ["--num-workers", "0:2"])
+    with pytest.raises(SystemExit):
+        pretrain.parse_args(base + ["--num-workers", "1:2", "--no-ray"])
+    assert pretrain.parse_args(base + ["--num-workers", "2:4"]).num_workers == (2, 4)
 
 
 def test_dataset_and_model_must_agree(base, tiny_pretrain_data, tmp_path, caplog):

@@ -10,10 +10,11 @@ import pytest
 pytestmark = pytest.mark.timeout(300)
 
 
-def test_no_ray_run_resumes_into_the_same_mlflow_run(tiny_pretrain_data, tmp_path):
+def test_no_ray_run_resumes_into_the_same_mlflow_run(tiny_pretrain_data, tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 
     from jobs import pretrain
+    from pretraining import batches
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     args = ["--data", tiny_pretrain_data["train"], "--eval-data", tiny_pretrain_data["eval"], "--eval-sequences",
@@ -27,7 +28,8 @@ def test_no_ray_run_resumes_into_the_same_mlflow_run(tiny_pretrain_data, tmp_pat
     assert run.info.status == "FINISHED"
     p = run.data.params
     assert p["no_ray"] == "True" and p["data.accum"] == "2" and p["model.bert.num_hidden_layers"] == "2"
-    assert run.data.tags["storage"] == str((tmp_path / "runs" / "local").resolve())  # where the launcher kept them
+    assert p["data.batch_size"] == "8"
+    assert run.data.tags["bert.run_checkpoints"] == str((tmp_path / "runs" / "local").resolve())  # the launcher's folder
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [2, 4, 6]
     assert {"eval_loss", "run_sequences_per_second", "run_data_wait_fraction"} <= set(run.data.metrics)
     # No --eval-every: a few evaluations over the run (a curve, not a dot), with what the collapse check reads.
@@ -37,6 +39,13 @@ def test_no_ray_run_resumes_into_the_same_mlflow_run(tiny_pretrain_data, tmp_pat
     assert ckpts == ["checkpoint-00000003", "checkpoint-00000006"]
     state = json.loads((tmp_path / "runs" / "local" / ckpts[-1] / "train_state.json").read_text())
     assert state["mlflow_run_id"] == run.info.run_id and state["config"]["max_steps"] == 6
+    # The run's own settings replay its batches: the digests its checkpoints recorded, step by step.
+    recorded = {int(k): v for c in ckpts for k, v in json.loads(
+        (tmp_path / "runs" / "local" / c / "train_state.json").read_text())["data_digests"].items()}
+    assert sorted(recorded) == [1, 2, 3, 4, 5, 6]
+    capsys.readouterr()  # the job's own summary line
+    assert batches.main(["--run", str(tmp_path / "runs" / "local"), "--steps", "1:6"]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"step {k}: {v}" for k, v in sorted(recorded.items())]
 
     export = tmp_path / "export"
     assert pretrain.main([a if a != "6" else "8" for a in args] + ["--export", str(export)]) == 0

@@ -26,5 +26,4 @@ def test_packing_flags_reach_the_run(tiny_pretrain_data, tmp_path):
     assert run.data.params["data.packing"] == "True" and run.data.params["data.pack_sequences"] == "2"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2]
     state = json.loads((tmp_path / "runs" / "packed" / "checkpoint-00000002" / "train_state.json").read_text())
-    (position,) = state["data_position"]["packed_positions"]
-    assert position[0] == 0 and position[1] == 2  # window 0, two micro-batches taken
+    assert state["data_position"]["packed_position"] == [0, 2]  # window 0, two global batches taken

@@ -51,7 +51,7 @@ def main(dataset: str, work: str) -> None:
         "first": {s: m for s, m in first.history}, "second": {s: m for s, m in second.history},
         "resumed_from": second.resumed_from, "kept": kept, "state_step": state["step"],
         "state_config_lr": state["config"]["optimizer"]["lr"],
-        "state_data_position": state["data_position"]["micro_batches_per_rank"],
+        "state_data_position": state["data_position"]["global_batches"],
         "model_files": sorted(p.name for p in (ckpt / kept[-1] / "model").iterdir()),
         "loaded": sorted(m for m in ("ray", "mlflow") if m in sys.modules),
     }))

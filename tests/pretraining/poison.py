@@ -19,7 +19,8 @@ def fingerprint(input_ids) -> str:
 
 def step_fingerprints(data: DataConfig, vocab_size: int, seed: int, steps: list[int], rank: int = 0,
                       world: int = 1) -> set[str]:
-    """The micro-batches this rank trains on at `steps` (1-based) of an undisturbed run."""
+    """The micro-batches this rank trains on at `steps` (1-based) of an undisturbed run of `world` workers."""
+    data = data.for_world(world)
     wanted = {(s - 1) * data.accum + i for s in steps for i in range(data.accum)}
     batches = train_batches(data, vocab_size, seed, rank, world, 0)
     found = set()

@@ -42,7 +42,7 @@ def test_present_widths_from_the_manifest(varied_pretrain_data):
 @pytest.mark.parametrize("packing", [False, True])
 def test_synthetic_batches_have_the_loaders_shapes(varied_pretrain_data, packing):
     data = data_config(varied_pretrain_data, packing=packing)
-    batches = train_batches(data, 600, seed=0, rank=0, world=1, start_batch=0)
+    batches = train_batches(data, 600, seed=0, rank=0, world=1, start=0)
     try:
         real = next(batches)
     finally:

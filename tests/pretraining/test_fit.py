@@ -47,7 +47,7 @@ def test_losses_fall(scenario):
 
 def test_checkpoints_are_written_with_the_config(scenario):
     assert scenario["kept"] == ["checkpoint-00000020", "checkpoint-00000030"]  # the last 2 kept
-    assert scenario["state_step"] == 30 and scenario["state_data_position"] == 60  # 30 steps x 2 micro-batches
+    assert scenario["state_step"] == 30 and scenario["state_data_position"] == 30  # global batches: one a step
     assert scenario["state_config_lr"] == 3e-3  # the config's asdict travels with the checkpoint
     assert {"config.json", "model.safetensors", "vocab.txt"} <= set(scenario["model_files"])
 

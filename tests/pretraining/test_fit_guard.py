@@ -2,7 +2,8 @@
 
 - one poisoned batch (NaN loss through the real backward): its update is skipped and counted, the run finishes;
 - five poisoned batches in a row: the run rolls back to its last checkpoint, skips the batches since then (the
-  poisoned ones are never seen again) and finishes, with the rollback in its metrics, tags and checkpoints;
+  poisoned ones are never seen again) and finishes, with the rollback in its metrics, tags and checkpoints, its line
+  naming the examples of the batch that tripped it;
 - a divergent learning rate: rollbacks do not help, `fit` raises `TrainingDiverged` naming the step and the flags
   to change, and every checkpoint written holds finite tensors only.
 """
@@ -22,7 +23,9 @@ from bert_core import bert_tiny
 from poison import Poisoned, step_fingerprints
 from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
 from tracking.config import TrackingConfig
+from pretraining.batches import Replay, steps
 from pretraining.loader import DataConfig
+from pretraining.order import describe, digest
 from training.worker import Worker
 from pretraining.loop import fit
 from pipeline.schema import read_manifest
@@ -117,11 +120,14 @@ def test_a_run_of_poisoned_batches_rolls_back_past_them(tiny_pretrain_data, tmp_
     assert names == [f"checkpoint-000000{s}" for s in (10, 20, 30, 40)]
     state = json.loads((tmp_path / "ckpt" / names[-1] / "train_state.json").read_text())
     assert state["guard"] == {"rollbacks": 1, "skipped_batches": 10}
-    assert state["data_position"]["micro_batches_per_rank"] == 50  # 40 steps + 10 skipped, one micro-batch each
+    assert state["data_position"]["global_batches"] == 50  # 40 steps + 10 skipped
 
     run = client.get_run(run_id)
     assert "rolled back to step 20" in run.data.tags["guard.rollback.1"]
     assert "skipping the batches of steps 21-30" in run.data.tags["guard.rollback.1"]
+    # The line names the examples of the batch that tripped the guard (step 27), as the data order has them.
+    (_, held, _), = steps(Replay(cfg.data, cfg.runtime.seed, cfg.model.bert.vocab_size), 27, 27)
+    assert f"examples (shard:row) {describe(held)}, digest {digest(held)}" in run.data.tags["guard.rollback.1"]
     assert client.get_metric_history(run_id, "rollbacks")[-1].value == 1
 
 
@@ -138,5 +144,7 @@ def test_a_divergent_learning_rate_fails_naming_the_step_and_the_flags(tiny_pret
     run = client.get_run(run_id)
     assert run.data.tags["guard.diverged"] == message
     losses = [m.value for m in client.get_metric_history(run_id, "loss")]
-    assert any(math.isnan(v) for v in losses)  # the divergence is charted as NaN, not dropped, not 0
+    norms = [m.value for m in client.get_metric_history(run_id, "grad_norm")]
+    # The divergence is charted as what it is (a NaN gradient norm, and a NaN or huge loss), not dropped, not 0.
+    assert any(math.isnan(v) for v in norms + losses) and all(v != 0 for v in losses)
     assert run.data.metrics["rollbacks"] == 3

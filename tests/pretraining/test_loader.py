@@ -1,15 +1,15 @@
 """The training loader and its batches: padding to a multiple of 8 or to length buckets, segment ids from a_length,
-MLM slots, dynamic masking, equal rank streams with exact resume."""
+MLM slots, dynamic masking keyed by example, the global data order (the same examples per step on any number of
+workers, equal work on every rank, exact resume)."""
 from __future__ import annotations
-
-import itertools
 
 import numpy as np
 import pytest
 
-from pretraining.batching import Remasker, collate, finite_batches
 from _manifests import manifest_of
-from pretraining.loader import DataConfig, Prefetcher, RankStream, rank_segments
+from pretraining.batching import Remasker, collate, finite_batches
+from pretraining.loader import DataConfig, Prefetcher
+from pretraining.order import GlobalBatch, global_batches, rank_share, split_example
 from pretraining.rows import Rows
 
 CLS, SEP, MASK, VOCAB = 101, 102, 103, 1000
@@ -51,11 +51,13 @@ def test_collate_pads_to_multiple_of_8_with_segments_and_mlm_slots():
 def test_rows_take_concat_roundtrip():
     rng = np.random.default_rng(0)
     rows = Rows.from_pylist([make_row(int(rng.integers(2, 20)), int(rng.integers(2, 20)), rng) for _ in range(9)])
+    rows.example, rows.epoch = np.arange(100, 109), np.full(9, 2)
     again = Rows.concat([rows.slice(0, 4), rows.slice(4, 9)])
-    for name in ("ids", "ids_off", "a_length", "pos", "pos_off", "lab", "nsp"):
+    for name in ("ids", "ids_off", "a_length", "pos", "pos_off", "lab", "nsp", "example", "epoch"):
         assert np.array_equal(getattr(rows, name), getattr(again, name))
     picked = rows.take(np.array([7, 2]))
     assert picked.ids[picked.ids_off[0]:picked.ids_off[1]].tolist() == rows.ids[rows.ids_off[7]:rows.ids_off[8]].tolist()
+    assert picked.example.tolist() == [107, 102] and Rows.concat([picked, Rows.from_pylist([])]).example is None
 
 
 def test_dynamic_masking_follows_80_10_10_and_restores_originals():
@@ -69,7 +71,8 @@ def test_dynamic_masking_follows_80_10_10_and_restores_originals():
             ids[p] = MASK
         stored.append({**r, "input_ids": ids})
     rows = Rows.from_pylist(stored)
-    out = Remasker(vocab_size=VOCAB * 3, mask_id=MASK, max_predictions=20)(rows, np.random.default_rng(7))
+    rows.example, rows.epoch = np.arange(len(rows)), np.zeros(len(rows), np.int64)
+    out = Remasker(vocab_size=VOCAB * 3, mask_id=MASK, max_predictions=20)(rows, 7)
     n_pred = np.diff(out.pos_off)
     expected = np.minimum(20, np.maximum(1, np.round(rows.lengths * 0.15)))
     assert n_pred.tolist() == expected.astype(int).tolist()
@@ -88,21 +91,30 @@ def test_dynamic_masking_follows_80_10_10_and_restores_originals():
         rand += int(((ids[pos] != MASK) & (ids[pos] != orig[pos])).sum())
     total = masked + kept + rand
     assert abs(masked / total - 0.8) < 0.02 and abs(kept / total - 0.1) < 0.015 and abs(rand / total - 0.1) < 0.015
-    again = Remasker(vocab_size=VOCAB * 3, mask_id=MASK, max_predictions=20)(rows, np.random.default_rng(7))
+    again = Remasker(vocab_size=VOCAB * 3, mask_id=MASK, max_predictions=20)(rows, 7)
     assert np.array_equal(again.ids, out.ids) and np.array_equal(again.pos, out.pos)
 
 
-def test_rank_segments_partition_each_epoch():
-    shard_rows = [5, 5, 4, 4]
-    for world in (1, 2, 3):
-        for epoch in (0, 1):
-            seen = []
-            for r in range(world):
-                segs = rank_segments(shard_rows, 3, epoch, r, world)
-                seen += [(s, i) for s, a, b in segs for i in range(a, b)]
-            assert sorted(seen) == sorted((s, i) for s, n in enumerate(shard_rows) for i in range(n))
-    sizes = [sum(b - a for _, a, b in rank_segments(shard_rows, 3, 0, r, 3)) for r in range(3)]
-    assert max(sizes) - min(sizes) <= 1
+def _row_masks(rows: Rows) -> dict[int, tuple]:
+    return {int(rows.example[i]): (tuple(rows.pos[rows.pos_off[i]:rows.pos_off[i + 1]]),
+                                   tuple(rows.ids[rows.ids_off[i]:rows.ids_off[i + 1]])) for i in range(len(rows))}
+
+
+def test_dynamic_masks_are_keyed_by_example_and_epoch_not_by_batch():
+    """A row's new mask depends on (seed, example, epoch) only: the same in any batch, order or company (so on
+    any rank and world size), new in another epoch or with another seed."""
+    rng = np.random.default_rng(3)
+    rows = Rows.from_pylist([make_row(int(rng.integers(10, 40)), int(rng.integers(10, 40)), rng) for _ in range(12)])
+    rows.example, rows.epoch = np.arange(12) + (5 << 32), np.zeros(12, np.int64)
+    remask = Remasker(vocab_size=VOCAB * 3, mask_id=MASK, max_predictions=20)
+    whole = _row_masks(remask(rows, 11))
+    shuffled = np.random.default_rng(0).permutation(12)
+    parts = {**_row_masks(remask(rows.take(shuffled[:5]), 11)), **_row_masks(remask(rows.take(shuffled[5:]), 11))}
+    assert parts == whole
+    later = rows.take(np.arange(12))
+    later.epoch = np.ones(12, np.int64)
+    assert sum(_row_masks(remask(later, 11))[k][0] != whole[k][0] for k in whole) >= 10
+    assert sum(_row_masks(remask(rows, 12))[k][0] != whole[k][0] for k in whole) >= 10
 
 
 def _dataset(shard_rows, seed=0):
@@ -128,32 +140,70 @@ def _uids(batch):
     return batch["input_ids"][:, 1].tolist()
 
 
+def shares(data: DataConfig, shards, world: int, steps: int, seed: int = 5, start: int = 0, remasker=None):
+    """Every rank's share of `steps` steps from global batch `start` on: [step][rank]."""
+    view = data.for_world(world)
+
+    def stream(rank: int):
+        for batch in global_batches(view, seed, shards.__getitem__, start, remasker=remasker):
+            yield rank_share(batch, view, rank, world, view.accum)
+
+    streams = [stream(r) for r in range(world)]
+    return [[next(s) for s in streams] for _ in range(steps)]
+
+
 @pytest.mark.parametrize("bucketing", [False, True])
-def test_rank_stream_equal_counts_no_row_lost_and_exact_resume(bucketing):
+def test_each_step_trains_the_same_examples_on_any_number_of_workers(bucketing):
+    """The global batch of step k is the same for 1, 2, 3 and 4 workers; every rank's micro-batches join into it
+    (none lost, none twice); every rank yields exactly `accum` micro-batches of near-equal size, also when the
+    world does not divide the batch (3 workers, 16 rows: 6, 5, 5); the first epoch reads every row once."""
     shard_rows = [7, 7, 6, 6, 6]  # 32 rows, balanced like the builder's shards
     shards = _dataset(shard_rows)
-    world, m = 3, 4
+    data = data_config(shard_rows, 4, batch_size=16, length_bucketing=bucketing, bucket_window=2)
+    per_world = {}
+    for world in (1, 2, 3, 4):
+        steps = shares(data, shards, world, 6)
+        view = data.for_world(world)
+        for step in steps:
+            assert all(len(share.micro) == view.accum for share in step)  # equal work: nothing can hang
+            sizes = [len(ids) for share in step for ids in share.examples]
+            assert max(sizes) - min(sizes) <= 1 and max(sizes) <= 4
+            held = np.concatenate([ids for share in step for ids in share.examples])
+            assert sorted(held.tolist()) == sorted(step[0].batch.examples.tolist()) and len(set(held.tolist())) == 16
+            for share in step:
+                # the micro-batches hold the rows their example ids name
+                assert [_uids(m) for m in share.micro] == [[uid_of(shards, e) for e in ids] for ids in share.examples]
+        per_world[world] = [sorted(step[0].batch.examples.tolist()) for step in steps]
+    assert per_world[1] == per_world[2] == per_world[3] == per_world[4]
+    first_epoch = [e for batch in per_world[1][:2] for e in batch]
+    assert len(set(first_epoch)) == 32  # epoch 0 whole before epoch 1: no row lost at the wrap-around
+    assert data.for_world(3).accum == 2 and data.for_world(1).accum == 4 and data.for_world(4) is data
 
-    def stream(rank, start=0):
-        data = data_config(shard_rows, m, length_bucketing=bucketing, bucket_window=2)
-        return RankStream(data, shards.__getitem__, seed=5, rank=rank, world=world, start_batch=start)
 
-    per_rank = {r: list(itertools.islice(stream(r), 12)) for r in range(world)}
-    assert all(len(b) == 12 for b in per_rank.values())  # infinite streams: any count, equal on every rank
-    for r, batches in per_rank.items():
-        assert all(b["input_ids"].shape[0] == m for b in batches)
-        uids = [u for b in batches for u in _uids(b)]
-        n_r = stream(r).rank_rows
-        # Each epoch's part is read whole before the next one starts: no row lost at the wrap-around.
-        first_epoch = uids[:n_r] if not bucketing else uids[: (n_r // (2 * m)) * 2 * m]
-        assert len(set(first_epoch)) == len(first_epoch)
-    all_first_epoch = [u for r in range(world) for b in per_rank[r] for u in _uids(b)]
-    assert set(all_first_epoch) == set(range(32))
-    for r in range(world):
-        for start in (1, 5, 9):
-            resumed = list(itertools.islice(stream(r, start), 3))
-            for a, b in zip(resumed, per_rank[r][start:start + 3]):
-                assert all(np.array_equal(a[k], b[k]) for k in a)
+def uid_of(shards, example: int) -> int:
+    shard, row = split_example(np.asarray(example))
+    return int(shards[int(shard)].ids[shards[int(shard)].ids_off[int(row)] + 1])
+
+
+def test_resume_at_any_step_on_any_world_size_is_exact():
+    shard_rows = [7, 7, 6, 6, 6]
+    shards = _dataset(shard_rows, seed=1)
+    data = data_config(shard_rows, 4, batch_size=8, bucket_window=3)
+    rem = Remasker(vocab_size=3000, mask_id=MASK, max_predictions=20)
+    full = shares(data, shards, 2, 9, remasker=rem)
+    for world in (1, 2, 4):
+        for start in (1, 4, 7):
+            resumed = shares(data, shards, world, 2, start=start, remasker=rem)
+            for k, step in enumerate(resumed):
+                want = full[start + k]
+                assert sorted(step[0].batch.examples.tolist()) == sorted(want[0].batch.examples.tolist())
+                if world == 2:  # the same shares, masks and padding
+                    for a, b in zip(step, want):
+                        for x, y in zip(a.micro, b.micro):
+                            assert all(np.array_equal(x[key], y[key]) for key in x)
+    other_seed = shares(data, shards, 2, 3, seed=6)
+    assert [sorted(s[0].batch.examples.tolist()) for s in other_seed] != \
+        [sorted(s[0].batch.examples.tolist()) for s in full[:3]]
 
 
 def test_bucketing_reduces_padding():
@@ -164,28 +214,63 @@ def test_bucketing_reduces_padding():
         # Widths every 8 tokens: each batch is padded to its longest row rounded up to a multiple of 8.
         data = data_config(shard_rows, 8, length_bucketing=bucketing, bucket_window=16,
                            length_buckets=tuple(range(8, 65, 8)))
-        batches = list(itertools.islice(RankStream(data, shards.__getitem__, seed=1), 16))
+        batches = [m for step in shares(data, shards, 1, 16) for m in step[0].micro]
         return sum(b["input_ids"].size - b["attention_mask"].sum() for b in batches)
 
     assert padded_tokens(True) < 0.5 * padded_tokens(False)
 
 
-def test_remasking_in_stream_is_seeded_by_batch_index():
+def test_remasking_in_stream_is_keyed_by_example_and_new_each_epoch():
     shard_rows = [10, 10]
     shards = _dataset(shard_rows, seed=2)
     rem = Remasker(vocab_size=3000, mask_id=MASK, max_predictions=20)
-    data = data_config(shard_rows, 4, length_bucketing=False)
-    full = list(itertools.islice(RankStream(data, shards.__getitem__, seed=9, remasker=rem), 8))
-    resumed = list(itertools.islice(RankStream(data, shards.__getitem__, seed=9, start_batch=6, remasker=rem), 2))
-    assert np.array_equal(full[6]["masked_lm_positions"], resumed[0]["masked_lm_positions"])
-    # Epoch 1 revisits epoch 0's rows (5 batches of 4 = 20 rows) with fresh masks.
-    assert not all(np.array_equal(full[i]["input_ids"], full[i + 5]["input_ids"]) for i in range(3))
+    data = data_config(shard_rows, 4, length_bucketing=False, bucket_window=5)  # a window is an epoch of 20 rows
+    full = shares(data, shards, 1, 10, seed=9, remasker=rem)
+    resumed = shares(data, shards, 1, 2, seed=9, start=6, remasker=rem)
+    assert np.array_equal(full[6][0].micro[0]["masked_lm_positions"], resumed[0][0].micro[0]["masked_lm_positions"])
+    # Epoch 1 (steps 5-9) revisits epoch 0's rows (in another shard order) with fresh masks.
+    def masked(steps) -> dict[int, list[int]]:
+        return {int(e): m["masked_lm_positions"][i].tolist() for step in steps for ids, m in
+                zip(step[0].examples, step[0].micro) for i, e in enumerate(ids)}
+
+    epoch0, epoch1 = masked(full[:5]), masked(full[5:])
+    assert set(epoch0) == set(epoch1) and len(epoch0) == 20
+    assert sum(epoch0[e] != epoch1[e] for e in epoch0) >= 15
+
+
+def test_a_global_batch_knows_its_totals():
+    rows = Rows.concat(_dataset([6]))
+    rows.example = np.arange(6)
+    batch = GlobalBatch(rows, 1)
+    assert batch.totals == (int(np.diff(rows.pos_off).sum()), 6)
+    packed = GlobalBatch(rows, (0, 1), packs=[np.array([0, 3]), np.array([5])])
+    assert packed.totals == (int(np.diff(rows.pos_off)[[0, 3, 5]].sum()), 3)
+    assert sorted(packed.examples.tolist()) == [0, 3, 5]
 
 
 def test_finite_batches_split_ranks_without_loss():
+    """Evaluation never drops a row (ray#63285), also when the ranks' shares are uneven: 10 rows over 3 ranks in
+    batches of 3 are 1, 1 and 2 batches (3, 3 and 3 + 1 rows); the loop sums per rank and reduces once, so unequal
+    batch counts cannot hang it."""
     rows = Rows.concat(_dataset([11]))
     got = [u for r in range(2) for b in finite_batches(rows, 4, r, 2) for u in _uids(b)]
     assert sorted(got) == list(range(11))
+    per_rank = [[_uids(b) for b in finite_batches(rows, 3, r, 3, max_rows=10)] for r in range(3)]
+    assert [len(b) for b in per_rank] == [1, 1, 2]
+    assert sorted(u for batches in per_rank for b in batches for u in b) == list(range(10))
+
+
+def test_for_world_keeps_the_batch_and_never_grows_the_planned_micro_batch():
+    """A job planned for 2 workers (micro-batches of 6, one a step, a batch of 12): 1 worker accumulates two of 6, 3
+    take 4 each, 12 take 1 each; 5 take shares of 2 or 3 rows in one micro-batch; 13 cannot share 12 rows."""
+    data = data_config([7, 7, 6, 6, 6], 6, batch_size=12)
+    geometry = {w: (data.for_world(w).micro_batch_size, data.for_world(w).accum) for w in (1, 2, 3, 5, 12)}
+    assert geometry == {1: (6, 2), 2: (6, 1), 3: (4, 1), 5: (3, 1), 12: (1, 1)}
+    assert data.for_world(2) is data
+    with pytest.raises(ValueError, match="cannot be shared by 13 workers"):
+        data.for_world(13)
+    with pytest.raises(ValueError, match="smaller than one worker's micro-batch"):
+        data_config([7, 7], 6, accum=2, batch_size=8)
 
 
 def test_read_shard_roundtrip(tmp_path):
@@ -238,7 +323,7 @@ def test_stream_with_buckets_yields_only_bucket_widths_and_fixed_mlm_slots():
     shard_rows = [40, 40]
     shards = _dataset(shard_rows, seed=6)
     data = data_config(shard_rows, 4, length_bucketing=True, bucket_window=8, length_buckets=(16, 32, 48, 64))
-    batches = list(itertools.islice(RankStream(data, shards.__getitem__, seed=2), 20))
+    batches = [m for step in shares(data, shards, 1, 20, seed=2) for m in step[0].micro]
     widths = {b["input_ids"].shape[1] for b in batches}
     assert widths <= {16, 32, 48, 64} and len(widths) >= 2
     assert {b["masked_lm_positions"].shape for b in batches} == {(4, 20)}

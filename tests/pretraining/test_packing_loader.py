@@ -1,8 +1,9 @@
 """The loader side of packing: best-fit decreasing within the limits, a hand-checked packed micro-batch, every row of
-the stream packed exactly once, exact resume from a saved position or by replay, and `fit` training on packed
-batches (resumed exactly) on real shards."""
+the stream packed exactly once, exact resume from a saved position or by replay, the same sequences per step on any
+number of workers, and `fit` training on packed batches (resumed exactly) on real shards."""
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from pretraining.loop import fit
 from training.checkpoint import LocalCheckpoints
 from training.worker import Worker
 from pipeline.schema import read_manifest
-from pretraining.loader import RankStream
+from pretraining.order import global_batches, rank_share, stream_rows
 from pretraining.rows import Rows, read_shard
 from pretraining.packing import PackConfig, collate_packed, pack
 
@@ -91,6 +92,13 @@ def _config(data: str, **data_kw) -> DataConfig:
                       **data_kw)
 
 
+def _steps(data: DataConfig, load, world: int = 1, **kwargs):
+    """Every rank's share of each step: [(position, [RankShare per rank]), ...] (an infinite iterator)."""
+    view = data.for_world(world)
+    for batch in global_batches(view, 3, load, **kwargs):
+        yield batch.position, [rank_share(batch, view, r, world, view.accum) for r in range(world)]
+
+
 def test_stream_packs_every_row_once_and_resumes_exactly(varied_pretrain_data):
     data = _config(varied_pretrain_data, pack_window_rows=40)
     shards = data.train
@@ -99,19 +107,19 @@ def test_stream_packs_every_row_once_and_resumes_exactly(varied_pretrain_data):
         return read_shard(shards.shard_urls[i])
 
     total = sum(shards.shard_rows)
-    stream = RankStream(data, load, seed=3).positioned()
+    stream = _steps(data, load)
     seen, batches, positions = [], [], []
     while len(seen) < total // 40 * 40:  # whole windows of the first epoch
-        batch, position = next(stream)
+        position, (share,) = next(stream)
+        (batch,) = share.micro
         assert batch["input_ids"].shape == (4, 64) and batch["masked_lm_positions"].shape == (4, 10 + 3)
         seen += _unpack(batch)
         batches.append(batch)
         positions.append(position)
     rows = Rows.concat([load(i) for i in range(len(shards.shard_urls))])
     # The epoch's first rows, as the stream reads them (its shard order), are exactly what was packed.
-    first = RankStream(_config(varied_pretrain_data), load, seed=3)
     expected = []
-    for piece in first._rows_from(0):
+    for piece in stream_rows(shards.shard_rows, 3, load):
         for i in range(len(piece)):
             ids = piece.ids[piece.ids_off[i]:piece.ids_off[i + 1]]
             pos = piece.pos[piece.pos_off[i]:piece.pos_off[i + 1]]
@@ -121,14 +129,31 @@ def test_stream_packs_every_row_once_and_resumes_exactly(varied_pretrain_data):
             break
     assert sorted(seen) == sorted(expected[:len(seen)])
     assert len(rows) == total
-    # Resume at micro-batch k: from the saved position, and by replaying the windows from the start.
+    # Resume at step k: from the saved position, and by replaying the windows from the start.
     k = len(batches) // 2 + 1
-    for kwargs in ({"start_position": positions[k - 1]}, {"start_batch": k}):
-        resumed = RankStream(data, load, seed=3, **kwargs).positioned()
+    for kwargs in ({"start": k, "start_position": positions[k - 1]}, {"start": k}):
+        resumed = _steps(data, load, **kwargs)
         for want, want_pos in zip(batches[k:k + 5], positions[k:k + 5]):
-            got, got_pos = next(resumed)
+            got_pos, (share,) = next(resumed)
             assert got_pos == want_pos
-            assert all(np.array_equal(got[key], want[key]) for key in want), kwargs
+            assert all(np.array_equal(share.micro[0][key], want[key]) for key in want), kwargs
+
+
+def test_packed_steps_hold_the_same_sequences_on_any_number_of_workers(varied_pretrain_data):
+    """A window is packed once, globally: a step's packed rows, dealt to 1, 2 or 3 workers (3 do not divide the
+    batch of 8 packed rows: 3, 3, 2), hold the same sequences, each once; the position does not depend on them."""
+    data = _config(varied_pretrain_data, pack_window_rows=48, batch_size=8)
+    load = lambda i: read_shard(data.train.shard_urls[i])  # noqa: E731
+    runs = {}
+    for world in (1, 2, 3):
+        steps = []
+        for position, shares in itertools.islice(_steps(data, load, world), 6):
+            held = np.concatenate([ids for share in shares for ids in share.examples])
+            assert len(set(held.tolist())) == len(held) == len(shares[0].batch.examples)
+            assert {len(share.micro) for share in shares} == {data.for_world(world).accum}
+            steps.append((position, sorted(held.tolist())))
+        runs[world] = steps
+    assert runs[1] == runs[2] == runs[3]
 
 
 def fit_config(data: str, steps: int) -> PretrainConfig:
@@ -153,7 +178,7 @@ def test_fit_on_packed_batches_resumes_exactly(varied_pretrain_data, tmp_path):
     assert straight.throughput["padding_fraction"] < 0.2
     assert straight.throughput["sequences"] / (6 * 2 * 4) > 1.8  # ~two 64-token sequences per 128-wide row
     state = json.loads((tmp_path / "a" / "checkpoint-00000003" / "train_state.json").read_text())
-    assert state["data_position"]["packed_positions"] == [[0, 6]]  # window 0, 6 micro-batches (3 steps x 2)
+    assert state["data_position"]["packed_position"] == [0, 3]  # window 0, 3 global batches (steps)
     shutil.copytree(tmp_path / "a" / "checkpoint-00000003", tmp_path / "b" / "checkpoint-00000003")
     resumed = fit(fit_config(varied_pretrain_data, 6), Worker(checkpoints=LocalCheckpoints(tmp_path / "b", keep=2)))
     assert resumed.resumed_from == 3

@@ -1,13 +1,14 @@
 """Data parallelism is exact: two Ray Train ranks (gloo, DDP) each taking half of every global batch give the same
-losses and gradient norms as one rank taking the whole batch. On CPU in the normal suite; on a GPU (gpu marker) the
-two ranks share the one GPU (half a GPU each, gloo) and run the compiled step with bert_core's fused kernels.
+losses and gradient norms as one rank taking the whole batch in two accumulated micro-batches. On CPU in the normal
+suite; on a GPU (gpu marker) the two ranks share the one GPU (half a GPU each, gloo) and run the compiled step with
+bert_core's fused kernels.
 
-The rows are real shards laid out for the loader's rank split (one shard; rank r reads the r-th contiguous half of
-it): the two-rank dataset holds rank 0's halves of the global batches, then rank 1's; the one-rank dataset the same
-global batches whole, so both runs see the same sequences in every step. Every row has the same number of masked tokens, so each rank's mean MLM loss
-carries the same weight and DDP's average of the ranks' gradients is the gradient of the global mean. Dropout is
-off (masks are drawn per rank). The GPU check runs in fp32: bf16 rounding would need a tolerance loose enough to
-hide a real mismatch.
+Both runs read the same shard through the global data order (`pretraining.order`): step k's batch is the same 8
+rows, cut into the same two micro-batches of 4 (rank r's share, or micro-batch r of the one rank). Rows carry
+different numbers of masked tokens: the loss is the mean over the global batch's masked tokens whatever the split
+(`pretraining.step.micro_weights` with the batch's totals). On CPU dropout is on: it is seeded per micro-batch by
+its place in the global batch, so the two runs drop the same units. The GPU check runs in fp32 with dropout off
+(bf16 rounding would need a tolerance loose enough to hide a real mismatch).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ GLOBAL, STEPS, VOCAB = 8, 3, 300
 
 
 def all_rows(n: int = 64) -> list[dict]:
-    """Deterministic rows of varied length (16..48 tokens), 3 masked positions each."""
+    """Deterministic rows of varied length (16..48 tokens), 1 to 5 masked positions each."""
     rng = np.random.default_rng(0)
     rows = []
     for _ in range(n):
@@ -40,35 +41,33 @@ def all_rows(n: int = 64) -> list[dict]:
         a = int(rng.integers(4, length - 8))
         ids = rng.integers(5, VOCAB, length).tolist()
         ids[0], ids[a + 1], ids[-1] = 2, 3, 3
-        pos = sorted(rng.choice([i for i in range(1, length - 1) if i != a + 1], 3, replace=False).tolist())
+        k = int(rng.integers(1, 6))
+        pos = sorted(rng.choice([i for i in range(1, length - 1) if i != a + 1], k, replace=False).tolist())
         rows.append({"input_ids": ids, "a_length": a, "masked_lm_positions": pos,
-                     "masked_lm_ids": rng.integers(5, VOCAB, 3).tolist(), "next_sentence_label": int(rng.integers(2))})
+                     "masked_lm_ids": rng.integers(5, VOCAB, k).tolist(), "next_sentence_label": int(rng.integers(2))})
     return rows
 
 
-def shard_for(world: int, directory: Path) -> str:
-    """One shard whose contiguous split over `world` ranks gives rank r the r-th part of every global batch."""
+def shard(directory: Path) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from pipeline.schema import instance_schema
 
-    rows, share = all_rows(), GLOBAL // world
-    order = [i for rank in range(world) for s in range(0, len(rows), GLOBAL)
-             for i in range(s + rank * share, s + (rank + 1) * share)]
-    path = directory / f"world{world}.parquet"
-    pq.write_table(pa.Table.from_pylist([rows[i] for i in order], schema=instance_schema(VOCAB)), path)
+    path = directory / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist(all_rows(), schema=instance_schema(VOCAB)), path)
     return str(path)
 
 
 def config(world: int, device: str, shard: str) -> PretrainConfig:
     cuda = device == "cuda"
-    shards = manifest_of((shard,), (64,), max_seq_length=48, max_predictions=3, vocab_size=VOCAB)
+    dropout = 0.0 if cuda else 0.1
+    shards = manifest_of((shard,), (64,), max_seq_length=48, max_predictions=5, vocab_size=VOCAB)
     return PretrainConfig(
-        model=ModelConfig(bert=bert_tiny(vocab_size=VOCAB, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                                         attention_probs_dropout_prob=0.0)),
-        data=DataConfig(train=shards, micro_batch_size=GLOBAL // world, length_bucketing=False,
-                        length_buckets=(16, 32, 48)),
+        model=ModelConfig(bert=bert_tiny(vocab_size=VOCAB, max_position_embeddings=64, hidden_dropout_prob=dropout,
+                                         attention_probs_dropout_prob=dropout)),
+        data=DataConfig(train=shards, micro_batch_size=GLOBAL // 2, accum=2 // world, batch_size=GLOBAL,
+                        bucket_window=4, length_buckets=(16, 32, 48)),
         max_steps=STEPS, optimizer=OptimizerConfig(lr=1e-3), tracking=TrackingConfig(log_every=1),
         runtime=RuntimeConfig(device=device, threads=1, precision="fp32", compile=cuda, seed=1,
                               fused_kernels=None))
@@ -97,7 +96,7 @@ def two_ranks(tmp_path: Path, device: str) -> dict[int, dict]:
     ray.cloudpickle.register_pickle_by_value(sys.modules["_manifests"])
     resources = {"CPU": 0.5} if device == "cpu" else {"CPU": 0.5, "GPU": 0.5}
     out = tmp_path / "history.json"
-    TorchTrainer(ray_loop, train_loop_config={"device": device, "out": str(out), "shard": shard_for(2, tmp_path)},
+    TorchTrainer(ray_loop, train_loop_config={"device": device, "out": str(out), "shard": shard(tmp_path)},
                  torch_config=TorchConfig(backend="gloo"),
                  scaling_config=ray.train.ScalingConfig(num_workers=2, use_gpu=device == "cuda",
                                                         resources_per_worker=resources),
@@ -107,7 +106,7 @@ def two_ranks(tmp_path: Path, device: str) -> dict[int, dict]:
 
 def one_rank(device: str, tmp_path: Path) -> dict[int, dict]:
     torch.manual_seed(0)
-    return dict(fit(config(1, device, shard_for(1, tmp_path)), Worker(device=torch.device(device))).history)
+    return dict(fit(config(1, device, shard(tmp_path)), Worker(device=torch.device(device))).history)
 
 
 def check_same(one: dict[int, dict], two: dict[int, dict], rel: float) -> None:
@@ -119,8 +118,8 @@ def check_same(one: dict[int, dict], two: dict[int, dict], rel: float) -> None:
     assert one[1]["loss"] != one[STEPS]["loss"]  # the optimizer really stepped in between
 
 
-def test_two_gloo_ranks_equal_one_rank_with_the_doubled_batch(ray_local, tmp_path):
-    check_same(one_rank("cpu", tmp_path), two_ranks(tmp_path, "cpu"), rel=1e-4)
+def test_two_gloo_ranks_equal_one_rank_accumulating_two_micro_batches(ray_local, tmp_path):
+    check_same(one_rank("cpu", tmp_path), two_ranks(tmp_path, "cpu"), rel=1e-5)
 
 
 @pytest.mark.gpu

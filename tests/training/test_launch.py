@@ -66,6 +66,9 @@ def test_local_ray_listens_on_loopback_only():
     ({"no_ray": True, "num_workers": 2}, "drop --num-workers or --no-ray"),
     ({"no_ray": True, "storage": "s3://bucket/runs"}, "keeps checkpoints on local disk"),
     ({"name": "a/b"}, "--run-name"),
+    ({"num_workers": 3, "min_workers": 4}, "MIN:MAX with 1 <= MIN <= MAX"),
+    ({"num_workers": 3, "min_workers": 0}, "MIN:MAX with 1 <= MIN <= MAX"),
+    ({"no_ray": True, "num_workers": 1, "min_workers": 1, "resize_check_seconds": 0}, "--resize-check-seconds"),
 ])
 def test_launch_config_refuses_what_cannot_run(changes, message):
     with pytest.raises(ValueError, match=message):
@@ -75,3 +78,10 @@ def test_launch_config_refuses_what_cannot_run(changes, message):
 def test_a_run_in_this_process_keeps_checkpoints_in_a_local_folder(tmp_path):
     launch = LaunchConfig(no_ray=True, storage=f"file://{tmp_path}/runs", name="phase1")
     assert launch.local_directory == tmp_path / "runs" / "phase1"
+
+
+def test_an_elastic_launch_is_a_range_of_workers():
+    elastic = LaunchConfig(num_workers=3, min_workers=1)
+    assert elastic.elastic and elastic.fewest_workers == 1
+    fixed = LaunchConfig(num_workers=3, min_workers=3)
+    assert not fixed.elastic and fixed.fewest_workers == 3 and LaunchConfig(num_workers=2).fewest_workers == 2

@@ -1,0 +1,173 @@
+"""`python -m pretraining.batches`: the training loader's data order, replayed without training.
+
+    python -m pretraining.batches --data DATASET --batch-size 256 --num-workers 8 --seed 12345 --steps 1:60
+    python -m pretraining.batches --run STORAGE/RUN_NAME --step 1234 --text      # a run's own settings
+
+One line per optimizer step: `step N: <digest>`, 16 hex digits of the sha256 of the sorted example ids (`shard <<
+32 | row`, `pretraining.order`) that the ranks' micro-batches of that step hold, every rank's share replayed with the
+loader's own code and joined. The digests are the same for any `--num-workers` (the global data order) and differ
+with `--seed`, the dataset, `--batch-size` or the bucketing and packing flags. `--ids` lists a step's examples
+(`shard:row`, the shard's index in the manifest), `--text` decodes them too (the original tokens, masks undone).
+
+Spike forensics: `--run` reads the data settings, seed and vocabulary of a run's latest checkpoint (local or a
+URL) and prints the steps asked for with them. `--step N` is the N-th batch of the data order, which is the run's
+step N until a rollback: a run that rolled back trains, after it, the batches past every one it had seen, so its
+step N reads batch N + the batches skipped before it (the checkpoint's `skipped_batches`). The divergence guard's
+rollback line names the examples of the batch that tripped it, and this command with that batch's number.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from pipeline.safe_io.untrusted import read_bounded
+from pipeline.schema import read_manifest
+from pipeline.storage import join, list_names, read_bytes
+from pretraining import order
+from pretraining.loader import DataConfig, rank_steps
+
+MAX_TRAIN_STATE_BYTES = 64 << 20  # as training.checkpoint reads it: a run folder may be anyone's
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay:
+    """What a replay needs: the data order's settings, the seed, the vocabulary size and the number of workers."""
+
+    data: DataConfig
+    seed: int
+    vocab_size: int
+    world: int = 1
+
+
+def steps(replay: Replay, first: int, last: int) -> Iterator[tuple[int, np.ndarray, order.GlobalBatch]]:
+    """(step, the example ids every rank's micro-batches hold, the global batch) for steps first..last (1-based,
+    inclusive). Each rank's share comes from the loader's own stream, as a worker of that world would read it."""
+    data = replay.data.for_world(replay.world)
+    streams = [rank_steps(data, replay.vocab_size, replay.seed, rank, replay.world, first - 1)
+               for rank in range(replay.world)]
+    for step in range(first, last + 1):
+        shares = [next(stream) for stream in streams]
+        held = np.concatenate([ids for share in shares for ids in share.examples])
+        yield step, held, shares[0].batch
+
+
+def from_flags(a: argparse.Namespace) -> Replay:
+    manifest = read_manifest(a.data, a.endpoint_url)
+    micro = a.micro_batch_size or a.batch_size
+    data = DataConfig(train=manifest, endpoint_url=a.endpoint_url, micro_batch_size=micro, batch_size=a.batch_size,
+                      length_bucketing=a.length_bucketing, length_buckets=a.length_buckets or (),
+                      dynamic_masking=a.dynamic_masking, mask_id=manifest.vocab.mask_id,
+                      masked_lm_prob=manifest.masked_lm_prob, packing=a.packing, pack_sequences=a.pack_sequences)
+    return Replay(data, a.seed, manifest.vocab.size, a.num_workers)
+
+
+def from_run(run_url: str, endpoint_url: str | None, world: int | None) -> tuple[Replay, dict]:
+    """A run's replay from its latest checkpoint's train_state.json (and that state), on the run's last world size
+    unless `world` is given."""
+    names = [n for n in list_names(run_url, endpoint_url) if n.startswith("checkpoint-")]
+    if not names:
+        raise ValueError(f"{run_url} holds no checkpoint-* folder: give the run's folder, STORAGE/RUN_NAME")
+    state = json.loads(read_bounded(join(run_url, names[-1], "train_state.json"), MAX_TRAIN_STATE_BYTES,
+                                    endpoint_url, "train state"))
+    config = state["config"]
+    saved = config["data"]
+    manifest = read_manifest(saved["train"]["url"], endpoint_url)
+    if manifest.sha256 != saved["train"]["sha256"]:
+        raise ValueError(f"{saved['train']['url']} changed since the run read it (its manifest's digest differs): "
+                         "its batches cannot be replayed")
+    fields = {f.name for f in dataclasses.fields(DataConfig)} - {"train", "endpoint_url"}
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in fields}
+    data = DataConfig(train=manifest, endpoint_url=endpoint_url, **kwargs)
+    return Replay(data, int(config["runtime"]["seed"]), int(config["model"]["bert"]["vocab_size"]),
+                  world or int(state["world_size"])), state
+
+
+def decode(rows, i: int, vocab: list[str]) -> str:
+    """Row i's original text (its masked positions restored), WordPiece pieces joined. A segment may start inside a
+    word: a `##` piece right after [CLS] or [SEP] is shown as it is, not glued to the special token."""
+    ids = rows.ids[rows.ids_off[i]:rows.ids_off[i + 1]].copy()
+    ids[rows.pos[rows.pos_off[i]:rows.pos_off[i + 1]]] = rows.lab[rows.pos_off[i]:rows.pos_off[i + 1]]
+    words: list[str] = []
+    for piece in (vocab[t] if 0 <= t < len(vocab) else f"<{t}>" for t in ids):
+        if piece.startswith("##") and words and not (words[-1].startswith("[") and words[-1].endswith("]")):
+            words[-1] += piece[2:]
+        else:
+            words.append(piece)
+    return " ".join(words)
+
+
+def show(replay: Replay, first: int, last: int, ids: bool, text: bool, write: Callable[[str], object]) -> None:
+    vocab = read_bytes(replay.data.train.vocab.url, replay.data.endpoint_url).decode("utf-8").splitlines() \
+        if text else []
+    for step, held, batch in steps(replay, first, last):
+        write(f"step {step}: {order.digest(held)}\n")
+        if not (ids or text):
+            continue
+        index = np.arange(len(batch.rows)) if batch.packs is None else np.concatenate(batch.packs)
+        for i in index[np.argsort(batch.rows.example[index], kind="stable")]:
+            shard, row = order.split_example(batch.rows.example[i])
+            write(f"  {int(shard)}:{int(row)}" + (f"  {decode(batch.rows, int(i), vocab)}" if text else "") + "\n")
+
+
+def _span(text: str) -> tuple[int, int]:
+    first, _, last = text.partition(":")
+    try:
+        a, b = int(first), int(last or first)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give N or A:B (1-based optimizer steps)") from None
+    if not 1 <= a <= b:
+        raise argparse.ArgumentTypeError(f"{text!r}: steps count from 1, and A <= B")
+    return a, b
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m pretraining.batches", description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", help="dataset directory written by jobs/build_dataset.py (local or a URL)")
+    p.add_argument("--run", metavar="STORAGE/RUN", help="a run's checkpoint folder: replay with its own settings")
+    p.add_argument("--steps", "--step", dest="steps", type=_span, default=(1, 10), help="N or A:B (1-based)")
+    p.add_argument("--batch-size", type=int, default=256, help="GLOBAL rows per optimizer step")
+    p.add_argument("--num-workers", type=int, help="workers whose shares are replayed (default 1; --run: the run's)")
+    p.add_argument("--micro-batch-size", type=int, help="a worker's largest micro-batch (does not change the order)")
+    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--length-bucketing", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--length-buckets", type=lambda t: tuple(int(x) for x in t.split(",")), help="e.g. 32,64,96,128")
+    p.add_argument("--dynamic-masking", action="store_true")
+    p.add_argument("--packing", action="store_true")
+    p.add_argument("--pack-sequences", type=int, default=3)
+    p.add_argument("--endpoint-url", help="S3-compatible endpoint of s3:// data or runs")
+    p.add_argument("--ids", action="store_true", help="list each step's examples (shard:row)")
+    p.add_argument("--text", action="store_true", help="list each step's examples with their text")
+    a = p.parse_args(argv)
+    if bool(a.data) == bool(a.run):
+        p.error("give --data (and the run's data flags) or --run STORAGE/RUN_NAME")
+    if a.batch_size < 1 or (a.num_workers is not None and a.num_workers < 1):
+        p.error("--batch-size and --num-workers must be >= 1")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    try:
+        if a.run:
+            replay, state = from_run(a.run, a.endpoint_url, a.num_workers)
+            skipped = int(state.get("guard", {}).get("skipped_batches", 0))
+            if skipped:
+                sys.stderr.write(f"{a.run} rolled back past {skipped} batches by its checkpoint of step "
+                                 f"{state['step']}: a step after a rollback reads batch step + the batches skipped "
+                                 "before it\n")
+        else:
+            replay = dataclasses.replace(from_flags(a), world=a.num_workers or 1)
+        show(replay, *a.steps, ids=a.ids, text=a.text, write=sys.stdout.write)
+    except ValueError as e:  # a user's mistake: one line
+        sys.stderr.write(f"pretraining.batches: {e}\n")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
