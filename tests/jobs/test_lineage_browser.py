@@ -106,9 +106,11 @@ def href(b: Browser, text: str) -> str:
 
 
 def click_href(b: Browser, pattern: str) -> None:
-    """Click, as a person does, the first link whose address matches `pattern` (a JS regular expression)."""
+    """Click, as a person does, the first link whose address matches `pattern` (a JS regular expression), scrolled
+    into view first (a page opened by a link can be scrolled past it: a click at its place would land elsewhere)."""
     box = b.eval(f"(() => {{ const a = [...document.querySelectorAll('a')].find(a => new RegExp({json.dumps(pattern)})"
-                 ".test(a.href)); if (!a) return null; const r = a.getBoundingClientRect();"
+                 ".test(a.href)); if (!a) return null; a.scrollIntoView({block: 'center'});"
+                 " const r = a.getBoundingClientRect();"
                  " return [r.x + r.width / 2, r.y + r.height / 2]; })()")
     assert box, f"no link to {pattern} on {b.url()}"
     for kind in ("mousePressed", "mouseReleased"):
@@ -167,14 +169,14 @@ def test_build_to_pretraining_to_finetuning_and_back_in_fresh_browsers(pipeline)
         text = b.wait_for("Training data:")
         model_training_view(text)
         b.screenshot(where / "5-parent-run-link-clicked.png")
-        # and the experiment from the breadcrumb (a link to the experiment, no view in it): its runs table, not the
+        # and the experiment from the run page's link to it (its id, no view in the link): its runs table, not the
         # GenAI overview
         click_href(b, rf"#/experiments/{exp}(\?|$)")
         b.wait_for_url(f"/experiments/{exp}")
         text = b.wait_for("matching runs")
         model_training_view(text)
         assert "/runs" in b.url()
-        b.screenshot(where / "6-experiment-from-the-breadcrumb.png")
+        b.screenshot(where / "6-experiment-from-the-run-page.png")
     # The experiment list, a fresh browser: a click on the experiment opens its runs (MLflow's own link, no view in
     # it: as MLflow serves it, the GenAI overview).
     with Browser(tmp / "p5") as b:
