@@ -89,7 +89,8 @@ class RayDataExecutor(RayCluster):
         return RayShared(key, ray.remote(_call).options(**self._options()).remote(fn))
 
     def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker | UserError]:
-        """Run ``step`` on every item, one Ray Data task each; the markers, in completion order."""
+        """Run ``step`` on every item, one Ray Data task each (one item: one Ray task); the markers, in completion
+        order."""
         if not items:
             return
         import ray.data
@@ -98,8 +99,13 @@ class RayDataExecutor(RayCluster):
         if len(items) == 1:
             # One item (the pool's merge, the one shard of a small build): a task, as Ray Data would run it, without
             # an execution's start-up and its operators' bookkeeping for a single block.
-            task = ray.remote(run_step).options(name=type(step).__name__, **self._options())
-            yield ray.get(task.remote(step, items[0]))
+            ref = ray.remote(run_step).options(name=type(step).__name__, **self._options()).remote(step, items[0])
+            try:
+                marker = ray.get(ref)
+            except BaseException:
+                ray.cancel(ref)  # a failed or interrupted stage stops its task now (a no-op once it has ended)
+                raise
+            yield marker
             return
         ds = ray.data.from_items([{"item": pickle.dumps(item)} for item in items], override_num_blocks=len(items))
         ds = ds.map_batches(_named(step), batch_size=None, zero_copy_batch=True, compute=self._compute(),
