@@ -277,12 +277,14 @@ def small_corpus(src: Path, work: Path, nbytes: int) -> tuple[Path, float]:
 
 # --- one run of the job
 
-# The job as `python jobs/build_dataset.py` runs it, with each log line stamped in ms since the process started,
-# so that a run's phases can be read off its own log (``phases``).
+# The job as `python jobs/build_dataset.py` runs it (its end too: ``exit_now``), with each log line stamped in ms
+# since the process started, so that a run's phases can be read off its own log (``phases``).
 LAUNCH = ("import logging, sys, time; logging.basicConfig(level=logging.INFO, "
           "format='%(relativeCreated)d ms %(name)s: %(message)s'); sys.argv[0] = 'build_dataset'; "
+          "logging.getLogger('pipeline.build.ray_data.cluster').setLevel(logging.DEBUG); "
           "from jobs import build_dataset; logging.getLogger('bench').info('job imported'); "
-          "rc = build_dataset.main(sys.argv[1:]); logging.getLogger('bench').info('main returned'); sys.exit(rc)")
+          "rc = build_dataset.main(sys.argv[1:]); logging.getLogger('bench').info('main returned'); "
+          "build_dataset.exit_now(rc)")
 STAGES = ("read", "pool", "instances", "shards")
 PHASES = (  # (phase, a test of the log line that ends it), in the order they happen
     ("imports", lambda m: m == "job imported"),
@@ -290,6 +292,8 @@ PHASES = (  # (phase, a test of the log line that ends it), in the order they ha
     ("first_stage_starts", lambda m: m.startswith("read: ") and " to run" in m),
     *((s, lambda m, s=s: m.startswith(f"{s}: ") and " done in " in m) for s in STAGES),
     ("manifest", lambda m: m.startswith("built ")),
+    ("mlflow_written", lambda m: m.startswith("MLflow run ") and " written" in m),
+    ("ray_down", lambda m: m.startswith("Ray shut down in ")),
     ("after_build", lambda m: m == "main returned"),
 )
 

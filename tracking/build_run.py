@@ -1,12 +1,14 @@
 """The dataset build's MLflow run: opened when the build begins its work (every check of its flags, inputs and
 output passed: a mistake found before then leaves no run and waits for no store), written by one background thread,
-closed with the build's own start and end times, so that its duration is the build's; what it adds to the job's
-critical path is its end (figures, artifacts, the dataset), written after the build.
+closed with the build's own start and end times, so that its duration is the build's. Its end (the report's
+figures, artifacts, the dataset) is written after the dataset is committed: the job prints its summary (with the
+run's id, known once the run is open) first, and shuts Ray down while this thread draws the figures.
 
     run = BuildRun(tracking_uri, experiment, cfg, args, started)   # nothing opened yet
     build(cfg, run.opening(executor), on_stage=run.on_stage)  # the run opens as the executor begins
     run.finish(output, manifest, ended)             # metrics, the report's figures, manifest, dataset (queued)
-    run_id = run.wait()                             # before Ray shuts down; raises what the thread raised
+    run.run_id()                                    # its id, once open (printed with the build's summary)
+    run.wait()                                      # the run written; raises what the thread raised
 
 Writes are queued on one thread (in order); ``on_stage`` raises at once if the run could not be opened, so a bad
 tracking store stops the build at its next stage rather than after it. The run is opened by
@@ -153,6 +155,11 @@ class BuildRun:
         """The build failed: its run (when its work had begun) ends FAILED, or KILLED for Ctrl-C."""
         if self._opened is not None:
             self._submit(self._fail, error, ended)
+
+    def run_id(self, timeout: float = 600.0) -> str | None:
+        """The run's id once it is open (None: it never opened); raises what opening it raised. Waits for no other
+        write: the job prints it with the build's summary while the report is still being written."""
+        return None if self._opened is None else self._opened.result(timeout).run_id
 
     def wait(self, timeout: float = 600.0) -> str | None:
         """The run's id once every queued write is done (None: the build failed before its run opened); raises the

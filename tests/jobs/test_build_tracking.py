@@ -96,6 +96,49 @@ def test_a_given_vocabulary_is_logged_with_its_real_size_and_two_builds_read_apa
         assert not client.search_runs([r.info.experiment_id], f"tags.mlflow.parentRunId = '{r.info.run_id}'")
 
 
+def test_the_summary_is_printed_once_the_dataset_is_committed_not_after_the_reports_figures(
+        tmp_path, sample_dir, mlflow_uri, capsys, monkeypatch):
+    """The report's figures (matplotlib, the slowest part of the run's end) are drawn after the dataset is committed
+    and its summary printed: what reads the job's output goes on while they are; the job still returns only once
+    the run holds them."""
+    import threading
+
+    from mlflow.tracking import MlflowClient
+
+    import tracking.build_report as report
+
+    drawing, go_on = threading.Event(), threading.Event()
+    real = report.figures
+
+    def held_figures(*a):  # the real figures, drawn only once the test has seen the summary
+        drawing.set()
+        assert go_on.wait(120)
+        return real(*a)
+
+    monkeypatch.setattr(report, "figures", held_figures)
+    out = tmp_path / "early"
+    done: list[int] = []
+    job = threading.Thread(target=lambda: done.append(build_dataset.main([
+        "--input", corpus(tmp_path, sample_dir, "e.jsonl", 1, 3), "--output", str(out), "--no-ray",
+        "--vocab", str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"), "--dupe-factor", "1",
+        "--num-shards", "1", "--mlflow-tracking-uri", mlflow_uri, "--experiment", "builds"])))
+    job.start()
+    try:
+        assert drawing.wait(120)
+        summary = last_json(capsys.readouterr().out)  # printed while the figures are still held
+        assert (out / "manifest.json").exists() and summary["instances"] == read_manifest(str(out)).totals.instances
+        assert job.is_alive()  # main() returns once the run is written
+    finally:
+        go_on.set()
+        job.join(120)
+    assert done == [0]
+    client = MlflowClient(mlflow_uri)
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert sorted(f.path for f in client.list_artifacts(run.info.run_id, "report")) == sorted(
+        f"report/{name}" for name in FIGURES)
+
+
 def test_a_failed_build_leaves_a_failed_run_saying_why(tmp_path, sample_dir, mlflow_uri):
     from mlflow.tracking import MlflowClient
 

@@ -11,7 +11,8 @@ Ray's Dashboard and ``Dataset.stats()`` show it as ``ReadCorpus->MapBatches(Spli
 and bytes per operator, and a unit's rows never leave the process that read them before they are committed.
 
 The few one-item or per-file stages (pieces of big compressed files, the vocabulary, the pool's merge, the
-shards) are ``from_items(work items) -> map_batches(<step>)``, one Ray Data task per item; they are not rows
+shards) are ``from_items(work items) -> map_batches(<step>)``, one Ray Data task per item (a stage of one item: one Ray
+task named after its step, without an execution's start-up); they are not rows
 because what they do is not per document: the shards' exact balance needs every unit's row count first and then
 hands each shard precisely its slices (docs/data.md says why no Ray Data repartition does that).
 

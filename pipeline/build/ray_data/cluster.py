@@ -5,10 +5,12 @@ stages, the vocabulary in the object store, users' errors carried back as values
   submit`` sets, or starts a local Ray capped at ``--num-cpus``) in a background thread while the driver lists and plans.
 - ``warm(setup, items)`` starts the worker processes the stages will use (one per CPU, fewer when no stage has that
   many items) by handing each a task that imports what the steps use and runs ``setup`` (loads the tokenizer),
-  not waited for. Worker processes are the expensive part of a job on Ray (an interpreter, Ray, Arrow, NumPy, the
-  tokenizer: a second or more each, see docs/benchmarks.md); started as soon as the driver knows its units, they
-  are ready when the first stage comes, and the stages' tasks run in them (Ray reuses a job's task workers), whose
-  caches (``work.cached``) keep the tokenizer for the rest of the build.
+  while the driver goes on planning; a stage's first execution waits for them to end, so that its tasks take the
+  warmed processes instead of starting more (a one-unit build runs in one worker process). Worker processes are the
+  expensive part of a job on Ray (an interpreter, Ray, Arrow, NumPy, the tokenizer: a second or more each, see
+  docs/benchmarks.md); started as soon as the driver knows its units, they are ready when the first stage comes,
+  and the stages' tasks run in them (Ray reuses a job's task workers), whose caches (``work.cached``) keep the
+  tokenizer for the rest of the build.
 - ``share`` puts a large read-only object (the vocabulary) in the object store once.
 - ``--num-cpus`` below 1 is refused before Ray starts, and a cluster without a CPU for the build's one-CPU tasks is
   waited for a bounded time (an autoscaler may be adding nodes), then refused: a clear error, never a hang.
@@ -159,7 +161,19 @@ class RayCluster(abc.ABC):
                     break
                 except concurrent.futures.TimeoutError:
                     log.info("waiting for Ray to come up (%.0f s wall)", time.perf_counter() - t0)
+        if configured and self._warming:
+            self._warmed()
         return cpus.result()
+
+    def _warmed(self) -> None:
+        """Wait until the warm-up tasks are done, before a stage's first task: each frees its worker process for
+        the stage's tasks. Not waited for, a stage with fewer items than CPUs starts its tasks on the CPUs the
+        warm-up does not hold, in new worker processes (a one-unit build then started two on a 2-core box, each an
+        interpreter, Ray, Arrow and the tokenizer); a stage with more items could not start before they ended."""
+        import ray
+
+        ray.wait(self._warming, num_returns=len(self._warming))  # a failed warm-up: the stage's task says why
+        self._warming = []
 
     def _cluster_cpus(self) -> int:
         """The cluster's CPUs now (an autoscaling cluster's count changes between stages)."""
@@ -199,9 +213,16 @@ class RayCluster(abc.ABC):
         if self._owns_ray and ray.is_initialized():
             # Reference cycles holding Ray objects (Ray Data's plans and their ObjectRefs) are freed now, while Ray is
             # up: freed after the shutdown, by a collection in whichever thread allocates then (the job's MLflow
-            # writer), an ObjectRef reaches the shut-down core worker, which ends the process with exit code 1.
-            gc.collect()
-            ray.shutdown()
+            # writer, drawing the report meanwhile), an ObjectRef reaches the shut-down core worker, which ends the
+            # process with exit code 1. No automatic collection starts in another thread until Ray is down.
+            t0 = time.perf_counter()
+            gc.disable()
+            try:
+                gc.collect()
+                ray.shutdown()
+            finally:
+                gc.enable()
+            log.debug("Ray shut down in %.2f s", time.perf_counter() - t0)
 
     @abc.abstractmethod
     def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker | UserError]:

@@ -7,15 +7,15 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import ray.data
-
 from pipeline.build.markers import SUFFIX, Marker
 from pipeline.build.ray_data.cluster import RayCluster, RayShared, run_step
-from pipeline.build.ray_data.datasource import CorpusDatasource, UnitsDatasink
 from pipeline.build.ray_data.guard import guarded, in_worker
 from pipeline.build.rows import RowStage, UserError, measured
 from pipeline.readers import Unit
 from pipeline.storage import join, list_names, read_bytes
+
+# Ray and Ray Data are imported where they are used: by the thread that brings Ray up, once it is up (a second of
+# imports then overlaps the driver's planning and Ray's own start, instead of coming before both).
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,8 @@ class RayDataExecutor(RayCluster):
         self.bars = bars
 
     def _configure(self) -> None:
+        import ray.data
+
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = self.bars
         # A pass is one (fused) operator: reserving resources per operator (against starving a later one) only holds
@@ -74,19 +76,37 @@ class RayDataExecutor(RayCluster):
             logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
 
     def _compute(self) -> ray.data.TaskPoolStrategy:
+        import ray.data
+
         return ray.data.TaskPoolStrategy()  # the same for every operator, so that Ray Data fuses them
 
     def share_result(self, key: str, fn: Callable[[], Any]):
+        import ray
+
         self._wait()
         # A task's return value is owned by the driver (it outlives the worker that made it); the driver never
         # fetches it, the workers read it from their node's object store.
         return RayShared(key, ray.remote(_call).options(**self._options()).remote(fn))
 
     def map(self, step: Callable[[Any], Marker], items: Sequence[Any]) -> Iterator[Marker | UserError]:
-        """Run ``step`` on every item, one Ray Data task each; the markers, in completion order."""
+        """Run ``step`` on every item, one Ray Data task each (one item: one Ray task); the markers, in completion
+        order."""
         if not items:
             return
+        import ray.data
+
         self._wait()
+        if len(items) == 1:
+            # One item (the pool's merge, the one shard of a small build): a task, as Ray Data would run it, without
+            # an execution's start-up and its operators' bookkeeping for a single block.
+            ref = ray.remote(run_step).options(name=type(step).__name__, **self._options()).remote(step, items[0])
+            try:
+                marker = ray.get(ref)
+            except BaseException:
+                ray.cancel(ref)  # a failed or interrupted stage stops its task now (a no-op once it has ended)
+                raise
+            yield marker
+            return
         ds = ray.data.from_items([{"item": pickle.dumps(item)} for item in items], override_num_blocks=len(items))
         ds = ds.map_batches(_named(step), batch_size=None, zero_copy_batch=True, compute=self._compute(),
                             **self._options())
@@ -102,6 +122,10 @@ class RayDataExecutor(RayCluster):
 
     def dataset(self, stage: RowStage, units: Sequence[Unit]) -> ray.data.Dataset:
         """The row stage's Dataset up to its sink: ReadCorpus -> MapBatches(<operator>) ..."""
+        import ray.data
+
+        from pipeline.build.ray_data.datasource import CorpusDatasource
+
         opts, compute = self._options(), self._compute()
         ds = ray.data.read_datasource(CorpusDatasource(units, measured(stage.read), stage.sizes),
                                       override_num_blocks=len(units), compute=compute, num_cpus=opts["num_cpus"],
@@ -124,6 +148,8 @@ class RayDataExecutor(RayCluster):
         lists the stage's marker folder every few seconds, for the progress lines), then the sink's results."""
         if not units and stage.source is None:
             return
+        from pipeline.build.ray_data.datasource import UnitsDatasink
+
         self._wait()
         ds = self.dataset(stage, units) if stage.source is None else self.stream(stage)
         sink = UnitsDatasink(stage.sink)

@@ -25,8 +25,8 @@ def test_warm_up_loads_the_tokenizer_once_per_worker_before_any_item(ray_local, 
     executor.begin()
     vocab = executor.share("vocab-test-warm", tokens)
     executor.warm(SplitTokenize(_ctx(tmp_path), vocab).setup, items=16)
-    # The build never waits for the warm-up (a stage's first items may overtake it and load the tokenizer
-    # themselves, once); here we wait, to see where it went: one warm-up per worker process.
+    # A stage waits for the warm-up before its first task (its tasks then take the warmed processes); here we
+    # wait first, to see where it went: one warm-up per worker process.
     warmed = ray_local.get(executor._warming)
     assert len(set(warmed)) == 2, warmed
     # Steps that load nothing see what the warm-up left in their process: the tokenizer, loaded by the warm-up
