@@ -453,7 +453,8 @@ def ray_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     ctx = ray.train.get_context()
     world = ctx.get_world_size()
     inputs, fence = loop_config["inputs"], loop_config.get("fence")
-    checkpoints = RayCheckpoints(fence, loop_config.get("run_folder"), loop_config["keep_checkpoints"])
+    checkpoints = RayCheckpoints(fence, loop_config.get("run_folder"),
+                                 loop_config.get("keep_checkpoints", LaunchConfig.keep_checkpoints))
     worker = Worker(rank=ctx.get_world_rank(), world_size=world, local_world_size=ctx.get_local_world_size(),
                     device=ray.train.torch.get_device(),
                     wrap=ray.train.torch.prepare_model if world > 1 else (lambda m: m),

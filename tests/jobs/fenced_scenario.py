@@ -58,7 +58,10 @@ def _checkpoints(run: Path) -> list[dict]:
         state = d / "train_state.json"
         if not state.is_file():
             continue
-        meta = json.loads(state.read_text())
+        try:
+            meta = json.loads(state.read_text())
+        except json.JSONDecodeError:  # being copied in by Ray Train's upload right now: seen at the next look
+            continue
         written = max(p.stat().st_mtime for p in d.rglob("*") if p.is_file())
         found.append({"name": d.name, "step": int(meta["step"]), "seed": int(meta["seed"]), "written": written})
     return found
