@@ -211,12 +211,10 @@ def drop_set_ref(sigs: ray.data.Dataset, cfg: DedupConfig, num_cpus: int | None 
             attached = _shuffled(edges.map_batches(_Keyed("edges", parts), batch_format="pyarrow")
                                  .union(sigs.map_batches(_Keyed("sigs", parts), batch_format="pyarrow")),
                                  parts, partial(_attach, parts=None)).materialize()
-            del edges  # (each intermediate leaves the object store once the next one is made)
             parts = partitions(1, (n + attached.count()) * sig_row, partition_bytes)
             near = _shuffled(attached.map_batches(_Rekeyed(parts), batch_format="pyarrow")
                              .union(sigs.map_batches(_Keyed("sigs", parts), batch_format="pyarrow")),
                              parts, partial(_verify, cfg=cfg)).materialize()
-            del attached
             edge_refs = near.to_arrow_refs()
         return ray.remote(_decide).options(num_cpus=1).remote(exact.to_arrow_refs(), edge_refs)
 
