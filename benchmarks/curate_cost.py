@@ -14,10 +14,13 @@
    ``--dedup near`` (signatures in the read pass, the curate stage's decision on Ray Data, the drop lists), CPU-seconds
    of every process of the Ray (driver, workers, Ray Data's actors, daemons) for each, the stages' wall seconds, and
    per MB between the sizes: the issue's budget is that dedup adds <= 30% to the build's CPU-seconds.
-3. Peak RSS of any one Ray worker during the build with ``--dedup near`` at each ``--scales`` size (a fresh Ray
-   each; dupe factor 1), over the whole build and while the curate stage decides: the corpus cut into 200-word
-   passages, copy k of it with 2 words of every passage changed, so near dedup finds (k-1)/k of them; flat in input
-   size means memory bounded by block and partition, not corpus.
+3. The peak memory of any one Ray worker during the build with ``--dedup near`` at each ``--scales`` size (a fresh
+   Ray each; dupe factor 1), over the whole build and while the curate stage decides: private (RSS minus shared
+   pages, what Ray's memory monitor counts for a worker) and shared (the object store's pages the worker mapped: one
+   copy per node, bounded by the store's size and spilled beyond it, counted again in every worker that read it),
+   and RSS (both). The corpus cut into 200-word passages, copy k of it with 2 words of every passage changed, so near
+   dedup finds (k-1)/k of them; a flat private peak means a worker's memory is bounded by block and partition, not
+   corpus.
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 
 import pyarrow as pa  # noqa: E402
 
-from build_throughput import Watch  # noqa: E402
+from build_throughput import PAGE, Watch  # noqa: E402
 from pipeline.curate import CurateConfig, DecontaminationConfig, DedupConfig, LanguageConfig, MixConfig  # noqa: E402
 from pipeline.curate import QualityConfig  # noqa: E402
 from pipeline.curate.decontaminate import build_index  # noqa: E402
@@ -160,7 +163,7 @@ def stage_costs(docs: list[dict], corpus: Path, tasks: Path, work: Path) -> tupl
 
 class Stages:
     """The build's ``on_stage`` hook: each stage's wall seconds; ``running`` names what runs now (a stage starts
-    when the one before it ends), so a sampler can keep the workers' peak RSS per stage."""
+    when the one before it ends), so a sampler can keep the workers' peak memory per stage."""
 
     def __init__(self):
         self.wall: dict[str, float] = {}
@@ -171,23 +174,43 @@ class Stages:
         self.running = f"after {name}"
 
 
+def _memory_table() -> dict[int, tuple[int, int]]:
+    """pid -> (private bytes, shared bytes) of every process: ``/proc/PID/statm``'s resident pages minus its shared
+    ones (what Ray's own memory monitor counts for a worker: ``rss - shared``), and the shared ones, which for a Ray
+    worker are mostly the object store's pages it has mapped (one copy per node, in /dev/shm, sized by
+    ``object_store_memory`` and spilled to disk beyond it: not the worker's memory, counted in every worker that
+    touched them)."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/statm") as f:
+                    resident, shared = (int(x) * PAGE for x in f.read().split()[1:3])
+            except OSError:
+                continue
+            out[int(name)] = (resident - shared, shared)
+    return out
+
+
 class PeakByStage(Sampling):
-    """Sampling that also keeps the largest RSS of any one Ray worker while each stage ran (``Stages.running``)."""
+    """Sampling that also keeps, per stage (``Stages.running``), the largest private and shared memory of any one
+    Ray worker (``_memory_table``)."""
 
     def __init__(self, watch: Watch, stages: Stages, driver: int):
         super().__init__(watch)
-        self.stages, self.driver, self.peak = stages, driver, {}
+        self.stages, self.driver = stages, driver
+        self.private: dict[str, int] = {}
+        self.shared: dict[str, int] = {}
 
     def _run(self) -> None:
-        from build_throughput import _proc_table
-
         while not self.stop.wait(0.1):
             self.watch.sample()
-            _, rss, _ = _proc_table()
-            now = max((rss.get(p, 0) for p in self.watch.ticks
-                       if self.watch.kind(p, self.driver) == "ray_workers"), default=0)
+            mem = _memory_table()
+            workers = [mem[p] for p in self.watch.ticks
+                       if p in mem and self.watch.kind(p, self.driver) == "ray_workers"]
             label = self.stages.running
-            self.peak[label] = max(self.peak.get(label, 0), now)
+            self.private[label] = max([self.private.get(label, 0)] + [m[0] for m in workers])
+            self.shared[label] = max([self.shared.get(label, 0)] + [m[1] for m in workers])
 
 
 def build_on_ray(corpus: Path, work: Path, cpus: int, dedup: str, dupe_factor: int = 5, on_stage=None):
@@ -273,13 +296,15 @@ def scaled_corpus(src: list[Path], scale: int, limit_bytes: int | None) -> list[
 
 def memory(src: list[Path], scales: list[int], work: Path, cpus: int, limit_bytes: int | None) -> None:
     """The build job's work with --dedup near (dupe factor 1: the instances pass is not what is measured) on a fresh
-    local Ray per size: the largest RSS of any one Ray worker, over the build and while the curate stage (the dedup
-    decision) ran."""
+    local Ray per size: the largest private memory of any one Ray worker (RSS minus shared pages, as Ray's memory
+    monitor counts it) over the build and while the curate stage (the dedup decision, the drop lists) ran, the
+    largest shared resident memory of one worker (the object store's pages it mapped) and the largest RSS (both)."""
     import ray
 
-    print(f"\n## 3. The build with --dedup near on Ray, {cpus} CPUs: peak RSS of one worker by input size\n")
-    print("| input | documents | wall s | CPU-s all processes | dropped | peak RSS of one worker: the build | "
-          "during the dedup decision (curate stage) |\n|---|---:|---:|---:|---:|---:|---:|")
+    print(f"\n## 3. The build with --dedup near on Ray, {cpus} CPUs: peak memory of one worker by input size\n")
+    print("| input | documents | wall s | CPU-s all processes | dropped | private (RSS - shared), the build | "
+          "private, curate stage | shared (object store pages), the build | RSS, the build |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for scale in scales:
         corpus, mb, n_docs = _passages_file(src, scale, work, limit_bytes)
         ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
@@ -290,12 +315,16 @@ def memory(src: list[Path], scales: list[int], work: Path, cpus: int, limit_byte
             t0 = time.time()
             stages = Stages()
             sampler = PeakByStage(Watch([driver]), stages, driver)
-            with sampler as watch:  # a worker's peak while it runs, not its RSS at the end
+            with sampler as watch:  # a worker's peak while it runs, not its memory at the end
                 m = build_on_ray(corpus, work, cpus, "near", dupe_factor=1, on_stage=stages)
             wall = time.time() - t0
             cpu = sum(watch.cpu_by_kind(driver).values())
             print(f"| {mb:.0f} MB ({scale}x) | {n_docs:,} | {wall:.1f} | {cpu:.1f} | {sum(m.dropped.values()):,} |"
-                  f" {watch.worker_peak_mb(driver):.0f} MB | {sampler.peak.get('after read', 0) / 1e6:.0f} MB |",
+                  f" {max(sampler.private.values(), default=0) / 1e6:.0f} MB |"
+                  f" {sampler.private.get('after read', 0) / 1e6:.0f} MB |"  # the stage after read: curate
+                  f" {max(sampler.shared.values(), default=0) / 1e6:.0f} MB | {watch.worker_peak_mb(driver):.0f} MB |",
+                  flush=True)
+            print("  private peak by stage: " + ", ".join(f"{k} {v / 1e6:.0f} MB" for k, v in sampler.private.items()),
                   flush=True)
         finally:
             ray.shutdown()

@@ -14,9 +14,11 @@ Each shuffle groups rows by ``part``, a hash of their key modulo the number of p
 partition: every row of a bucket, content hash or document lands in the same call. The number of partitions follows
 the rows' size (``partition_bytes`` of rows each, 32 MB by default), and the rows are cut into that many blocks
 before the shuffle (a sort-based shuffle makes as many output blocks as it has input blocks), so each call is meant
-to hold about one partition whatever the corpus size. Measured before the sort-based shuffles really ran (the hash
-shuffle's aggregators hold whole partitions), a worker's peak grew with the input (465 MB at 51 MB, 1,166 MB at
-205 MB); not yet re-measured (docs/benchmarks.md). Groups are
+to hold about one partition whatever the corpus size: measured, a worker's private memory stays ~0.5-0.6 GB from 51
+to 514 MB of input (docs/benchmarks.md, "Curation cost"). What grows with the corpus is the object store: the
+materialized signatures and each shuffle's blocks (O(documents x bands) rows), one copy per node, spilled to disk
+beyond the store's size; the verification shuffles' rows carry signatures as variable-width binary so that an edge
+row's null signature costs an offset, not 4 x num_perm bytes (``_keyed``). Groups are
 processed with Arrow/NumPy, not a call per key. Shuffles are Ray Data's sort-based ones: in Ray 2.60 the default
 hash shuffle starts its aggregator actors for every shuffle (~5 s each on a 2-CPU box against ~0.3 s sorted).
 """
@@ -64,11 +66,17 @@ def _part_of_content(content: pa.Array, parts: int) -> pa.Array:
     return pa.array([int.from_bytes(c[:8], "little") % parts for c in content.to_pylist()], pa.uint64())
 
 
-def _keyed(key: pa.Array, other: pa.Array | None, sig: pa.Array | None, parts: int, sig_type: pa.DataType):
+SHUFFLE_SIG = pa.binary()  # a signature in the verification shuffles: variable width, so a null costs an offset
+
+
+def _keyed(key: pa.Array, other: pa.Array | None, sig: pa.Array | None, parts: int):
+    """Rows of the verification shuffles. ``sig`` is variable-width binary there, not the signatures' fixed-size
+    binary: an edge row carries no signature, and a fixed-size null still holds its 4 x num_perm bytes (448 at the
+    defaults), which made the edge rows, up to one per band per duplicate, most of the object store's bytes."""
     n = len(key)
     return pa.table({"part": _part_of_ids(key, parts), "key": key,
                      "other": other if other is not None else pa.nulls(n, pa.string()),
-                     "sig": sig if sig is not None else pa.nulls(n, sig_type)})
+                     "sig": sig.cast(SHUFFLE_SIG) if sig is not None else pa.nulls(n, SHUFFLE_SIG)})
 
 
 class _ExactPart:
@@ -101,13 +109,13 @@ def _edges(group: pa.Table) -> pa.Table:
 class _Keyed:
     """Rows of one shape for the two verification shuffles: (part, key, other, sig)."""
 
-    def __init__(self, kind: str, parts: int, sig_type: pa.DataType):
-        self.kind, self.parts, self.sig_type = kind, parts, sig_type
+    def __init__(self, kind: str, parts: int):
+        self.kind, self.parts = kind, parts
 
     def __call__(self, t: pa.Table) -> pa.Table:
         if self.kind == "edges":  # keyed by a, the other end b
-            return _keyed(t["a"], t["b"], None, self.parts, self.sig_type)
-        return _keyed(t["id"], None, t["sig"], self.parts, self.sig_type)
+            return _keyed(t["a"], t["b"], None, self.parts)
+        return _keyed(t["id"], None, t["sig"], self.parts)
 
 
 def _own_sigs(group: pa.Table) -> tuple[pa.Table, pa.Table]:
@@ -116,7 +124,7 @@ def _own_sigs(group: pa.Table) -> tuple[pa.Table, pa.Table]:
     return group.filter(is_sig), group.filter(pc.invert(is_sig))
 
 
-def _attach(group: pa.Table, parts: int | None, sig_type: pa.DataType) -> pa.Table:
+def _attach(group: pa.Table, parts: int | None) -> pa.Table:
     """Edges keyed by a get a's signature and are keyed by b (``part`` 0 when ``parts`` is None: the next
     shuffle's partitions are set once the attached edges are counted, ``_Rekeyed``)."""
     sigs, edges = _own_sigs(group)
@@ -124,7 +132,7 @@ def _attach(group: pa.Table, parts: int | None, sig_type: pa.DataType) -> pa.Tab
     edges = edges.group_by(["key", "other"], use_threads=False).aggregate([])
     at = pc.index_in(edges["key"], value_set=sigs["key"])
     # (b, a, sig_a): keyed by b for the next shuffle.
-    return _keyed(edges["other"], edges["key"], sigs["sig"].take(at), parts or 1, sig_type)
+    return _keyed(edges["other"], edges["key"], sigs["sig"].take(at), parts or 1)
 
 
 class _Rekeyed:
@@ -138,8 +146,9 @@ class _Rekeyed:
 def _verify(group: pa.Table, cfg: DedupConfig) -> pa.Table:
     sigs, edges = _own_sigs(group)
     at = pc.index_in(edges["key"], value_set=sigs["key"])
-    sig_b = sig_matrix(sigs["sig"].take(at), cfg.num_perm)
-    sig_a = sig_matrix(edges["sig"], cfg.num_perm)
+    fixed = signature_schema(cfg).field("sig").type
+    sig_b = sig_matrix(sigs["sig"].take(at).cast(fixed), cfg.num_perm)
+    sig_a = sig_matrix(edges["sig"].cast(fixed), cfg.num_perm)
     a, b = verified(edges["other"].combine_chunks(), edges["key"].combine_chunks(), sig_a, sig_b, cfg)
     return pa.table({"a": a, "b": b})
 
@@ -192,20 +201,19 @@ def drop_set_ref(sigs: ray.data.Dataset, cfg: DedupConfig, num_cpus: int | None 
         exact = _shuffled(sigs.map_batches(_ExactPart(parts), batch_format="pyarrow"), parts, _exact).materialize()
         edge_refs = []
         if cfg.mode == "near":
-            sig_type = signature_schema(cfg).field("sig").type
-            sig_row = row + 4 * cfg.num_perm
+            sig_row = row + 8 + 4 * cfg.num_perm  # (an offset and the signature's bytes)
             band_parts = partitions(n * cfg.bands, row + 8, partition_bytes)
             edges = _shuffled(sigs.map_batches(_BandPart(cfg, band_parts), batch_format="pyarrow"), band_parts,
                               _edges).materialize()
             # The next two shuffles hold every signature and the edges: sized by both (edges come once per band
             # that found them, so a corpus of many copies has many more edge rows than documents).
-            parts = partitions(1, n * sig_row + edges.count() * row, partition_bytes)
-            attached = _shuffled(edges.map_batches(_Keyed("edges", parts, sig_type), batch_format="pyarrow")
-                                 .union(sigs.map_batches(_Keyed("sigs", parts, sig_type), batch_format="pyarrow")),
-                                 parts, partial(_attach, parts=None, sig_type=sig_type)).materialize()
+            parts = partitions(1, n * sig_row + edges.count() * (row + 8), partition_bytes)
+            attached = _shuffled(edges.map_batches(_Keyed("edges", parts), batch_format="pyarrow")
+                                 .union(sigs.map_batches(_Keyed("sigs", parts), batch_format="pyarrow")),
+                                 parts, partial(_attach, parts=None)).materialize()
             parts = partitions(1, (n + attached.count()) * sig_row, partition_bytes)
             near = _shuffled(attached.map_batches(_Rekeyed(parts), batch_format="pyarrow")
-                             .union(sigs.map_batches(_Keyed("sigs", parts, sig_type), batch_format="pyarrow")),
+                             .union(sigs.map_batches(_Keyed("sigs", parts), batch_format="pyarrow")),
                              parts, partial(_verify, cfg=cfg)).materialize()
             edge_refs = near.to_arrow_refs()
         return ray.remote(_decide).options(num_cpus=1).remote(exact.to_arrow_refs(), edge_refs)

@@ -106,3 +106,16 @@ def test_the_shuffles_are_sort_based_whatever_the_callers_context(ray_local, cor
         ray_dedup._shuffled = real
     assert seen and set(seen) == {ray.data.context.ShuffleStrategy.SORT_SHUFFLE_PULL_BASED}
     assert ds.context.shuffle_strategy == before
+
+
+def test_edge_rows_of_the_verification_shuffle_carry_no_signature_bytes():
+    """An edge row (up to one per band per duplicate: most rows of a corpus of many copies) goes through the shuffle
+    with a null signature; at the signatures' fixed width a null still held 4 x num_perm bytes, so the edges filled
+    the object store with ~448 bytes of nothing each (4.1 GB of a worker's mapped store at 514 MB of input)."""
+    from pipeline.curate.ray_dedup import _Keyed
+
+    n = 10_000
+    ids = pa.array([f"doc-{i:06d}" for i in range(n)])
+    rows = _Keyed("edges", parts=4)(pa.table({"a": ids, "b": ids}))
+    assert rows["sig"].null_count == n
+    assert rows.nbytes < n * 64 < n * 4 * NEAR.num_perm  # ids, part and offsets only
