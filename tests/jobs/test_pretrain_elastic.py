@@ -7,7 +7,7 @@ digests of the examples every step trained (the checkpoints' `data_digests`, kep
 order, as `python -m pretraining.batches` replays it (here for one worker: the order depends on no world size).
 
 Not shown here: a raylet added back being used (growing); docs/scaling.md § 6 says so. Nothing depends on timing but
-the removal landing before the run ends: the run is 20x longer than the step the removal waits for, and a run that
+the removal landing before the run ends: the run is 10x longer than the step the removal waits for, and a run that
 ended first fails the test (it asserts the run is still going after the removal and that it resized)."""
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from _ray_checkpoints import registered_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-STEPS, EVERY, BATCH, SEED = 80, 4, 12, 3
+STEPS, EVERY, BATCH, SEED = 40, 4, 12, 3
 
 
 def _trained_digests(run: Path) -> dict[int, str]:
