@@ -11,13 +11,14 @@ waits for, and a run that ended first fails the test rather than passing it (no 
 two worker starts on a 2-core box."""
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
 from pathlib import Path
 
 import pytest
+
+from _ray_checkpoints import registered_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -31,21 +32,6 @@ def _checkpoints(root: Path) -> list[Path]:
 def _last_step(root: Path) -> int:
     return max((int(m.group(1)) for p in _checkpoints(root) if (m := re.fullmatch(r"checkpoint-(\d+)", p.name))),
                default=0)
-
-
-def _registered_step(root: Path) -> int:
-    """The step of the latest checkpoint Ray Train's controller has registered (what a restarted group resumes from),
-    read from the snapshot it writes beside the checkpoints; 0 while there is none. A checkpoint folder on disk is
-    not enough: the worker writes it before the controller hears of it, and on a loaded machine the controller can
-    lag several checkpoints behind."""
-    for snapshot in root.glob("*/checkpoint_manager_snapshot.json"):
-        try:
-            latest = json.loads(snapshot.read_text()).get("latest_checkpoint_result")
-        except (OSError, ValueError):
-            continue  # being rewritten
-        if m := re.search(r"checkpoint-(\d+)", json.dumps(latest)):
-            return int(m.group(1))
-    return 0
 
 
 def test_a_removed_node_resumes_from_the_last_checkpoint_in_the_same_run(ray_shutdown, tiny_pretrain_data, tmp_path):
@@ -71,9 +57,9 @@ def test_a_removed_node_resumes_from_the_last_checkpoint_in_the_same_run(ray_shu
             "--mlflow-tracking-uri", uri, "--experiment", "faults", "--no-system-metrics"])), daemon=True)
         job.start()
         deadline = time.monotonic() + 600
-        while _registered_step(storage) < EVERY and job.is_alive() and time.monotonic() < deadline:
+        while registered_step(storage) < EVERY and job.is_alive() and time.monotonic() < deadline:
             time.sleep(0.2)
-        registered = _registered_step(storage)
+        registered = registered_step(storage)
         assert registered >= EVERY, "no checkpoint registered before the run ended or timed out"
         free = available_resources_per_node()
         (victim,) = [n for n in nodes if free.get(n.node_id, {}).get("CPU", 0) < 1]
