@@ -72,6 +72,7 @@ class Lease:
         self.last_ok = time.monotonic()  # when the last successful write of our record was sent
         self.lost = False
         self._lost_lock = threading.Lock()
+        self._told = threading.Event()  # the step-down's one line is out: no thread ends the process before it
         self.record: dict[str, Any] = {}
 
     # ---- the record ----------------------------------------------------------------------------------------------
@@ -247,7 +248,14 @@ class Lease:
             first, self.lost = not self.lost, True
         self._stop.set()
         if first:
-            log.error("%s", message)
+            try:
+                log.error("%s", message)
+            finally:
+                self._told.set()
+        else:
+            # Another thread is saying why (formatting and redacting its line): the process must not end under it
+            # (a stalled driver woken up lost its lease in two threads at once and exited without the line).
+            self._told.wait(5.0)
         (self.on_lost or lease_record.exit_process)(message)
 
     def release(self) -> None:

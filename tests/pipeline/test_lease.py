@@ -331,3 +331,32 @@ def test_dropped_answers_do_not_cost_the_holder_its_lease(s3_bucket, monkeypatch
     assert proxy.counts["dropped"] >= 6, proxy.counts
     assert not steps.messages
     assert record(url, endpoint)["token"] is None  # released
+
+
+def test_every_thread_that_steps_down_waits_for_the_line_saying_why(tmp_path):
+    """Two threads find the lease lost at once (a stalled driver woken up: its heartbeat and its watchdog): the one
+    line naming the taker is written before either ends the process, however long the handler takes to write it."""
+    import threading
+
+    written, ended = [], []
+
+    class Slow(logging.Handler):
+        def emit(self, record):
+            time.sleep(0.3)  # a redacting formatter on a loaded machine
+            written.append(record.getMessage())
+
+    lease = Lease(str(tmp_path / "x.lease.json"), str(tmp_path / "x"), "test run",
+                  on_lost=lambda message: ended.append(list(written)))
+    handler = Slow(level=logging.ERROR)
+    logger = logging.getLogger("pipeline.safe_io.lease")
+    logger.addHandler(handler)
+    try:
+        first = threading.Thread(target=lease.lose, args=("taken over by job 2",))
+        first.start()
+        time.sleep(0.05)
+        lease.lose("taken over by job 2")  # the second thread: it must not end the process before the line is out
+        first.join()
+    finally:
+        logger.removeHandler(handler)
+    assert written == ["taken over by job 2"]
+    assert ended == [["taken over by job 2"], ["taken over by job 2"]], ended
