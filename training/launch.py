@@ -366,7 +366,7 @@ class RayCheckpoints:
             fs, folder = self.folder
             try:
                 (fs or _local_fs()).delete_dir(f"{folder}/{name}")
-            except (OSError, FileNotFoundError) as e:  # left in place: a folder too many, never a failed run
+            except OSError as e:  # left in place: a folder too many, never a failed run
                 log.warning("could not remove %s/%s, an old checkpoint Ray Train never registered: %s", folder, name,
                             e)
             self.unregistered.remove(name)
