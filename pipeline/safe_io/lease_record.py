@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Any
 
-from pipeline.safe_io.lease_store import Version
+from pipeline.safe_io.lease_store import SCRATCH, Version
 
 STALE_SECONDS = 60.0
 STALE_ENV = "BERT_LEASE_STALE_SECONDS"
@@ -70,7 +70,9 @@ def held(target: str):
 
 
 def exit_process(message: str) -> None:
-    """The default step-down: the job stops writing by ending, at once (the line was logged by the caller)."""
+    """The default step-down: the job stops writing by ending, at once (the line was logged by the caller): once no
+    thread is inside a local lease record's scratch file (a clock probe ended by os._exit would stay in the folder)."""
+    SCRATCH.acquire(timeout=10.0)  # one local file operation; a store hung past that does not keep the process up
     for handler in logging.getLogger().handlers:
         with contextlib.suppress(Exception):
             handler.flush()

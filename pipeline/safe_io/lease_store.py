@@ -202,6 +202,11 @@ def _probe_s3(fs, bucket: str, url: str, endpoint_url: str | None) -> None:
         _probed.add((endpoint_url, bucket))
 
 
+# A local record's scratch files (the clock probe, a version before its link) exist only inside one call; a process
+# that ends itself on a lost lease (os._exit: no finally runs) takes this first, so none is left in the folder.
+SCRATCH = threading.RLock()
+
+
 class _LocalStore:
     def __init__(self, url: str, path: str) -> None:
         self.url, self.dir = url, path
@@ -219,12 +224,13 @@ class _LocalStore:
     def now(self) -> float:
         """The file system's clock (an NFS server's, not this host's): a probe file's modification time."""
         os.makedirs(self.dir, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".clock-", dir=self.dir)
-        try:
-            return os.fstat(fd).st_mtime
-        finally:
-            os.close(fd)
-            os.remove(probe)
+        with SCRATCH:
+            fd, probe = tempfile.mkstemp(prefix=".clock-", dir=self.dir)
+            try:
+                return os.fstat(fd).st_mtime
+            finally:
+                os.close(fd)
+                os.remove(probe)
 
     def read(self) -> tuple[dict[str, Any], Version] | None:
         if os.path.isfile(self.dir):  # a record of an older version of this tool: one file, not a folder
@@ -248,19 +254,20 @@ class _LocalStore:
     def _link(self, n: int, record: dict[str, Any]) -> bool:
         """Create version n holding ``record``; False when it exists, or when the folder does not (a record forgotten
         since it was read: only ``create`` makes the folder)."""
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=".write-", dir=self.dir)
-        except FileNotFoundError:
-            return False
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(_encode(record))
-            os.link(tmp, self._file(n))  # fails when n exists: the compare-and-swap
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            os.remove(tmp)
+        with SCRATCH:
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=".write-", dir=self.dir)
+            except FileNotFoundError:
+                return False
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(_encode(record))
+                os.link(tmp, self._file(n))  # fails when n exists: the compare-and-swap
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                os.remove(tmp)
 
     def create(self, record: dict[str, Any]) -> bool:
         if os.path.isfile(self.dir) or self._versions():

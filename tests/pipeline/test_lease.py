@@ -360,3 +360,31 @@ def test_every_thread_that_steps_down_waits_for_the_line_saying_why(tmp_path):
         logger.removeHandler(handler)
     assert written == ["taken over by job 2"]
     assert ended == [["taken over by job 2"], ["taken over by job 2"]], ended
+
+
+def test_a_process_ended_on_a_lost_lease_leaves_no_scratch_file_in_the_record(tmp_path):
+    """A stalled build woken up exits (os._exit) from its lease thread while its main thread reads the store's clock
+    (a probe file made and removed): the process ends only after the probe is gone, so no ``.clock-`` or ``.write-``
+    file is left in the lease folder beside the taker's records."""
+    record = tmp_path / "x.lease.json"
+    script = textwrap.dedent(f"""
+        import tempfile, threading, time
+        from pipeline.safe_io import lease_record, lease_store
+
+        store = lease_store.store_for({str(record)!r})
+        made = threading.Event()
+
+        def slow_mkstemp(*args, **kwargs):  # a probe made, then the thread descheduled before it is removed
+            got = tempfile.mkstemp(*args, **kwargs)
+            made.set()
+            time.sleep(1.0)
+            return got
+
+        lease_store.tempfile = type("T", (), {{"mkstemp": staticmethod(slow_mkstemp)}})
+        threading.Thread(target=store.now).start()
+        made.wait(10)
+        lease_record.exit_process("lost")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert sorted(os.listdir(record)) == [], sorted(os.listdir(record))
