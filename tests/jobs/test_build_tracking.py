@@ -218,12 +218,13 @@ def test_a_killed_builds_run_is_marked_killed_by_the_next_build_of_its_output(tm
     flags = ["--input", corpus(tmp_path, sample_dir, "m.jsonl", 1, 4), "--output", str(tmp_path / "ds"), "--vocab",
              str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"), "--no-ray", "--dupe-factor", "1",
              "--num-shards", "1", "--experiment", "builds", "--log-level", "WARNING"]
+    client = MlflowClient(uri)
+    client.search_experiments()  # the store's tables made now: two processes creating one sqlite store race in MLflow
     first = subprocess.Popen([sys.executable, str(repo / "tests" / "jobs" / "_slow_build.py"), "60", *flags],
                              cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    client = MlflowClient(uri)
 
     def opened() -> list:
-        exp = client.get_experiment_by_name("builds") if (tmp_path / "mlflow.db").exists() else None
+        exp = client.get_experiment_by_name("builds")
         return client.search_runs([exp.experiment_id]) if exp else []
 
     try:
