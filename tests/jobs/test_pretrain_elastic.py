@@ -1,14 +1,20 @@
-"""An elastic run that loses a raylet: jobs/pretrain.py `--num-workers 1:3` on a `ray.cluster_utils.Cluster` of three
-raylets of one CPU each (every node on 127.0.0.1), bert_tiny, tiny steps. It starts on three workers, one per raylet;
-once Ray Train's controller has registered a checkpoint, one raylet is removed abruptly (its worker dies, as when a
-machine goes away). Ray Train restarts the group on the two raylets left, which resume from that checkpoint, and the
-run finishes in the same MLflow run: its `world_size` chart goes 3 -> 2, a `resize.step_N` tag says so, and the
-digests of the examples every step trained (the checkpoints' `data_digests`, kept all) are those of the uninterrupted
-order, as `python -m pretraining.batches` replays it (here for one worker: the order depends on no world size).
+"""Elastic runs on real Ray.
 
-Not shown here: a raylet added back being used (growing); docs/scaling.md § 6 says so. Nothing depends on timing but
-the removal landing before the run ends: the run is 10x longer than the step the removal waits for, and a run that
-ended first fails the test (it asserts the run is still going after the removal and that it resized)."""
+- jobs/pretrain.py `--num-workers 1:3` on a `ray.cluster_utils.Cluster` of three raylets of one CPU each (every node
+  on 127.0.0.1), bert_tiny, tiny steps. It starts on three workers, one per raylet; once Ray Train's controller has
+  registered a checkpoint, one raylet is removed abruptly (its worker dies, as when a machine goes away). Ray Train
+  restarts the group on the two raylets left, which resume from that checkpoint; once the run says so (its
+  `resize.step_N` tag), a raylet is added back, and within `--resize-check-seconds` the group is restarted on three
+  again. The run finishes in the same MLflow run: its `world_size` chart goes 3 -> 2 -> 3, a `resize.step_N` tag says
+  each resize, and the digests of the examples every step trained (the checkpoints' `data_digests`, kept all) are
+  those of the uninterrupted order, as `python -m pretraining.batches` replays it (for one worker: the order depends
+  on no world size).
+- A run stopped by its time budget on one process (`--no-ray`) and resumed by the same command on two Ray workers
+  trains the examples of the uninterrupted order at every step, in the same MLflow run, without the "another data
+  order" warning.
+
+Nothing depends on timing but the resizes landing before the run ends: the test asserts the run is still going after
+the removal and after the raylet is added back, and that it resized both ways."""
 from __future__ import annotations
 
 import io
@@ -25,7 +31,7 @@ from _ray_checkpoints import registered_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-STEPS, EVERY, BATCH, SEED = 40, 4, 12, 3
+STEPS, EVERY, BATCH, SEED = 60, 4, 12, 3
 
 
 def _trained_digests(run: Path) -> dict[int, str]:
@@ -46,8 +52,8 @@ def _replayed(args: list[str]) -> dict[int, str]:
     return {int(m.group(1)): m.group(2) for m in re.finditer(r"^step (\d+): ([0-9a-f]+)$", text.getvalue(), re.M)}
 
 
-def test_an_elastic_run_loses_a_raylet_and_finishes_on_two_workers_in_the_same_order(ray_shutdown, tiny_pretrain_data,
-                                                                                     tmp_path):
+def test_an_elastic_run_shrinks_when_a_raylet_is_lost_and_grows_when_one_returns(ray_shutdown, tiny_pretrain_data,
+                                                                                  tmp_path):
     import ray
     from mlflow.tracking import MlflowClient
     from ray.cluster_utils import Cluster
@@ -68,7 +74,7 @@ def test_an_elastic_run_loses_a_raylet_and_finishes_on_two_workers_in_the_same_o
             "--data", data, "--preset", "bert_tiny", "--max-steps", str(STEPS), "--batch-size", str(BATCH),
             "--seed", str(SEED), "--num-workers", "1:3", "--cpus-per-worker", "1", "--threads", "1", "--lr", "1e-3",
             "--warmup-steps", "2", "--storage", str(storage), "--run-name", "elastic", "--checkpoint-every",
-            str(EVERY), "--keep-checkpoints", "1000", "--max-failures", "2", "--log-every", str(EVERY),
+            str(EVERY), "--keep-checkpoints", "1000", "--max-failures", "2", "--log-every", str(EVERY), "--resize-check-seconds", "2",
             "--mlflow-tracking-uri", uri, "--experiment", "elastic", "--no-system-metrics"])), daemon=True)
         job.start()
         deadline = time.monotonic() + 600
@@ -78,27 +84,39 @@ def test_an_elastic_run_loses_a_raylet_and_finishes_on_two_workers_in_the_same_o
         assert lost_at >= EVERY, "no checkpoint registered before the run ended or timed out"
         cluster.remove_node(nodes[1], allow_graceful=False)  # all three raylets hold a worker: this one dies with it
         assert job.is_alive(), "the run ended before its raylet was removed"
+        client = MlflowClient(uri)
+        experiment = client.get_experiment_by_name("elastic").experiment_id
+
+        def resizes() -> dict[int, str]:
+            (run,) = client.search_runs([experiment])
+            return {int(k.split("_")[1]): v for k, v in run.data.tags.items() if k.startswith("resize.step_")}
+
+        while not resizes() and job.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert job.is_alive() and resizes(), "the run did not restart on fewer workers while it was going"
+        (shrunk,) = resizes()
+        while registered_step(storage) <= shrunk and job.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)  # a checkpoint of the two workers' own: the grow resumes from a later step than the shrink
+        cluster.add_node(num_cpus=1)  # a node returns: the next resize check finds room for a third worker
         job.join(timeout=max(1.0, deadline - time.monotonic()))
-        assert not job.is_alive(), "the run did not finish after the raylet was removed"
+        assert not job.is_alive(), "the run did not finish"
         assert outcome.get("rc") == 0
 
-        client = MlflowClient(uri)
-        (run,) = client.search_runs([client.get_experiment_by_name("elastic").experiment_id])
+        (run,) = client.search_runs([experiment])
         assert run.info.status == "FINISHED"
-        resumed = int(run.data.tags["resumed_from_step"])
-        assert lost_at <= resumed < STEPS and resumed % EVERY == 0, (lost_at, run.data.tags)
-        assert run.data.tags[f"resize.step_{resumed}"].startswith(
-            f"step {resumed}: 3 -> 2 workers, accumulation 1 -> 1, micro-batch 4 -> 6 (global batch {BATCH}")
-        assert [k for k in run.data.tags if k.startswith("resize.")] == [f"resize.step_{resumed}"]
-        # The world size charted at each (re)start and log step, in the order logged: three workers up to the resumed
-        # step or past it (the lost group may have logged a step after its last registered checkpoint), then two from
-        # the next log step on (a step is charted once: the retrained steps' points are not logged again).
+        (shrunk, grown) = sorted(resizes())
+        assert lost_at <= shrunk < grown < STEPS and shrunk % EVERY == 0 == grown % EVERY, (lost_at, run.data.tags)
+        assert int(run.data.tags["resumed_from_step"]) == grown
+        assert resizes()[shrunk].startswith(
+            f"step {shrunk}: 3 -> 2 workers, accumulation 1 -> 1, micro-batch 4 -> 6 (global batch {BATCH}")
+        assert resizes()[grown].startswith(
+            f"step {grown}: 2 -> 3 workers, accumulation 1 -> 1, micro-batch 6 -> 4 (global batch {BATCH}")
+        # The world size charted at each (re)start and log step, in the order logged: 3, then 2, then 3 again (a step
+        # is charted once: the retrained steps' points are not logged again); the run ends on three.
         history = sorted(client.get_metric_history(run.info.run_id, "world_size"), key=lambda m: m.timestamp)
         sizes = [(m.step, int(m.value)) for m in history]
-        first_two = next(i for i, (_, w) in enumerate(sizes) if w == 2)
-        assert {w for _, w in sizes[:first_two]} == {3} and {w for _, w in sizes[first_two:]} == {2}, sizes
-        assert sizes[first_two - 1][0] >= resumed and sizes[first_two][0] == sizes[first_two - 1][0] + EVERY, sizes
-        assert sizes[-1] == (STEPS, 2), sizes
+        runs_of = [w for i, (_, w) in enumerate(sizes) if i == 0 or w != sizes[i - 1][1]]
+        assert runs_of == [3, 2, 3] and sizes[-1] == (STEPS, 3), sizes
         assert max(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == STEPS
 
         # Every step trained the examples of the uninterrupted order, whatever group trained it.
@@ -109,7 +127,46 @@ def test_an_elastic_run_loses_a_raylet_and_finishes_on_two_workers_in_the_same_o
         assert len(set(order.values())) == STEPS and trained == order
         logs = "".join(p.read_text(errors="replace")
                        for p in (Path(cluster.head_node.get_session_dir_path()) / "logs").glob("worker-*.err"))
-        assert f"resized at step {resumed}: 3 -> 2 workers" in logs and "another data order" not in logs
+        assert f"resized at step {shrunk}: 3 -> 2 workers" in logs and f"resized at step {grown}: 2 -> 3 workers" in logs
+        assert "another data order" not in logs
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_a_run_stopped_on_one_process_resumes_on_two_workers_on_the_same_examples(ray_shutdown, tiny_pretrain_data,
+                                                                                tmp_path):
+    """The job-level resume on another worker count: `--no-ray` stops at its first log step on a --max-minutes budget
+    (a checkpoint and an export of step 4); the same command on two Ray workers resumes it from there, in the same
+    MLflow run, and every step trained the uninterrupted order's examples."""
+    import ray
+    from mlflow.tracking import MlflowClient
+
+    from jobs import pretrain
+
+    data, storage, uri = tiny_pretrain_data["train"], tmp_path / "runs", f"sqlite:///{tmp_path}/mlflow.db"
+    steps = 12
+
+    def flags(*extra: str) -> list[str]:
+        return ["--data", data, "--preset", "bert_tiny", "--max-steps", str(steps), "--batch-size", str(BATCH),
+                "--seed", str(SEED), "--threads", "1", "--lr", "1e-3", "--warmup-steps", "2", "--storage",
+                str(storage), "--run-name", "moved", "--checkpoint-every", str(EVERY), "--keep-checkpoints", "1000",
+                "--log-every", str(EVERY), "--mlflow-tracking-uri", uri, "--experiment", "moved",
+                "--no-system-metrics", *extra]
+
+    assert pretrain.main(flags("--no-ray", "--max-minutes", "0.0001")) == 0
+    assert sorted(_trained_digests(storage / "moved")) == list(range(1, EVERY + 1))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    assert pretrain.main(flags("--num-workers", "2", "--cpus-per-worker", "1")) == 0
+    logs = "".join(p.read_text(errors="replace") for p in
+                   (Path(ray._private.worker._global_node.get_session_dir_path()) / "logs").glob("worker-*.err"))
+    assert f"resized at step {EVERY}: 1 -> 2 workers" in logs and "another data order" not in logs
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("moved").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.tags["resumed_from_step"] == str(EVERY)
+    assert run.data.tags[f"resize.step_{EVERY}"].startswith(f"step {EVERY}: 1 -> 2 workers"), run.data.tags
+    assert max(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == steps
+    trained = _trained_digests(storage / "moved")
+    order = _replayed(["--data", data, "--batch-size", str(BATCH), "--seed", str(SEED), "--num-workers", "3",
+                       "--steps", f"1:{steps}"])
+    assert sorted(trained) == list(range(1, steps + 1)) and trained == order
