@@ -74,8 +74,9 @@ def test_an_elastic_run_shrinks_when_a_raylet_is_lost_and_grows_when_one_returns
             "--data", data, "--preset", "bert_tiny", "--max-steps", str(STEPS), "--batch-size", str(BATCH),
             "--seed", str(SEED), "--num-workers", "1:3", "--cpus-per-worker", "1", "--threads", "1", "--lr", "1e-3",
             "--warmup-steps", "2", "--storage", str(storage), "--run-name", "elastic", "--checkpoint-every",
-            str(EVERY), "--keep-checkpoints", "1000", "--max-failures", "2", "--log-every", str(EVERY), "--resize-check-seconds", "2",
-            "--mlflow-tracking-uri", uri, "--experiment", "elastic", "--no-system-metrics"])), daemon=True)
+            str(EVERY), "--keep-checkpoints", "1000", "--max-failures", "2", "--log-every", str(EVERY),
+            "--resize-check-seconds", "2", "--mlflow-tracking-uri", uri, "--experiment", "elastic",
+            "--no-system-metrics"])), daemon=True)
         job.start()
         deadline = time.monotonic() + 600
         while registered_step(storage) < EVERY and job.is_alive() and time.monotonic() < deadline:
@@ -127,8 +128,8 @@ def test_an_elastic_run_shrinks_when_a_raylet_is_lost_and_grows_when_one_returns
         assert len(set(order.values())) == STEPS and trained == order
         logs = "".join(p.read_text(errors="replace")
                        for p in (Path(cluster.head_node.get_session_dir_path()) / "logs").glob("worker-*.err"))
-        assert f"resized at step {shrunk}: 3 -> 2 workers" in logs and f"resized at step {grown}: 2 -> 3 workers" in logs
-        assert "another data order" not in logs
+        assert f"resized at step {shrunk}: 3 -> 2 workers" in logs and "another data order" not in logs
+        assert f"resized at step {grown}: 2 -> 3 workers" in logs
     finally:
         ray.shutdown()
         cluster.shutdown()

@@ -180,7 +180,7 @@ def test_a_holder_stopped_past_the_stale_time_exits_without_sigint(where, monkey
             holder.kill()
     assert holder.returncode == 2, err
     (line,) = [x for x in err.splitlines() if x.startswith("ERROR")]
-    assert f"lost its writer lease to dataset build on host" in line and f"pid {os.getpid()} " in line, line
+    assert "lost its writer lease to dataset build on host" in line and f"pid {os.getpid()} " in line, line
 
 
 def test_a_paused_heartbeat_never_overwrites_the_takers_record(tmp_path, monkeypatch):
