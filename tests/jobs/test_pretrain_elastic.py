@@ -29,7 +29,7 @@ import pytest
 
 from _ray_checkpoints import registered_step
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 STEPS, EVERY, BATCH, SEED = 60, 4, 12, 3
 
@@ -78,7 +78,7 @@ def test_an_elastic_run_shrinks_when_a_raylet_is_lost_and_grows_when_one_returns
             "--resize-check-seconds", "2", "--mlflow-tracking-uri", uri, "--experiment", "elastic",
             "--no-system-metrics"])), daemon=True)
         job.start()
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + 900  # 150 s alone on an idle 2-core box, 290 s beside two other test processes
         while registered_step(storage) < EVERY and job.is_alive() and time.monotonic() < deadline:
             time.sleep(0.2)
         lost_at = registered_step(storage)
