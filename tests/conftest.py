@@ -62,33 +62,6 @@ def pytest_pycollect_makemodule(module_path, parent):
     return _Module.from_parent(parent, path=module_path)
 
 
-# The files that take longest (seconds of one test process, `--durations` of the 3-process suite, 2-core box,
-# 2026-11-28), run first: pytest-xdist hands files out in collection order (`--dist loadfile`), so a long file
-# collected last keeps one process busy after the others are done. Only the order changes; a file missing here runs
-# where it is collected.
-LONGEST_FIRST = (
-    "jobs/test_pretrain_elastic.py", "jobs/test_pretrain.py", "jobs/test_fenced_writers.py",
-    "jobs/test_secrets_and_listeners.py", "benchmarks/test_gpu_suite.py", "jobs/test_workflow.py",
-    "benchmarks/test_gpu_docs_commands.py", "jobs/test_pretrain_s3_faults.py", "jobs/test_default_flags_train.py",
-    "pipeline/test_s3_faults.py", "jobs/test_pretrain_node_loss.py", "pretraining/test_compile_cache.py",
-    "pretraining/test_guard_ray.py", "jobs/test_one_writer.py", "jobs/test_ray_job_submit.py",
-    "jobs/test_quiet_jobs.py", "jobs/test_finetune.py",
-)
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    tests = Path(__file__).resolve().parent
-
-    def key(item) -> int:
-        try:
-            return rank.get(item.path.resolve().relative_to(tests).as_posix(), len(rank))
-        except ValueError:
-            return len(rank)
-
-    items.sort(key=key)  # stable: each file's tests keep their order
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
