@@ -31,7 +31,7 @@ from _ray_checkpoints import registered_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
-STEPS, EVERY, BATCH, SEED = 60, 4, 12, 3
+STEPS, EVERY, BATCH, SEED = 100, 4, 12, 3  # long enough that the two-worker group is still going when a raylet returns
 
 
 def _trained_digests(run: Path) -> dict[int, str]:
@@ -41,6 +41,11 @@ def _trained_digests(run: Path) -> dict[int, str]:
     for state in sorted(run.glob("checkpoint-*/train_state.json")):
         out.update({int(k): v for k, v in json.loads(state.read_text())["data_digests"].items()})
     return out
+
+
+def _worker_logs(session_dir: str) -> str:
+    """What the train workers logged (stderr of every Ray worker of the session): their resize and order lines."""
+    return "".join(p.read_text(errors="replace") for p in (Path(session_dir) / "logs").glob("worker-*.err"))
 
 
 def _replayed(args: list[str]) -> dict[int, str]:
@@ -126,8 +131,7 @@ def test_an_elastic_run_shrinks_when_a_raylet_is_lost_and_grows_when_one_returns
         order = _replayed(["--data", data, "--batch-size", str(BATCH), "--seed", str(SEED), "--num-workers", "1",
                            "--steps", f"1:{STEPS}"])
         assert len(set(order.values())) == STEPS and trained == order
-        logs = "".join(p.read_text(errors="replace")
-                       for p in (Path(cluster.head_node.get_session_dir_path()) / "logs").glob("worker-*.err"))
+        logs = _worker_logs(cluster.head_node.get_session_dir_path())
         assert f"resized at step {shrunk}: 3 -> 2 workers" in logs and "another data order" not in logs
         assert f"resized at step {grown}: 2 -> 3 workers" in logs
     finally:
@@ -159,8 +163,7 @@ def test_a_run_stopped_on_one_process_resumes_on_two_workers_on_the_same_example
     assert sorted(_trained_digests(storage / "moved")) == list(range(1, EVERY + 1))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     assert pretrain.main(flags("--num-workers", "2", "--cpus-per-worker", "1")) == 0
-    logs = "".join(p.read_text(errors="replace") for p in
-                   (Path(ray._private.worker._global_node.get_session_dir_path()) / "logs").glob("worker-*.err"))
+    logs = _worker_logs(ray._private.worker._global_node.get_session_dir_path())
     assert f"resized at step {EVERY}: 1 -> 2 workers" in logs and "another data order" not in logs
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("moved").experiment_id])
