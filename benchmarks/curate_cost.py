@@ -2,6 +2,7 @@
 
     python benchmarks/curate_cost.py                    # the shared corpora (26 MB); near dedup's memory at 1x and 4x
     python benchmarks/curate_cost.py --scales 2,20      # the issue's memory check: ~52 MB and ~520 MB
+    python benchmarks/curate_cost.py --skip stages,memory --ray-scales 1,4 --distinct --repeats 3   # the CPU budget
     python benchmarks/curate_cost.py --smoke            # a tiny run (what the test suite runs)
 
 1. In this process, one thread, the same documents (JSON Lines, one document per line): the build's work (the
@@ -13,7 +14,11 @@
    corpus (below): the build (``pipeline.build.build`` on ``RayDataExecutor``, as the job runs it) without and with
    ``--dedup near`` (signatures in the read pass, the curate stage's decision on Ray Data, the drop lists), CPU-seconds
    of every process of the Ray (driver, workers, Ray Data's actors, daemons) for each, the stages' wall seconds, and
-   per MB between the sizes: the issue's budget is that dedup adds <= 30% to the build's CPU-seconds.
+   per MB between the sizes: the issue's budget is that dedup adds <= 30% to the build's CPU-seconds. Each stage's
+   CPU-seconds are printed beside its wall (in brackets); ``--repeats N`` alternates the two builds N times and
+   prints medians, and dedup's own stages (the read pass's extra, curate, reports) apart from the stages it does not
+   touch, whose run-to-run noise on a small box is larger than the budget; ``--distinct`` makes copies k > 0 new
+   passages instead of near copies, so the larger sizes measure dedup on text it keeps.
 3. The peak memory of any one Ray worker during the build with ``--dedup near`` at each ``--scales`` size (a fresh
    Ray each; dupe factor 1), over the whole build and while the curate stage decides: private (RSS minus shared
    pages, what Ray's memory monitor counts for a worker) and shared (the object store's pages the worker mapped: one
@@ -30,6 +35,7 @@ import json
 import os
 import platform
 import random
+import statistics
 import sys
 import tempfile
 import threading
@@ -165,13 +171,18 @@ class Stages:
     """The build's ``on_stage`` hook: each stage's wall seconds; ``running`` names what runs now (a stage starts
     when the one before it ends), so a sampler can keep the workers' peak memory per stage."""
 
-    def __init__(self):
+    def __init__(self, cpu_now=None):
         self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}  # CPU-s of every process from the stage's start to its end (with cpu_now)
         self.running = "read and before"
+        self.cpu_now, self._last = cpu_now, cpu_now() if cpu_now else 0.0
 
     def __call__(self, name: str, markers: list, started: float, ended: float) -> None:
         self.wall[name] = ended - started
         self.running = f"after {name}"
+        if self.cpu_now:  # the sampler's last figures (at most 0.1 s old): a stage's share, to the next stage
+            now = self.cpu_now()
+            self.cpu[name], self._last = now - self._last, now
 
 
 def _memory_table() -> dict[int, tuple[int, int]]:
@@ -224,16 +235,18 @@ def build_on_ray(corpus: Path, work: Path, cpus: int, dedup: str, dupe_factor: i
     return build(cfg, RayDataExecutor(num_cpus=cpus), on_stage=on_stage)
 
 
-def _passages_file(src: list[Path], scale: int, work: Path, limit_bytes: int | None) -> tuple[Path, float, int]:
-    docs = scaled_corpus(src, scale, limit_bytes)
-    corpus = work / f"passages-{scale}x.jsonl"
+def _passages_file(src: list[Path], scale: int, work: Path, limit_bytes: int | None,
+                   distinct: bool = False) -> tuple[Path, float, int]:
+    docs = scaled_corpus(src, scale, limit_bytes, distinct)
+    corpus = work / f"passages-{scale}x{'-distinct' if distinct else ''}.jsonl"
     with open(corpus, "w") as f:
         for d in docs:
             f.write(json.dumps({"id": d["id"], "text": d["text"]}) + "\n")
     return corpus, sum(len(d["text"].encode()) for d in docs) / 1e6, len(docs)
 
 
-def ray_costs(src: list[Path], scales: list[int], work: Path, cpus: int, limit_bytes: int | None) -> None:
+def ray_costs(src: list[Path], scales: list[int], work: Path, cpus: int, limit_bytes: int | None,
+              distinct: bool = False, repeats: int = 1) -> None:
     """The build job's work on Ray (``jobs/build_dataset.py``'s build, seq 128, dupe factor 5) without and with
     ``--dedup near``, on the same passages: CPU-seconds of every process."""
     import ray
@@ -241,43 +254,63 @@ def ray_costs(src: list[Path], scales: list[int], work: Path, cpus: int, limit_b
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
              _temp_dir=tempfile.mkdtemp(prefix="rc", dir="/tmp"))
     ray.data.DataContext.get_current().enable_progress_bars = False
-    print(f"\n## 2. The build on Ray, {cpus} CPUs, without and with --dedup near (200-word passages; copy k of the"
-          " corpus with 2 words of each passage changed)\n")
+    copies = ("copy k of the corpus new passages of four 50-word quarters of random passages (no near copies)"
+              if distinct else "copy k of the corpus with 2 words of each passage changed")
+    print(f"\n## 2. The build on Ray, {cpus} CPUs, without and with --dedup near (200-word passages; {copies})\n")
     print("| input | build | wall s | CPU-s all processes | driver / workers / Ray Data actors / daemons | "
           "stages (wall s) | dropped |\n|---|---|---:|---:|---|---|---:|")
     driver = os.getpid()
-    rows = []
+    rows, own = [], []
     try:
         for scale in scales:
-            corpus, mb, _ = _passages_file(src, scale, work, limit_bytes)
+            corpus, mb, _ = _passages_file(src, scale, work, limit_bytes, distinct)
             if not rows and not limit_bytes:  # (not in --smoke)
                 build_on_ray(corpus, work, cpus, "off")  # warm: workers up, as on a cluster
-            out = {}
-            for dedup in ("off", "near"):
-                t0 = time.time()
-                stages = Stages()
-                with Sampling(Watch([driver])) as watch:
-                    m = build_on_ray(corpus, work, cpus, dedup, on_stage=stages)
-                cpu = watch.cpu_by_kind(driver)
-                out[dedup] = sum(cpu.values())
-                print(f"| {mb:.0f} MB ({scale}x) | {'--dedup near' if dedup == 'near' else 'no dedup'} | "
-                      f"{time.time() - t0:.1f} | {out[dedup]:.1f} | " + " / ".join(f"{v:.1f}" for v in cpu.values())
-                      + " | " + ", ".join(f"{k} {v:.1f}" for k, v in stages.wall.items())
-                      + f" | {sum(m.dropped.values()):,} |", flush=True)
-            rows.append((scale, mb, out["off"], out["near"]))
+            out: dict[str, list[float]] = {"off": [], "near": []}
+            stage_cpu: dict[str, list[dict[str, float]]] = {"off": [], "near": []}
+            for _ in range(repeats):  # alternated, so a drift of the box's speed falls on both
+                for dedup in ("off", "near"):
+                    t0 = time.time()
+                    with Sampling(Watch([driver])) as watch:
+                        stages = Stages(lambda: sum(watch.cpu_by_kind(driver).values()))
+                        m = build_on_ray(corpus, work, cpus, dedup, on_stage=stages)
+                    cpu = watch.cpu_by_kind(driver)
+                    out[dedup].append(sum(cpu.values()))
+                    stage_cpu[dedup].append(stages.cpu)
+                    print(f"| {mb:.0f} MB ({scale}x) | {'--dedup near' if dedup == 'near' else 'no dedup'} | "
+                          f"{time.time() - t0:.1f} | {out[dedup][-1]:.1f} | "
+                          + " / ".join(f"{v:.1f}" for v in cpu.values()) + " | "
+                          + ", ".join(f"{k} {v:.1f} ({stages.cpu.get(k, 0):.1f})" for k, v in stages.wall.items())
+                          + f" | {sum(m.dropped.values()):,} |", flush=True)
+            b, d = statistics.median(out["off"]), statistics.median(out["near"])
+            rows.append((scale, mb, b, d))
+            # What dedup's own stages cost: the read pass's extra CPU (the signatures), the curate stage, the drop
+            # reports; the stages it does not touch (pool, instances, shards) are left out, so their run-to-run noise
+            # (several CPU-s on this box) does not count for or against it.
+            read = [n for n in stage_cpu["off"][0] if n.startswith(("read", "pieces"))]
+            extra = [sum(s.get(n, 0) for n in read) for s in stage_cpu["near"]]
+            base_read = statistics.median(sum(s.get(n, 0) for n in read) for s in stage_cpu["off"])
+            own.append((mb, statistics.median(e - base_read + s.get("curate", 0) + s.get("reports", 0)
+                                              for e, s in zip(extra, stage_cpu["near"])), b))
     finally:
         ray.shutdown()
     for scale, mb, b, d in rows:
         print(f"\n{mb:.0f} MB: --dedup near at {cpus} CPUs adds {100 * (d - b) / b:.0f}% to the build's CPU-seconds"
-              f" (budget: 30%): {'met' if d - b <= 0.3 * b else 'NOT met'}")
+              f" (medians of {repeats}; budget: 30%): {'met' if d - b <= 0.3 * b else 'NOT met'}")
+    for mb, cost, b in own:
+        print(f"{mb:.0f} MB: dedup's own stages (the read pass's extra, curate, reports; median of {repeats}) "
+              f"{cost:.1f} CPU-s = {100 * cost / b:.0f}% of the build's")
     if len(rows) > 1:
         (_, m0, b0, d0), (_, m1, b1, d1) = rows[0], rows[-1]
         print(f"per MB between {m0:.0f} and {m1:.0f} MB: the build {(b1 - b0) / (m1 - m0):.3f} CPU-s, --dedup near"
               f" adds {((d1 - b1) - (d0 - b0)) / (m1 - m0):.3f} CPU-s")
 
 
-def scaled_corpus(src: list[Path], scale: int, limit_bytes: int | None) -> list[dict]:
-    """200-word passages; copy k > 0 has 2 words of each passage changed (a near copy, ~0.9 Jaccard)."""
+def scaled_corpus(src: list[Path], scale: int, limit_bytes: int | None, distinct: bool = False) -> list[dict]:
+    """200-word passages; copy k > 0 has 2 words of each passage changed (a near copy, ~0.9 Jaccard), or with
+    ``distinct`` is made of new passages, each four 50-word quarters of four passages drawn at random (seeded by k):
+    no two share more than a quarter's shingles, so near dedup finds (almost) nothing to drop and pays its whole
+    cost, as on a corpus without copies."""
     base = []
     for d in _docs(src, limit_bytes):
         w = d["text"].split()
@@ -286,7 +319,10 @@ def scaled_corpus(src: list[Path], scale: int, limit_bytes: int | None) -> list[
     for k in range(scale):
         rng = random.Random(k)
         for doc_id, w in base:
-            if k:
+            if k and distinct:
+                picks = [base[rng.randrange(len(base))][1] for _ in range(4)]
+                w = [x for q, p in enumerate(picks) for x in p[50 * q:50 * q + 50]]
+            elif k:
                 w = list(w)
                 w[rng.randrange(10, 90)] = f"copy{k}"
                 w[rng.randrange(110, 190)] = f"copy{k}"
@@ -340,6 +376,9 @@ def main() -> None:
     ap.add_argument("--cpus", type=int, default=2)
     ap.add_argument("--smoke", action="store_true", help="~1 MB and tiny scales: checks that every part runs")
     ap.add_argument("--skip", default="", help="parts to leave out: stages,ray,memory")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each Ray build, alternated; medians printed")
+    ap.add_argument("--distinct", action="store_true",
+                    help="the Ray part's copies are new passages (no near copies), not near copies of the corpus")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     files = sorted(args.corpus.glob("*.jsonl.gz"))
@@ -356,7 +395,8 @@ def main() -> None:
         if "stages" not in skip:
             stage_costs(docs, corpus, args.tasks, work)
         if "ray" not in skip:
-            ray_costs(files, [int(x) for x in args.ray_scales.split(",") if x], work, args.cpus, limit)
+            ray_costs(files, [int(x) for x in args.ray_scales.split(",") if x], work, args.cpus, limit,
+                      args.distinct, args.repeats)
         if "memory" not in skip:
             memory(files, [int(s) for s in args.scales.split(",") if s], work, args.cpus, limit)
 

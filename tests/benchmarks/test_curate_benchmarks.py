@@ -14,14 +14,16 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(600)
 def test_curate_cost_smoke_prints_every_part():
     done = subprocess.run([sys.executable, "benchmarks/curate_cost.py", "--smoke", "--scales", "1",
-                           "--ray-scales", "1"], cwd=REPO,
+                           "--ray-scales", "2", "--distinct", "--repeats", "2"], cwd=REPO,
                           capture_output=True, text=True, timeout=580)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     for line in ("| **the build**", "| language |", "| quality |", "| decontaminate |",
                  "| dedup near: signatures", "| no dedup |", "| --dedup near |",
-                 "MB (1x) |", "adds "):
+                 "MB (1x) |", "MB (2x) |", "adds ", "(medians of 2; budget: 30%)", "dedup's own stages"):
         assert line in out, line
+    ray_rows = [ln for ln in out.splitlines() if "MB (2x) |" in ln]
+    assert len(ray_rows) == 4 and "curate " in ray_rows[1] and "curate " not in ray_rows[0], ray_rows  # alternated
     peak = [ln for ln in out.splitlines() if "MB (1x) |" in ln][-1].split("|")  # part 3's row
     private, curate, shared, rss = (float(c.split()[0]) for c in peak[-5:-1])
     assert private > 50 and curate > 50  # a real worker's private memory was sampled, over the build and in curate
