@@ -3,8 +3,8 @@
 botocore's "legacy" mode retries 4 times with a 2**n backoff and no jitter, and s3fs adds 5 tries of its own for
 some errors only. ``s3_options`` gives every s3fs filesystem we open botocore's "standard" mode with S3_RETRIES:
 throttling (503 SlowDown), 5xx and connection errors, with exponential backoff and full jitter. ``retrying`` wraps a
-whole operation for what neither library retries: a connection reset in the middle of reading a body, a PUT whose
-answer was lost (the store applied it; ``done`` says so). Both are exercised through a fault-injecting proxy in
+whole operation for what neither library retries: a connection reset in the middle of reading a body (or a body
+cut short that fails its checksum), a PUT whose answer was lost (the store applied it; ``done`` says so). Both are exercised through a fault-injecting proxy in
 tests/pipeline/test_s3_faults.py and tests/jobs/test_pretrain_s3_faults.py.
 """
 from __future__ import annotations
@@ -30,7 +30,11 @@ _FAULT_WORDS = ("slowdown", "reduce your request rate", "serviceunavailable", "s
               "requesttimeout", "connection reset", "connection was closed", "server disconnected",
               "connection aborted", "incompleteread", "incomplete read", "response ended prematurely",
               "remotedisconnected", "broken pipe", "timed out", "payload", "content-length", "503", "500 ", "502",
-              "504")
+              "504",
+              # A body cut short that the client read without noticing the cut: botocore then finds that the bytes it
+              # got do not match the checksum the store sent (FlexibleChecksumError). Read again; a stored object
+              # whose checksum never matches still fails once the tries are spent.
+              "did not match calculated checksum")
 
 
 def s3_options(endpoint_url: str | None = None) -> dict[str, Any]:

@@ -76,3 +76,31 @@ def test_a_throttle_that_outlasts_the_retries_fails_the_build(s3_bucket, sample_
         with pytest.raises(ValueError, match=r"cannot read input s3://.*moby\.jsonl\.gz.*reduce your request rate"):
             build(cfg)
     assert not storage.exists(f"s3://{bucket}/out/manifest.json", endpoint)
+
+
+def test_a_body_cut_short_that_fails_its_checksum_is_read_again():
+    """What a suite run met once (2026-11-28): a lease read through the proxy got a body cut short without an error
+    from the connection, and botocore's checksum check raised FlexibleChecksumError, which was not retried, so the
+    writer's fence check failed the build. It is a transfer fault: read again; a checksum that never matches still
+    fails once the tries are spent."""
+    from botocore.exceptions import FlexibleChecksumError
+
+    from pipeline.safe_io.retry import is_transient, retrying
+
+    cut = FlexibleChecksumError(error_msg="Expected checksum dPbjKQ== did not match calculated checksum: AAAAAA==")
+    assert is_transient(cut)
+    calls = []
+
+    def read() -> bytes:
+        calls.append(1)
+        if len(calls) == 1:
+            raise cut
+        return b"{}"
+
+    assert retrying(read, "read the lease") == b"{}" and len(calls) == 2
+
+    def never() -> bytes:
+        raise cut
+
+    with pytest.raises(FlexibleChecksumError):
+        retrying(never, "read the lease", attempts=2)
