@@ -61,9 +61,12 @@ BASE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "TOKENIZERS_PARALLELISM": 
 # --- processes: CPU and memory from /proc (Linux; no psutil)
 
 
-def _proc_table() -> tuple[dict[int, list[int]], dict[int, int], dict[int, int]]:
+def _proc_table() -> tuple[dict[int, list[int]], dict[int, int], dict[int, int], dict[int, int]]:
+    """children by parent, RSS, private bytes (RSS minus shared pages: what Ray's memory monitor counts for a
+    worker; a worker's shared pages are mostly the object store's, one copy per node) and CPU ticks, per pid."""
     children: dict[int, list[int]] = {}
     rss: dict[int, int] = {}
+    private: dict[int, int] = {}
     ticks: dict[int, int] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -72,15 +75,16 @@ def _proc_table() -> tuple[dict[int, list[int]], dict[int, int], dict[int, int]]
             with open(f"/proc/{name}/stat") as f:
                 stat = f.read()
             with open(f"/proc/{name}/statm") as f:
-                pages = int(f.read().split()[1])
+                pages, shared = (int(x) for x in f.read().split()[1:3])
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()  # the command name may contain spaces and parentheses
         pid = int(name)
         children.setdefault(int(fields[1]), []).append(pid)
         rss[pid] = pages * PAGE
+        private[pid] = (pages - shared) * PAGE
         ticks[pid] = int(fields[11]) + int(fields[12])  # utime + stime; an exited process keeps its last sample
-    return children, rss, ticks
+    return children, rss, private, ticks
 
 
 def _name(pid: int) -> str:
@@ -101,10 +105,11 @@ class Watch:
         self.base: dict[int, int] = {}
         self.names: dict[int, str] = {}
         self.rss_peak: dict[int, int] = {}
+        self.private_peak: dict[int, int] = {}
         self.sample(baseline=True)
 
     def sample(self, baseline: bool = False) -> None:
-        children, rss, ticks = _proc_table()
+        children, rss, private, ticks = _proc_table()
         todo = list(self.roots)
         while todo:
             pid = todo.pop()
@@ -114,6 +119,7 @@ class Watch:
                 self.base[pid] = ticks[pid]
             self.ticks[pid] = max(self.ticks.get(pid, 0), ticks[pid])
             self.rss_peak[pid] = max(self.rss_peak.get(pid, 0), rss.get(pid, 0))
+            self.private_peak[pid] = max(self.private_peak.get(pid, 0), private.get(pid, 0))
             name = _name(pid)
             if name.startswith("ray::") or (name and not self.names.get(pid, "").startswith("ray::")):
                 self.names[pid] = name  # Ray's latest title; a plain command line never replaces one
@@ -133,8 +139,9 @@ class Watch:
             out[self.kind(pid, driver)] += (t - self.base.get(pid, 0)) / TICKS
         return out
 
-    def worker_peak_mb(self, driver: int) -> float:
-        return max((v for p, v in self.rss_peak.items() if self.kind(p, driver) == "ray_workers"), default=0) / 1e6
+    def worker_peak_mb(self, driver: int, private: bool = False) -> float:
+        peaks = self.private_peak if private else self.rss_peak
+        return max((v for p, v in peaks.items() if self.kind(p, driver) == "ray_workers"), default=0) / 1e6
 
 
 # --- a running Ray to attach to
@@ -357,6 +364,7 @@ def run(corpus: Path, mb: float, cpus: int, out: Path, args, head: Head | None,
     shutil.rmtree(out, ignore_errors=True)
     return {"wall_s": wall, "cpu_s": cpu, "cpu_s_by_kind": by_kind, "mb": mb, "e2e_mb_s_cpu": mb / wall / cpus,
             "mb_per_cpu_s": mb / cpu, "peak_worker_rss_mb": watch.worker_peak_mb(proc.pid),
+            "peak_worker_private_mb": watch.worker_peak_mb(proc.pid, private=True),
             "driver_peak_rss_mb": watch.rss_peak.get(proc.pid, 0) / 1e6, "load_avg": statistics.fmean(load or [0]),
             "work_peak_mb": work_peak / 1e6,
             "instances": manifest.instances, "shards": len(manifest.shards), "phases_s": steps,
@@ -398,7 +406,7 @@ def _line(key: str, r: dict, plain: dict | None = None) -> str:
     return (f"{key:22s} {r['mb']:7.1f} MB  wall {r['wall_s']:6.1f} s  {r['e2e_mb_s_cpu']:.2f} MB/s per CPU  "
             f"{r['mb_per_cpu_s']:.2f} MB per CPU-s (all){vs}  driver {k['driver']:.1f} CPU-s  workers "
             f"{k['ray_workers']:.1f}  daemons {k['ray_daemons']:.1f}  data actors {k['ray_data_actors']:.1f}  "
-            f"peak/worker {r['peak_worker_rss_mb']:.0f} MB  _work peak {r.get('work_peak_mb', 0):.0f} MB  "
+            f"peak/worker {r['peak_worker_rss_mb']:.0f} MB (private {r.get('peak_worker_private_mb', 0):.0f})  _work peak {r.get('work_peak_mb', 0):.0f} MB  "
             f"{r['shards']} shards  load {r['load_avg']:.1f}\n" + " " * 23 + stage_line(r.get("stages", {})))
 
 
