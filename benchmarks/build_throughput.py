@@ -106,10 +106,12 @@ class Watch:
         self.names: dict[int, str] = {}
         self.rss_peak: dict[int, int] = {}
         self.private_peak: dict[int, int] = {}
+        self.private_now: dict[int, int] = {}  # at the latest sample, of the processes alive then
         self.sample(baseline=True)
 
     def sample(self, baseline: bool = False) -> None:
         children, rss, private, ticks = _proc_table()
+        self.private_now = {}
         todo = list(self.roots)
         while todo:
             pid = todo.pop()
@@ -120,6 +122,7 @@ class Watch:
             self.ticks[pid] = max(self.ticks.get(pid, 0), ticks[pid])
             self.rss_peak[pid] = max(self.rss_peak.get(pid, 0), rss.get(pid, 0))
             self.private_peak[pid] = max(self.private_peak.get(pid, 0), private.get(pid, 0))
+            self.private_now[pid] = private.get(pid, 0)
             name = _name(pid)
             if name.startswith("ray::") or (name and not self.names.get(pid, "").startswith("ray::")):
                 self.names[pid] = name  # Ray's latest title; a plain command line never replaces one
@@ -343,7 +346,9 @@ def run(corpus: Path, mb: float, cpus: int, out: Path, args, head: Head | None,
     load, work_peak, last, series = [], 0, 0.0, []
     while proc.poll() is None:
         watch.sample()
-        series.append((time.time() - t0, sum(watch.cpu_by_kind(proc.pid).values())))  # per stage, below
+        series.append((time.time() - t0, sum(watch.cpu_by_kind(proc.pid).values()),  # per stage, below
+                       max((v for p, v in watch.private_now.items() if watch.kind(p, proc.pid) == "ray_workers"),
+                           default=0) / 1e6))
         load.append(os.getloadavg()[0])
         if time.time() - last > 1.0:  # _work's bytes on disk, once a second
             last = time.time()

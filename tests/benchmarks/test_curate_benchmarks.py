@@ -58,3 +58,13 @@ def test_stage_costs_read_off_a_real_jobs_log(tmp_path, sample_dir):
     assert all(c["wall_s"] >= 0 and abs(c["cpu_s"] - c["wall_s"]) < 0.02 for c in costs.values())
     assert {"ReadCorpus", "SignatureColumns", "SplitTokenize"} <= costs["read"]["ops"].keys()
     assert "PairsAndMasks" in costs["instances"]["ops"] and "curate " in stage_line(costs)
+    assert not any("worker_private_mb" in c for c in costs.values())  # no memory figure without one in the series
+    # With a worker's private memory in the series (here MB = 10 x seconds): each stage's peak is its last sample's.
+    mem = stage_costs(done.stderr, [(t / 10, t / 10, float(t)) for t in range(0, 3000)])
+    peaks = [c["worker_private_mb"] for c in mem.values() if "worker_private_mb" in c]
+    assert "worker_private_mb" in mem["read"] and peaks == sorted(peaks) and len(set(peaks)) == len(peaks)
+    stages = list(mem.values())
+    for before, c in zip(stages, stages[1:]):  # one stage ends where the next starts: peaks 10 x its wall apart
+        if "worker_private_mb" in before and "worker_private_mb" in c:
+            assert abs(c["worker_private_mb"] - before["worker_private_mb"] - 10 * c["wall_s"]) <= 1.5, mem
+    assert "worker private " in stage_line(mem)
