@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from _bare import NOT_ON_THE_GPU_MACHINE, installed, needs
+from _ray_local import ensure_local_ray, shutdown_local_ray
 
 # Before anything imports ray: keep every Ray listener on loopback and keep logs quiet.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -83,24 +84,20 @@ def ray_tmpdir():
 
 
 @pytest.fixture(scope="session")
-def ray_local(ray_tmpdir):
-    """One local Ray (2 logical CPUs) for the session's Ray tests."""
-    ray = needs("ray")
+def _ray_local_session(ray_tmpdir):
+    """Shuts down, at the session's end and before its temp dir goes, the local Ray that ray_local started."""
+    yield
+    shutdown_local_ray()
 
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        _temp_dir=ray_tmpdir,
-        log_to_driver=False,
-        configure_logging=False,
-    )
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    yield ray
-    ray.shutdown()
+
+@pytest.fixture
+def ray_local(ray_tmpdir, _ray_local_session):
+    """A local Ray (2 logical CPUs, loopback) for a Ray test: started once per pytest process and reused, and started
+    again when a test before this one shut it down (``ray_shutdown``, a job's main() run in this process) or left
+    another Ray up (``_ray_local.ensure_local_ray``). As a session fixture it was started once only: a test after such
+    a shutdown found no Ray, and Ray Train then started a default one in the pytest process (the pytest process
+    crashed once in such a test, 2026-11-28)."""
+    yield ensure_local_ray(ray_tmpdir)
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from pipeline.schema import read_manifest
+from _ray_local import ensure_local_ray
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -42,10 +43,12 @@ def history(client, run_id: str, key: str) -> dict[int, list[float]]:
 
 
 @pytest.fixture(scope="module")
-def baseline(ray_local, tiny_pretrain_data, tmp_path_factory):
+def baseline(ray_tmpdir, _ray_local_session, tiny_pretrain_data, tmp_path_factory):
     from mlflow.tracking import MlflowClient
 
     from jobs import pretrain
+
+    ensure_local_ray(ray_tmpdir)  # ray_local's Ray, for a module-scoped fixture
 
     tmp = tmp_path_factory.mktemp("pretrain-baseline")
     uri = f"sqlite:///{tmp}/mlflow.db"
