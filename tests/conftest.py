@@ -95,8 +95,9 @@ def ray_local(ray_tmpdir, _ray_local_session):
     """A local Ray (2 logical CPUs, loopback) for a Ray test: started once per pytest process and reused, and started
     again when a test before this one shut it down (``ray_shutdown``, a job's main() run in this process) or left
     another Ray up (``_ray_local.ensure_local_ray``). As a session fixture it was started once only: a test after such
-    a shutdown found no Ray, and Ray Train then started a default one in the pytest process (the pytest process
-    crashed once in such a test, 2026-11-28)."""
+    a shutdown found no Ray, and Ray's auto-init in Ray Train then attached to the newest Ray on the machine
+    (/tmp/ray/ray_current_cluster), most likely the other pytest process's, which shut it down a moment later: this
+    pytest process died mid-test in today's CI run (test_two_ranks, 2026-11-28)."""
     yield ensure_local_ray(ray_tmpdir)
 
 
