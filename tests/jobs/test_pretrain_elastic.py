@@ -161,7 +161,8 @@ def test_a_run_stopped_on_one_process_resumes_on_two_workers_on_the_same_example
 
     assert pretrain.main(flags("--no-ray", "--max-minutes", "0.0001")) == 0
     assert sorted(_trained_digests(storage / "moved")) == list(range(1, EVERY + 1))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # address="local": a new Ray of its own, never one another pytest process started on this machine
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     assert pretrain.main(flags("--num-workers", "2", "--cpus-per-worker", "1")) == 0
     logs = _worker_logs(ray._private.worker._global_node.get_session_dir_path())
     assert f"resized at step {EVERY}: 1 -> 2 workers" in logs and "another data order" not in logs
