@@ -96,11 +96,18 @@ class Sampling:
 
     def __init__(self, watch: Watch):
         self.watch, self.stop = watch, threading.Event()
+        self.lock = threading.Lock()  # the watch's tables are read from the build's thread too (``cpu``, a hook)
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self.stop.wait(0.1):
-            self.watch.sample()
+            with self.lock:
+                self.watch.sample()
+
+    def cpu(self, driver: int) -> float:
+        """CPU-seconds of every process so far, at the last sample."""
+        with self.lock:
+            return sum(self.watch.cpu_by_kind(driver).values())
 
     def __enter__(self) -> Watch:
         self.thread.start()
@@ -156,7 +163,7 @@ def stage_costs(docs: list[dict], corpus: Path, tasks: Path, work: Path) -> tupl
     cpu, _ = _cpu(lambda: [Mix(cfg.mix)(b) for b in batches])
     rows.append(("mix draw", cpu))
     print(f"\n## 1. In one process: {mb:.1f} MB of text, {len(docs):,} documents, {len(batches)} batches")
-    print(f"\n| stage | CPU-s | MB per CPU-s | % of the build |\n|---|---:|---:|---:|")
+    print("\n| stage | CPU-s | MB per CPU-s | % of the build |\n|---|---:|---:|---:|")
     print(f"| **the build** (plain loop: read, sentences, WordPiece, pairs + masks x5, shards) | {build:.2f} |"
           f" {mb / build:.2f} | 100 |")
     for name, cpu in rows:
@@ -176,9 +183,12 @@ class Stages:
         self.cpu: dict[str, float] = {}  # CPU-s of every process from the stage's start to its end (with cpu_now)
         self.running = "read and before"
         self.cpu_now, self._last = cpu_now, cpu_now() if cpu_now else 0.0
+        self.ending = None  # called as a stage ends, before ``running`` moves on (a sampler's last sample of it)
 
     def __call__(self, name: str, markers: list, started: float, ended: float) -> None:
         self.wall[name] = ended - started
+        if self.ending:
+            self.ending()
         self.running = f"after {name}"
         if self.cpu_now:  # the sampler's last figures (at most 0.1 s old): a stage's share, to the next stage
             now = self.cpu_now()
@@ -212,9 +222,14 @@ class PeakByStage(Sampling):
         self.stages, self.driver = stages, driver
         self.private: dict[str, int] = {}
         self.shared: dict[str, int] = {}
+        stages.ending = self._record  # a stage shorter than the sampling interval still gets one sample, at its end
 
     def _run(self) -> None:
         while not self.stop.wait(0.1):
+            self._record()
+
+    def _record(self) -> None:
+        with self.lock:
             self.watch.sample()
             mem = _memory_table()
             workers = [mem[p] for p in self.watch.ticks
@@ -251,7 +266,7 @@ def ray_costs(src: list[Path], scales: list[int], work: Path, cpus: int, limit_b
     ``--dedup near``, on the same passages: CPU-seconds of every process."""
     import ray
 
-    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
              _temp_dir=tempfile.mkdtemp(prefix="rc", dir="/tmp"))
     ray.data.DataContext.get_current().enable_progress_bars = False
     copies = ("copy k of the corpus new passages of four 50-word quarters of random passages (no near copies)"
@@ -271,8 +286,9 @@ def ray_costs(src: list[Path], scales: list[int], work: Path, cpus: int, limit_b
             for _ in range(repeats):  # alternated, so a drift of the box's speed falls on both
                 for dedup in ("off", "near"):
                     t0 = time.time()
-                    with Sampling(Watch([driver])) as watch:
-                        stages = Stages(lambda: sum(watch.cpu_by_kind(driver).values()))
+                    sampling = Sampling(Watch([driver]))
+                    with sampling as watch:
+                        stages = Stages(lambda: sampling.cpu(driver))
                         m = build_on_ray(corpus, work, cpus, dedup, on_stage=stages)
                     cpu = watch.cpu_by_kind(driver)
                     out[dedup].append(sum(cpu.values()))
@@ -343,7 +359,7 @@ def memory(src: list[Path], scales: list[int], work: Path, cpus: int, limit_byte
           "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for scale in scales:
         corpus, mb, n_docs = _passages_file(src, scale, work, limit_bytes)
-        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
                  _temp_dir=tempfile.mkdtemp(prefix="rm", dir="/tmp"))
         ray.data.DataContext.get_current().enable_progress_bars = False
         try:
