@@ -56,6 +56,9 @@ VOCAB = REPO / "data" / "sample" / "reference" / "bert-base-uncased-vocab.txt"
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TICKS = os.sysconf("SC_CLK_TCK")
 BASE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "TOKENIZERS_PARALLELISM": "false"}
+# What infra/'s nodes set (the image, the cluster YAMLs) and the job sets for a local Ray it starts: Arrow on jemalloc
+# (pipeline/cluster/arrow_pool.py). A value in the caller's environment wins.
+NODE_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "jemalloc"}
 
 
 # --- processes: CPU and memory from /proc (Linux; no psutil)
@@ -170,7 +173,7 @@ class Head:
         if not token.exists():
             token.write_text(secrets.token_hex(32))
             token.chmod(0o600)
-        self.env = dict(os.environ, **BASE_ENV, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
+        self.env = dict(NODE_ENV, **os.environ, **BASE_ENV, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
         self.address = f"127.0.0.1:{port}"
         tmp = Path(tempfile.mkdtemp(prefix="rb", dir="/tmp"))  # short: Unix socket paths are limited to ~107 bytes
         self.tmp = tmp

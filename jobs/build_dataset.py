@@ -28,7 +28,11 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
 
     require_project_env(__file__)
 
-from jobs import _common, _curate_flags
+from pipeline.cluster.arrow_pool import use_jemalloc  # noqa: E402 - before anything imports pyarrow
+
+use_jemalloc()  # this process and the local Ray's workers: flat memory per worker (pipeline/cluster/arrow_pool.py)
+
+from jobs import _common, _curate_flags  # noqa: E402
 from tracking.build_run import BuildRun
 from pipeline.build import BuildConfig, build
 from pipeline.build.curation.filters import check as curation_check

@@ -82,6 +82,7 @@ def cached(slot: str, key: Any, load) -> Any:
 
 
 def process_state(_item: Any = None) -> dict[str, Any]:
-    """This process's id and how often it loaded each cached resource: run as a step, it tells which worker
-    processes hold a tokenizer and whether any loaded one twice (tests, benchmarks)."""
-    return {"pid": os.getpid(), "loads": dict(_LOADS)}
+    """This process's id, how often it loaded each cached resource and Arrow's allocator: run as a step, it tells
+    which worker processes hold a tokenizer, whether any loaded one twice, and which allocator they run on (tests,
+    benchmarks)."""
+    return {"pid": os.getpid(), "loads": dict(_LOADS), "arrow_pool": pa.default_memory_pool().backend_name}
