@@ -57,7 +57,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 TICKS = os.sysconf("SC_CLK_TCK")
 BASE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "TOKENIZERS_PARALLELISM": "false"}
 # What infra/'s nodes set (the image, the cluster YAMLs) and the job sets for a local Ray it starts: Arrow on jemalloc
-# (pipeline/cluster/arrow_pool.py). A value in the caller's environment wins.
+# (pipeline/cluster/allocators.py). A value in the caller's environment wins.
 NODE_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "jemalloc"}
 
 

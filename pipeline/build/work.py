@@ -82,7 +82,10 @@ def cached(slot: str, key: Any, load) -> Any:
 
 
 def process_state(_item: Any = None) -> dict[str, Any]:
-    """This process's id, how often it loaded each cached resource and Arrow's allocator: run as a step, it tells
-    which worker processes hold a tokenizer, whether any loaded one twice, and which allocator they run on (tests,
-    benchmarks)."""
-    return {"pid": os.getpid(), "loads": dict(_LOADS), "arrow_pool": pa.default_memory_pool().backend_name}
+    """This process's id, how often it loaded each cached resource, Arrow's allocator and glibc's fixed mmap
+    threshold: run as a step, it tells which worker processes hold a tokenizer, whether any loaded one twice, and
+    how their memory is allocated (tests, benchmarks)."""
+    from pipeline.cluster.allocators import mmap_threshold_fixed
+
+    return {"pid": os.getpid(), "loads": dict(_LOADS), "arrow_pool": pa.default_memory_pool().backend_name,
+            "mmap_threshold": mmap_threshold_fixed()}

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline.build.rows import users_mistake
+from pipeline.cluster.allocators import fixed_mmap_threshold
 from pipeline.safe_io.redact import redact_worker_logging, redacted_error
 
 
@@ -16,6 +17,7 @@ def in_worker(fn: Callable[..., Any], *args: Any) -> Any:
     past any log filter; a user's mistake, an ``InputError`` or our ``ValueError``, goes through as it is, to be
     returned as a value)."""
     redact_worker_logging()
+    fixed_mmap_threshold()  # once per process: a worker's memory flat from item to item (pipeline/cluster/allocators.py)
     try:
         return fn(*args)
     except Exception as e:  # noqa: BLE001 - re-raised: a user's mistake as it is, anything else redacted

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.build.work import StepContext, process_state
+from pipeline.cluster.allocators import MMAP_THRESHOLD
 from pipeline.create_instances import InstanceConfig
 from pipeline.readers import ReadOptions
 
@@ -34,6 +35,8 @@ def test_warm_up_loads_the_tokenizer_once_per_worker_before_any_item(ray_local, 
     seen = list(executor.map(process_state, list(range(16))))
     assert len(seen) == 16
     assert {s["pid"] for s in seen} <= set(warmed)  # Ray Data's tasks run in the warmed processes
+    # and every build task first fixes glibc's mmap threshold in its process (pipeline/cluster/allocators.py)
+    assert {s["mmap_threshold"] for s in seen} == {MMAP_THRESHOLD}, seen
     loads = {s["pid"]: s["loads"].get("encoder") for s in seen}
     assert all(n >= 1 for n in loads.values()) and len({(s["pid"], s["loads"].get("encoder")) for s in seen}) == len(
         loads), seen
