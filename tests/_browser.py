@@ -156,14 +156,19 @@ class Browser:
                                      f"{text[:3000]}")
             time.sleep(0.5)
 
-    def click_text(self, text: str, selector: str = "a, button, label, [role=radio], [role=tab], span") -> None:
+    def click_text(self, text: str, selector: str = "a, button, label, [role=radio], [role=tab], span",
+                   timeout: float = 60.0) -> None:
         """Clicks the first element matching `selector` whose text is `text`, as a person would (a real mouse event
-        on its centre)."""
-        box = self.eval(
-            f"(() => {{ const e = [...document.querySelectorAll({json.dumps(selector)})].find(e => "
-            f"e.innerText && e.innerText.trim() === {json.dumps(text)}); if (!e) return null; e.scrollIntoView();"
-            " const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()")
-        assert box, f"nothing to click saying {text!r} on {self.url()}"
+        on its centre), once the page shows it: the UI renders parts of a page as their own API calls return (a run
+        page's parent-run link after its description, on a busy box seconds later)."""
+        deadline = time.time() + timeout
+        while not (box := self.eval(
+                f"(() => {{ const e = [...document.querySelectorAll({json.dumps(selector)})].find(e => "
+                f"e.innerText && e.innerText.trim() === {json.dumps(text)}); if (!e) return null; e.scrollIntoView();"
+                " const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()")):
+            if time.time() > deadline:
+                raise AssertionError(f"nothing to click saying {text!r} on {self.url()} after {timeout:.0f} s")
+            time.sleep(0.5)
         for kind in ("mousePressed", "mouseReleased"):
             self.call("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=1)
 
