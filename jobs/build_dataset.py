@@ -28,10 +28,9 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
 
     require_project_env(__file__)
 
-from pipeline.cluster.allocators import fixed_mmap_threshold, use_jemalloc  # noqa: E402 - before pyarrow
+from pipeline.cluster.allocators import use_jemalloc  # noqa: E402 - before anything imports pyarrow
 
 use_jemalloc()  # this process and the local Ray's workers: flat memory per worker (pipeline/cluster/allocators.py)
-fixed_mmap_threshold()
 
 from jobs import _common, _curate_flags  # noqa: E402
 from tracking.build_run import BuildRun

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from pipeline.build.markers import Marker, read_markers
 from pipeline.build.progress import StageProgress
 from pipeline.build.rows import RowStage, UserError, measured, sum_ops
+from pipeline.cluster.allocators import fixed_mmap_threshold
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class LocalExecutor:
     in_process = True
 
     def begin(self) -> None:
-        pass
+        fixed_mmap_threshold()  # as every Ray task of the build does in its worker (pipeline/cluster/allocators.py)
 
     def share(self, key: str, obj: Any) -> Shared:
         return LocalShared(key, obj)
