@@ -53,8 +53,9 @@ print(json.dumps({"fixed": fixed, "mmapped": libc.mallinfo2().hblkhd - before}))
 
 
 def probe(code: str, *args: str, pool: str | None = None) -> dict:
+    # Without what would choose the allocators for the probe: a user's pool, glibc's malloc tunables (either form).
     env = {k: v for k, v in os.environ.items() if k not in ("ARROW_DEFAULT_MEMORY_POOL", "RAY_ADDRESS",
-                                                             "GLIBC_TUNABLES")}
+                                                             "GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_")}
     if pool:
         env["ARROW_DEFAULT_MEMORY_POOL"] = pool
     p = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, env=env, capture_output=True, text=True,
