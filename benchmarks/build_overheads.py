@@ -5,9 +5,9 @@
 On one local Ray (``--cpus`` CPUs), after its start-up (reported):
 
 1. A stage of ``--items`` trivial items (each sleeps 50 ms, the work a CPU would do) four ways: as Ray Data tasks
-   (``from_items`` -> ``map_batches``: what ``pipeline.build.ray_data`` does, per-operator resource reservation
+   (``from_items`` -> ``map_batches``: what ``pipeline.ray_data`` does, per-operator resource reservation
    off as there), the same with Ray Data's default reservation on, as plain Ray tasks (what
-   ``pipeline.build.ray_tasks`` does), and through a Ray Data actor pool (``ActorPoolStrategy``, the alternative
+   ``pipeline.ray_tasks`` does), and through a Ray Data actor pool (``ActorPoolStrategy``, the alternative
    for per-process state). Each is run three times in a row: the first run pays the one-time costs (Ray Data's
    detached actors, worker processes), the others show the per-stage cost. Ideal wall: items x 0.05 s / CPUs.
 2. Whether the stages' task workers live on across stages: the worker pids of consecutive stages (tasks) and how

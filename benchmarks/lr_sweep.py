@@ -174,7 +174,7 @@ def eval_majority(task: str) -> float:
 def mlm_baseline(out: Path) -> float:
     import numpy as np
 
-    from pipeline.schema import read_manifest
+    from corpus.schema import read_manifest
     from pretraining.rows import read_shard
 
     def labels(folder: Path):

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pack-sequences", type=int, default=3, help="at most this many sequences per packed row")
     a = p.parse_args(argv)
 
-    from pipeline.schema import read_manifest
+    from corpus.schema import read_manifest
     from pretraining.loader import DataConfig
 
     shards = read_manifest(a.data)

@@ -88,7 +88,7 @@ def baselines(out: Path, seq: int) -> dict[str, float]:
     import numpy as np
 
     from pretraining.rows import read_shard
-    from pipeline.schema import read_manifest
+    from corpus.schema import read_manifest
 
     def load(folder: Path):
         return [read_shard(u) for u in read_manifest(str(folder)).shard_urls]

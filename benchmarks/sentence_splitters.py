@@ -2,10 +2,10 @@
 
     python benchmarks/sentence_splitters.py [--extra-path DIR] [--repeats 3]
 
-Candidates: ours (pipeline/sentences.py), a plain regex, blingfire, and NLTK Punkt (untrained), syntok and pysbd
+Candidates: ours (corpus/sentences.py), a plain regex, blingfire, and NLTK Punkt (untrained), syntok and pysbd
 when importable (``--extra-path`` adds a folder such as a ``pip install --target`` dir to sys.path; they are not
 project dependencies). Quality: exact-match rate and boundary F1 on the labelled cases of
-tests/pipeline/test_sentences.py. Speed: Moby Dick and Austen from ../shared/data/corpora, per document.
+tests/corpus/test_sentences.py. Speed: Moby Dick and Austen from ../shared/data/corpora, per document.
 """
 from __future__ import annotations
 
@@ -26,14 +26,14 @@ Splitter = Callable[[str], list[str]]
 
 
 def load_cases() -> list[tuple[str, list[str]]]:
-    spec = importlib.util.spec_from_file_location("_cases", REPO / "tests" / "pipeline" / "test_sentences.py")
+    spec = importlib.util.spec_from_file_location("_cases", REPO / "tests" / "corpus" / "test_sentences.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.CASES
 
 
 def candidates() -> dict[str, Splitter]:
-    from pipeline.sentences import split_sentences
+    from corpus.sentences import split_sentences
 
     out: dict[str, Splitter] = {"ours (rules)": split_sentences}
     rx = re.compile(r"(?<=[.!?])\s+")

@@ -99,7 +99,7 @@ def dataset_steps(cfg: BertConfig, data: str, batch_size: int, micro_batch: int,
                   pack_sequences: int, n: int, device: torch.device) -> list[Step]:
     """The first `n` steps the training loader (rank 0 of 1) yields from the dataset at `data`: padded to its
     length buckets with length bucketing, or packed."""
-    from pipeline.schema import read_manifest
+    from corpus.schema import read_manifest
     from pretraining.loader import DataConfig
     from pretraining.loader import train_batches
 

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     from tracking.config import TrackingConfig
     from pretraining.loader import DataConfig
     from pretraining.loop import fit
-    from pipeline.schema import read_manifest
+    from corpus.schema import read_manifest
 
     with tempfile.TemporaryDirectory() as tmp:
         data = a.data or build_sample(Path(tmp) / "data", a.seq)

@@ -40,7 +40,7 @@ def main() -> int:
     from pretraining.metrics import MetricSums
     from training.step import to_device
     from pretraining.step import train_step
-    from pipeline.schema import read_manifest
+    from corpus.schema import read_manifest
     from pretraining.loader import DataConfig, train_batches
 
     torch.set_num_threads(a.threads)

@@ -4,7 +4,7 @@ Sequences are ``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]`` (segment 0 up to th
 like the reference's ``_truncate_seq_pair`` (trim the longer side from the end). Tagging labels only the first
 word piece of each word, -100 elsewhere (ignored by the loss), as the paper does for CoNLL NER; words past the
 length limit get no prediction and are scored as "O". The tokenizer is the project's reference-faithful one
-(``pipeline.tokenize.build_tokenizer``) built from the model directory's ``vocab.txt``.
+(``corpus.tokenize.build_tokenizer``) built from the model directory's ``vocab.txt``.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from tokenizers import Tokenizer
 
 from bert_core.losses import IGNORE_INDEX  # the label the loss skips (not the first piece of a word)
 from finetuning.examples import LabelMap, SequenceExample, TaggingExample
-from pipeline.safe_io.untrusted import read_local_bounded
-from pipeline.tokenize import build_tokenizer, read_vocab
+from storage.untrusted import read_local_bounded
+from corpus.tokenize import build_tokenizer, read_vocab
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Fine-tuning's task readers: ``pipeline.tasks.records`` (the build's decontamination reads evaluation sets with
+"""Fine-tuning's task readers: ``corpus.records`` (the build's decontamination reads evaluation sets with
 the same code, and ``pipeline`` may not import ``finetuning``)."""
-from pipeline.tasks.records import (FORMATS, detect_format, flatten_squad, read_conll, read_records,  # noqa: F401
+from corpus.records import (FORMATS, detect_format, flatten_squad, read_conll, read_records,  # noqa: F401
                                    split_train_eval, subsample)

@@ -17,7 +17,7 @@ from bert_core.finetuning import BertForQuestionAnswering, BertForSequenceClassi
 from bert_core.hf import resolve_model_dir
 from finetuning.features import TaskTokenizer
 from finetuning.prepare import PreparedTask
-from pipeline.storage import is_url
+from storage.fs import is_url
 from training.model_fetch import fetch_model
 from training.model_size import check_fits
 

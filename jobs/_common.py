@@ -1,5 +1,5 @@
 """What every job shares: logging set-up (configured once, here; library code only logs), with every URL in a log
-line redacted (`pipeline.safe_io.redact`: no userinfo, no signed or token query values), the --help format
+line redacted (`storage.redact`: no userinfo, no signed or token query values), the --help format
 (every default shown) and the flag types the jobs share."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import argparse
 import copy
 import logging
 
-from pipeline.safe_io.argv import secret_in_argv
-from pipeline.safe_io.redact import install_log_redaction
+from storage.argv import secret_in_argv
+from storage.redact import install_log_redaction
 
 
 def setup_logging(level: str = "INFO") -> None:
@@ -21,7 +21,7 @@ def setup_logging(level: str = "INFO") -> None:
 
 
 def refuse_secrets(parser: argparse.ArgumentParser, argv: list[str] | None) -> None:
-    """Refuse (one line, exit 2) a command line holding a credential: pipeline/safe_io/argv.py. The parsers read
+    """Refuse (one line, exit 2) a command line holding a credential: storage/argv.py. The parsers read
     ``@FILE`` (one argument per line), where such URLs go instead."""
     import sys
 

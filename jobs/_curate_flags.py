@@ -1,13 +1,13 @@
-"""The build job's curation flags (``jobs/build_dataset.py``): parsed into ``pipeline.curate.CurateConfig``, part of
+"""The build job's curation flags (``jobs/build_dataset.py``): parsed into ``curate.CurateConfig``, part of
 the build's config and identity. Every filter is off by default: a build without these flags keeps every document
 and the reference algorithm's statistics (docs/data.md, docs/build-checks.md)."""
 from __future__ import annotations
 
 import argparse
 
-from pipeline.curate import CurateConfig, DecontaminationConfig, DedupConfig, LanguageConfig, MixConfig, QualityConfig
-from pipeline.curate import parse_mix
-from pipeline.curate.dedup import MODES
+from curate import CurateConfig, DecontaminationConfig, DedupConfig, LanguageConfig, MixConfig, QualityConfig
+from curate import parse_mix
+from curate.dedup import MODES
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.schema import read_manifest
+from corpus.schema import read_manifest
 from pretraining.loader import EvalConfig
 from training.defaults import EVAL_POINTS, eval_every_or_default
 

@@ -3,7 +3,7 @@
     python jobs/build_dataset.py --input URL [--input URL ...] --output URL [--vocab PATH_OR_URL] [options]
     ray job submit --working-dir . -- python jobs/build_dataset.py ...        # same flags, on a cluster
 
-Runs on Ray Data (``ReadCorpus -> SplitTokenize -> PairsAndMasks -> WriteUnits``, pipeline/build/ray_data/): on the cluster it is attached to (``ray job
+Runs on Ray Data (``ReadCorpus -> SplitTokenize -> PairsAndMasks -> WriteUnits``, pipeline/ray_data/): on the cluster it is attached to (``ray job
 submit`` sets RAY_ADDRESS), else on a local Ray on loopback capped at ``--num-cpus``; ``--no-ray`` runs the same steps
 as a plain loop. Prints a one-line JSON summary at the end (with the build's warnings). Users' mistakes end the job with one line on stderr and status 2.
 
@@ -28,21 +28,21 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
 
     require_project_env(__file__)
 
-from pipeline.cluster.allocators import use_jemalloc  # noqa: E402 - before anything imports pyarrow
+from cluster.allocators import use_jemalloc  # noqa: E402 - before anything imports pyarrow
 
-use_jemalloc()  # this process and the local Ray's workers: flat memory per worker (pipeline/cluster/allocators.py)
+use_jemalloc()  # this process and the local Ray's workers: flat memory per worker (cluster/allocators.py)
 
 from jobs import _common, _curate_flags  # noqa: E402
 from tracking.build_run import BuildRun
-from pipeline.build import BuildConfig, build
-from pipeline.build.curation.filters import check as curation_check
-from pipeline.build.config import DEFAULT_SAMPLE_BYTES
-from pipeline.build.executor import LocalExecutor
-from pipeline.checks import DEFAULT_MAX_UNK_FRACTION, CheckConfig
-from pipeline.create_instances import InstanceConfig
-from pipeline.readers import FORMATS, ON_ERROR, ReadOptions
-from pipeline.safe_io.redact import redact, redact_text
-from pipeline.cluster.ray_start import init_ray
+from pipeline import BuildConfig, build
+from pipeline.curation.filters import check as curation_check
+from pipeline.config import DEFAULT_SAMPLE_BYTES
+from pipeline.executor import LocalExecutor
+from corpus.checks import DEFAULT_MAX_UNK_FRACTION, CheckConfig
+from corpus.create_instances import InstanceConfig
+from corpus.readers import FORMATS, ON_ERROR, ReadOptions
+from storage.redact import redact, redact_text
+from cluster.ray_start import init_ray
 from pipeline.preflight import check_build
 from tracking.store import DEFAULT_EXPERIMENT, check_tracking_reachable, resolve_tracking_uri
 
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_ray:
         executor = LocalExecutor()
     else:
-        from pipeline.build.ray_data import RayDataExecutor
+        from pipeline.ray_data import RayDataExecutor
 
         # Ray starts in the background once the build has work to do (not at all for a finished build).
         bars = args.progress == "bars" or (args.progress == "auto" and sys.stderr.isatty())
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     # The dataset is committed: say so now, not after the run's figures (what reads the job's output goes on).
     print(json.dumps(redact(summary)), flush=True)
     # Ray goes down while the run's thread draws the report (no collection in that thread meanwhile:
-    # pipeline.build.ray_data.cluster.RayCluster.end); Ray's own exit handler would take longer.
+    # pipeline.ray_data.cluster.RayCluster.end); Ray's own exit handler would take longer.
     executor.end()
     if run is not None:
         run.wait()

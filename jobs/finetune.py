@@ -34,8 +34,8 @@ from finetuning.task_model import DEFAULT_VOCAB, HeadConfig
 from finetuning.prepare import FeatureConfig, TaskConfig
 from finetuning.records import FORMATS
 from jobs._common import HelpFormatter, refuse_secrets, setup_logging
-from pipeline.safe_io.redact import redact
-from pipeline.storage import absolute, is_url
+from storage.redact import redact
+from storage.fs import absolute, is_url
 from training.defaults import WARMUP_FRACTION, lr_or_default
 from training.launch import LaunchConfig
 from tracking.store import DEFAULT_EXPERIMENT, resolve_tracking_uri

@@ -27,8 +27,8 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
 
 from jobs import _eval_flags
 from jobs._common import HelpFormatter, comma_ints, refuse_secrets, setup_logging, workers
-from pipeline.safe_io.redact import redact
-from pipeline.schema import read_manifest
+from storage.redact import redact
+from corpus.schema import read_manifest
 from pretraining import kernel_options
 from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
 from tracking.config import TrackingConfig

@@ -4,7 +4,7 @@
         [--sample-bytes 268435456 | --sample-bytes 0]
 
 By default it trains on a seeded sample of about 256 MB of text: blocks of --unit-bytes taken in a seeded hash order.
-It calls the build's own vocabulary stage (``pipeline.build.vocab.train_vocab``, as a plain loop in this process):
+It calls the build's own vocabulary stage (``pipeline.vocab.train_vocab``, as a plain loop in this process):
 with the same --unit-bytes and --seed as jobs/build_dataset.py it picks the same sample as a build without --vocab,
 so it gives the same vocabulary. --sample-bytes 0 trains on the whole corpus.
 
@@ -28,13 +28,13 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
     require_project_env(__file__)
 
 from jobs import _common
-from pipeline.safe_io.redact import redact_text
-from pipeline.build.config import DEFAULT_SAMPLE_BYTES
-from pipeline.build.executor import LocalExecutor
-from pipeline.build.inputs.pieces import input_units
-from pipeline.build.vocab import VocabContext, VocabSample, train_vocab
-from pipeline.readers import FORMATS, ON_ERROR, ReadOptions, ReadReport, plan_units
-from pipeline.storage import expand_inputs
+from storage.redact import redact_text
+from pipeline.config import DEFAULT_SAMPLE_BYTES
+from pipeline.executor import LocalExecutor
+from pipeline.inputs.pieces import input_units
+from pipeline.vocab import VocabContext, VocabSample, train_vocab
+from corpus.readers import FORMATS, ON_ERROR, ReadOptions, ReadReport, plan_units
+from storage.fs import expand_inputs
 from tracking.build_run import vocab_run
 from tracking.store import DEFAULT_EXPERIMENT, check_tracking_reachable, resolve_tracking_uri
 

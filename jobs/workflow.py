@@ -28,7 +28,7 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
     require_project_env(__file__)
 
 from jobs._common import HelpFormatter, refuse_secrets, setup_logging
-from pipeline.safe_io.redact import redact_text
+from storage.redact import redact_text
 from workflows.driver import Workflow, load_workflow, run_workflow, stages_to_run
 from workflows.execute import StageFailed
 

@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from pipeline.safe_io.untrusted import read_bounded
-from pipeline.schema import read_manifest
-from pipeline.storage import join, list_names, read_bytes
+from storage.untrusted import read_bounded
+from corpus.schema import read_manifest
+from storage.fs import join, list_names, read_bytes
 from pretraining import order
 from pretraining.loader import DataConfig, rank_steps
 

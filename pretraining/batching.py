@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bert_core.losses import IGNORE_INDEX  # the label of padded MLM slots
-from pipeline.rng import derive_seed, mix64
+from corpus.rng import derive_seed, mix64
 from pretraining.rows import Rows
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bert_core.config import BertConfig
-from pipeline.rng import DEFAULT_SEED
-from pipeline.storage import is_url
+from corpus.rng import DEFAULT_SEED
+from storage.fs import is_url
 from training.guard import GuardConfig
 from pretraining import kernel_options
 from pretraining.loader import DataConfig, EvalConfig

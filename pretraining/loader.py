@@ -30,8 +30,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from pipeline.schema import Manifest
-from pipeline.storage import storage_options
+from corpus.schema import Manifest
+from storage.fs import storage_options
 from pretraining.batching import Remasker, finite_batches
 from pretraining.order import RankShare, global_batches, rank_share
 from pretraining.packing import PackConfig

@@ -33,7 +33,7 @@ from torch import nn
 
 from bert_core import BertForPreTraining
 from training.optim import build_optimizer, build_scheduler
-from pipeline.rng import derive_seed as seed_for
+from corpus.rng import derive_seed as seed_for
 from pretraining import compile as compile_mod
 from pretraining import kernel_options
 from pretraining import loader as data_mod
@@ -69,7 +69,7 @@ def _build_model(config: PretrainConfig, checkpoint_dir: Path | None) -> BertFor
 def _read_vocab(config: PretrainConfig) -> str | None:
     if not config.checkpoint.vocab_url:
         return None
-    from pipeline.storage import read_bytes
+    from storage.fs import read_bytes
 
     return read_bytes(config.checkpoint.vocab_url, config.data.endpoint_url).decode("utf-8")
 

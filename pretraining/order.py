@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.rng import derive_seed as seed_for
+from corpus.rng import derive_seed as seed_for
 from pretraining.batching import Remasker, collate
 from pretraining.packing import collate_packed, packed_batches
 from pretraining.rows import Rows

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bert_core.losses import IGNORE_INDEX
-from pipeline.ragged import ragged_indices
+from corpus.ragged import ragged_indices
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ export the final model, diagnose a collapse, end the run) with pre-training's pa
 
 The run is found again by its checkpoint folder (`--storage`/`--run-name`, the `bert.run_checkpoints` tag): running
 the same job again with the same storage and run name resumes from its last checkpoint into the same MLflow run.
-One job at a time: the folder's writer lease (pipeline/safe_io/lease.py) is held from before that lookup until the
+One job at a time: the folder's writer lease (storage/lease.py) is held from before that lookup until the
 run ends.
 Its params are the command line as given plus the flattened `PretrainConfig` (the one `asdict` the checkpoints hold
 too).
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.schema import read_manifest
+from corpus.schema import read_manifest
 from pretraining.config import PretrainConfig
 from pretraining.loop import STOPPED_TAG, fit
 from tracking.datasets import log_dataset

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.ragged import ragged_indices
-from pipeline.schema import SHARD_COLUMNS
+from corpus.ragged import ragged_indices
+from corpus.schema import SHARD_COLUMNS
 
 
 def _gather_ragged(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,8 +1,8 @@
-"""A dataset's typed manifest (`pipeline.schema.Manifest`) for tests that make their rows themselves instead of
+"""A dataset's typed manifest (`corpus.schema.Manifest`) for tests that make their rows themselves instead of
 building a dataset: the fields the loader and the configs read, the rest empty."""
 from __future__ import annotations
 
-from pipeline.schema import Manifest, Shard, Totals, Vocab
+from corpus.schema import Manifest, Shard, Totals, Vocab
 
 
 def manifest_of(shard_urls: tuple[str, ...], shard_rows: tuple[int, ...], max_seq_length: int = 128,

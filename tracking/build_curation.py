@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.storage import filesystem_for, join
+from storage.fs import filesystem_for, join
 
 MAX_ARTIFACT_BYTES = 64 << 20
 ARTIFACT_DIR = "reports"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 
-from pipeline.schema import Manifest
+from corpus.schema import Manifest
 
 FIGURES = ("seq_length.png", "tokens_per_document.png", "masked_per_sequence.png", "next_sentence.png",
            "dropped.png")

@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pipeline.schema import Manifest
+    from corpus.schema import Manifest
 
-from pipeline.safe_io.redact import redact_url
+from storage.redact import redact_url
 from tracking.lineage import DATASET_SHA_TAG
-from pipeline.storage import is_url
+from storage.fs import is_url
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +81,14 @@ class BuildRun:
 
         return run
 
-    def _stage(self, name: str, markers: list, started: float, ended: float) -> None:
-        from pipeline.build.rows import sum_ops
-
+    def _stage(self, name: str, markers: list, ops: dict[str, tuple[float, ...]], started: float,
+               ended: float) -> None:
         run = self._opened.result()
         run.log_metrics({f"stage_seconds.{name}": round(ended - started, 3)})
         # Per operator of a row pass (Ray Data fuses a pass into one task, so its own statistics cannot tell them
         # apart): rows in and out, MB out, CPU seconds.
         run.log_metrics({f"op.{name}.{op}.{what}": round(float(v[i]) / (1e6 if what == "mb_out" else 1), 3)
-                         for op, v in sum_ops(markers).items()
+                         for op, v in ops.items()
                          for i, what in enumerate(("rows_in", "rows_out", "mb_out", "cpu_s"))})
         if name == "vocab" and self.vocab_params is not None:
             self._vocab_run(run.run_id, markers[0], started, ended)
@@ -101,8 +100,8 @@ class BuildRun:
 
     def _finish(self, output: str, m: Manifest, ended: float, nothing_done: bool) -> None:
         from tracking import build_report as report
-        from pipeline.schema import MANIFEST, VOCAB_FILE
-        from pipeline.storage import join, read_bytes
+        from corpus.schema import MANIFEST, VOCAB_FILE
+        from storage.fs import join, read_bytes
         from tracking.build_curation import log_curation
         from tracking.datasets import log_dataset
 
@@ -139,13 +138,15 @@ class BuildRun:
     def _submit(self, fn, *args) -> None:
         self._pending.append(self._thread.submit(fn, *args))
 
-    def on_stage(self, name: str, markers: list, started: float, ended: float) -> None:
-        """A stage finished: its wall time as a metric; the vocabulary stage gets a child run of its own."""
+    def on_stage(self, name: str, markers: list, ops: dict[str, tuple[float, ...]], started: float,
+                 ended: float) -> None:
+        """A stage finished: its wall time and its operators' summed statistics (``ops``: rows in, rows out, bytes
+        out, CPU seconds per operator) as metrics; the vocabulary stage gets a child run of its own."""
         self.start()
         if self._opened.done() and self._opened.exception() is not None:
             self._opened.result()  # the store refused the run: stop the build now, not after it
         self._stages_run += 1
-        self._submit(self._stage, name, markers, started, ended)
+        self._submit(self._stage, name, markers, ops, started, ended)
 
     def finish(self, output: str, manifest: Manifest, ended: float) -> None:
         self.start()  # a finished output's rerun begins no work: its run says it built nothing
@@ -195,7 +196,7 @@ class _OpensRun:
 def vocab_run(tracking_uri: str, experiment: str, name: str, params: dict[str, Any], marker: Any, started: float,
               ended: float, *, parent_run_id: str | None = None, tags: dict[str, str] | None = None,
               vocab_file: str | None = None):
-    """A finished vocabulary stage (a ``pipeline.build.vocab`` marker) as its own run: what was asked (params),
+    """A finished vocabulary stage (a ``pipeline.vocab`` marker) as its own run: what was asked (params),
     what came out (size, sample, documents, drops), a description, and the vocab.txt when `vocab_file` is given.
     The build's vocabulary stage is a child of the build's run; ``jobs/train_tokenizer.py`` logs one on its own."""
     from tracking.runs import open_run

@@ -4,13 +4,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pipeline.safe_io.redact import redact_text, redact_url
+from storage.redact import redact_text, redact_url
 
 DATASET_DIGEST_CHARS = 16  # of the manifest's sha256 (MLflow keeps at most 36 characters of a digest)
 
 
 def built_dataset(manifest: Any):
-    """The MLflow dataset of a finished build (a ``pipeline.schema.Manifest``): named after its folder, its source
+    """The MLflow dataset of a finished build (a ``corpus.schema.Manifest``): named after its folder, its source
     the folder's URL, its digest the manifest's sha256 (what pre-training tags as ``dataset.manifest_sha256``), a
     profile of its size and the shards' columns as its schema."""
     import warnings
@@ -20,7 +20,7 @@ def built_dataset(manifest: Any):
     from mlflow.types import DataType
     from mlflow.types.schema import Array, ColSpec, Schema
 
-    from pipeline.schema import instance_schema
+    from corpus.schema import instance_schema
 
     profile = {"instances": manifest.instances, "shards": len(manifest.shards),
                "max_seq_length": manifest.max_seq_length, "vocab_size": manifest.vocab.size,
@@ -47,7 +47,7 @@ def built_dataset(manifest: Any):
 
 
 def log_dataset(tracking_uri: str, run_id: str, manifest: Any, context: str) -> None:
-    """Record a finished build (a ``pipeline.schema.Manifest``) on a run: ``context="output"`` on the build's run,
+    """Record a finished build (a ``corpus.schema.Manifest``) on a run: ``context="output"`` on the build's run,
     ``"training"`` / ``"eval"`` on a pre-training run (MLflow 3 has dataset inputs only, so the build's output is an
     input tagged "output"). Same name and digest on both, so the UI's Dataset column shows which build a model was
     trained on."""
@@ -75,7 +75,7 @@ def log_task_data(tracking_uri: str, run_id: str, url: str, *, context: str, nam
     from mlflow.tracking import MlflowClient
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-    from pipeline.storage import read_bytes
+    from storage.fs import read_bytes
 
     digest = hashlib.sha256(read_bytes(url, endpoint_url)).hexdigest()
     digest = hashlib.sha256(f"{digest} {json.dumps(profile, sort_keys=True)}".encode()).hexdigest()

@@ -100,7 +100,7 @@ def pretraining_note(name: str, sources: dict[str, tuple[Any, dict[str, str] | N
 def pretraining_lineage(tracking_uri: str, run_id: str, train: Any, eval_data: Any = None,
                         export: str | None = None, init: str | None = None) -> None:
     """The pre-training run's links both ways: its description names the build runs of its training and eval data
-    (``pipeline.schema.Manifest``s), and each build run lists it under "Used by". Tracking is never worth failing
+    (``corpus.schema.Manifest``s), and each build run lists it under "Used by". Tracking is never worth failing
     a training run for: a store error here is a warning."""
     try:
         client = _client(tracking_uri)

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.safe_io.redact import redact_text
+from storage.redact import redact_text
 from tracking.links import run_url, ui_command
 from tracking.params import MAX_PARAM_LENGTH
 from tracking.store import get_or_create_experiment

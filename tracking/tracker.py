@@ -5,7 +5,7 @@ import logging
 import time
 from typing import Protocol
 
-from pipeline.safe_io.redact import redact_text
+from storage.redact import redact_text
 from tracking.config import RunRef
 from tracking.runs import _as_metrics
 

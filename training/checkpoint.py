@@ -9,7 +9,7 @@ A checkpoint directory holds
 Where checkpoints live is the caller's business: `LocalCheckpoints` keeps the last k in a local folder for
 `pretraining.loop.fit` without Ray; the Ray wrapper hands the same folder to `ray.train.report` (local or S3 storage).
 
-Under a job's writer lease (pipeline/safe_io/fence.py) a checkpoint counts only once committed: its writer adds its
+Under a job's writer lease (storage/fence.py) a checkpoint counts only once committed: its writer adds its
 name, step and digest (`checkpoint_digest`, every file's bytes) to the lease's record by a conditional write before it
 puts the files in place (a rename, an upload). A run resumes only from a committed checkpoint whose
 files still have that digest (`resumable`): a folder a stalled or cut-off job wrote after it lost the lease is never
@@ -30,8 +30,8 @@ from typing import Any, Iterator
 
 import torch
 
-from pipeline.safe_io.redact import redact
-from pipeline.safe_io.untrusted import read_local_bounded
+from storage.redact import redact
+from storage.untrusted import read_local_bounded
 from training.guard import model_and_optimizer_tensors, nonfinite_tensors
 
 log = logging.getLogger(__name__)

@@ -2,10 +2,10 @@
 asked (a local folder, or any fsspec URL such as s3://bucket/models/name), with a lineage file that names the run.
 
 A later stage reads the lineage file beside the weights it starts from (`read_lineage`) to link its own run to
-the one that made them. Publishing is all-or-nothing (pipeline/safe_io/publish.py): a local export is staged beside its
+the one that made them. Publishing is all-or-nothing (storage/publish.py): a local export is staged beside its
 destination and swapped in by renames; an upload goes under a new version prefix and `export.json`, written last,
 points readers at it. One export writes a destination at a time: it holds the destination's lease
-(`<destination>.lease.json`, pipeline/safe_io/lease.py) while it publishes, and proves it (pipeline/safe_io/fence.py)
+(`<destination>.lease.json`, storage/lease.py) while it publishes, and proves it (storage/fence.py)
 right before each switch: an export stalled past the lease's stale time never swaps in or points at its files.
 """
 from __future__ import annotations
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from pipeline.safe_io.redact import redact_url
-from pipeline.safe_io.lease import holding, lease_url_beside
-from pipeline.safe_io.publish import publish_remote, recover_local, swap_in_local
-from pipeline.safe_io.untrusted import read_local_bounded
-from pipeline.storage import check_writable, is_url
+from storage.redact import redact_url
+from storage.lease import holding, lease_url_beside
+from storage.publish import publish_remote, recover_local, swap_in_local
+from storage.untrusted import read_local_bounded
+from storage.fs import check_writable, is_url
 from training.guard import safetensors_tensors
 from tracking.runs import Run
 

@@ -1,4 +1,4 @@
-"""MLflow points under a job's writer lease: a tracker that proves the lease (pipeline/safe_io/fence.py) before it
+"""MLflow points under a job's writer lease: a tracker that proves the lease (storage/fence.py) before it
 writes into the job's run, so that a worker whose job was taken over never logs a point into the run its taker now
 owns. A proof is reused for an eighth of the stale time: at most one read of the lease's record per log window."""
 from __future__ import annotations

@@ -12,10 +12,10 @@ which every rank calls: it is a barrier) and what the job prepared for every wor
 place that decides where a run keeps its checkpoints: `launch.local_directory` in this process, Ray Train's storage
 (`launch.storage`/`launch.name`, local or S3) on Ray.
 
-Ray is imported inside the functions (Ray itself is started by `pipeline.cluster.ray_start.init_ray`, on loopback
+Ray is imported inside the functions (Ray itself is started by `cluster.ray_start.init_ray`, on loopback
 unless the job joins a cluster), so `fit` without Ray never loads it.
 
-Fencing (pipeline/safe_io/fence.py): when this process holds the run's writer lease (`LaunchConfig.writer_lease`), its
+Fencing (storage/fence.py): when this process holds the run's writer lease (`LaunchConfig.writer_lease`), its
 fence goes to every worker. Rank 0 commits each checkpoint (name, step, digest) under the lease by a conditional
 write before uploading it (the verdict is broadcast, so every rank stops together), logs to MLflow only while it can
 prove the lease, resumes only from a committed checkpoint whose files have the committed digest, and watches the
@@ -104,10 +104,10 @@ class LaunchConfig:
         return str(self.local_directory) if local else f"{self.storage.rstrip('/')}/{self.name}"
 
     def writer_lease(self, what: str):
-        """The run's one-writer lease (`<storage>/<name>.lease.json`, pipeline/safe_io/lease.py), to hold from before its
+        """The run's one-writer lease (`<storage>/<name>.lease.json`, storage/lease.py), to hold from before its
         MLflow run is opened until it ends: a second job on this storage and run name refuses before it touches
         the run's checkpoints or its MLflow run."""
-        from pipeline.safe_io.lease import holding, lease_url_beside
+        from storage.lease import holding, lease_url_beside
 
         return holding(lease_url_beside(self.run_url), self.run_url, what, self.endpoint_url,
                        hint="or give this job another --run-name")
@@ -115,7 +115,7 @@ class LaunchConfig:
     def forget_writer_lease(self) -> None:
         """Remove the run's released lease record: for a run folder removed as a whole once its job ended
         (fine-tuning's temporary checkpoints), so nothing of the run is left beside it."""
-        from pipeline.safe_io.lease import forget_released, lease_url_beside
+        from storage.lease import forget_released, lease_url_beside
 
         forget_released(lease_url_beside(self.run_url), self.endpoint_url)
 
@@ -130,21 +130,21 @@ def storage_filesystem(url: str, endpoint_url: str | None):
     Train controller and workers, and each resolves its own where it runs (boto's chain: a local Ray's processes
     inherit the job's environment; a cluster node has its environment, instance profile, IRSA role or credentials
     file). Keys baked in here would travel, and be kept, wherever Ray stores the run's config."""
-    from pipeline import storage
+    from storage import fs as storage_fs
 
-    if not storage.is_url(url):
+    if not storage_fs.is_url(url):
         return None, str(Path(url.removeprefix("file://")).resolve())
     import pyarrow.fs
 
-    fs, path = storage.filesystem_for(url, endpoint_url)
-    if storage.protocol_of(url) in ("s3", "s3a"):
+    fs, path = storage_fs.filesystem_for(url, endpoint_url)
+    if storage_fs.protocol_of(url) in ("s3", "s3a"):
         import s3fs
 
-        from pipeline.safe_io.retry import S3_RETRIES
+        from storage.retry import S3_RETRIES
 
         # No credentials here: every process that uses this filesystem (the Ray Train controller, each worker)
         # resolves its own (inherited environment, instance profile, IRSA). Our retry policy
-        # (pipeline/safe_io/retry.py S3_RETRIES), not botocore's default: checkpoint uploads and snapshot reads.
+        # (storage/retry.py S3_RETRIES), not botocore's default: checkpoint uploads and snapshot reads.
         fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint_url} if endpoint_url else {},
                                config_kwargs={"retries": dict(S3_RETRIES)})
     return pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs)), path
@@ -182,7 +182,7 @@ def run(fit: Callable[[Any, Worker], Any], config: Any, launch: LaunchConfig, *,
 
 def _fence(launch: LaunchConfig):
     """The fence of the run's writer lease when this process holds it (a job does; a test calling `run` may not)."""
-    from pipeline.safe_io.lease import held
+    from storage.lease import held
 
     lease = held(launch.run_url)
     return lease.fence if lease is not None else None
@@ -236,7 +236,7 @@ def _on_ray(fit: Callable, config, launch: LaunchConfig, inputs: Any = None,
     import ray.train
     from ray.train.torch import TorchTrainer
 
-    from pipeline.cluster.ray_start import init_ray
+    from cluster.ray_start import init_ray
     from training.rendezvous import LocalRendezvous
 
     init_ray(dashboard=True)
@@ -374,7 +374,7 @@ class RayCheckpoints:
 
 def _agree(action: Callable[[], Any]) -> None:
     """Run `action` (rank 0's proof or commit; a no-op elsewhere) and raise its LeaseLost on every rank."""
-    from pipeline.safe_io.lease_record import LeaseLost
+    from storage.lease_record import LeaseLost
 
     message = None
     try:
@@ -441,8 +441,8 @@ def ray_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     import ray.train.torch
     import torch
 
-    from pipeline.safe_io.lease_record import LeaseLost
-    from pipeline.safe_io.redact import install_log_redaction, redact_exception, redact_text
+    from storage.lease_record import LeaseLost
+    from storage.redact import install_log_redaction, redact_exception, redact_text
     from training.worker import Verdict, Worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -484,7 +484,7 @@ def _raise_verdict(return_value: dict | None) -> None:
         return
     import importlib
 
-    from pipeline.safe_io.lease_record import LeaseLost
+    from storage.lease_record import LeaseLost
     from training.worker import Verdict
 
     module, _, name = str(return_value.get("kind", "")).partition(":")

@@ -2,7 +2,7 @@
 stages on a cluster hand weights over through object storage instead of a shared volume.
 
 What is fetched: one of our exports (`export.json` at the URL: the complete version it points at, see
-pipeline/safe_io/publish.py; a URL with export versions but no pointer, an interrupted first export, is refused),
+storage/publish.py; a URL with export versions but no pointer, an interrupted first export, is refused),
 an HF BERT directory (`config.json` at the URL: its files, not its subfolders), or a pre-training checkpoint
 (`model/config.json`: only `model/`, not the optimizer state beside it). File names come from a listing or the
 pointer, both written by others: each must stay inside the model's folder; sizes are bounded (MAX_FILE_BYTES). The
@@ -21,11 +21,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pipeline.safe_io.redact import redact_url
-from pipeline.safe_io.publish import resolve
-from pipeline.safe_io.retry import retrying
-from pipeline.safe_io.untrusted import check_relative_name
-from pipeline.storage import filesystem_for, is_url, storage_error
+from storage.redact import redact_url
+from storage.publish import resolve
+from storage.retry import retrying
+from storage.untrusted import check_relative_name
+from storage.fs import filesystem_for, is_url, storage_error
 
 log = logging.getLogger(__name__)
 

@@ -7,16 +7,16 @@ only (the logger is named, Ray is not imported: `training.launch` is the one mod
   progress line and the checkpoint's path.
 
 The other lines of issue 23 are handled where they arise: `SIGTERM handler is not set` (a ray.init from a thread) by
-`pipeline.cluster.ray_start`'s filter; the PreemptionWatcher's "constructor arguments in the object store" error line (a
+`cluster.ray_start`'s filter; the PreemptionWatcher's "constructor arguments in the object store" error line (a
 C++ line, not a log record, of an actor that watches for cloud nodes being drained) by turning the watcher off on a
 local one-node Ray (`training.launch`); the PlacementGroupCleaner's 30-line traceback "Found multiple active Ray
-instances" at its cause: a local Ray's workers are told their cluster's address (`pipeline.cluster.ray_start`).
+instances" at its cause: a local Ray's workers are told their cluster's address (`cluster.ray_start`).
 """
 from __future__ import annotations
 
 import importlib.util
 
-from pipeline.cluster.ray_start import drop_messages
+from cluster.ray_start import drop_messages
 
 
 def quiet_train_worker() -> None:

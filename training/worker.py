@@ -41,7 +41,7 @@ class Worker:
     inputs: Any = None
     tracking: RunRef | None = None  # the job's MLflow run (None: not tracked)
     tracker: Tracker | None = None  # default: into `tracking`, on rank 0
-    fence: Any = None  # the job's writer lease, proved before each write (pipeline/safe_io/fence.py); None: unfenced
+    fence: Any = None  # the job's writer lease, proved before each write (storage/fence.py); None: unfenced
 
     def make_tracker(self, system_metrics: bool = False) -> Tracker:
         """`tracker`, or one into `tracking` (rank 0's): under a fence, a point is logged only while the lease can

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.safe_io.untrusted import read_local_bounded
+from storage.untrusted import read_local_bounded
 from tracking import params, runs, store
 from workflows.config import load_config, workdir_of
 from workflows.execute import StageFailed, run_job_stage

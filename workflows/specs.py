@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline import storage
-from pipeline.safe_io.publish import is_complete
-from pipeline.schema import MANIFEST
+from storage import fs as storage_fs
+from storage.publish import is_complete
+from corpus.schema import MANIFEST
 from training.export import PRETRAIN_LINEAGE
 from workflows.stage import TRACKING_FLAGS, Planned, JobStage, fingerprint, input_stamps, join, to_argv
 
@@ -64,7 +64,7 @@ class TrainTokenizer(JobSpec):
         return JobStage(name, self.job, base + ["--output", out], [], fp, {"vocab": out})
 
     def complete(self, stage):
-        return storage.exists(stage.outputs["vocab"])
+        return storage_fs.exists(stage.outputs["vocab"])
 
 
 class BuildDataset(JobSpec):
@@ -86,7 +86,7 @@ class BuildDataset(JobSpec):
                      {"dataset": out})
 
     def complete(self, stage):
-        return storage.exists(storage.join(stage.outputs["dataset"], MANIFEST))
+        return storage_fs.exists(storage_fs.join(stage.outputs["dataset"], MANIFEST))
 
 
 class Pretrain(JobSpec):

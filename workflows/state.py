@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline.safe_io.lease import Lease
-from pipeline.safe_io.untrusted import read_local_bounded
+from storage.lease import Lease
+from storage.untrusted import read_local_bounded
 from workflows.stage import JobStage
 from workflows.specs import SPECS
 
@@ -47,7 +47,7 @@ def finished(workdir: Path, stage: JobStage) -> dict[str, Any] | None:
 
 
 def acquire_lock(workdir: Path):
-    """The workflow's writer lease (pipeline/safe_io/lease.py) at WORKDIR/_workflow/writer.lease, held until
+    """The workflow's writer lease (storage/lease.py) at WORKDIR/_workflow/writer.lease, held until
     ``release()``: one workflow per workdir, taken exclusively (not a PID file written after a check), a killed
     workflow on this host taken over at once, one elsewhere after the lease's stale time; refused (LeaseHeld, a
     ValueError naming the holder) while another live workflow holds it."""

@@ -12,7 +12,7 @@ naming the file or flag and the fix (a ``ValueError``), or a warning with its fi
     check_num_shards(n, estimate)      more shards than instances: the rest would be written empty
 
 Why an estimate and not the count: the count is known only after the instances stage, and the instances are cut
-into as many pieces as the shards (``pipeline/build/shards.py``), so a corrected ``--num-shards`` then could not
+into as many pieces as the shards (``pipeline/shards.py``), so a corrected ``--num-shards`` then could not
 resume that work. The estimate's error against real builds is in docs/build-checks.md.
 """
 from __future__ import annotations
@@ -20,11 +20,11 @@ from __future__ import annotations
 import logging
 
 from pipeline.preflight.heads import check_documents, estimate_instances, sample_inputs
-from pipeline.readers import ReadOptions
-from pipeline.safe_io.lease import OUTPUT_LEASE
-from pipeline.safe_io.redact import redact_url
-from pipeline.schema import MANIFEST, SHARDS_DIR, VOCAB_FILE, WORK_DIR
-from pipeline.storage import expand_inputs, list_names
+from corpus.readers import ReadOptions
+from storage.lease import OUTPUT_LEASE
+from storage.redact import redact_url
+from corpus.schema import MANIFEST, SHARDS_DIR, VOCAB_FILE, WORK_DIR
+from storage.fs import expand_inputs, list_names
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def check_build(inputs: list[str], output: str, read: ReadOptions, max_seq_lengt
                 dupe_factor: int, num_shards: int | None, endpoint_url: str | None = None) -> list[str]:
     """All of the above for one build, in about a second: ValueError for what must not be built, the warnings
     (logged here too) for what may be."""
-    storage_log = logging.getLogger("pipeline.storage")
+    storage_log = logging.getLogger("storage.fs")
     level = storage_log.level
     storage_log.setLevel(logging.ERROR)  # the build lists the inputs again and warns of skipped files then, once
     try:

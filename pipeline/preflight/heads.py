@@ -14,9 +14,9 @@ import posixpath
 import pyarrow.parquet as pq
 from fsspec.compression import compr
 
-from pipeline.readers import STORAGE_CLIENTS, ReadOptions, detect_format
-from pipeline.safe_io.redact import redact_url
-from pipeline.storage import FileInfo, compression_of, filesystem_for, map_threads
+from corpus.readers import STORAGE_CLIENTS, ReadOptions, detect_format
+from storage.redact import redact_url
+from storage.fs import FileInfo, compression_of, filesystem_for, map_threads
 
 log = logging.getLogger(__name__)
 

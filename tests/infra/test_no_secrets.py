@@ -24,7 +24,7 @@ PATTERNS = {
 }
 ALLOWED_LITERALS = {"testing"}  # moto's throwaway credentials, set by tests/conftest.py at run time
 # Passwords that are placeholders by construction: the redaction's docstring example and the canaries the secret
-# tests plant to prove they never reach a log (tests/pipeline/test_redact.py, tests/jobs/test_secrets_and_listeners.py).
+# tests plant to prove they never reach a log (tests/storage/test_redact.py, tests/jobs/test_secrets_and_listeners.py).
 PLACEHOLDER_PASSWORD = re.compile(r"^(password|PASSWORD|p|CANARY\w*)$")
 
 

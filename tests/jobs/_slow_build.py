@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import pipeline.build.instances as instances  # noqa: E402
+import pipeline.instances as instances  # noqa: E402
 from jobs import build_dataset  # noqa: E402
 
 _real = instances.write_unit

@@ -8,8 +8,8 @@ import pyarrow.dataset as pads
 import pytest
 
 from jobs import build_dataset, train_tokenizer
-from pipeline.schema import read_manifest
-from pipeline.stats import instance_stats
+from corpus.schema import read_manifest
+from corpus.stats import instance_stats
 
 
 @pytest.mark.timeout(300)
@@ -30,7 +30,7 @@ def test_faithful_to_the_reference_on_moby_dick_and_logged_to_mlflow(tmp_path, s
     got = instance_stats(table, mask_id=103, max_seq_length=128)
     ref = json.loads((ref_dir / "mobydick.reference_stats.json").read_text())["stats"]
     # The statistics against the reference's (mean of three seeds, a sampled pool) are checked in
-    # tests/pipeline/test_faithfulness.py; here the job's output, summary and MLflow run.
+    # tests/corpus/test_faithfulness.py; here the job's output, summary and MLflow run.
     assert abs(got["instances"] / ref["instances"] - 1) < 0.05, got
     for kind in ("mask", "same", "random"):
         assert abs(got["mask_kind_fraction"][kind] - ref["mask_kind_fraction"][kind]) < 0.01, (kind, got)

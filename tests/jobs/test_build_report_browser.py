@@ -17,7 +17,7 @@ import pytest
 
 import _browser
 from tracking.build_report import FIGURES
-from pipeline.schema import read_manifest
+from corpus.schema import read_manifest
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium: apt-get install chromium")

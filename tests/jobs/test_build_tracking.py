@@ -8,7 +8,7 @@ import json
 
 from jobs import build_dataset
 from tracking.build_report import FIGURES
-from pipeline.schema import read_manifest
+from corpus.schema import read_manifest
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

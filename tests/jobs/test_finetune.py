@@ -206,7 +206,7 @@ def test_output_to_s3_writes_the_model_there(data, mlflow_uri, s3_bucket, capsys
     released writer lease included."""
     import boto3
 
-    from pipeline.safe_io.publish import resolve
+    from storage.publish import resolve
 
     endpoint, bucket = s3_bucket
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)  # botocore's standard variable (--endpoint-url works too)
@@ -231,7 +231,7 @@ def test_init_from_s3_fetches_the_model_beside_the_output(data, mlflow_uri, s3_b
     from mlflow.tracking import MlflowClient
 
     from bert_core import BertForPreTraining, bert_tiny
-    from pipeline.storage import upload_tree
+    from storage.fs import upload_tree
 
     endpoint, bucket = s3_bucket
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""One writer per output, end to end (pipeline/safe_io/lease.py through the jobs): two dataset builds with different configs
+"""One writer per output, end to end (storage/lease.py through the jobs): two dataset builds with different configs
 started 3 s apart on one --output, on local disk and on a real S3-protocol server (moto on loopback): the second
 refuses in one line naming the first, and the first completes with its own config and row counts; two pre-training
 jobs on one --storage/--run-name: the second refuses before it opens an MLflow run, and after the first is killed
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import storage
-from pipeline.safe_io.lease import OUTPUT_LEASE, STALE_ENV
-from pipeline.safe_io.lease_store import store_for
+from storage import fs as storage_fs
+from storage.lease import OUTPUT_LEASE, STALE_ENV
+from storage.lease_store import store_for
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "data" / "sample"
@@ -74,15 +74,15 @@ def test_two_builds_on_one_output(where, tmp_path, request):
     # The first build's dataset is its own: its config and rows are those of the same build made alone.
     alone = subprocess.run([sys.executable, "-m", "jobs.build_dataset", *_build_flags(reference, 3, endpoint)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert alone.returncode == 0, alone.stderr
-    built = storage.read_json(storage.join(out, "manifest.json"), endpoint)
-    expected = storage.read_json(storage.join(reference, "manifest.json"), endpoint)
+    built = storage_fs.read_json(storage_fs.join(out, "manifest.json"), endpoint)
+    expected = storage_fs.read_json(storage_fs.join(reference, "manifest.json"), endpoint)
     assert built["config"]["dupe_factor"] == 3 and built["config_hash"] == expected["config_hash"]
     assert built["totals"] == expected["totals"] and built["shards"] == expected["shards"]
     for shard in built["shards"]:
-        assert storage.read_bytes(storage.join(out, shard["file"]), endpoint) == \
-            storage.read_bytes(storage.join(reference, shard["file"]), endpoint)
-    assert store_for(storage.join(out, OUTPUT_LEASE), endpoint).read()[0]["token"] is None  # released at the end
-    assert not storage.exists(storage.join(out, "_work"), endpoint)
+        assert storage_fs.read_bytes(storage_fs.join(out, shard["file"]), endpoint) == \
+            storage_fs.read_bytes(storage_fs.join(reference, shard["file"]), endpoint)
+    assert store_for(storage_fs.join(out, OUTPUT_LEASE), endpoint).read()[0]["token"] is None  # released at the end
+    assert not storage_fs.exists(storage_fs.join(out, "_work"), endpoint)
 
 
 def test_two_pretraining_jobs_on_one_run_name(tiny_pretrain_data, tmp_path, monkeypatch, caplog):
@@ -126,7 +126,7 @@ def test_two_pretraining_jobs_on_one_run_name(tiny_pretrain_data, tmp_path, monk
             first.kill()
     time.sleep(5)  # check 4-resume: the same command, 5 s after the kill (well inside the stale time)
     caplog.set_level("INFO")
-    with caplog.at_level("WARNING", logger="pipeline.safe_io.lease"):
+    with caplog.at_level("WARNING", logger="storage.lease"):
         assert pretrain.main(flags(1)) == 0  # takes over at once and resumes
     assert any("took over from host" in r.getMessage() and f"pid {first.pid} " in r.getMessage()
                and "has exited" in r.getMessage() for r in caplog.records)

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from pipeline.schema import read_manifest
+from corpus.schema import read_manifest
 from _ray_local import ensure_local_ray
 
 pytestmark = pytest.mark.timeout(420)
@@ -208,7 +208,7 @@ def test_killed_worker_resumes_from_s3_checkpoint_into_the_same_run(baseline, ti
     # The same command again, with more steps: it resumes from step 40 into the same MLflow run, and exports to S3.
     again = [a if a != str(STEPS) else str(STEPS + 4) for a in args] + ["--export", f"s3://{bucket}/exports/killed"]
     assert pretrain.main(again) == 0
-    from pipeline.safe_io.publish import resolve
+    from storage.publish import resolve
 
     version, files = resolve(f"s3://{bucket}/exports/killed", endpoint)  # the version export.json points at
     exported = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="exports/killed/")["Contents"]}

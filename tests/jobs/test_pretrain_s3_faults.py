@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from _fault_proxy import FaultProxy
-from pipeline import storage
-from pipeline.safe_io.publish import resolve
+from storage import fs as storage_fs
+from storage.publish import resolve
 
 pytestmark = pytest.mark.timeout(600)
 LINEAGE = "bert_pretrain_run.json"  # names the run: differs between the two runs by design
@@ -22,7 +22,7 @@ def _args(data: dict, storage_url: str, export: str, endpoint: str, uri: str, na
 
 
 def _tree(url: str, endpoint: str) -> dict[str, bytes]:
-    fs, root = storage.filesystem_for(url, endpoint)
+    fs, root = storage_fs.filesystem_for(url, endpoint)
     fs.invalidate_cache()
     return {p[len(root):].lstrip("/"): fs.cat_file(p) for p in fs.find(root)}
 

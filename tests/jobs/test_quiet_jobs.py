@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cluster.ray_start import DropMessages, drop_messages
+from cluster.ray_start import DropMessages, drop_messages
 
 REPO = Path(__file__).resolve().parents[2]
 NOISE = ("TrainingReport(", "PreemptionWatcher", "SIGTERM handler is not set", "multiple active Ray instances")

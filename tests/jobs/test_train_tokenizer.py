@@ -5,8 +5,8 @@ import gzip
 import json
 
 from jobs import train_tokenizer
-from pipeline.build import BuildConfig, build
-from pipeline.create_instances import InstanceConfig
+from pipeline import BuildConfig, build
+from corpus.create_instances import InstanceConfig
 
 UNIT = 64 << 10
 

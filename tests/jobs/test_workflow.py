@@ -64,7 +64,7 @@ def wf():
                MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING="false", TOKENIZERS_PARALLELISM="false",
                # Ray starts workers at nice 15: on a shared CI box they would crawl behind everything else.
                RAY_worker_niceness="0",
-               # A killed stage's writer lease (pipeline/safe_io/lease.py) is taken over once its heartbeat is this
+               # A killed stage's writer lease (storage/lease.py) is taken over once its heartbeat is this
                # old: short here, so the rerun after the kill need not wait the default 60 s.
                BERT_LEASE_STALE_SECONDS="5")
     env.pop("RAY_ADDRESS", None)

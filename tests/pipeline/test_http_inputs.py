@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
-from pipeline.build import BuildConfig, build
-from pipeline.create_instances import InstanceConfig
-from pipeline.storage import expand_inputs
+from pipeline import BuildConfig, build
+from corpus.create_instances import InstanceConfig
+from storage.fs import expand_inputs
 
 
 class _NoValidators(http.server.SimpleHTTPRequestHandler):
@@ -97,7 +97,7 @@ def test_a_server_with_an_etag_costs_no_digest(tmp_path):
 def test_a_presigned_url_is_read_in_the_format_its_path_names(server, tmp_path, sample_dir):
     """Issue 30, item 12: ``corpus.jsonl?X-Amz-Signature=...`` is JSON Lines (the query is no extension): each record
     is a document, not one document of JSON syntax."""
-    from pipeline.readers import detect_format
+    from corpus.readers import detect_format
 
     root, base = server
     (root / "corpus.jsonl").write_bytes(_corpus(sample_dir, "whale"))

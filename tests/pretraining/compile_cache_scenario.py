@@ -23,7 +23,7 @@ from pretraining.loader import DataConfig
 from pretraining.loop import fit
 from training.checkpoint import LocalCheckpoints
 from training.worker import Worker
-from pipeline.schema import read_manifest
+from corpus.schema import read_manifest
 
 
 def main(dataset: str, checkpoints: str, steps: int, backend: str = "inductor",

@@ -19,7 +19,7 @@ from pretraining.loader import DataConfig
 from pretraining.loop import fit
 from training.checkpoint import LocalCheckpoints
 from training.worker import Worker
-from pipeline.schema import read_manifest
+from corpus.schema import read_manifest
 
 STEPS, EVERY, KEEP_AT = 30, 10, 20
 

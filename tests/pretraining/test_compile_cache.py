@@ -125,7 +125,7 @@ def test_compile_key_is_the_same_after_a_resume_and_differs_with_the_graph(tiny_
     import torch
 
     from bert_core import BertConfig, BertForPreTraining
-    from pipeline.schema import read_manifest
+    from corpus.schema import read_manifest
     from pretraining.compile import compile_key
     from pretraining.config import RuntimeConfig
     from pretraining.loader import DataConfig

@@ -15,7 +15,7 @@ from pretraining.loader import DataConfig
 from training.worker import Worker
 from pretraining.loop import fit
 from pretraining.compile import compile_model, present_widths, synthetic_batch
-from pipeline.schema import read_manifest
+from corpus.schema import read_manifest
 from pretraining.loader import train_batches
 from tracking.tracker import NullTracker
 

@@ -13,7 +13,7 @@ from pretraining.config import ModelConfig, OptimizerConfig, PretrainConfig, Run
 from tracking.config import TrackingConfig
 from pretraining.loader import DataConfig
 from pretraining.loop import fit
-from pipeline.schema import read_manifest
+from corpus.schema import read_manifest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

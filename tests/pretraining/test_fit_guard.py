@@ -28,7 +28,7 @@ from pretraining.loader import DataConfig
 from pretraining.order import describe, digest
 from training.worker import Worker
 from pretraining.loop import fit
-from pipeline.schema import read_manifest
+from corpus.schema import read_manifest
 from training.guard import TrainingDiverged
 from tracking.config import RunRef
 from tracking.tracker import make_tracker

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from bert_core import bert_tiny
-from pipeline.schema import read_manifest
+from corpus.schema import read_manifest
 from pretraining.config import ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
 from pretraining.loader import DataConfig
 from pretraining.loop import fit

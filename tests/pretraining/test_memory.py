@@ -128,7 +128,7 @@ def test_fit_fails_in_seconds_when_the_micro_batch_cannot_fit(tiny_pretrain_data
     from pretraining.config import ModelConfig, PretrainConfig, RuntimeConfig
     from pretraining.loader import DataConfig
     from pretraining.loop import fit
-    from pipeline.schema import read_manifest
+    from corpus.schema import read_manifest
     from pretraining.memory import MemoryConfig
 
     config = PretrainConfig(

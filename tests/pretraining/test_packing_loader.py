@@ -16,7 +16,7 @@ from pretraining.loader import DataConfig
 from pretraining.loop import fit
 from training.checkpoint import LocalCheckpoints
 from training.worker import Worker
-from pipeline.schema import read_manifest
+from corpus.schema import read_manifest
 from pretraining.order import global_batches, rank_share, stream_rows
 from pretraining.rows import Rows, read_shard
 from pretraining.packing import PackConfig, collate_packed, pack

@@ -52,7 +52,7 @@ def shard(directory: Path) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.schema import instance_schema
+    from corpus.schema import instance_schema
 
     path = directory / "rows.parquet"
     pq.write_table(pa.Table.from_pylist(all_rows(), schema=instance_schema(VOCAB)), path)

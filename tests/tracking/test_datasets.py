@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from pipeline.schema import read_manifest
+from corpus.schema import read_manifest
 from tracking.datasets import log_dataset
 
 

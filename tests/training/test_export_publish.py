@@ -1,4 +1,4 @@
-"""Exports are all-or-nothing (pipeline/safe_io/publish.py through training/export.py): on local disk and on a real
+"""Exports are all-or-nothing (storage/publish.py through training/export.py): on local disk and on a real
 S3-protocol server (moto on loopback), an export interrupted part-way leaves the previous complete export readable
 (or nothing, when there was none), never a mix of the two; `from_pretrained(local export)` keeps working."""
 from __future__ import annotations
@@ -10,10 +10,10 @@ import boto3
 import pytest
 import torch
 
-import pipeline.safe_io.publish
+import storage.publish
 from bert_core import BertForPreTraining, bert_tiny
-from pipeline import storage
-from pipeline.safe_io.publish import MARKER, VERSIONS
+from storage import fs as storage_fs
+from storage.publish import MARKER, VERSIONS
 from training.export import PRETRAIN_LINEAGE, export_model
 from training.model_fetch import fetch_model
 from tracking.runs import open_run
@@ -58,7 +58,7 @@ def test_a_local_export_killed_mid_swap_leaves_the_previous_one(tmp_path, mlflow
     dest = tmp_path / "bert"
     export_model(first_dir, str(dest), run, PRETRAIN_LINEAGE)
     before = _files(dest)
-    monkeypatch.setattr(pipeline.safe_io.publish, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(storage.publish, "_exchange", lambda a, b: False)
     real_rename, renames = os.rename, []
 
     def killed_on_second_rename(src, dst):
@@ -67,10 +67,10 @@ def test_a_local_export_killed_mid_swap_leaves_the_previous_one(tmp_path, mlflow
             raise KeyboardInterrupt("killed between the renames")
         return real_rename(src, dst)
 
-    monkeypatch.setattr(pipeline.safe_io.publish.os, "rename", killed_on_second_rename)
+    monkeypatch.setattr(storage.publish.os, "rename", killed_on_second_rename)
     with pytest.raises(KeyboardInterrupt):
         export_model(second_dir, str(dest), run, PRETRAIN_LINEAGE)
-    monkeypatch.setattr(pipeline.safe_io.publish.os, "rename", real_rename)
+    monkeypatch.setattr(storage.publish.os, "rename", real_rename)
     assert not dest.exists() and (tmp_path / ".bert.previous").is_dir()  # the window the kill hit
     from training.export import check_destination
 
@@ -85,7 +85,7 @@ def test_a_local_export_uses_an_atomic_exchange_where_there_is_one(tmp_path):
     b.mkdir()
     (a / "f").write_text("a")
     (b / "f").write_text("b")
-    if not pipeline.safe_io.publish._exchange(a, b):
+    if not storage.publish._exchange(a, b):
         pytest.skip("this file system has no renameat2(RENAME_EXCHANGE); the rename-aside fallback is tested above")
     assert (a / "f").read_text() == "b" and (b / "f").read_text() == "a"
 
@@ -102,7 +102,7 @@ def test_an_s3_export_interrupted_between_files_reads_as_the_previous_one(tmp_pa
     _same_weights(BertForPreTraining.from_pretrained(fetched), first)
     first_files = _files(fetched)
 
-    fs, _ = storage.filesystem_for(url, endpoint)
+    fs, _ = storage_fs.filesystem_for(url, endpoint)
     _killed_after(2, fs, monkeypatch, lambda: export_model(second_dir, url, run, PRETRAIN_LINEAGE, endpoint))
     s3 = boto3.client("s3", endpoint_url=endpoint)
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="models/bert/")["Contents"]]
@@ -135,9 +135,9 @@ def test_an_interrupted_first_s3_export_is_refused(tmp_path, mlflow_uri, s3_buck
     url = f"s3://{bucket}/models/first"
     run = open_run(mlflow_uri, "export", "r")
     _, model_dir = _model(tmp_path, 3)
-    fs, _ = storage.filesystem_for(url, endpoint)
+    fs, _ = storage_fs.filesystem_for(url, endpoint)
     _killed_after(1, fs, monkeypatch, lambda: export_model(model_dir, url, run, PRETRAIN_LINEAGE, endpoint))
-    assert not storage.exists(f"{url}/{MARKER}", endpoint)
+    assert not storage_fs.exists(f"{url}/{MARKER}", endpoint)
     with pytest.raises(ValueError, match=r"^s3://.*/models/first holds an incomplete export .*export to it again$"):
         fetch_model(url, tmp_path / "cache", endpoint)
 
@@ -160,7 +160,7 @@ def test_old_versions_are_pruned_and_the_pointer_is_checked(tmp_path, mlflow_uri
 
 def test_an_export_waits_for_another_export_then_refuses_leaving_it_alone(tmp_path, mlflow_uri, monkeypatch):
     import training.export
-    from pipeline.safe_io.lease import LeaseHeld, holding, lease_url_beside
+    from storage.lease import LeaseHeld, holding, lease_url_beside
 
     run = open_run(mlflow_uri, "export", "r")
     first, first_dir = _model(tmp_path, 1)
@@ -178,7 +178,7 @@ def test_an_export_waits_for_another_export_then_refuses_leaving_it_alone(tmp_pa
 
 def test_is_complete_reads_the_pointer_on_s3_and_the_folder_locally(tmp_path, mlflow_uri, s3_bucket):
     """What the workflow asks before it skips a finished stage (workflows/specs.py)."""
-    from pipeline.safe_io.publish import is_complete
+    from storage.publish import is_complete
 
     endpoint, bucket = s3_bucket
     run = open_run(mlflow_uri, "export", "r")
@@ -197,9 +197,9 @@ def test_an_export_that_lost_its_lease_mid_upload_never_switches(tmp_path, mlflo
     the taker) and leaves the previous export in place, unpointed files and all."""
     import time
 
-    import pipeline.safe_io.lease_record as lease_record
-    from pipeline.safe_io.lease import STALE_ENV, Lease, held
-    from pipeline.safe_io.lease_record import LeaseLost
+    import storage.lease_record as lease_record
+    from storage.lease import STALE_ENV, Lease, held
+    from storage.lease_record import LeaseLost
 
     endpoint, bucket = s3_bucket
     url = f"s3://{bucket}/models/bert"
@@ -209,8 +209,8 @@ def test_an_export_that_lost_its_lease_mid_upload_never_switches(tmp_path, mlflo
     first, first_dir = _model(tmp_path, 1)
     _, second_dir = _model(tmp_path, 2)
     export_model(first_dir, url, run, PRETRAIN_LINEAGE, endpoint)
-    before = storage.read_bytes(f"{url}/{MARKER}", endpoint)
-    uploading, takers = pipeline.safe_io.publish.retrying, []
+    before = storage_fs.read_bytes(f"{url}/{MARKER}", endpoint)
+    uploading, takers = storage.publish.retrying, []
 
     def stalled(fn, doing, *args, **kwargs):
         if doing.startswith("upload") and not takers:  # the export stalls here, its lease's threads with it
@@ -222,12 +222,12 @@ def test_an_export_that_lost_its_lease_mid_upload_never_switches(tmp_path, mlflo
             takers.append(Lease(lease.url, lease.target, "export", endpoint).acquire())
         return uploading(fn, doing, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline.safe_io.publish, "retrying", stalled)
+    monkeypatch.setattr(storage.publish, "retrying", stalled)
     try:
         with pytest.raises(LeaseLost, match=r"lost its writer lease to export on host .*pid"):
             export_model(second_dir, url, run, PRETRAIN_LINEAGE, endpoint)
     finally:
         for taker in takers:
             taker.release()
-    assert storage.read_bytes(f"{url}/{MARKER}", endpoint) == before
+    assert storage_fs.read_bytes(f"{url}/{MARKER}", endpoint) == before
     _same_weights(BertForPreTraining.from_pretrained(fetch_model(url, tmp_path / "cache", endpoint)), first)

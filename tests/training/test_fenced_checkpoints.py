@@ -1,5 +1,5 @@
 """Checkpoints and MLflow points under a job's writer lease (training/checkpoint.py, training/fenced.py,
-pipeline/safe_io/fence.py), without Ray: a writer proves the lease before each checkpoint and commits it after; a
+storage/fence.py), without Ray: a writer proves the lease before each checkpoint and commits it after; a
 writer that was taken over can neither write nor commit (one line naming the taker); a resume takes the newest
 committed checkpoint whose files are intact, never a newer folder that was not committed or one a stalled job
 overwrote; a stalled holder's writers stop proving within half the stale time."""
@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from pipeline.safe_io.fence import Fence
-from pipeline.safe_io.lease import STALE_ENV, Lease
-from pipeline.safe_io.lease_record import LeaseLost
+from storage.fence import Fence
+from storage.lease import STALE_ENV, Lease
+from storage.lease_record import LeaseLost
 from tracking.tracker import NullTracker
 from training.checkpoint import COMMITS, LocalCheckpoints, checkpoint_name
 from training.fenced import FencedTracker

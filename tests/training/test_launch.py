@@ -21,7 +21,7 @@ SCENARIO = """
 import json, os
 import ray
 import psutil  # Ray ships it
-from pipeline.cluster.ray_start import init_ray
+from cluster.ray_start import init_ray
 
 init_ray(num_cpus=1, dashboard=True)
 

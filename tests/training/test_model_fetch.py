@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bert_core import BertForPreTraining, bert_tiny
-from pipeline.storage import upload_tree
+from storage.fs import upload_tree
 from training.model_fetch import MANIFEST, fetch_model
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.safe_io.lease import LeaseHeld
+from storage.lease import LeaseHeld
 from workflows.state import acquire_lock
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,0 +1,78 @@
+"""What the build reads, in one place: before any work, its inputs (files listed with their stamps, or a Ray
+Dataset of documents) and the vocabulary's bytes when one is given, all failing cheaply, naming the fix, before the
+output is touched (``read_inputs``); then the first stage, which cuts big compressed inputs into unit-sized pieces
+and plans the units (``pieces.py``). The read pass (``pipeline/read.py``) is the one pass over their text."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any
+
+from pipeline.config import BuildConfig
+from storage.redact import redact_url
+from storage.fs import FileInfo, expand_inputs, read_bytes
+
+
+@dataclasses.dataclass
+class BuildInputs:
+    """``stamps``: each input's identity (its redacted URL, size, etag, mtime; a digest for an http(s) input without
+    an ETag; a Dataset's digest, taken by the read pass), what ``_work/config.json`` and the manifest keep; ``ignored``: files of an input
+    folder that are not corpus files by name; ``documents``: the user's Dataset (None: files)."""
+
+    files: list[FileInfo]
+    stamps: list[dict[str, Any]] | None  # None: a Dataset's, known once the read pass has read it
+    ignored: list[str]
+    vocab_bytes: bytes | None
+    documents: Any = None
+    id_column: str = "id"
+
+    @property
+    def vocab_sha256(self) -> str | None:
+        return hashlib.sha256(self.vocab_bytes).hexdigest() if self.vocab_bytes is not None else None
+
+
+def read_vocab(cfg: BuildConfig) -> bytes | None:
+    if not cfg.vocab:
+        return None
+    try:
+        return read_bytes(cfg.vocab, cfg.endpoint_url)
+    except FileNotFoundError as e:
+        raise ValueError(f"--vocab {cfg.vocab} does not exist: pass a BERT vocab.txt, or omit --vocab to train"
+                         " one on the input") from e
+
+
+def read_inputs(cfg: BuildConfig, documents: Any = None, id_column: str = "id") -> BuildInputs:
+    """The inputs and the vocabulary, checked: files listed (an input's identity is its redacted URL: what the
+    manifest shows and reruns compare), or a Dataset's columns checked."""
+    if (documents is None) == (not cfg.inputs):
+        raise ValueError("no inputs: pass at least one --input" if documents is None else
+                         "both inputs and a documents Dataset: give the build one of them")
+    if documents is not None:
+        if cfg.vocab is None:
+            raise ValueError("a build of a documents Dataset needs a vocabulary: pass BuildConfig(vocab=...) (train"
+                             " one with jobs/train_tokenizer.py)")
+        check_columns(documents, id_column, cfg.read.text_field)
+        return BuildInputs([], None, [], read_vocab(cfg), documents, id_column)
+    ignored: list[str] = []
+    files = expand_inputs(list(cfg.inputs), cfg.endpoint_url, skipped=ignored)
+    return BuildInputs(files, file_stamps(files), [redact_url(p) for p in ignored], read_vocab(cfg))
+
+
+def file_stamps(files: list) -> list[dict[str, Any]]:
+    """Each file's identity: its redacted URL, size, ETag and mtime (and its bytes' digest for an http(s) input
+    without an ETag)."""
+    return [{"path": redact_url(f.path), "size": f.size, "etag": f.etag, "mtime": f.mtime}
+            | ({"digest": f.digest} if f.digest else {}) for f in files]
+
+
+def check_columns(ds: Any, id_column: str, text_column: str) -> None:
+    """The columns, when the Dataset knows them without running (a read or from_items; a map's output is only
+    known by running it, and the read pass names a missing column then)."""
+    schema = ds.schema(fetch_if_missing=False)
+    if schema is None:
+        return
+    names = list(schema.names)
+    for col, flag in ((id_column, "id_column"), (text_column, "read.text_field (--text-field)")):
+        if col not in names:
+            raise ValueError(f"the documents Dataset has no column {col!r} (columns: {names}): add it (for example"
+                             f" with map_batches) or name the column with BuildConfig.{flag}")

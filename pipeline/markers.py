@@ -1,0 +1,68 @@
+"""Completion markers: one small typed JSON record per finished work item (datatrove style).
+
+Each stage's file defines its own marker type (``InstancesMarker`` in ``instances.py``, ...); this module holds what they
+share. A step commits its output atomically, then its marker; a marker's presence means the item is done and is
+skipped on resume. Markers are frozen dataclasses (``to_json`` / ``from_json``) rather than dicts, so a field that a
+later stage reads has one name and one type. ``read_markers`` reads a stage's markers with a thread pool: on object storage one
+GET costs tens of milliseconds, and a build has thousands of units.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+from typing import Any, ClassVar, TypeVar
+
+from storage.fs import join, list_names, read_bytes, write_bytes_atomic
+
+SUFFIX = ".done.json"
+_READ_THREADS = 32  # concurrent GETs while resuming; a local disk answers faster than any pool overhead
+
+M = TypeVar("M", bound="Marker")
+
+
+def _freeze(v: Any) -> Any:
+    """JSON lists back to the tuples the dataclasses declare (frozen markers hold no mutable lists)."""
+    if isinstance(v, list):
+        return tuple(_freeze(x) for x in v)
+    return v
+
+
+@dataclasses.dataclass(frozen=True)
+class Marker:
+    """Base: ``key`` names the marker file (``<key>.done.json``) in its stage's folder."""
+
+    stage: ClassVar[str] = ""
+
+    @property
+    def key(self) -> str:  # each stage's marker names its own (a unit id, a shard index, ...)
+        raise TypeError(f"{type(self).__name__} must define key: the name of its marker file")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls: type[M], text: str | bytes) -> M:
+        d = json.loads(text)
+        return cls(**{f.name: _freeze(d[f.name]) for f in dataclasses.fields(cls)})
+
+
+def write_marker(work: str, marker: Marker, endpoint_url: str | None = None, fence: Any = None) -> None:
+    """Commit ``marker`` under ``<work>/<stage>/<key>.done.json`` (after the output it vouches for). ``fence``: the
+    build's writer lease (storage/fence.py), proved first, in whichever process commits: a build that lost
+    its output to another never commits an item into it."""
+    if fence is not None:
+        fence.check()
+    write_bytes_atomic(join(work, marker.stage, marker.key + SUFFIX), marker.to_json().encode(), endpoint_url)
+
+
+def read_markers(work: str, cls: type[M], endpoint_url: str | None = None) -> dict[str, M]:
+    """The committed markers of ``cls``'s stage by key, read concurrently."""
+    folder = join(work, cls.stage)
+    names = [n for n in list_names(folder, endpoint_url) if n.endswith(SUFFIX)]
+    if not names:
+        return {}
+    with concurrent.futures.ThreadPoolExecutor(min(_READ_THREADS, len(names))) as pool:
+        texts = list(pool.map(lambda n: read_bytes(join(folder, n), endpoint_url), names))
+    markers = [cls.from_json(t) for t in texts]
+    return {m.key: m for m in markers}

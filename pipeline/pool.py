@@ -1,0 +1,122 @@
+"""The pool stage: the random-next pool, a seeded sample of the WHOLE corpus, merged into one file.
+
+    PoolStep   "pool" -> the documents whose pool hash is below the threshold, read from the first bands of every
+               unit's tokenized documents (read.py), merged in (hash, id) order into _work/pool/pool.arrow, PoolMarker
+               [one item: the barrier the algorithm needs, since every instance may draw from any unit's documents]
+
+The threshold comes from the exact token count the read pass found (``sizes.pool_threshold``: a share
+p = min(1, budget / tokens) of the 64-bit hash range), so the pool is a Bernoulli(p) sample of the documents,
+decided by their ids alone, whatever the units, blocks or workers; its order (by hash, then id) does not depend on
+them either. The instances pass gets the merged pool as a shared object (``LoadPool``: an object reference on
+Ray), built once per worker process (``pool_for``).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+from typing import ClassVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.docs import POOL_BANDS, doc_arrays
+from pipeline.drops import kept
+from pipeline.executor import Shared, Stage
+from pipeline.markers import Marker, write_marker
+from pipeline.sizes import pool_threshold
+from pipeline.state import BuildState
+from pipeline.work import StepContext, cached, read_table, write_table
+from corpus.create_instances import RandomDocPool
+from corpus.schema import work_docs_schema
+from storage.fs import filesystem_for
+
+log = logging.getLogger(__name__)
+
+_POOL_READ_THREADS = 16  # pool parts read concurrently by the one pool item (many small objects on S3)
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolMarker(Marker):
+    """The pool parts of all units merged into one file that every instances item loads once per process."""
+
+    stage: ClassVar[str] = "pool"
+    documents: int
+    tokens: int
+    threshold: int  # a document is a member when its pool hash is below it (2**64: every document)
+
+    @property
+    def key(self) -> str:
+        return "pool"
+
+
+def pool_from(table: pa.Table) -> RandomDocPool:
+    doc_ids, outer, inner, flat = doc_arrays(table)
+    return RandomDocPool.from_arrays(doc_ids, flat, inner.astype(np.int64), outer.astype(np.int64))
+
+
+def pool_for(pool: Shared) -> RandomDocPool:
+    """The merged pool, built once per process and build from the shared table (``load_pool``)."""
+    return cached("pool", pool.key, lambda: pool_from(pool.get()))
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadPool:
+    """The merged pool's table, read from _work by a worker: the object the instances pass shares (an object
+    reference on Ray, read once per node's object store rather than once per worker process from storage)."""
+
+    ctx: StepContext
+
+    def __call__(self) -> pa.Table:
+        return read_table(self.ctx.pool_url(), self.ctx)
+
+
+def read_members(url: str, threshold: int, ctx: StepContext, dropped: frozenset[str] = frozenset()) -> pa.Table:
+    """A unit's pool members: the bands of its tokenized documents below ``threshold`` (read.py), filtered, without
+    what a global step left out (drops.py)."""
+    fs, path = filesystem_for(url, ctx.endpoint_url)
+    with fs.open(path, "rb", block_size=1 << 16) as fh:
+        reader = pa.ipc.open_file(fh)
+        batches = [reader.get_batch(k) for k in range(reader.num_record_batches) if POOL_BANDS[k] < threshold]
+    table = kept(pa.Table.from_batches(batches, schema=work_docs_schema(ctx.vocab_size)), url, dropped, ctx)
+    return table.filter(pc.less(table.column("pool_hash"), pa.scalar(threshold, pa.uint64()))) \
+        if threshold < 1 << 64 else table
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolStep:
+    """Merge the units' members into one file, in (hash, id) order: instances items then read one object each."""
+
+    ctx: StepContext
+    files: tuple[str, ...]  # every file of tokenized documents
+    threshold: int
+    dropped: frozenset[str] = frozenset()  # the files with a drop list
+
+    def __call__(self, item: str) -> PoolMarker:
+        ctx = self.ctx
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(_POOL_READ_THREADS, len(self.files)))) as threads:
+            tables = list(threads.map(lambda url: read_members(url, self.threshold, ctx, self.dropped),
+                                      self.files))
+        table = pa.concat_tables(tables) if tables else work_docs_schema(ctx.vocab_size).empty_table()
+        table = table.sort_by([("pool_hash", "ascending"), ("doc_id", "ascending")]).combine_chunks()
+        write_table(ctx.pool_url(), table, ctx)
+        pool = pool_from(table)
+        marker = PoolMarker(documents=len(pool), tokens=int(len(pool.tokens)), threshold=self.threshold)
+        write_marker(ctx.work, marker, ctx.endpoint_url, ctx.fence)
+        return marker
+
+
+def pool_stage(s: BuildState) -> Stage:
+    threshold = pool_threshold(s.cfg.pool_tokens, s.corpus_tokens)
+    return Stage("pool", PoolStep(s.ctx, tuple(s.doc_files), threshold, s.dropped), {"pool": "pool"}, PoolMarker, noun="merge",
+                 after=_share_pool)
+
+
+def _share_pool(s: BuildState) -> None:
+    """The instances pass gets the merged pool as one shared object, read by a worker (never by the driver)."""
+    (pool,) = s.markers["pool"]
+    if not pool.documents:  # type: ignore[attr-defined]
+        raise ValueError(f"the random-next pool sampled no document with tokens (budget {s.cfg.pool_tokens} tokens"
+                         f" of {s.corpus_tokens}): raise --pool-tokens")
+    s.pool = s.executor.share_result(f"pool:{s.build_id}", LoadPool(s.ctx))

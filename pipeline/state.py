@@ -1,0 +1,78 @@
+"""What the stage planners and their hooks see: the config, the inputs, the executor, and what the stages have made
+so far (the units, the vocabulary, the pool, every stage's markers by name). A planner reads it; a stage's hook
+(``Stage.after``) adds to it what the next stages need."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+from pipeline.config import BuildConfig
+from pipeline.drops import LeftOut
+from pipeline.executor import Shared
+from pipeline.inputs import BuildInputs
+from pipeline.markers import Marker
+from pipeline.sizes import default_num_shards
+from pipeline.work import StepContext
+from corpus.readers import ReadReport, Unit
+from corpus.schema import config_hash
+
+
+@dataclasses.dataclass
+class BuildState:
+    cfg: BuildConfig
+    inputs: BuildInputs
+    executor: Any  # executor.Executor
+    chash: str  # the config's hash
+    report: ReadReport = dataclasses.field(default_factory=ReadReport)
+    units: list[Unit] = dataclasses.field(default_factory=list)  # set by the pieces stage's hook
+    unit_sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # bytes of text per unit (progress)
+    vocab_bytes: bytes | None = None  # the given vocabulary, or the trained one once its stage has run
+    corpus_tokens: int = 0  # the tokens the read pass kept: exact, once it has run
+    doc_units: dict[str, Unit] = dataclasses.field(default_factory=dict)  # the instances pass's units, by uid
+    doc_files: list[str] = dataclasses.field(default_factory=list)  # every file of tokenized documents (the pool's)
+    dropped: frozenset[str] = frozenset()  # the doc files a global step gave a drop list (drops.py)
+    left_out: LeftOut = dataclasses.field(default_factory=LeftOut)  # what those lists remove
+    copied: frozenset[str] = frozenset()  # the doc files a global step gave a copies list (--mix; drops.py)
+    repeat_tokens: int = 0  # the tokens of those extra copies: the instances pass makes them too
+    pool: Shared | None = None  # the merged random-next pool once its stage has run (an object reference on Ray)
+    warnings: list[str] = dataclasses.field(default_factory=list)  # the manifest's, one line each
+    markers: dict[str, list[Marker]] = dataclasses.field(default_factory=dict)  # by stage name, in item order
+    fence: Any = None  # the output's writer lease (storage/fence.py): proved by every item's commit
+
+    @functools.cached_property
+    def vocab_tokens(self) -> list[str]:
+        assert self.vocab_bytes is not None, "the vocabulary is known once the vocab stage has run"
+        tokens = [line.rstrip("\r") for line in self.vocab_bytes.decode("utf-8").split("\n")]
+        while tokens and tokens[-1] == "":
+            tokens.pop()
+        return tokens
+
+    @functools.cached_property
+    def vocab_size(self) -> int:
+        return len(self.vocab_tokens)
+
+    @functools.cached_property
+    def vocab(self) -> Shared:
+        """The vocabulary handed to the workers once (the object store on Ray); each builds its encoder once."""
+        import hashlib
+
+        return self.executor.share(hashlib.sha256(self.vocab_bytes).hexdigest(), self.vocab_tokens)
+
+    @property
+    def build_id(self) -> str:
+        """The config and the input stamps: keys the per-process caches (the pool), so that a rebuild of changed
+        inputs into the same output, in the same process, never sees the old pool."""
+        assert self.inputs.stamps is not None, "a Dataset's stamp is known once the read pass has run"
+        return config_hash({"config_hash": self.chash, "inputs": self.inputs.stamps})
+
+    @functools.cached_property
+    def ctx(self) -> StepContext:
+        return self.cfg.step_context(self.vocab_size, self.chash, self.fence)
+
+    @property
+    def num_shards(self) -> int:
+        """The config's, or the default from the corpus's tokens (never from the CPUs or how the input came)."""
+        assert self.corpus_tokens, "the shards are planned once the read pass has counted the tokens"
+        return self.cfg.num_shards or default_num_shards(self.corpus_tokens + self.repeat_tokens, self.cfg.dupe_factor,
+                                                         self.vocab_size)
