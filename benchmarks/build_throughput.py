@@ -48,8 +48,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from corpus.schema import read_manifest  # noqa: E402
 from stage_costs import stage_costs, stage_line  # noqa: E402
+
+from corpus.schema import read_manifest  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "data" / "corpora"
 VOCAB = REPO / "data" / "sample" / "reference" / "bert-base-uncased-vocab.txt"

@@ -60,7 +60,7 @@ def main() -> None:
             existing = f"sqlite:///{root / 'existing.db'}"
             run(root / "warm", existing, mode)  # creates the store (and warms the page cache), not timed
             for i in range(args.repeats):
-                for kind, uri in zip(kinds, (None, f"sqlite:///{root / f'fresh-{i}.db'}", existing)):
+                for kind, uri in zip(kinds, (None, f"sqlite:///{root / f'fresh-{i}.db'}", existing), strict=False):
                     wall, waited = run(root / f"{i}-{kinds.index(kind)}", uri, mode)
                     times[kind].append(wall)
                     if waited is not None:

@@ -50,10 +50,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 
 import pyarrow as pa  # noqa: E402
-
 from build_throughput import PAGE, Watch  # noqa: E402
-from curate import CurateConfig, DecontaminationConfig, DedupConfig, LanguageConfig, MixConfig  # noqa: E402
-from curate import QualityConfig  # noqa: E402
+
+from curate import (  # noqa: E402
+    CurateConfig,
+    DecontaminationConfig,
+    DedupConfig,
+    LanguageConfig,
+    MixConfig,
+    QualityConfig,  # noqa: E402
+)
 from curate.decontaminate import build_index  # noqa: E402
 from curate.dedup import ApplyDrops, Signatures, drop_set  # noqa: E402
 from curate.eval_sets import eval_texts  # noqa: E402
@@ -126,9 +132,9 @@ def _cpu(fn):
 
 
 def build_cpu(corpus: Path, work: Path, executor=None) -> float:
+    from corpus.create_instances import InstanceConfig
     from pipeline import BuildConfig, build
     from pipeline.executor import LocalExecutor
-    from corpus.create_instances import InstanceConfig
 
     cfg = BuildConfig(inputs=(str(corpus),), output=str(work / f"build-{time.time_ns()}"), vocab=str(VOCAB),
                       dupe_factor=5, instances=InstanceConfig(max_seq_length=128))
@@ -240,9 +246,9 @@ class PeakByStage(Sampling):
 
 
 def build_on_ray(corpus: Path, work: Path, cpus: int, dedup: str, dupe_factor: int = 5, on_stage=None):
+    from corpus.create_instances import InstanceConfig
     from pipeline import BuildConfig, build
     from pipeline.ray_data import RayDataExecutor
-    from corpus.create_instances import InstanceConfig
 
     cfg = BuildConfig(inputs=(str(corpus),), output=str(work / f"build-{time.time_ns()}"), vocab=str(VOCAB),
                       dupe_factor=dupe_factor, instances=InstanceConfig(max_seq_length=128),
@@ -307,7 +313,7 @@ def ray_costs(src: list[Path], scales: list[int], work: Path, cpus: int, limit_b
             extra = [sum(s.get(n, 0) for n in read) for s in stage_cpu["near"]]
             base_read = statistics.median(sum(s.get(n, 0) for n in read) for s in stage_cpu["off"])
             own.append((mb, statistics.median(e - base_read + s.get("curate", 0) + s.get("reports", 0)
-                                              for e, s in zip(extra, stage_cpu["near"])), b))
+                                              for e, s in zip(extra, stage_cpu["near"], strict=False)), b))
     finally:
         ray.shutdown()
     for scale, mb, b, d in rows:

@@ -52,10 +52,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from step_batches import Step, dataset_steps, synthetic_steps  # noqa: E402
 
 import bert_core  # noqa: E402
 from bert_core.hf import to_hf_state_dict  # noqa: E402
-from step_batches import Step, dataset_steps, synthetic_steps  # noqa: E402
 from pretraining import kernel_options  # noqa: E402
 from pretraining.compile import process_age  # noqa: E402
 from training.optim import build_optimizer  # noqa: E402
@@ -77,7 +77,7 @@ class Shape:
     max_masked: int  # P: slots padded to this, as the loader pads to max_predictions_per_seq
 
     @staticmethod
-    def parse(text: str) -> "Shape":
+    def parse(text: str) -> Shape:
         """"128x256x20" or "512x32x76-80": seq x batch x masked tokens per row (a range: drawn per row)."""
         try:
             seq, batch, masked = text.lower().split("x")
@@ -296,7 +296,8 @@ def run_variant(variant: str, cfg, hf_weights, steps: list[Step], args, tag: str
 
 
 def profile(step, steps: list[Step], args, name: str) -> None:
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
 
     args.profile.mkdir(parents=True, exist_ok=True)
     cuda = args.device.type == "cuda"

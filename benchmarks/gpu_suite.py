@@ -76,7 +76,7 @@ class Stack:
     mlflow: bool
 
     @staticmethod
-    def here() -> "Stack":
+    def here() -> Stack:
         return Stack(importlib.util.find_spec("ray") is not None, importlib.util.find_spec("mlflow") is not None)
 
     def job(self, dry: bool) -> tuple[list[str], str]:
@@ -226,7 +226,7 @@ def child_kernels(args: argparse.Namespace) -> None:
     from bert_core.kernels.traffic import table
 
     device = torch.device(args.device)
-    for hidden, inter in zip(map(int, args.hidden.split(",")), map(int, args.intermediate.split(","))):
+    for hidden, inter in zip(map(int, args.hidden.split(",")), map(int, args.intermediate.split(",")), strict=False):
         for bf16 in [r == "bf16" for r in args.residuals.split(",")]:
             options = KernelOptions(fused=True, fused_bias_gelu=True, low_precision_residual=bf16)
             for name, r in self_check(args.rows, hidden, inter, device, options).items():

@@ -45,7 +45,7 @@ def measure(data_config, rows_total: int, vocab_size: int) -> dict[str, float]:
             slots += batch["masked_lm_labels"].numel()
     finally:
         batches.close()
-    v = dict(zip(FIELDS, sums.values.tolist()))
+    v = dict(zip(FIELDS, sums.values.tolist(), strict=False))
     cfg = bert_base()
     model = flops_per_sequence(cfg, round(v["tokens"] / v["sequences"]), v["mlm_count"] / v["sequences"])
     return {"sequences": v["sequences"], "real_tokens": v["tokens"], "positions": v["positions"],

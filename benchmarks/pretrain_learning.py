@@ -87,8 +87,8 @@ def train(out: Path, args: argparse.Namespace) -> int:
 def baselines(out: Path, seq: int) -> dict[str, float]:
     import numpy as np
 
-    from pretraining.rows import read_shard
     from corpus.schema import read_manifest
+    from pretraining.rows import read_shard
 
     def load(folder: Path):
         return [read_shard(u) for u in read_manifest(str(folder)).shard_urls]

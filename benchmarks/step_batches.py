@@ -52,8 +52,8 @@ def _work(cfg: BertConfig, batches: list[dict[str, torch.Tensor]]) -> tuple[int,
         # a packed row's masked tokens split over its sequences by length: the head's FLOPs are linear in them, so
         # any split gives the same total
         masked = (slots[:, None] * lengths / lengths.sum(1, keepdim=True).clamp(min=1))[lengths > 0]
-        model += sum(flops_per_sequence(cfg, int(n), num_masked=float(m)) for n, m in zip(real, masked))
-        counts = dict(zip(EXECUTED, (float(c) for c in executed_counts(batch, torch.device("cpu")))))
+        model += sum(flops_per_sequence(cfg, int(n), num_masked=float(m)) for n, m in zip(real, masked, strict=False))
+        counts = dict(zip(EXECUTED, (float(c) for c in executed_counts(batch, torch.device("cpu"))), strict=False))
         counts["sequences"] = counts.pop("pooled_rows")
         ours += executed_flops(cfg, **counts)
         if "sequence_lengths" not in batch:
@@ -100,8 +100,7 @@ def dataset_steps(cfg: BertConfig, data: str, batch_size: int, micro_batch: int,
     """The first `n` steps the training loader (rank 0 of 1) yields from the dataset at `data`: padded to its
     length buckets with length bucketing, or packed."""
     from corpus.schema import read_manifest
-    from pretraining.loader import DataConfig
-    from pretraining.loader import train_batches
+    from pretraining.loader import DataConfig, train_batches
 
     shards = read_manifest(data)
     config = DataConfig(train=shards, micro_batch_size=micro_batch, accum=batch_size // micro_batch,

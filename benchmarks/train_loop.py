@@ -48,12 +48,12 @@ def build_sample(out: Path, seq: int) -> str:
 
 def transformers_seq_per_s(a, config, data: str) -> float:
     """Compiled transformers' step on the first steps of the same dataset (padded), as gpu_step.py times it."""
-    import torch
-
     import gpu_step
+    import torch
+    from step_batches import dataset_steps
+
     from bert_core import BertForPreTraining
     from bert_core.hf import to_hf_state_dict
-    from step_batches import dataset_steps
 
     args = gpu_step.parse_args(["--device", a.device, "--steps", str(a.steps), "--warmup", str(a.warmup),
                                 "--data", data, "--batch", str(a.batch_size),
@@ -110,11 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     a.micro_batch_size = micro
 
     from bert_core import PRESETS
+    from corpus.schema import read_manifest
     from pretraining.config import ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
-    from tracking.config import TrackingConfig
     from pretraining.loader import DataConfig
     from pretraining.loop import fit
-    from corpus.schema import read_manifest
+    from tracking.config import TrackingConfig
 
     with tempfile.TemporaryDirectory() as tmp:
         data = a.data or build_sample(Path(tmp) / "data", a.seq)

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="/work/artifacts/pretrain-data/train")
@@ -36,12 +35,12 @@ def main() -> int:
     import torch
 
     from bert_core import PRESETS, BertForPreTraining
-    from training.optim import build_optimizer, build_scheduler
-    from pretraining.metrics import MetricSums
-    from training.step import to_device
-    from pretraining.step import train_step
     from corpus.schema import read_manifest
     from pretraining.loader import DataConfig, train_batches
+    from pretraining.metrics import MetricSums
+    from pretraining.step import train_step
+    from training.optim import build_optimizer, build_scheduler
+    from training.step import to_device
 
     torch.set_num_threads(a.threads)
     shards = read_manifest(a.data)

@@ -13,7 +13,8 @@ from torch import nn
 
 from .config import BertConfig
 from .dropout import Dropout, attention
-from .kernels import DEFAULT as DEFAULT_KERNELS, residual_layer_norm_and_copy
+from .kernels import DEFAULT as DEFAULT_KERNELS
+from .kernels import residual_layer_norm_and_copy
 from .packing import SegmentIds, packed_attention
 
 AttnMask = torch.Tensor | SegmentIds | None

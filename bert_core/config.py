@@ -116,7 +116,7 @@ class BertConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
-    def replace(self, **changes: Any) -> "BertConfig":
+    def replace(self, **changes: Any) -> BertConfig:
         return dataclasses.replace(self, **changes)
 
     # ---- HF config.json ------------------------------------------------------------------------------------------
@@ -135,7 +135,7 @@ class BertConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], **overrides: Any) -> "BertConfig":
+    def from_dict(cls, d: dict[str, Any], **overrides: Any) -> BertConfig:
         d = {**d, **overrides}
         if d.get("model_type", "bert") != "bert":
             raise ValueError(f"config has model_type={d['model_type']!r}; only BERT ('bert') checkpoints are supported")
@@ -159,7 +159,7 @@ class BertConfig:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
     @classmethod
-    def from_json_file(cls, path: str | Path, **overrides: Any) -> "BertConfig":
+    def from_json_file(cls, path: str | Path, **overrides: Any) -> BertConfig:
         path = Path(path)
         try:
             with open(path, "rb") as f:

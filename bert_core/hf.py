@@ -43,7 +43,7 @@ def to_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Ten
             continue
         m = _QKV.match(key)
         if m:
-            for name, part in zip(("query", "key", "value"), value.detach().chunk(3, dim=0)):
+            for name, part in zip(("query", "key", "value"), value.detach().chunk(3, dim=0), strict=False):
                 out[f"{m.group(1)}{name}.{m.group(2)}"] = part.clone().contiguous()
         else:
             out[key] = value.detach().clone().contiguous()

@@ -2,16 +2,16 @@
 (a stack of them). Module and parameter names mirror Hugging Face's `modeling_bert`."""
 from __future__ import annotations
 
-
 import torch
-import torch.utils.checkpoint
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from .attention import AttnMask, BertAttention
 from .config import BertConfig
 from .dropout import Dropout
-from .kernels import DEFAULT as DEFAULT_KERNELS, linear_gelu, residual_layer_norm_and_copy
+from .kernels import DEFAULT as DEFAULT_KERNELS
+from .kernels import linear_gelu, residual_layer_norm_and_copy
 from .packing import SegmentIds
 
 

@@ -32,7 +32,7 @@ class SegmentIds:
     num_segments: int  # S + 1: the packed sequences and the padding block
     queries: torch.Tensor | None = None  # (B, Tq); None: the queries are the keys' positions
 
-    def at(self, positions: torch.Tensor) -> "SegmentIds":
+    def at(self, positions: torch.Tensor) -> SegmentIds:
         """The same blocks, for queries taken at `positions` (B, K) only (the last layer's [CLS] + MLM rows)."""
         return SegmentIds(self.keys, self.num_segments, self.keys.gather(1, positions))
 
@@ -52,7 +52,7 @@ class PackedSequences:
     starts: torch.Tensor  # (B, S), clamped to W - 1 for unused places (their NSP label must be -100)
 
     @staticmethod
-    def from_lengths(sequence_lengths: torch.Tensor, width: int) -> "PackedSequences":
+    def from_lengths(sequence_lengths: torch.Tensor, width: int) -> PackedSequences:
         if sequence_lengths.dim() != 2:
             raise ValueError(f"sequence_lengths must be (batch, sequences per row), got shape "
                              f"{tuple(sequence_lengths.shape)}")

@@ -23,8 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from corpus.masking import MaskedBatch, VocabInfo, apply_masks, choose_positions, mask_sequences, num_to_predict
-from corpus.pairs import (BlockPairs, RandomDocPool, finish_pairs, pack_sentences, pair_words, pass_target,
-                            walk_chunks)
+from corpus.pairs import BlockPairs, RandomDocPool, finish_pairs, pack_sentences, pair_words, pass_target, walk_chunks
 from corpus.ragged import ragged_indices
 from corpus.rng import DEFAULT_SEED, derive_seed, mix64, stream
 from corpus.schema import SHARD_COLUMNS
@@ -193,7 +192,7 @@ def create_instances_flat(
     if cfg.whole_word_mask:
         # Word groups depend on the tokens: each pass masks its own rows from a second stream of its own.
         parts, row = [], 0
-        for (doc_id, pass_idx), n in zip(pass_keys, counts):
+        for (doc_id, pass_idx), n in zip(pass_keys, counts, strict=False):
             o = offsets[row : row + n + 1]
             parts.append(mask_sequences(flat[o[0] : o[-1]], o - o[0], a_len[row : row + n], vocab,
                                         stream(cfg.seed, doc_id, pass_idx, "wwm"), prob, max_pred, True))
@@ -258,4 +257,4 @@ def _offsets(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
 def _split(flat: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
     # Plain slicing: np.split costs ~5 µs per piece in Python-level overhead.
     bounds = offsets.tolist()
-    return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=False)]

@@ -52,7 +52,7 @@ class VocabInfo:
         return np.dtype(np.uint16) if self.vocab_size <= 65536 else np.dtype(np.uint32)
 
     @classmethod
-    def from_tokens(cls, tokens: list[str]) -> "VocabInfo":
+    def from_tokens(cls, tokens: list[str]) -> VocabInfo:
         index = {t: i for i, t in enumerate(tokens)}
         missing = [t for t in ("[CLS]", "[SEP]", "[MASK]", "[UNK]") if t not in index]
         if missing:
@@ -68,7 +68,7 @@ class VocabInfo:
         )
 
     @classmethod
-    def from_vocab_file(cls, path: str | Path) -> "VocabInfo":
+    def from_vocab_file(cls, path: str | Path) -> VocabInfo:
         """From a BERT vocab.txt, without loading a tokenizer (e.g. in the driver)."""
         with open(path, encoding="utf-8") as f:
             tokens = [line.rstrip("\r\n") for line in f]
@@ -227,7 +227,7 @@ def _choose_whole_words(
     if len(over_idx):
         seq_over, first = np.unique(seqs[over_idx], return_index=True)
         seq_end = np.searchsorted(seqs, seq_over, side="right")
-        for s, j, end in zip(seq_over.tolist(), over_idx[first].tolist(), seq_end.tolist()):
+        for s, j, end in zip(seq_over.tolist(), over_idx[first].tolist(), seq_end.tolist(), strict=False):
             total = int(running[j] - sizes[j])
             target = int(k[s])
             for g in range(j, end):

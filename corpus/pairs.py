@@ -85,7 +85,7 @@ class RandomDocPool:
     @classmethod
     def from_arrays(
         cls, doc_ids: list[str], tokens: np.ndarray, sent_offsets: np.ndarray, doc_offsets: np.ndarray
-    ) -> "RandomDocPool":
+    ) -> RandomDocPool:
         """Rebuild from the flat arrays (``to_arrays``), e.g. after a trip through Ray's object store."""
         pool = cls.__new__(cls)
         pool._set(list(doc_ids), np.asarray(tokens), np.asarray(sent_offsets, np.int64), np.asarray(doc_offsets, np.int64))

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from storage.untrusted import check_relative_name, read_bounded
 from storage.fs import absolute, join
+from storage.untrusted import check_relative_name, read_bounded
 
 FORMAT = "bert-pretrain-dataset"
 FORMAT_VERSION = 1
@@ -52,7 +52,7 @@ def instance_schema(vocab_size: int) -> pa.Schema:
     """The schema of the output shards."""
     tok = _arrow(token_dtype(vocab_size))
     types = (pa.list_(tok), pa.int16(), pa.list_(pa.uint16()), pa.list_(tok), pa.int8())
-    return pa.schema(list(zip(SHARD_COLUMNS, types)))
+    return pa.schema(list(zip(SHARD_COLUMNS, types, strict=False)))
 
 
 def work_instance_schema(vocab_size: int) -> pa.Schema:
@@ -139,7 +139,7 @@ class Totals:
                 "masked_lm_positions": self.masked_lm_positions, "dropped": dict(self.dropped)}
 
     @classmethod
-    def from_dict(cls, t: dict[str, Any]) -> "Totals":
+    def from_dict(cls, t: dict[str, Any]) -> Totals:
         return cls(documents=int(t.get("documents", 0)), sentences=int(t.get("sentences", 0)),
                    tokens=int(t.get("tokens", 0)), instances=int(t["instances"]),
                    random_next=int(t.get("random_next", 0)), masked_lm_positions=int(t.get("masked_lm_positions", 0)),

@@ -140,7 +140,7 @@ def _split_paragraph(text: str, out: list[str]) -> None:
         if (kind := m.lastgroup) == "yes" or (kind is None and _is_boundary(text, *m.span()))
     ]
     # Every piece but the last holds its stop, so only the last can strip to nothing.
-    out += [text[a:b].strip() for a, b in zip([0, *ends], ends)]
+    out += [text[a:b].strip() for a, b in zip([0, *ends], ends, strict=False)]
     piece = text[ends[-1] if ends else 0:].strip()
     if piece:
         out.append(piece)

@@ -124,7 +124,7 @@ def with_texts(table: pa.Table, rows: Sequence[int], new: Sequence[list[str]]) -
         return table
     col = LINES if LINES in table.column_names and TEXT not in table.column_names else TEXT
     values = table.column(col).to_pylist()
-    for r, sentences in zip(rows, new):
+    for r, sentences in zip(rows, new, strict=False):
         values[r] = list(sentences) if col == LINES else "\n\n".join(sentences)
     i = table.column_names.index(col)
     return table.set_column(i, col, pa.array(values, table.schema.field(col).type))
@@ -191,9 +191,9 @@ def _set(table: pa.Table, name: str, values) -> pa.Table:
 def _mark_edits(kept: pa.Table, edited: pa.Table) -> pa.Table:
     if not len(edited):
         return kept
-    edits = dict(zip(edited["id"].to_pylist(), edited["detail"].to_pylist()))
+    edits = dict(zip(edited["id"].to_pylist(), edited["detail"].to_pylist(), strict=False))
     return _set(kept, "edit", pa.array([edits.get(i, e) for i, e in zip(kept[ID].to_pylist(),
-                                                                          kept["edit"].to_pylist())], pa.string()))
+                                                                          kept["edit"].to_pylist(), strict=False)], pa.string()))
 
 
 def _with_marks(batch: pa.Table) -> pa.Table:
@@ -234,7 +234,7 @@ class UnitReports:
         docs = batch.filter(is_doc)
         out = self._filter(docs)
         parts = [batch.filter(pc.invert(is_doc)), out.kept]
-        unit_of = dict(zip(docs.column(ID).to_pylist(), docs.column("unit").to_pylist()))
+        unit_of = dict(zip(docs.column(ID).to_pylist(), docs.column("unit").to_pylist(), strict=False))
         per_unit: dict[str, dict] = {}
         for kind, rows in (("removed", out.dropped.to_pylist()), ("edited", out.edited.to_pylist())):
             for r in rows:

@@ -171,7 +171,7 @@ class Decontaminate:
         hit_word = np.cumsum(touched[:-1]) > 0
         per = np.add.reduceat(hit_word.astype(np.int64), per_sentence[:-1]) if len(hit_word) else []
         empty = np.diff(per_sentence) == 0
-        return [s for s, h, e in zip(sentences, per, empty) if e or not h]
+        return [s for s, h, e in zip(sentences, per, empty, strict=False) if e or not h]
 
     @contract.per_slice
     def __call__(self, table: pa.Table) -> contract.Filtered:
@@ -179,7 +179,7 @@ class Decontaminate:
         total, found = _hits(self.index, words([t or "" for t in text]))
         files: dict[int, Counter] = {}
         for _, _, doc, fid in found:
-            for d, f in zip(doc.tolist(), fid.tolist()):
+            for d, f in zip(doc.tolist(), fid.tolist(), strict=False):
                 files.setdefault(d, Counter())[f] += 1
         drop = np.zeros(len(table), dtype=bool)
         details, edit_rows, edits, edit_details = [], [], [], []

@@ -21,13 +21,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from corpus.rng import DEFAULT_SEED
 from curate import contract
 from curate.clusters import components, exact_groups, merge, verify
 from curate.exact import CONTENT_TYPE, content_hashes
 from curate.lsh import band_keys, banding, bucket_edges
 from curate.minhash import signatures
 from curate.words import words
-from corpus.rng import DEFAULT_SEED
 
 MODES = ("off", "exact", "near")
 

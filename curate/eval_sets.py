@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from storage.fs import filesystem_for, storage_options, unstrip
 from corpus.records import detect_format, read_records
+from storage.fs import filesystem_for, storage_options, unstrip
 
 
 def eval_files(paths: Sequence[str], endpoint_url: str | None = None) -> list[str]:

@@ -21,8 +21,8 @@ import functools
 
 import numpy as np
 
-from curate.words import Words, ngrams
 from corpus.rng import derive_seed
+from curate.words import Words, ngrams
 
 _CHUNK = 4096  # shingles per product: num_perm x _CHUNK x 4 bytes = 1.8 MB at 112 permutations (fits in cache)
 EMPTY = np.uint32(0xFFFFFFFF)

@@ -18,8 +18,8 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from curate import contract
 from corpus.rng import DEFAULT_SEED, derive_seed
+from curate import contract
 
 MAX_WEIGHT = 100.0
 
@@ -108,7 +108,7 @@ class Mix:
         table = table.append_column("copies", pa.array(n, pa.int64())) if "copies" not in table.column_names \
             else table.set_column(table.column_names.index("copies"), "copies", pa.array(n, pa.int64()))
         drop = n == 0
-        w = [f"weight {self.cfg.weight_of(s):g}" for s, d in zip(contract.sources(table), drop) if d]
+        w = [f"weight {self.cfg.weight_of(s):g}" for s, d in zip(contract.sources(table), drop, strict=False) if d]
         return contract.split(table, drop, [contract.MIX] * int(drop.sum()), details=w)
 
 
@@ -119,5 +119,5 @@ def expand(table: pa.Table) -> pa.Table:
     rows = np.repeat(np.arange(len(table)), n)
     out = table.take(pa.array(rows, pa.int64()))
     rank = np.arange(len(rows)) - np.repeat(np.cumsum(n) - n, n)
-    ids = [i if r == 0 else f"{i}#{r + 1}" for i, r in zip(out.column(contract.ID).to_pylist(), rank.tolist())]
+    ids = [i if r == 0 else f"{i}#{r + 1}" for i, r in zip(out.column(contract.ID).to_pylist(), rank.tolist(), strict=False)]
     return out.set_column(out.column_names.index(contract.ID), contract.ID, pa.array(ids, pa.string()))

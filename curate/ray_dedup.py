@@ -178,7 +178,7 @@ def _data_context(num_cpus: int | None, ds: ray.data.Dataset):
     try:
         yield
     finally:
-        for c, (strategy, limits) in zip(contexts, saved):
+        for c, (strategy, limits) in zip(contexts, saved, strict=False):
             c.shuffle_strategy, c.execution_options.resource_limits = strategy, limits
 
 

@@ -96,7 +96,7 @@ def _word_sums(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndar
     out = np.empty(len(starts), dtype=_U64)
     cuts = np.unique(np.searchsorted(starts, np.arange(0, int(ends[-1]), _CHUNK)))
     cuts = np.append(cuts, len(starts))
-    for w0, w1 in zip(cuts[:-1], cuts[1:]):
+    for w0, w1 in zip(cuts[:-1], cuts[1:], strict=False):
         a, b = int(starts[w0]), int(ends[w1 - 1])
         pw, inv = _byte_powers(b - a + 1)
         prefix = np.zeros(b - a + 1, dtype=_U64)

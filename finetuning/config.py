@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from finetuning.prepare import TaskConfig
 from finetuning.schedule import ScheduleConfig
 from finetuning.task_model import HeadConfig
-from finetuning.prepare import TaskConfig
 from tracking.config import TrackingConfig
 
 

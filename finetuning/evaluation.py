@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from training.collapse import classification_figures, regression_figures, tagging_figures
 from finetuning.examples import LabelMap
 from finetuning.features import words_to_tags
-from finetuning.task_metrics import classification_metrics, entity_metrics, regression_metrics, squad_metrics
 from finetuning.prepare import TaskSplit
 from finetuning.qa import best_answers
+from finetuning.task_metrics import classification_metrics, entity_metrics, regression_metrics, squad_metrics
+from training.collapse import classification_figures, regression_figures, tagging_figures
 
 # The metric that picks the best epoch's model (and the first figure a benchmark quotes).
 MAIN_METRIC = {

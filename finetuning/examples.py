@@ -70,7 +70,7 @@ class LabelMap:
     names: tuple[str, ...]
 
     @classmethod
-    def build(cls, labels: Iterable[Any], outside_first: bool = False) -> "LabelMap":
+    def build(cls, labels: Iterable[Any], outside_first: bool = False) -> LabelMap:
         names = sorted({label_name(v) for v in labels}, key=_label_sort_key)
         if outside_first and "O" in names:
             names.remove("O")
@@ -80,7 +80,7 @@ class LabelMap:
         return cls(tuple(names))
 
     @classmethod
-    def from_id2label(cls, id2label: dict) -> "LabelMap":
+    def from_id2label(cls, id2label: dict) -> LabelMap:
         return cls(tuple(str(id2label[k]) for k in sorted(id2label, key=int)))
 
     @property

@@ -17,9 +17,9 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from bert_core.losses import IGNORE_INDEX  # the label the loss skips (not the first piece of a word)
+from corpus.tokenize import build_tokenizer, read_vocab
 from finetuning.examples import LabelMap, SequenceExample, TaggingExample
 from storage.untrusted import read_local_bounded
-from corpus.tokenize import build_tokenizer, read_vocab
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class TaskTokenizer:
         self.vocab_size = len(tokens)
 
     @classmethod
-    def from_model_dir(cls, model_dir: str | Path) -> "TaskTokenizer":
+    def from_model_dir(cls, model_dir: str | Path) -> TaskTokenizer:
         """``vocab.txt`` of a model directory; casing from ``tokenizer_config.json`` (uncased when absent,
         like bert-base-uncased and our own exports)."""
         model_dir = Path(model_dir)
@@ -98,7 +98,7 @@ def sequence_features(examples: list[SequenceExample], tokenizer: TaskTokenizer,
     pair = examples and examples[0].text_pair is not None
     b_ids = tokenizer.encode([e.text_pair or "" for e in examples]) if pair else [None] * len(examples)
     input_ids, types = [], []
-    for a, b in zip(a_ids, b_ids):
+    for a, b in zip(a_ids, b_ids, strict=False):
         if b is None:
             a = a[: max_seq_length - 2]
         else:
@@ -151,7 +151,7 @@ def words_to_tags(pred_ids: np.ndarray, labels: np.ndarray, words: np.ndarray, n
     """Per-word tags from per-position predictions: the first word piece speaks for the word."""
     tags = ["O"] * n_words
     first_piece = np.flatnonzero(labels != IGNORE_INDEX)
-    for pos, w in zip(first_piece, words):
+    for pos, w in zip(first_piece, words, strict=False):
         tags[int(w)] = label_map.names[int(pred_ids[pos])]
     return tags
 

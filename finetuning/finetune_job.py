@@ -17,9 +17,9 @@ from typing import Any
 from finetuning.config import FinetuneConfig
 from finetuning.evaluation import MAIN_METRIC
 from finetuning.loop import BEST_METRICS_FILE, fit
-from finetuning.task_model import tokenizer_for
 from finetuning.prepare import PreparedTask
 from finetuning.prepare import prepare as prepare_task
+from finetuning.task_model import tokenizer_for
 from tracking.datasets import log_task_data
 from tracking.lineage import finetuning_lineage
 from tracking.notes import NOTE_TAG, finetune_note

@@ -26,15 +26,15 @@ from torch import nn
 
 from finetuning.evaluation import MAIN_METRIC, score
 from finetuning.features import Features, collate_features
-from finetuning.task_model import build_model, tokenizer_for
 from finetuning.prepare import prepare
-from training.checkpoint import MODEL_DIR
-from training.worker import FitResult, Worker
-from training.optim import build_optimizer, build_scheduler
-from training.guard import TrainingDiverged, nonfinite_tensors
-from training.progress import Progress
 from finetuning.step import finetune_step
+from finetuning.task_model import build_model, tokenizer_for
 from tracking.tracker import NullTracker
+from training.checkpoint import MODEL_DIR
+from training.guard import TrainingDiverged, nonfinite_tensors
+from training.optim import build_optimizer, build_scheduler
+from training.progress import Progress
+from training.worker import FitResult, Worker
 
 if TYPE_CHECKING:
     from finetuning.config import FinetuneConfig
@@ -89,7 +89,7 @@ def predict(model: nn.Module, task: str, feats: Features, indices: np.ndarray, b
 
 def gather_outputs(indices: np.ndarray, outputs: list[np.ndarray], n: int) -> list[np.ndarray] | None:
     """All ranks' outputs in row order on rank 0 (None elsewhere); padded duplicate rows are dropped."""
-    pairs = list(zip(indices.tolist(), outputs))
+    pairs = list(zip(indices.tolist(), outputs, strict=False))
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         gathered: list[Any] = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(gathered, pairs)

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from finetuning.examples import (
-    LabelMap, QAExample, SequenceExample, TaggingExample, TaskColumns, TASKS, qa_examples, sequence_examples,
+    TASKS,
+    LabelMap,
+    QAExample,
+    SequenceExample,
+    TaggingExample,
+    TaskColumns,
+    qa_examples,
+    sequence_examples,
     tagging_examples,
 )
 from finetuning.features import Features, TaskTokenizer, sequence_features, tagging_features

@@ -81,7 +81,7 @@ def qa_features(examples: list[QAExample], tokenizer: TaskTokenizer, max_seq_len
     questions = tokenizer.encode([e.question for e in examples])
     contexts = tokenizer.tok.encode_batch([e.context for e in examples], add_special_tokens=False)
     dropped = 0
-    for i, (ex, q, ctx) in enumerate(zip(examples, questions, contexts)):
+    for i, (ex, q, ctx) in enumerate(zip(examples, questions, contexts, strict=False)):
         q = q[:max_query_length]
         offsets = np.asarray(ctx.offsets, dtype=np.int64).reshape(-1, 2)
         all_offsets.append(offsets)
@@ -100,7 +100,7 @@ def qa_features(examples: list[QAExample], tokenizer: TaskTokenizer, max_seq_len
             raise ValueError(f"max_seq_length={max_seq_length} leaves no room for the passage after a "
                              f"{len(q)}-piece question; raise it or lower max_query_length")
         spans = window_starts(len(ctx.ids), max_ctx, doc_stride)
-        for (s, l), flags in zip(spans, max_context_flags(spans)):
+        for (s, l), flags in zip(spans, max_context_flags(spans), strict=False):
             ids, tt = pack(tokenizer.cls_id, tokenizer.sep_id, q, ctx.ids[s : s + l])
             off = len(q) + 2
             input_ids.append(np.asarray(ids, dtype=np.int32))

@@ -83,7 +83,7 @@ def squad_metrics(predictions: Sequence[str], gold_answers: Sequence[Sequence[st
     """Mean over questions of the best score against any gold answer (SQuAD dev has several per question)."""
     if len(predictions) != len(gold_answers):
         raise ValueError(f"{len(predictions)} predictions for {len(gold_answers)} questions")
-    em = [max(squad_exact_match(p, g) for g in golds) for p, golds in zip(predictions, gold_answers)]
-    f1 = [max(squad_token_f1(p, g) for g in golds) for p, golds in zip(predictions, gold_answers)]
+    em = [max(squad_exact_match(p, g) for g in golds) for p, golds in zip(predictions, gold_answers, strict=False)]
+    f1 = [max(squad_token_f1(p, g) for g in golds) for p, golds in zip(predictions, gold_answers, strict=False)]
     n = max(len(em), 1)
     return {"exact_match": sum(em) / n, "f1": sum(f1) / n}

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from curate import CurateConfig, DecontaminationConfig, DedupConfig, LanguageConfig, MixConfig, QualityConfig
-from curate import parse_mix
+from curate import CurateConfig, DecontaminationConfig, DedupConfig, LanguageConfig, MixConfig, QualityConfig, parse_mix
 from curate.dedup import MODES
 
 

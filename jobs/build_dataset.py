@@ -18,9 +18,9 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
 import time
 import traceback
+from pathlib import Path
 
 if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the project; outside its venv, say how in one line
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -32,18 +32,18 @@ from cluster.allocators import use_jemalloc  # noqa: E402 - before anything impo
 
 use_jemalloc()  # this process and the local Ray's workers: flat memory per worker (cluster/allocators.py)
 
-from jobs import _common, _curate_flags  # noqa: E402
-from tracking.build_run import BuildRun
-from pipeline import BuildConfig, build
-from pipeline.curation.filters import check as curation_check
-from pipeline.config import DEFAULT_SAMPLE_BYTES
-from pipeline.executor import LocalExecutor
+from cluster.ray_start import init_ray
 from corpus.checks import DEFAULT_MAX_UNK_FRACTION, CheckConfig
 from corpus.create_instances import InstanceConfig
 from corpus.readers import FORMATS, ON_ERROR, ReadOptions
-from storage.redact import redact, redact_text
-from cluster.ray_start import init_ray
+from jobs import _common, _curate_flags  # noqa: E402
+from pipeline import BuildConfig, build
+from pipeline.config import DEFAULT_SAMPLE_BYTES
+from pipeline.curation.filters import check as curation_check
+from pipeline.executor import LocalExecutor
 from pipeline.preflight import check_build
+from storage.redact import redact, redact_text
+from tracking.build_run import BuildRun
 from tracking.store import DEFAULT_EXPERIMENT, check_tracking_reachable, resolve_tracking_uri
 
 log = logging.getLogger("build_dataset")

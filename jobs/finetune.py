@@ -29,16 +29,16 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
 from finetuning.config import FinetuneConfig
 from finetuning.examples import TASKS, TaskColumns
 from finetuning.finetune_job import FinetuneJob, run_finetuning
-from finetuning.schedule import ScheduleConfig
-from finetuning.task_model import DEFAULT_VOCAB, HeadConfig
 from finetuning.prepare import FeatureConfig, TaskConfig
 from finetuning.records import FORMATS
+from finetuning.schedule import ScheduleConfig
+from finetuning.task_model import DEFAULT_VOCAB, HeadConfig
 from jobs._common import HelpFormatter, refuse_secrets, setup_logging
-from storage.redact import redact
 from storage.fs import absolute, is_url
+from storage.redact import redact
+from tracking.store import DEFAULT_EXPERIMENT, resolve_tracking_uri
 from training.defaults import WARMUP_FRACTION, lr_or_default
 from training.launch import LaunchConfig
-from tracking.store import DEFAULT_EXPERIMENT, resolve_tracking_uri
 
 log = logging.getLogger("finetune")
 

@@ -25,19 +25,19 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
 
     require_project_env(__file__)
 
+from corpus.schema import read_manifest
 from jobs import _eval_flags
 from jobs._common import HelpFormatter, comma_ints, refuse_secrets, setup_logging, workers
-from storage.redact import redact
-from corpus.schema import read_manifest
 from pretraining import kernel_options
 from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
-from tracking.config import TrackingConfig
-from training.defaults import WARMUP_FRACTION, lr_or_default, warmup_or_default
-from training.launch import LaunchConfig
 from pretraining.loader import DataConfig
 from pretraining.memory import MemoryConfig, plan_for_workers
 from pretraining.pretrain_job import PretrainJob, run_pretraining
+from storage.redact import redact
+from tracking.config import TrackingConfig
 from tracking.store import DEFAULT_EXPERIMENT, resolve_tracking_uri
+from training.defaults import WARMUP_FRACTION, lr_or_default, warmup_or_default
+from training.launch import LaunchConfig
 
 log = logging.getLogger("jobs.pretrain")
 

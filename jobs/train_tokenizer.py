@@ -27,14 +27,14 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
 
     require_project_env(__file__)
 
+from corpus.readers import FORMATS, ON_ERROR, ReadOptions, ReadReport, plan_units
 from jobs import _common
-from storage.redact import redact_text
 from pipeline.config import DEFAULT_SAMPLE_BYTES
 from pipeline.executor import LocalExecutor
 from pipeline.inputs.pieces import input_units
 from pipeline.vocab import VocabContext, VocabSample, train_vocab
-from corpus.readers import FORMATS, ON_ERROR, ReadOptions, ReadReport, plan_units
 from storage.fs import expand_inputs
+from storage.redact import redact_text
 from tracking.build_run import vocab_run
 from tracking.store import DEFAULT_EXPERIMENT, check_tracking_reachable, resolve_tracking_uri
 

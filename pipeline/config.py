@@ -4,15 +4,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pipeline.work import StepContext
 from corpus.checks import CheckConfig
 from corpus.create_instances import InstanceConfig
-from curate.config import CurateConfig
 from corpus.readers import ReadOptions
-from storage.redact import redact
 from corpus.schema import WORK_DIR
-from storage.fs import join
 from corpus.tokenize import BERT_VOCAB_SIZE
+from curate.config import CurateConfig
+from pipeline.work import StepContext
+from storage.fs import join
+from storage.redact import redact
 
 DEFAULT_SAMPLE_BYTES = 256 << 20  # the trained vocabulary's sample (pipeline/vocab.py says why)
 

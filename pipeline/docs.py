@@ -16,15 +16,15 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from pipeline.executor import Shared
-from pipeline.rows import users_mistake
-from pipeline.work import WORK_SUFFIX, StepContext, cached
 from corpus.pairs import PackedDoc
 from corpus.readers import InputError, ReadReport, Unit, read_unit
 from corpus.rng import derive_seed
-from storage.redact import redact_text, redact_url
 from corpus.schema import token_dtype, work_docs_schema
+from pipeline.executor import Shared
+from pipeline.rows import users_mistake
+from pipeline.work import WORK_SUFFIX, StepContext, cached
 from storage.fs import open_atomic
+from storage.redact import redact_text, redact_url
 
 _ENCODE_BATCH = 20000  # sentences per encode call: bounds the tokenizer's temporary memory
 
@@ -135,7 +135,7 @@ def write_batches(url: str, table: pa.Table, endpoint_url: str | None) -> None:
     edges = [0, *bounds.tolist(), table.num_rows]
     with open_atomic(url, endpoint_url) as f:
         with pa.ipc.new_file(f, table.schema) as w:
-            for a, b in zip(edges, edges[1:]):
+            for a, b in zip(edges, edges[1:], strict=False):
                 part = table.slice(a, b - a).combine_chunks().to_batches()
                 w.write_batch(part[0] if part else pa.RecordBatch.from_pylist([], schema=table.schema))
 
@@ -157,7 +157,7 @@ def power_of_two_histogram(counts: Sequence[int]) -> dict[str, int]:
         return {}
     _, exp = np.frexp(np.asarray(counts, dtype=np.float64))  # count = m * 2**exp, m in [0.5, 1): exact for ints
     lows, n = np.unique(np.left_shift(1, exp.astype(np.int64) - 1), return_counts=True)
-    return {str(int(k)): int(v) for k, v in zip(lows, n)}
+    return {str(int(k)): int(v) for k, v in zip(lows, n, strict=False)}
 
 
 def unk_check(cfg, markers: list, of: str) -> str | None:
@@ -267,7 +267,7 @@ class SplitTokenize:
         packed = tokenize_docs([split(lines[i], self.ctx.read.presplit) for i in idx], encoder, self.ctx.vocab_size)
         dtype = token_dtype(self.ctx.vocab_size)
         docs: list[PackedDoc | None] = [None] * len(ids)
-        for i, d in zip(idx, packed):
+        for i, d in zip(idx, packed, strict=False):
             docs[i] = d
         valid = np.array([d is not None for d in docs], dtype=bool)
         got = [d for d in docs if d is not None]

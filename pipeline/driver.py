@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from corpus.checks import settings_warnings
+from corpus.schema import SHARDS_DIR, VOCAB_FILE, Manifest, config_hash, read_manifest
 from pipeline.config import BuildConfig
 from pipeline.curation import filters
 from pipeline.curation.reports import reports_stage
@@ -15,19 +17,17 @@ from pipeline.curation.stage import curate_stage
 from pipeline.executor import Executor, LocalExecutor, Stage, run_stage
 from pipeline.identity import check_state, finished, input_changes
 from pipeline.inputs import file_stamps, read_inputs
+from pipeline.inputs.pieces import pieces_stage
 from pipeline.instances import instances_stage
 from pipeline.manifest import make_manifest, write_manifest
-from pipeline.inputs.pieces import pieces_stage
 from pipeline.pool import pool_stage
 from pipeline.read import read_stage
 from pipeline.rows import RowStage, sum_ops
 from pipeline.shards import shards_stage
 from pipeline.state import BuildState
 from pipeline.vocab import vocab_stage
-from corpus.checks import settings_warnings
-from storage.lease import output_lease
-from corpus.schema import SHARDS_DIR, VOCAB_FILE, Manifest, config_hash, read_manifest
 from storage.fs import check_writable, expand_inputs, join, remove_stale_temps, remove_tree, write_bytes_atomic
+from storage.lease import output_lease
 
 __all__ = ["BuildConfig", "STAGES", "build"]
 

@@ -100,7 +100,7 @@ class LeftOut:
     reasons: Counter = dataclasses.field(default_factory=Counter)  # documents by reason
     tokens_per_document: Counter = dataclasses.field(default_factory=Counter)  # the read marker's bins
 
-    def add(self, other: "LeftOut") -> None:
+    def add(self, other: LeftOut) -> None:
         for f in ("documents", "sentences", "tokens", "unk_tokens"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
         self.reasons.update(other.reasons)

@@ -20,10 +20,10 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
+from cluster.allocators import fixed_mmap_threshold
 from pipeline.markers import Marker, read_markers
 from pipeline.progress import StageProgress
 from pipeline.rows import RowStage, UserError, measured, sum_ops
-from cluster.allocators import fixed_mmap_threshold
 
 log = logging.getLogger(__name__)
 

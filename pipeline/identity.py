@@ -18,9 +18,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from corpus.schema import SHARDS_DIR, WORK_DIR, manifest_stamps
 from pipeline.config import BuildConfig
 from pipeline.markers import SUFFIX
-from corpus.schema import SHARDS_DIR, WORK_DIR, manifest_stamps
 from storage.fs import exists, join, list_names, map_threads, read_json, remove_tree, write_json_atomic
 
 log = logging.getLogger(__name__)

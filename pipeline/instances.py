@@ -22,6 +22,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from corpus.create_instances import create_instances_flat
+from corpus.pairs import PackedDoc
+from corpus.readers import Unit
+from corpus.schema import token_dtype, work_instance_schema
 from pipeline.docs import doc_arrays, docs_url, vocab_info_for
 from pipeline.drops import copies_of, kept
 from pipeline.executor import Shared
@@ -31,10 +35,6 @@ from pipeline.rows import RowStage, UserError, by_unit, take_ops, user_error
 from pipeline.shards import chunk_bounds, chunks_per_pass
 from pipeline.state import BuildState
 from pipeline.work import WORK_SUFFIX, StepContext, read_table
-from corpus.create_instances import create_instances_flat
-from corpus.pairs import PackedDoc
-from corpus.readers import Unit
-from corpus.schema import token_dtype, work_instance_schema
 from storage.fs import open_atomic
 
 log = logging.getLogger(__name__)
@@ -177,14 +177,14 @@ class PairsAndMasks:
             # keeps every pass's rows apart for the shards, at one numpy pass per block and pass.
             for p in passes:
                 for k in range(max(copies_of_block)):
-                    docs_k = block if k == 0 else [d for d, c in zip(block, copies_of_block) if c > k]
+                    docs_k = block if k == 0 else [d for d, c in zip(block, copies_of_block, strict=False) if c > k]
                     out = create_instances_flat(docs_k, [k * ctx.dupe_factor + p], ctx.instances, pool, vocab)
                     if out is not None:
                         parts[p].append(out)
             block.clear()
             copies_of_block.clear()
 
-        for doc, c in zip(docs, copies.tolist()):
+        for doc, c in zip(docs, copies.tolist(), strict=False):
             block.append(doc)
             copies_of_block.append(c)
             block_tokens += len(doc[1].tokens) * c

@@ -14,13 +14,12 @@ import json
 from collections import Counter
 from typing import Any
 
-from pipeline.docs import doc_totals
+from corpus.schema import MANIFEST, VOCAB_FILE, Manifest, Shard, Totals, Vocab, token_dtype, validate_manifest
 from pipeline.curation.reports import curation_section
+from pipeline.docs import doc_totals
 from pipeline.state import BuildState
-from storage.redact import redact_text
-from corpus.schema import (MANIFEST, VOCAB_FILE, Manifest, Shard, Totals, Vocab, token_dtype,
-                             validate_manifest)
 from storage.fs import absolute, join, write_json_atomic
+from storage.redact import redact_text
 
 
 def _histogram(markers: list, field: str) -> tuple[tuple[int, int], ...]:

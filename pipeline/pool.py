@@ -21,6 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from corpus.create_instances import RandomDocPool
+from corpus.schema import work_docs_schema
 from pipeline.docs import POOL_BANDS, doc_arrays
 from pipeline.drops import kept
 from pipeline.executor import Shared, Stage
@@ -28,8 +30,6 @@ from pipeline.markers import Marker, write_marker
 from pipeline.sizes import pool_threshold
 from pipeline.state import BuildState
 from pipeline.work import StepContext, cached, read_table, write_table
-from corpus.create_instances import RandomDocPool
-from corpus.schema import work_docs_schema
 from storage.fs import filesystem_for
 
 log = logging.getLogger(__name__)

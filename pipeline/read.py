@@ -30,9 +30,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.curation import filters
-from pipeline.docs import (DOCS_DIR, POOL_BANDS, ReadCorpus, SplitTokenize, doc_totals,  # noqa: F401
-                                 docs_table, docs_url, packed_docs, pool_hashes, power_of_two_histogram, unk_check,
-                                 vocab_info_for, write_batches)
+from pipeline.docs import (  # noqa: F401
+    DOCS_DIR,
+    POOL_BANDS,
+    ReadCorpus,
+    SplitTokenize,
+    doc_totals,
+    docs_table,
+    docs_url,
+    packed_docs,
+    pool_hashes,
+    power_of_two_histogram,
+    unk_check,
+    vocab_info_for,
+    write_batches,
+)
 from pipeline.executor import Shared
 from pipeline.markers import Marker, write_marker
 from pipeline.rows import RowStage, UserError, by_unit, take_ops, user_error
@@ -86,13 +98,13 @@ def write_docs(uid: str, rows: pa.Table, ctx: StepContext, unk_id: int, ops: dic
     docs = rows.filter(pc.invert(pc.is_null(rows.column("id"))))
     ids = docs.column("id").to_pylist()
     packed = packed_docs(docs)
-    kept = [(i, d) for i, d in zip(ids, packed) if d is not None]
+    kept = [(i, d) for i, d in zip(ids, packed, strict=False) if d is not None]
     dropped = Counter(report["dropped"])
     if len(kept) < len(ids):
         dropped["no_tokens"] += len(ids) - len(kept)  # the reference removes documents left empty
     hashes = pool_hashes([i for i, _ in kept], ctx.instances.seed)
     order = sorted(range(len(kept)), key=lambda k: (int(hashes[k]), kept[k][0]))
-    twins = {k for a, k in zip(order, order[1:]) if kept[a][0] == kept[k][0]}  # equal ids sort side by side
+    twins = {k for a, k in zip(order, order[1:], strict=False) if kept[a][0] == kept[k][0]}  # equal ids sort side by side
     if twins:
         first = kept[min(twins)][0]
         if ctx.read.on_error == "fail":
@@ -151,7 +163,7 @@ def read_stage(s: BuildState) -> RowStage:
 
 def _files_read(s: BuildState) -> None:
     markers: list[ReadMarker] = s.markers["read"]  # type: ignore[assignment]
-    s.doc_units = {m.uid: u for m, u in zip(markers, s.units) if m.documents}
+    s.doc_units = {m.uid: u for m, u in zip(markers, s.units, strict=False) if m.documents}
     s.doc_files = [docs_url(s.ctx, uid) for uid in s.doc_units]
     _read(s)
 

@@ -28,9 +28,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.markers import Marker
 from corpus.readers import InputError, Unit
-
+from pipeline.markers import Marker
 
 # The packages whose ValueErrors are users' mistakes by our own words (and Python's own ValueError).
 OURS = frozenset({"pipeline", "corpus", "curate", "storage", "builtins"})

@@ -32,13 +32,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from corpus.rng import derive_seed
+from corpus.schema import instance_schema, shard_name
 from pipeline.executor import Stage
 from pipeline.markers import Marker, write_marker
 from pipeline.sizes import SHARD_BYTES, default_num_shards  # noqa: F401 - where tests and tools look
 from pipeline.state import BuildState
 from pipeline.work import WORK_SUFFIX, StepContext
-from corpus.rng import derive_seed
-from corpus.schema import instance_schema, shard_name
 from storage.fs import filesystem_for, join, open_atomic
 
 # What one shard writer sorts at a time (~40 MB of seq-128 rows, ~30 pieces of units mixed): a process building two

@@ -7,6 +7,8 @@ import dataclasses
 import functools
 from typing import Any
 
+from corpus.readers import ReadReport, Unit
+from corpus.schema import config_hash
 from pipeline.config import BuildConfig
 from pipeline.drops import LeftOut
 from pipeline.executor import Shared
@@ -14,8 +16,6 @@ from pipeline.inputs import BuildInputs
 from pipeline.markers import Marker
 from pipeline.sizes import default_num_shards
 from pipeline.work import StepContext
-from corpus.readers import ReadReport, Unit
-from corpus.schema import config_hash
 
 
 @dataclasses.dataclass

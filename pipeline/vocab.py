@@ -27,16 +27,16 @@ import time
 from collections import Counter, defaultdict
 from typing import Any, ClassVar
 
-from pipeline.config import DEFAULT_SAMPLE_BYTES
-from pipeline.executor import Executor, Stage, run_stage
-from pipeline.markers import Marker, write_marker
-from pipeline.inputs.pieces import worker_id
-from pipeline.state import BuildState
 from corpus.checks import vocab_size_warning
 from corpus.readers import ReadOptions, ReadReport, Unit, read_unit
 from corpus.rng import DEFAULT_SEED, derive_seed
-from storage.fs import FileInfo, read_bytes, remove_tree, write_bytes_atomic
 from corpus.tokenize import BERT_VOCAB_SIZE
+from pipeline.config import DEFAULT_SAMPLE_BYTES
+from pipeline.executor import Executor, Stage, run_stage
+from pipeline.inputs.pieces import worker_id
+from pipeline.markers import Marker, write_marker
+from pipeline.state import BuildState
+from storage.fs import FileInfo, read_bytes, remove_tree, write_bytes_atomic
 
 log = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from storage.untrusted import read_bounded
 from corpus.schema import read_manifest
-from storage.fs import join, list_names, read_bytes
 from pretraining import order
 from pretraining.loader import DataConfig, rank_steps
+from storage.fs import join, list_names, read_bytes
+from storage.untrusted import read_bounded
 
 MAX_TRAIN_STATE_BYTES = 64 << 20  # as training.checkpoint reads it: a run folder may be anyone's
 

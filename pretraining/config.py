@@ -15,12 +15,12 @@ from pathlib import Path
 
 from bert_core.config import BertConfig
 from corpus.rng import DEFAULT_SEED
-from storage.fs import is_url
-from training.guard import GuardConfig
 from pretraining import kernel_options
 from pretraining.loader import DataConfig, EvalConfig
 from pretraining.memory import MemoryConfig
+from storage.fs import is_url
 from tracking.config import TrackingConfig
+from training.guard import GuardConfig
 
 OPTIMIZERS = ("adamw", "lamb")
 DECAYS = ("linear", "poly")
@@ -42,7 +42,7 @@ class ModelConfig:
 
     @classmethod
     def resolve(cls, preset: str, init: str | None, vocab_size: int, init_cache: str | None = None,
-                endpoint_url: str | None = None) -> "ModelConfig":
+                endpoint_url: str | None = None) -> ModelConfig:
         """`init`'s architecture and vocabulary hash when given (a URL is fetched into `init_cache`), else the
         preset sized to `vocab_size`."""
         from bert_core import PRESETS

@@ -31,11 +31,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from corpus.schema import Manifest
-from storage.fs import storage_options
 from pretraining.batching import Remasker, finite_batches
 from pretraining.order import RankShare, global_batches, rank_share
 from pretraining.packing import PackConfig
 from pretraining.rows import Rows, read_shard
+from storage.fs import storage_options
 
 
 def default_length_buckets(max_seq_length: int, count: int = 4) -> tuple[int, ...]:
@@ -121,7 +121,7 @@ class DataConfig:
                           window_rows=self.pack_window_rows or self.bucket_window * self.batch_size
                           * self.pack_sequences)
 
-    def for_world(self, world: int) -> "DataConfig":
+    def for_world(self, world: int) -> DataConfig:
         """This config's geometry for `world` workers: each takes B/n rows of a step (the shares differ by at most
         one row when n does not divide B), in `accum` micro-batches of at most `micro_batch_size` rows (this
         config's micro-batch is the most a worker's memory was planned for). The world the config was planned for
@@ -208,7 +208,7 @@ class Prefetcher:
         except BaseException as e:  # noqa: BLE001 (handed to the consumer)
             self._q.put(e)
 
-    def __iter__(self) -> "Prefetcher":
+    def __iter__(self) -> Prefetcher:
         return self
 
     def __next__(self):

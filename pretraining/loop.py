@@ -32,24 +32,29 @@ import torch
 from torch import nn
 
 from bert_core import BertForPreTraining
-from training.optim import build_optimizer, build_scheduler
 from corpus.rng import derive_seed as seed_for
 from pretraining import compile as compile_mod
-from pretraining import kernel_options
+from pretraining import kernel_options, memory, order
 from pretraining import loader as data_mod
-from pretraining import memory
-from pretraining import order
-from training.checkpoint import load_train_state, write_checkpoint
 from pretraining.config import PretrainConfig
-from training.guard import (Divergence, Guard, StepLog, TrainingDiverged, advice, model_and_optimizer_tensors,
-                            nonfinite_tensors)
 from pretraining.metrics import MetricSums
 from pretraining.perf import RunTotals, Window, peak_flops, throughput
-from training.progress import Progress
-from training.worker import FitResult, Worker, resolve_device
 from pretraining.step import evaluate, train_step
-from training.step import to_device
 from tracking.tracker import NullTracker, Tracker
+from training.checkpoint import load_train_state, write_checkpoint
+from training.guard import (
+    Divergence,
+    Guard,
+    StepLog,
+    TrainingDiverged,
+    advice,
+    model_and_optimizer_tensors,
+    nonfinite_tensors,
+)
+from training.optim import build_optimizer, build_scheduler
+from training.progress import Progress
+from training.step import to_device
+from training.worker import FitResult, Worker, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -419,7 +424,7 @@ GEOMETRY = ("world_size", "grad_accumulation_steps", "micro_batch_size")  # char
 
 
 def _geometry(worker: Worker, data: data_mod.DataConfig) -> dict[str, float]:
-    return dict(zip(GEOMETRY, (worker.world_size, data.accum, data.micro_batch_size)))
+    return dict(zip(GEOMETRY, (worker.world_size, data.accum, data.micro_batch_size), strict=False))
 
 
 def _record(run: _Run, result: FitResult, metrics: dict[str, float], step: int | None = None) -> None:

@@ -79,7 +79,7 @@ class MetricSums:
             self.values = self.values.to(device)
         self.values = self.values + update
 
-    def all_reduce(self) -> "MetricSums":
+    def all_reduce(self) -> MetricSums:
         """Sum over the ranks of the default process group (a no-op without one), on the host. Every rank must
         call it."""
         values = self.values.clone()
@@ -90,7 +90,7 @@ class MetricSums:
         return MetricSums(values.cpu())
 
     def summary(self, prefix: str = "") -> dict[str, float]:
-        v = dict(zip(FIELDS, self.values.cpu().tolist()))
+        v = dict(zip(FIELDS, self.values.cpu().tolist(), strict=False))
         mlm_loss = v["mlm_loss_sum"] / v["mlm_count"] if v["mlm_count"] else math.nan
         nsp_loss = v["nsp_loss_sum"] / v["nsp_count"] if v["nsp_count"] else math.nan
         return {
@@ -117,7 +117,7 @@ class MetricSums:
 
     def executed(self) -> dict[str, float]:
         """`bert_core.flops.executed_flops`'s keyword arguments, summed."""
-        v = dict(zip(FIELDS, self.values.cpu().tolist()))
+        v = dict(zip(FIELDS, self.values.cpu().tolist(), strict=False))
         out = {k: v[k] for k in EXECUTED}
         out["sequences"] = out.pop("pooled_rows")
         return out

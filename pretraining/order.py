@@ -179,7 +179,7 @@ def share_bounds(batch_size: int, rank: int, world: int, accum: int) -> list[tup
         raise ValueError(f"a worker's {hi - lo} rows of the batch cannot make {accum} micro-batches: raise "
                          "--batch-size or --micro-batch-size")
     cuts = [lo + i * (hi - lo) // accum for i in range(accum + 1)]
-    return list(zip(cuts[:-1], cuts[1:]))
+    return list(zip(cuts[:-1], cuts[1:], strict=False))
 
 
 def rank_share(batch: GlobalBatch, data, rank: int, world: int, accum: int) -> RankShare:
@@ -211,5 +211,5 @@ def order_key(data, seed: int) -> str:
 def describe(ids: np.ndarray, limit: int = 32) -> str:
     """Example ids as `shard:row`, the first `limit` of them, sorted."""
     shard, row = split_example(np.sort(np.asarray(ids, dtype=np.int64)))
-    named = " ".join(f"{int(s)}:{int(r)}" for s, r in zip(shard[:limit], row[:limit]))
+    named = " ".join(f"{int(s)}:{int(r)}" for s, r in zip(shard[:limit], row[:limit], strict=False))
     return named + (f" ... ({len(ids)} in all)" if len(ids) > limit else "")

@@ -46,7 +46,7 @@ class Rows:
         return np.diff(self.ids_off)
 
     @classmethod
-    def from_arrow(cls, table) -> "Rows":  # a pyarrow.Table with the schema's columns
+    def from_arrow(cls, table) -> Rows:  # a pyarrow.Table with the schema's columns
         def ragged(name: str) -> tuple[np.ndarray, np.ndarray]:
             arr = table.column(name).combine_chunks()
             off = arr.offsets.to_numpy().astype(np.int64)
@@ -62,7 +62,7 @@ class Rows:
                    table.column("next_sentence_label").to_numpy().astype(np.int64))
 
     @classmethod
-    def from_pylist(cls, rows: Sequence[dict]) -> "Rows":
+    def from_pylist(cls, rows: Sequence[dict]) -> Rows:
         """From dicts with the schema's column names (tests, small tools)."""
         def ragged(name: str) -> tuple[np.ndarray, np.ndarray]:
             lists = [np.asarray(r[name], dtype=np.int64) for r in rows]
@@ -76,7 +76,7 @@ class Rows:
         return cls(ids, ids_off, np.array([r["a_length"] for r in rows], np.int64), pos, pos_off, lab,
                    np.array([r["next_sentence_label"] for r in rows], np.int64))
 
-    def take(self, idx: np.ndarray) -> "Rows":
+    def take(self, idx: np.ndarray) -> Rows:
         idx = np.asarray(idx, dtype=np.int64)
         ids, ids_off = _gather_ragged(self.ids, self.ids_off, idx)
         pos, pos_off = _gather_ragged(self.pos, self.pos_off, idx)
@@ -84,11 +84,11 @@ class Rows:
         return Rows(ids, ids_off, self.a_length[idx], pos, pos_off, lab, self.nsp[idx],
                     None if self.example is None else self.example[idx], None if self.epoch is None else self.epoch[idx])
 
-    def slice(self, start: int, stop: int) -> "Rows":
+    def slice(self, start: int, stop: int) -> Rows:
         return self.take(np.arange(start, stop))
 
     @staticmethod
-    def concat(parts: Sequence["Rows"]) -> "Rows":
+    def concat(parts: Sequence[Rows]) -> Rows:
         if len(parts) == 1:
             return parts[0]
 

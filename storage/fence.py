@@ -26,9 +26,17 @@ import uuid
 from typing import Any
 
 from storage import lease_record
-from storage.lease_record import (KEEP_COMMITS, PROOF_REUSE_FRACTION, STEP_DOWN_FRACTION,
-                                           WRITER_LIMIT_FRACTION, LeaseLost, describe, held,
-                                           holder_beat_age, holder_beat_time)
+from storage.lease_record import (
+    KEEP_COMMITS,
+    PROOF_REUSE_FRACTION,
+    STEP_DOWN_FRACTION,
+    WRITER_LIMIT_FRACTION,
+    LeaseLost,
+    describe,
+    held,
+    holder_beat_age,
+    holder_beat_time,
+)
 from storage.lease_store import Version, store_for
 
 log = logging.getLogger(__name__)

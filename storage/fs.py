@@ -248,7 +248,7 @@ def expand_inputs(urls: list[str], endpoint_url: str | None = None,
     listed = map_threads(lambda url: _list_url(url, endpoint_url), urls)
     entries: list[tuple[str, str, int, dict]] = []  # (URL, relative name, input index, info)
     seen: set[str] = set()
-    for i, (url, (root, files, ignored)) in enumerate(zip(urls, listed)):
+    for i, (url, (root, files, ignored)) in enumerate(zip(urls, listed, strict=False)):
         if skipped is not None:
             skipped.extend(p for p in ignored if p not in skipped)
         fs, _ = filesystem_for(url, endpoint_url)
@@ -276,7 +276,7 @@ def expand_inputs(urls: list[str], endpoint_url: str | None = None,
     # costs one extra download of such an input per run; servers that send an ETag cost nothing.
     unidentified = [i for i, f in enumerate(found) if protocol_of(f.path) in ("http", "https") and not f.etag]
     digests = map_threads(lambda i: content_digest(found[i].path, endpoint_url), unidentified)
-    for i, digest in zip(unidentified, digests):
+    for i, digest in zip(unidentified, digests, strict=False):
         found[i] = dataclasses.replace(found[i], digest=digest)
     return sorted(found, key=lambda f: f.path)
 

@@ -33,9 +33,23 @@ from typing import Any
 from storage import fs as storage_fs
 from storage import lease_record
 from storage.fence import Fence
-from storage.lease_record import (BEAT_FRACTION, HELD, STALE_ENV, STALE_SECONDS, STEP_DOWN_FRACTION,
-                                           LeaseHeld, LeaseLost, describe, held, holder_beat_age,
-                                           holder_gone, identity, iso, now, stale_seconds)
+from storage.lease_record import (
+    BEAT_FRACTION,
+    HELD,
+    STALE_ENV,
+    STALE_SECONDS,
+    STEP_DOWN_FRACTION,
+    LeaseHeld,
+    LeaseLost,
+    describe,
+    held,
+    holder_beat_age,
+    holder_gone,
+    identity,
+    iso,
+    now,
+    stale_seconds,
+)
 from storage.lease_store import Version, store_for
 
 __all__ = ["STALE_ENV", "STALE_SECONDS", "Lease", "LeaseHeld", "LeaseLost", "OUTPUT_LEASE", "forget_released", "held",

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from storage import fs as storage_fs
-from storage.untrusted import check_relative_name
 from storage.retry import retrying
+from storage.untrusted import check_relative_name
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,6 @@ def manifest_of(shard_urls: tuple[str, ...], shard_rows: tuple[int, ...], max_se
                     vocab=Vocab(url=f"{url}/vocab.txt", size=vocab_size, sha256="1" * 64, do_lower_case=True,
                                 mask_id=103),
                     max_seq_length=max_seq_length, max_predictions=max_predictions, masked_lm_prob=0.15,
-                    shards=tuple(Shard(u, u, n) for u, n in zip(shard_urls, shard_rows)),
+                    shards=tuple(Shard(u, u, n) for u, n in zip(shard_urls, shard_rows, strict=False)),
                     seq_len_histogram=((max_seq_length, sum(shard_rows)),),
                     totals=Totals(documents=0, sentences=0, tokens=0, instances=sum(shard_rows)), config={})

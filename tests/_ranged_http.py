@@ -67,7 +67,7 @@ class RangedStore:
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self._httpd.server_address[1]}/{name}"
 
-    def __enter__(self) -> "RangedStore":
+    def __enter__(self) -> RangedStore:
         threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
         return self
 

@@ -16,7 +16,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from _bare import NOT_ON_THE_GPU_MACHINE, installed, needs
 from _ray_local import ensure_local_ray, shutdown_local_ray
 

@@ -27,7 +27,7 @@ def _hist(pairs: tuple[tuple[int, int], ...]) -> tuple[list[int], list[int]]:
 
 def _mean(xs: list[int], ws: list[int]) -> float:
     n = sum(ws)
-    return sum(x * w for x, w in zip(xs, ws)) / n if n else 0.0
+    return sum(x * w for x, w in zip(xs, ws, strict=False)) / n if n else 0.0
 
 
 def _png(fig) -> bytes:
@@ -76,7 +76,7 @@ def seq_length_figure(m: Manifest, name: str) -> bytes:
 
     xs, ws = _hist(m.seq_len_histogram)
     top = m.max_seq_length
-    full = dict(zip(xs, ws)).get(top, 0) / max(1, sum(ws))
+    full = dict(zip(xs, ws, strict=False)).get(top, 0) / max(1, sum(ws))
     fig, ax = _figure(f"{name}: sequence length, {sum(ws):,} sequences, {full:.0%} at the maximum")
     ax.bar(xs, ws, width=1.0, color=_BAR)
     _mark(ax, top, f"--max-seq-length {top}")
@@ -153,7 +153,7 @@ def figures(manifest: Manifest, name: str) -> dict[str, bytes]:
     """Every figure of the report as PNG bytes, by file name (``FIGURES``); ``name`` titles them."""
     draw = (seq_length_figure, tokens_per_document_figure, masked_per_sequence_figure, next_sentence_figure,
             dropped_figure)
-    return {f: d(manifest, name) for f, d in zip(FIGURES, draw)}
+    return {f: d(manifest, name) for f, d in zip(FIGURES, draw, strict=False)}
 
 
 def metrics(manifest: Manifest) -> dict[str, float]:
@@ -167,7 +167,7 @@ def metrics(manifest: Manifest) -> dict[str, float]:
         "random_next_fraction": t.random_next / n if n else 0.0,
         "masked_per_sequence_mean": t.masked_lm_positions / n if n else 0.0,
         "seq_length_mean": _mean(seq_x, seq_w),
-        "full_length_fraction": (dict(zip(seq_x, seq_w)).get(manifest.max_seq_length, 0) / n) if n else 0.0,
+        "full_length_fraction": (dict(zip(seq_x, seq_w, strict=False)).get(manifest.max_seq_length, 0) / n) if n else 0.0,
         "tokens_per_document_mean": t.tokens / t.documents if t.documents else 0.0,
         "unk_fraction": t.unk_tokens / t.tokens if t.tokens else 0.0,
         "shards": float(len(manifest.shards)),

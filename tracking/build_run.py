@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from corpus.schema import Manifest
 
+from storage.fs import is_url
 from storage.redact import redact_url
 from tracking.lineage import DATASET_SHA_TAG
-from storage.fs import is_url
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +69,7 @@ class BuildRun:
     # --- the thread's work (queued in order) --------------------------------------------------------------------
 
     def _open(self, params: dict[str, Any], parent: str | None, started: float):
-        from tracking.runs import open_run
-
-        from tracking.runs import close_stale_runs
+        from tracking.runs import close_stale_runs, open_run
 
         run = open_run(self.uri, self.experiment, self.name, params=params,
                        tags={"job": "build_dataset", OUTPUT_TAG: redact_url(self.output)},
@@ -99,9 +97,9 @@ class BuildRun:
                                    started, ended, parent_run_id=parent, tags={"job": "build_dataset"})
 
     def _finish(self, output: str, m: Manifest, ended: float, nothing_done: bool) -> None:
-        from tracking import build_report as report
         from corpus.schema import MANIFEST, VOCAB_FILE
         from storage.fs import join, read_bytes
+        from tracking import build_report as report
         from tracking.build_curation import log_curation
         from tracking.datasets import log_dataset
 

@@ -73,7 +73,7 @@ class Run:
                                       end_time=None if end_time is None else int(end_time * 1000))
 
     @contextlib.contextmanager
-    def ending(self) -> Iterator["Run"]:
+    def ending(self) -> Iterator[Run]:
         """FINISHED when the block completes, KILLED on Ctrl-C / SIGTERM, FAILED on any other exception."""
         try:
             yield self

@@ -43,7 +43,6 @@ def app(store_uri: str):
 
         os.environ.setdefault(ARTIFACT_ROOT_ENV_VAR, artifact_root(store_uri))
     import flask
-
     from mlflow.server import app as flask_app
     from mlflow.server.fastapi_app import app as server
 

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import torch
 
-from storage.redact import redact_url
+from storage.fs import check_writable, is_url
 from storage.lease import holding, lease_url_beside
 from storage.publish import publish_remote, recover_local, swap_in_local
+from storage.redact import redact_url
 from storage.untrusted import read_local_bounded
-from storage.fs import check_writable, is_url
-from training.guard import safetensors_tensors
 from tracking.runs import Run
+from training.guard import safetensors_tensors
 
 log = logging.getLogger(__name__)
 

@@ -88,7 +88,7 @@ def nonfinite_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
     if not named:
         return []
     flags = torch.stack([torch.isfinite(t).all().to("cpu", non_blocking=True) for _, t in named]).tolist()
-    return [n for (n, _), ok in zip(named, flags) if not ok]
+    return [n for (n, _), ok in zip(named, flags, strict=False) if not ok]
 
 
 def safetensors_tensors(directory: str | Path):
@@ -172,7 +172,7 @@ class Guard:
         """Walk the steps since the last review; the first divergence found (the rest of the span is moot: the
         run rolls back past it)."""
         cfg = self.config
-        for step, loss, ok in zip(steps, losses, applied):
+        for step, loss, ok in zip(steps, losses, applied, strict=False):
             if not ok or not math.isfinite(loss):
                 self.nonfinite_steps += 1
                 self._nonfinite_streak += 1

@@ -417,7 +417,7 @@ def _written(fs, folder: str) -> dict[str, float]:
     infos = fs.get_file_info(paths)
     fsspec_fs = getattr(getattr(fs, "handler", None), "fs", None)  # S3 through fsspec: pyarrow gives no mtime
     written = {}
-    for name, path, info in zip(names, paths, infos):
+    for name, path, info in zip(names, paths, infos, strict=False):
         if info.type != pyarrow.fs.FileType.File:
             continue
         when = info.mtime

@@ -21,11 +21,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from storage.redact import redact_url
+from storage.fs import filesystem_for, is_url, storage_error
 from storage.publish import resolve
+from storage.redact import redact_url
 from storage.retry import retrying
 from storage.untrusted import check_relative_name
-from storage.fs import filesystem_for, is_url, storage_error
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,13 @@ import tempfile
 from dataclasses import dataclass
 
 import ray
-from ray.train.torch.config import (TorchConfig, _set_torch_distributed_env_vars, _setup_torch_process_group,
-                                    _TorchBackend)
 from ray.train._internal.worker_group import WorkerGroup as V1WorkerGroup
+from ray.train.torch.config import (
+    TorchConfig,
+    _set_torch_distributed_env_vars,
+    _setup_torch_process_group,
+    _TorchBackend,
+)
 
 log = logging.getLogger(__name__)
 

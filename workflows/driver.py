@@ -18,9 +18,9 @@ from storage.untrusted import read_local_bounded
 from tracking import params, runs, store
 from workflows.config import load_config, workdir_of
 from workflows.execute import StageFailed, run_job_stage
-from workflows.stage import JobStage
 from workflows.plan import plan, to_run
 from workflows.specs import SPECS
+from workflows.stage import JobStage
 from workflows.state import MAX_STATE_BYTES, STATE_DIR, acquire_lock, finished, marker_path, write_atomic
 from workflows.summary import summary_json, summary_lines
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from corpus.schema import MANIFEST
 from storage import fs as storage_fs
 from storage.publish import is_complete
-from corpus.schema import MANIFEST
 from training.export import PRETRAIN_LINEAGE
-from workflows.stage import TRACKING_FLAGS, Planned, JobStage, fingerprint, input_stamps, join, to_argv
+from workflows.stage import TRACKING_FLAGS, JobStage, Planned, fingerprint, input_stamps, join, to_argv
 
 
 class JobSpec:

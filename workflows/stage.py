@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 # Flags that only say where to log: the workflow sets them at run time, and changing them reruns nothing.
 TRACKING_FLAGS = frozenset({"parent-run-id", "mlflow-tracking-uri", "experiment"})
 

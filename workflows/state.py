@@ -10,8 +10,8 @@ from typing import Any
 
 from storage.lease import Lease
 from storage.untrusted import read_local_bounded
-from workflows.stage import JobStage
 from workflows.specs import SPECS
+from workflows.stage import JobStage
 
 STATE_DIR = "_workflow"
 MAX_STATE_BYTES = 16 << 20  # a done-marker holds a command, outputs and a result: KBs; a workdir may be shared

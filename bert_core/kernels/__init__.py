@@ -41,8 +41,13 @@ moving about as many bytes. Writing into one buffer needs an attention backward 
 frontend API or flash-attn's packed-QKV path; neither ships in torch).
 """
 from .bias_gelu import bias_gelu, linear_gelu
-from .dropout_layer_norm import (dropout_add_layer_norm, dropout_add_layer_norm_and_copy, keep_mask,
-                                 residual_layer_norm, residual_layer_norm_and_copy)
+from .dropout_layer_norm import (
+                                 dropout_add_layer_norm,
+                                 dropout_add_layer_norm_and_copy,
+                                 keep_mask,
+                                 residual_layer_norm,
+                                 residual_layer_norm_and_copy,
+)
 from .options import DEFAULT, TRITON_INSTALLED, KernelOptions, set_kernel_options
 
 __all__ = ["DEFAULT", "KernelOptions", "TRITON_INSTALLED", "bias_gelu", "dropout_add_layer_norm",

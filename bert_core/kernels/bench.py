@@ -26,8 +26,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .bias_gelu import bias_gelu
 from . import traffic
+from .bias_gelu import bias_gelu
 from .dropout_layer_norm import dropout_add_layer_norm_and_copy
 
 logger = logging.getLogger(__name__)

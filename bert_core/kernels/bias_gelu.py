@@ -15,7 +15,7 @@ Exact erf GELU by default (HF's "gelu", parity with transformers); "gelu_new" / 
 form, as the model's config says. Registered through `torch.library` like the LayerNorm op: one node each way
 under torch.compile.
 """
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

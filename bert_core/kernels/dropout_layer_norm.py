@@ -16,7 +16,6 @@ advances the generator, so sites and steps get different masks. `offset` separat
 Under `torch.compile` the draw is a node of the graph, and AOTAutograd's partitioner saves random ops' outputs
 rather than recomputing them in backward, so backward sees the forward's seed (tests/bert_core checks both).
 """
-from typing import Optional
 
 import torch
 from torch import Tensor, nn
@@ -63,9 +62,9 @@ def _rows_per_program(device: torch.device, rows: int) -> int:
 
 # ---- the ops -------------------------------------------------------------------------------------------------------
 @torch.library.custom_op("bert_core::dropout_add_layer_norm_fwd", mutates_args=())
-def _forward(x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor, seed: Optional[Tensor], offset: int,
+def _forward(x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor, seed: Tensor | None, offset: int,
              p: float, eps: float, out_dtype: torch.dtype,
-             copy_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+             copy_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Returns (out, copy, mean, rstd); `copy` is out in `copy_dtype` for the next GEMM, or an empty tensor."""
     check_device(x)
     n = x.shape[-1]
@@ -94,8 +93,8 @@ def _(x, residual, weight, bias, seed, offset, p, eps, out_dtype, copy_dtype=Non
 
 
 @torch.library.custom_op("bert_core::dropout_add_layer_norm_bwd", mutates_args=())
-def _backward(dy: Optional[Tensor], dcopy: Optional[Tensor], x: Tensor, residual: Tensor, weight: Tensor,
-              seed: Optional[Tensor], mean: Tensor, rstd: Tensor, offset: int,
+def _backward(dy: Tensor | None, dcopy: Tensor | None, x: Tensor, residual: Tensor, weight: Tensor,
+              seed: Tensor | None, mean: Tensor, rstd: Tensor, offset: int,
               p: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The gradients of x, residual, weight and bias for the output gradient dy + dcopy (either may be None)."""
     n = x.shape[-1]

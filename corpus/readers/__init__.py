@@ -32,11 +32,19 @@ from typing import IO
 
 import pyarrow.parquet as pq
 
-from storage.redact import redact_url
 from corpus.readers.ranged import Ranged
+from storage.fs import (
+    FileInfo,
+    compression_of,
+    filesystem_for,
+    is_url,
+    map_threads,
+    storage_error,
+    strip_compression,
+    without_query,
+)
+from storage.redact import redact_url
 from storage.retry import is_transient
-from storage.fs import (FileInfo, compression_of, filesystem_for, is_url, map_threads, storage_error,
-                              strip_compression, without_query)
 
 log = logging.getLogger(__name__)
 
@@ -119,10 +127,10 @@ def plan_units(files: list[FileInfo], opts: ReadOptions, unit_bytes: int, endpoi
     ``<file index>-<unit index>`` over all of ``files``. Empty files fail here (or are counted with
     on_error='skip'). Parquet footers are read in parallel (one round trip each)."""
     fmts = [detect_format(f.path, opts.fmt) for f in files]
-    todo = [(i, f) for i, (f, fmt) in enumerate(zip(files, fmts)) if f.path not in exclude]
+    todo = [(i, f) for i, (f, fmt) in enumerate(zip(files, fmts, strict=False)) if f.path not in exclude]
     groups = dict(zip([i for i, _ in todo], map_threads(
         lambda item: _row_groups(item[1], endpoint_url) if fmts[item[0]] == "parquet" and item[1].size else None,
-        todo)))
+        todo), strict=False))
     units: list[Unit] = []
     for i, f in todo:
         fmt = fmts[i]
@@ -406,7 +414,7 @@ def _parquet_docs(fs, path: str, unit: Unit, opts: ReadOptions, report: ReadRepo
         group = pf.read_row_group(unit.start, columns=[opts.text_field] + ([opts.id_field] if has_id else []))
         column = group.column(opts.text_field).to_pylist()
         ids = group.column(opts.id_field).to_pylist() if has_id else [None] * len(column)
-    for i, (text, own) in enumerate(zip(column, ids)):
+    for i, (text, own) in enumerate(zip(column, ids, strict=False)):
         if not isinstance(text, str):
             _bad_record(opts, report, unit, first + i, None, "missing_text_field", f"row {first + i}: null text")
             continue

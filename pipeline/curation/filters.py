@@ -30,8 +30,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.config import BuildConfig
-from pipeline.work import WORK_SUFFIX, StepContext, cached, write_table
 from curate.contract import UnitReports
 from curate.decontaminate import Decontaminate, DecontaminationConfig, NgramIndex, build_index
 from curate.dedup import SignatureColumns
@@ -39,8 +37,10 @@ from curate.eval_sets import eval_files, eval_texts, file_stamp
 from curate.language import LanguageFilter
 from curate.mix import under
 from curate.quality import QualityFilter
-from storage.redact import redact_url
+from pipeline.config import BuildConfig
+from pipeline.work import WORK_SUFFIX, StepContext, cached, write_table
 from storage.fs import absolute, expand_inputs, is_url, open_atomic
+from storage.redact import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def eval_index(cfg: BuildConfig) -> NgramIndex:
 
     def load() -> NgramIndex:
         index = build_index(eval_texts(c.paths, c.fields, cfg.endpoint_url), c)
-        checked = dict(zip(index.files, index.checked))
+        checked = dict(zip(index.files, index.checked, strict=False))
         empty = [f for f in files if not checked.get(f)]
         if empty:
             fields = f" in the fields {', '.join(c.fields)}" if c.fields else ""

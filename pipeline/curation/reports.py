@@ -21,6 +21,8 @@ import json
 from collections import Counter
 from typing import Any, ClassVar
 
+from curate.contract import CONTAMINATED, EXACT, LANGUAGE, MIX, NEAR, QUALITY
+from curate.report import DROPPED_FILE, EDITED_FILE
 from pipeline.curation.filters import REPORTS_DIR, eval_index, report_line, reports_url
 from pipeline.docs import docs_url
 from pipeline.drops import read_drop_list
@@ -28,10 +30,8 @@ from pipeline.executor import Stage
 from pipeline.markers import Marker, write_marker
 from pipeline.state import BuildState
 from pipeline.work import StepContext
-from curate.contract import CONTAMINATED, EXACT, LANGUAGE, MIX, NEAR, QUALITY
-from curate.report import DROPPED_FILE, EDITED_FILE
-from storage.redact import redact, redact_url
 from storage.fs import join, list_names, open_atomic, read_bytes
+from storage.redact import redact, redact_url
 
 OUT_DIR = "reports"  # OUTPUT/reports/
 CURATION_REASONS = (LANGUAGE, CONTAMINATED, EXACT, NEAR, MIX)  # and QUALITY + <rule>
@@ -116,7 +116,7 @@ def curation_section(s: BuildState, dropped: Counter) -> dict[str, Any] | None:
         index = eval_index(s.cfg)
         out["eval_sets"] = {"sha256": index.digest(), "ngrams": index.size, "texts": index.texts,
                             "too_short": index.too_short,
-                            "files": {redact_url(f): n for f, n in zip(index.files, index.checked)}}
+                            "files": {redact_url(f): n for f, n in zip(index.files, index.checked, strict=False)}}
     if shares := mix_shares(s):
         out["mix"] = shares
     return out

@@ -28,6 +28,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from curate.contract import MIX
+from curate.dedup import DedupConfig, drop_set
+from curate.mix import copies_at, under
 from pipeline.curation.filters import check_mix, mix_source, sigs_url
 from pipeline.docs import doc_arrays, docs_url, power_of_two_histogram, vocab_info_for
 from pipeline.drops import LeftOut, leave_out, repeat, write_copies, write_drop_list
@@ -35,9 +38,6 @@ from pipeline.executor import LocalShared, Shared, Stage
 from pipeline.markers import Marker, read_markers, write_marker
 from pipeline.state import BuildState
 from pipeline.work import StepContext, cached, read_table
-from curate.contract import MIX
-from curate.dedup import DedupConfig, drop_set
-from curate.mix import copies_at, under
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ import hashlib
 from typing import Any
 
 from pipeline.config import BuildConfig
-from storage.redact import redact_url
 from storage.fs import FileInfo, expand_inputs, read_bytes
+from storage.redact import redact_url
 
 
 @dataclasses.dataclass

@@ -31,16 +31,23 @@ import re
 import socket
 from typing import Any, ClassVar
 
+from corpus.readers import InputError, ReadOptions, ReadReport, Unit, detect_format, plan_units, unreadable
 from pipeline.executor import Executor, Stage, run_stage
 from pipeline.markers import Marker, write_marker
 from pipeline.sizes import COMPRESSED_RATIO
 from pipeline.state import BuildState
-from corpus.readers import (InputError, ReadOptions, ReadReport, Unit, detect_format, plan_units,
-                              unreadable)
+from storage.fs import (
+    FileInfo,
+    compression_of,
+    filesystem_for,
+    join,
+    map_threads,
+    open_atomic,
+    storage_error,
+    write_bytes_atomic,
+)
 from storage.redact import redact_url
 from storage.retry import is_transient
-from storage.fs import (FileInfo, compression_of, filesystem_for, join, map_threads, open_atomic,
-                              storage_error, write_bytes_atomic)
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +140,7 @@ def plan_pieces(files: list[FileInfo], opts: ReadOptions, unit_bytes: int,
     fmts = [detect_format(f.path, opts.fmt) for f in files]
     probe = [i for i, f in enumerate(files)
              if fmts[i] != "parquet" and compression_of(f.path) and 0 < f.size <= unit_bytes]
-    sizes = dict(zip(probe, map_threads(lambda i: _decompressed_size(files[i], endpoint_url), probe)))
+    sizes = dict(zip(probe, map_threads(lambda i: _decompressed_size(files[i], endpoint_url), probe), strict=False))
     return [PieceItem(i, f.path, f.key, fmts[i]) for i, f in enumerate(files)
             if needs_pieces(f, fmts[i], unit_bytes, sizes.get(i))]
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import logging
 
-from pipeline.preflight.heads import check_documents, estimate_instances, sample_inputs
 from corpus.readers import ReadOptions
+from corpus.schema import MANIFEST, SHARDS_DIR, VOCAB_FILE, WORK_DIR
+from pipeline.preflight.heads import check_documents, estimate_instances, sample_inputs
+from storage.fs import expand_inputs, list_names
 from storage.lease import OUTPUT_LEASE
 from storage.redact import redact_url
-from corpus.schema import MANIFEST, SHARDS_DIR, VOCAB_FILE, WORK_DIR
-from storage.fs import expand_inputs, list_names
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 from fsspec.compression import compr
 
 from corpus.readers import STORAGE_CLIENTS, ReadOptions, detect_format
-from storage.redact import redact_url
 from storage.fs import FileInfo, compression_of, filesystem_for, map_threads
+from storage.redact import redact_url
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from corpus.readers import InputError
 from pipeline.markers import Marker
 from pipeline.ray_data.guard import in_worker
 from pipeline.rows import UserError, users_mistake
-from corpus.readers import InputError
 from storage.redact import redact_text
 
 log = logging.getLogger(__name__)
@@ -70,10 +70,10 @@ def _warm(setup: Callable[[], None]) -> int:
     import pyarrow.compute  # noqa: F401
     import ray.data  # noqa: F401
 
-    import pipeline.instances  # noqa: F401
-    import pipeline.shards  # noqa: F401
     import corpus.sentences  # noqa: F401
     import corpus.tokenize  # noqa: F401
+    import pipeline.instances  # noqa: F401
+    import pipeline.shards  # noqa: F401
     setup()
     return os.getpid()
 

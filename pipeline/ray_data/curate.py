@@ -10,10 +10,10 @@ import pyarrow as pa
 import ray
 import ray.data
 
-from pipeline.ray_data.cluster import RayShared
-from pipeline.work import StepContext, read_table
 from curate import ray_dedup
 from curate.dedup import DedupConfig, drop_set, signature_schema
+from pipeline.ray_data.cluster import RayShared
+from pipeline.work import StepContext, read_table
 
 PARTITION_BYTES = ray_dedup.PARTITION_BYTES  # rows per shuffle partition (and what one task decides alone)
 MAX_READ_BLOCKS = 2048  # read tasks at most (a unit's signatures are ~0.5 KB per document: ~1.5 MB per 4 MiB unit)

@@ -12,10 +12,10 @@ from ray.data import Datasource, ReadTask
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasink
 
+from corpus.readers import Unit
 from pipeline.markers import Marker
 from pipeline.ray_data.guard import in_worker
 from pipeline.rows import UserError
-from corpus.readers import Unit
 from storage.redact import redact_url
 
 

@@ -36,15 +36,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.docs import (DOCS_DIR, docs_table, packed_docs, pool_hashes, power_of_two_histogram,
-                                 vocab_info_for, write_batches)
+from corpus.readers import InputError, Unit
+from corpus.rng import derive_seed
+from pipeline.docs import (
+    DOCS_DIR,
+    docs_table,
+    packed_docs,
+    pool_hashes,
+    power_of_two_histogram,
+    vocab_info_for,
+    write_batches,
+)
 from pipeline.drops import SUFFIX as DROP_SUFFIX
 from pipeline.drops import kept
 from pipeline.executor import Shared
 from pipeline.rows import by_unit, take_ops
 from pipeline.work import StepContext, read_work_table
-from corpus.readers import InputError, Unit
-from corpus.rng import derive_seed
 from storage.fs import filesystem_for, join, list_names
 
 DATASET_PATH = "ray.data.Dataset"  # how the input is named in the manifest, its stamps and messages
@@ -63,7 +70,7 @@ def bucket_dir(ctx: StepContext, b: int) -> str:
 def digest_of(ids: list[str], texts: list[str | None]) -> tuple[int, int]:
     """(order-free digest, text bytes) of documents: the sum of sha256(id, text), kept mod 2**256 by the caller."""
     total, nbytes = 0, 0
-    for i, t in zip(ids, texts):
+    for i, t in zip(ids, texts, strict=False):
         b = (t or "").encode()
         nbytes += len(b)
         total += int.from_bytes(hashlib.sha256(str(i).encode() + b"\0" + (b"\1" if t is None else b"\2") + b)
@@ -144,7 +151,7 @@ class WriteFragments:
         for name, rows in by_unit(tables):
             reports = [json.loads(r) for r in rows.column("report").to_pylist() if r is not None]
             docs = rows.filter(pc.invert(pc.is_null(rows.column("id"))))
-            kept = [(i, d) for i, d in zip(docs.column("id").to_pylist(), packed_docs(docs)) if d is not None]
+            kept = [(i, d) for i, d in zip(docs.column("id").to_pylist(), packed_docs(docs), strict=False) if d is not None]
             dropped = sum((Counter(r["dropped"]) for r in reports), Counter())
             if len(kept) < docs.num_rows:
                 dropped["no_tokens"] += docs.num_rows - len(kept)
@@ -196,7 +203,7 @@ def read_dataset_unit(unit: Unit, ctx: StepContext, dropped: frozenset[str] = fr
     mine = np.array([lo <= unit_hash(i) < hi for i in ids], dtype=bool)
     table = table.filter(pa.array(mine)).sort_by([("pool_hash", "ascending"), ("doc_id", "ascending")])
     ids = table.column("doc_id").to_pylist()
-    twin = next((a for a, b in zip(ids, ids[1:]) if a == b), None)
+    twin = next((a for a, b in zip(ids, ids[1:], strict=False) if a == b), None)
     error = None if twin is None else (f"the documents Dataset has two documents with id {twin!r} [duplicate_id]:"
                                        " ids must be unique (they seed every random choice of the build)")
     return table.combine_chunks(), error

@@ -7,11 +7,11 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from corpus.readers import Unit
 from pipeline.markers import SUFFIX, Marker
 from pipeline.ray_data.cluster import RayCluster, RayShared, run_step
 from pipeline.ray_data.guard import guarded, in_worker
 from pipeline.rows import RowStage, UserError, measured
-from corpus.readers import Unit
 from storage.fs import join, list_names, read_bytes
 
 # Ray and Ray Data are imported where they are used: by the thread that brings Ray up, once it is up (a second of

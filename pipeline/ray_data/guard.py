@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.rows import users_mistake
 from cluster.allocators import fixed_mmap_threshold
+from pipeline.rows import users_mistake
 from storage.redact import redact_worker_logging, redacted_error
 
 

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from _bare import NOT_ON_THE_GPU_MACHINE, bare_env
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from _bare import bare_env
 
 REPO = Path(__file__).resolve().parents[2]

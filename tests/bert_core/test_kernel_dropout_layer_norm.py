@@ -57,7 +57,7 @@ def test_forward_and_gradients_match_the_composition(device, dtype, p):
     got = grads(out, (x, r, w, b), dy.to(dtype))
     want = grads(ref, ref_inputs, dy.to(dtype).float())
     torch.testing.assert_close(out.float(), ref, **TOL[dtype])
-    for name, g, e, t in zip(("x", "residual", "weight", "bias"), got, want, (x, r, w, b)):
+    for name, g, e, t in zip(("x", "residual", "weight", "bias"), got, want, (x, r, w, b), strict=False):
         assert g.dtype == t.dtype, name
         # dW/dB sum 15 rows of bf16 products: a looser bound than the per-element grads.
         tol = TOL[dtype] if name in ("x", "residual") or dtype == torch.float32 else dict(atol=1e-1, rtol=3e-2)
@@ -109,7 +109,7 @@ def test_deterministic_and_seeded_by_torch_rng(device):
     a, ga = run(3)
     b2, gb = run(3)
     c, _ = run(4)
-    assert torch.equal(a, b2) and all(torch.equal(u, v) for u, v in zip(ga, gb))  # bitwise, run to run
+    assert torch.equal(a, b2) and all(torch.equal(u, v) for u, v in zip(ga, gb, strict=False))  # bitwise, run to run
     assert not torch.equal(a, c)
     # Eval mode / p = 0: no dropout, no seed drawn.
     rng_state = torch.cuda.get_rng_state if device == "cuda" else torch.random.get_rng_state

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_kernel_boundary import check_site
 
 from bert_core.kernels import KernelOptions
 from bert_core.kernels.dropout_layer_norm import _rows_per_program
 from bert_core.kernels.self_check import self_check
-from test_kernel_boundary import check_site
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 ROWS = 128 * 256

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _packed_batches import LENGTHS, WIDTH, V, cfg, make_sequences, packed_batch, spans, unpacked_batch
 
-from bert_core import BertForPreTraining, BertModel
-from bert_core import packing
+from bert_core import BertForPreTraining, BertModel, packing
 from bert_core.packing import PackedSequences, SegmentIds, packed_attention
 
-from _packed_batches import LENGTHS, V, WIDTH, cfg, make_sequences, packed_batch, spans, unpacked_batch
 
 def test_positions_restart_and_blocks_by_hand():
     packed = PackedSequences.from_lengths(torch.tensor([[3, 2, 0]]), 7)

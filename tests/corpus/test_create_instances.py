@@ -4,7 +4,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from corpus.create_instances import COLUMNS, InstanceConfig, RandomDocPool, VocabInfo, create_instances, create_instances_batch
+from corpus.create_instances import (
+    COLUMNS,
+    InstanceConfig,
+    RandomDocPool,
+    VocabInfo,
+    create_instances,
+    create_instances_batch,
+)
 from corpus.rng import instance_keys
 
 V = 30522
@@ -64,7 +71,7 @@ def test_columns_layout_and_segments() -> None:
     assert set(out) == set(COLUMNS) and len({len(v) for v in out.values()}) == 1
     assert len(out["key"]) >= 4  # ~600 tokens in ~125-token sequences
     for i, (ids, a_len, pos, orig, nsp) in enumerate(
-        zip(out["input_ids"], out["a_length"], out["masked_lm_positions"], out["masked_lm_ids"], out["next_sentence_label"])
+        zip(out["input_ids"], out["a_length"], out["masked_lm_positions"], out["masked_lm_ids"], out["next_sentence_label"], strict=False)
     ):
         assert ids.dtype == np.uint16 and pos.dtype == np.uint16 and orig.dtype == np.uint16
         assert len(ids) <= 128
@@ -90,7 +97,7 @@ def test_actual_next_continues_a() -> None:
         text = np.concatenate(sents)
         for p in range(3):
             out = create_instances(doc_id, sents, p, cfg, pool, vocab())
-            for ids, a_len, pos, orig, nsp in zip(*(out[c] for c in COLUMNS[:5])):
+            for ids, a_len, pos, orig, nsp in zip(*(out[c] for c in COLUMNS[:5]), strict=False):
                 if nsp == 0 and len(ids) < 256:
                     full = unmasked(ids, pos, orig)
                     assert is_sub(np.concatenate([full[1 : a_len + 1], full[a_len + 2 : -1]]), text)
@@ -104,7 +111,7 @@ def test_deterministic_and_order_independent() -> None:
     cfg = InstanceConfig(seed=7)
     first = [create_instances(d, s, 1, cfg, pool, vocab()) for d, s in docs]
     again = [create_instances(d, s, 1, cfg, pool, vocab()) for d, s in reversed(docs)][::-1]
-    for x, y in zip(first, again):
+    for x, y in zip(first, again, strict=False):
         for c in COLUMNS:
             assert [np.asarray(v).tolist() for v in x[c]] == [np.asarray(v).tolist() for v in y[c]]
     other_pass = create_instances(docs[0][0], docs[0][1], 2, cfg, pool, vocab())
@@ -148,7 +155,7 @@ def test_seeded_rates_nsp_mlm() -> None:
     masked = np.array([len(x) for x in cols["masked_lm_positions"]])
     np.testing.assert_array_equal(masked, np.minimum(20, np.maximum(1, np.rint(lens * 0.15))).astype(int))
     assert abs(masked.sum() / lens.sum() - 0.15) < 0.005
-    now = np.concatenate([ids[p.astype(int)] for ids, p in zip(cols["input_ids"], cols["masked_lm_positions"])])
+    now = np.concatenate([ids[p.astype(int)] for ids, p in zip(cols["input_ids"], cols["masked_lm_positions"], strict=False)])
     orig = np.concatenate(cols["masked_lm_ids"])
     mask = now == MASK
     same = ~mask & (now == orig)
@@ -173,7 +180,7 @@ def test_short_seq_prob_gives_short_targets() -> None:
 def test_whole_word_mask_end_to_end() -> None:
     cols = run(make_docs(10, seed=3), InstanceConfig(whole_word_mask=True), passes=1)
     cont = vocab().is_continuation
-    for ids, pos, orig, a_len in zip(cols["input_ids"], cols["masked_lm_positions"], cols["masked_lm_ids"], cols["a_length"]):
+    for ids, pos, orig, a_len in zip(cols["input_ids"], cols["masked_lm_positions"], cols["masked_lm_ids"], cols["a_length"], strict=False):
         full = unmasked(ids, pos, orig)
         chosen = set(pos.tolist())
         for p in chosen:  # a chosen "##" piece's whole word is chosen (within its segment)

@@ -115,7 +115,7 @@ def test_three_seed_mean_matches_reference_mean(documents) -> None:
 def test_every_sequence_is_well_formed(documents) -> None:
     docs, encoder = documents
     cols = build((docs[:20], encoder), seed=3)
-    for ids, a_len, pos, orig in zip(cols["input_ids"], cols["a_length"], cols["masked_lm_positions"], cols["masked_lm_ids"]):
+    for ids, a_len, pos, orig in zip(cols["input_ids"], cols["a_length"], cols["masked_lm_positions"], cols["masked_lm_ids"], strict=False):
         assert len(ids) <= 128 and a_len >= 1 and len(ids) - a_len - 3 >= 1
         assert ids[0] == encoder.cls_id and ids[a_len + 1] == encoder.sep_id and ids[-1] == encoder.sep_id
         assert 1 <= len(pos) <= 20 and np.all(np.diff(pos.astype(int)) > 0)
@@ -221,9 +221,9 @@ def test_build_with_a_sampled_pool_matches_reference_stats(sample_dir, tmp_path)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from corpus.readers import ReadOptions
     from pipeline import BuildConfig
     from pipeline import build as build_dataset
-    from corpus.readers import ReadOptions
 
     ref = sample_dir / "reference"
     draws = []

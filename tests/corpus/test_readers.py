@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from pipeline.inputs.pieces import PieceContext, piece_units, pieces_step, plan_pieces
 from corpus.readers import InputError, ReadOptions, ReadReport, plan_units, read_unit
+from pipeline.inputs.pieces import PieceContext, piece_units, pieces_step, plan_pieces
 from storage.fs import expand_inputs
 
 COMPRESSORS = {"": lambda b: b, ".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress,

@@ -8,8 +8,7 @@ import json
 import pyarrow as pa
 import pytest
 
-from corpus.schema import (config_hash, instance_schema, read_manifest, shard_name, token_dtype,
-                             validate_manifest)
+from corpus.schema import config_hash, instance_schema, read_manifest, shard_name, token_dtype, validate_manifest
 from storage.fs import write_json_atomic
 
 

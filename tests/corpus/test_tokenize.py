@@ -49,7 +49,7 @@ def reference_tokenize(vocab_path: str, texts: list[str]) -> list[list[str]]:
 def test_agrees_with_reference_tokenizer(encoder, vocab_path) -> None:
     expected = reference_tokenize(vocab_path, TRICKY)
     got = [encoder.tokenize(t) for t in TRICKY]
-    for text, e, g in zip(TRICKY, expected, got):
+    for text, e, g in zip(TRICKY, expected, got, strict=False):
         assert g == e, text[:40]
 
 
@@ -57,11 +57,11 @@ def test_agrees_on_real_text(encoder, vocab_path, sample_dir) -> None:
     import gzip
 
     with gzip.open(sample_dir / "reference" / "mobydick.sentences.txt.gz", "rt", encoding="utf-8") as f:
-        lines = [line.strip() for _, line in zip(range(1500), f)]
+        lines = [line.strip() for _, line in zip(range(1500), f, strict=False)]
     ids = encoder.encode(lines)
     expected = reference_tokenize(vocab_path, lines)
     vocab = {t: i for i, t in enumerate(read_vocab(vocab_path))}
-    for line, arr, e in zip(lines, ids, expected):
+    for line, arr, e in zip(lines, ids, expected, strict=False):
         assert arr.tolist() == [vocab[t] for t in e], line
 
 
@@ -113,7 +113,7 @@ def test_train_wordpiece_specials_first(sample_dir) -> None:
     import json
 
     with gzip.open(sample_dir / "corpus" / "mobydick.jsonl.gz", "rt", encoding="utf-8") as f:
-        texts = [json.loads(line)["text"] for _, line in zip(range(10), f)]
+        texts = [json.loads(line)["text"] for _, line in zip(range(10), f, strict=False)]
     tokens = train_wordpiece(texts, vocab_size=800)
     assert tokens[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     assert 700 <= len(tokens) <= 800 and len(set(tokens)) == len(tokens)
@@ -135,7 +135,7 @@ def test_train_wordpiece_is_deterministic(sample_dir) -> None:
     texts = []
     for name in ("mobydick", "austen"):
         with gzip.open(sample_dir / "corpus" / f"{name}.jsonl.gz", "rt", encoding="utf-8") as f:
-            texts += [json.loads(line)["text"] for _, line in zip(range(30), f)]
+            texts += [json.loads(line)["text"] for _, line in zip(range(30), f, strict=False)]
     runs = [train_wordpiece(lambda: iter(texts), vocab_size=3000) for _ in range(4)]
     assert all(r == runs[0] for r in runs) and len(runs[0]) == 3000
     assert "##e" in runs[0] and "##." not in runs[0]  # punctuation never continues a word
@@ -154,7 +154,7 @@ def test_ascii_fast_path_equals_full_normalizer(vocab_path, lower) -> None:
     texts = ["".join(r.choice(alphabet) for _ in range(r.randint(0, 60))) for _ in range(3000)]
     got = enc.encode(texts)
     full = [np.array(e.ids) for e in enc._tok.encode_batch_fast(texts, add_special_tokens=False)]
-    for t, g, f in zip(texts, got, full):
+    for t, g, f in zip(texts, got, full, strict=False):
         assert g.tolist() == f.tolist(), repr(t)
     values, lengths = enc.encode_flat(texts)  # the build's path: one array, lengths per sentence
     assert lengths.tolist() == [len(f) for f in full]

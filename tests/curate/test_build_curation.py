@@ -12,11 +12,11 @@ import shutil
 from collections import Counter
 
 import pytest
-
 from _curate_docs import REPO, TASKS, need_shared, passages, plant
-from pipeline import BuildConfig, build
+
 from corpus.create_instances import InstanceConfig
 from curate import CurateConfig, DecontaminationConfig, DedupConfig, LanguageConfig, MixConfig
+from pipeline import BuildConfig, build
 
 VOCAB = REPO / "data" / "sample" / "reference" / "bert-base-uncased-vocab.txt"
 INST = InstanceConfig(max_seq_length=64, max_predictions_per_seq=10)

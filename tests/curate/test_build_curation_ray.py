@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from _curate_docs import REPO, need_shared, passages, plant
-from pipeline import BuildConfig, build
-from pipeline.executor import LocalExecutor
+
 from corpus.create_instances import InstanceConfig
 from curate import CurateConfig, DedupConfig, LanguageConfig, MixConfig, QualityConfig
+from pipeline import BuildConfig, build
+from pipeline.executor import LocalExecutor
 
 VOCAB = REPO / "data" / "sample" / "reference" / "bert-base-uncased-vocab.txt"
 

@@ -9,12 +9,12 @@ import random
 
 import pyarrow as pa
 import pytest
-
 from _curate_docs import TASKS, need_shared, passages, table
+
+from corpus.sentences import split_sentences
 from curate.decontaminate import Decontaminate, DecontaminationConfig, build_index
 from curate.eval_sets import eval_texts
 from curate.words import words
-from corpus.sentences import split_sentences
 
 CFG = DecontaminationConfig(paths=(str(TASKS),))
 
@@ -24,7 +24,7 @@ def _task_texts(name: str, field: str, n: int, seed: int, min_words: int = 13) -
         rows = [json.loads(line) for line in f]
     texts = [" ".join(r[field]) if isinstance(r[field], list) else r[field] for r in rows]
     counts = words(texts).offsets
-    texts = [t for t, a, b in zip(texts, counts[:-1], counts[1:]) if b - a >= min_words]
+    texts = [t for t, a, b in zip(texts, counts[:-1], counts[1:], strict=False) if b - a >= min_words]
     return random.Random(seed).sample(texts, n)
 
 
@@ -65,7 +65,7 @@ def test_every_planted_evaluation_text_drops_its_document(index, planted):
     t, planted_ids = planted
     assert len(planted_ids) >= 90
     out = Decontaminate(index, CFG)(t)
-    dropped = dict(zip(out.dropped["id"].to_pylist(), out.dropped["detail"].to_pylist()))
+    dropped = dict(zip(out.dropped["id"].to_pylist(), out.dropped["detail"].to_pylist(), strict=False))
     assert set(planted_ids) <= set(dropped)
     clean_dropped = set(dropped) - set(planted_ids)
     assert len(clean_dropped) <= 2, {d: dropped[d] for d in clean_dropped}  # real overlaps, hand-checked below
@@ -77,9 +77,9 @@ def test_cut_removes_the_planted_sentence_and_keeps_the_rest(index, planted):
     t, planted_ids = planted
     cfg = DecontaminationConfig(paths=CFG.paths, mode="cut")
     out = Decontaminate(index, cfg)(t)
-    kept = dict(zip(out.kept["id"].to_pylist(), out.kept["text"].to_pylist()))
-    before = dict(zip(t["id"].to_pylist(), t["text"].to_pylist()))
-    edited = dict(zip(out.edited["id"].to_pylist(), out.edited["detail"].to_pylist()))
+    kept = dict(zip(out.kept["id"].to_pylist(), out.kept["text"].to_pylist(), strict=False))
+    before = dict(zip(t["id"].to_pylist(), t["text"].to_pylist(), strict=False))
+    edited = dict(zip(out.edited["id"].to_pylist(), out.edited["detail"].to_pylist(), strict=False))
     assert set(planted_ids) <= set(edited) and not len(out.dropped)
     for doc_id, ev in planted_ids.items():
         assert ev not in kept[doc_id]

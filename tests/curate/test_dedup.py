@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
-
 from _curate_docs import batches, passages, plant, shuffled, table
+
 from curate.dedup import ApplyDrops, DedupConfig, Signatures, drop_set
 
 NEAR = DedupConfig(mode="near")
@@ -27,7 +27,7 @@ def test_planted_copies_keep_exactly_one_and_distinct_passages_stay(planted):
     t, pairs, drops = planted
     near_j = [j for _, c, j in pairs if "planted" in c and j < 1.0]
     assert 0.85 <= float(np.mean(near_j)) <= 0.95 and len(near_j) == 200  # the copies really are ~0.9 Jaccard
-    dropped = dict(zip(drops["id"].to_pylist(), drops["duplicate_of"].to_pylist()))
+    dropped = dict(zip(drops["id"].to_pylist(), drops["duplicate_of"].to_pylist(), strict=False))
     one = sum((a in dropped) != (b in dropped) for a, b, _ in pairs)
     assert one / len(pairs) >= 0.95, one
     involved = {x for a, b, _ in pairs for x in (a, b)}
@@ -35,7 +35,7 @@ def test_planted_copies_keep_exactly_one_and_distinct_passages_stay(planted):
     lost = [i for i in distinct if i in dropped]
     assert 1 - len(lost) / len(distinct) >= 0.99, lost[:10]
     assert not set(dropped.values()) & set(dropped)  # duplicate_of is always a kept document
-    reasons = dict(zip(drops["id"].to_pylist(), drops["reason"].to_pylist()))
+    reasons = dict(zip(drops["id"].to_pylist(), drops["reason"].to_pylist(), strict=False))
     exact_pairs = [(a, b) for a, b, j in pairs if j == 1.0]
     assert all(reasons.get(a, reasons.get(b)) == "exact_duplicate" for a, b in exact_pairs)
     assert {reasons.get(a, reasons.get(b)) for a, b, j in pairs if j < 1.0} <= {"near_duplicate", None}
@@ -43,7 +43,7 @@ def test_planted_copies_keep_exactly_one_and_distinct_passages_stay(planted):
 
 def test_the_smallest_id_is_kept(planted):
     _, _, drops = planted
-    assert all(d > k for d, k in zip(drops["id"].to_pylist(), drops["duplicate_of"].to_pylist()))
+    assert all(d > k for d, k in zip(drops["id"].to_pylist(), drops["duplicate_of"].to_pylist(), strict=False))
 
 
 def test_the_drop_set_does_not_depend_on_batching_or_order(planted):
@@ -131,6 +131,6 @@ def test_components_keep_the_smallest_id_of_each_component_whatever_the_edges_or
         batches = [(pa.array([a for a, _ in part]), pa.array([b for _, b in part])) for part in (order[:cut],
                                                                                                 order[cut:])]
         got = components(batches)
-        assert dict(zip(got["id"].to_pylist(), got["duplicate_of"].to_pylist())) == want
+        assert dict(zip(got["id"].to_pylist(), got["duplicate_of"].to_pylist(), strict=False)) == want
         assert set(got["reason"].to_pylist()) == {"near_duplicate"}
     assert want["été"] == "z" and want["日本"] == "z" and want["Ärger"] == "Z"  # code-point order

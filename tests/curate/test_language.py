@@ -9,8 +9,8 @@ from collections import Counter
 
 import pyarrow as pa
 import pytest
-
 from _curate_docs import REPO, corpus
+
 from curate.language import LanguageConfig, LanguageFilter, identify, known_languages, sample
 
 EXCERPTS = REPO / "data" / "sample" / "other" / "vimtutor.excerpts.jsonl.gz"
@@ -33,7 +33,7 @@ def test_the_five_english_corpora_are_kept_whole():
 def test_other_languages_are_dropped_and_named(excerpts):
     out = ENGLISH(pa.table({"id": [e["id"] for e in excerpts], "text": [e["text"] for e in excerpts]}))
     assert not len(out.kept)
-    said = dict(zip(out.dropped["id"].to_pylist(), out.dropped["detail"].to_pylist()))
+    said = dict(zip(out.dropped["id"].to_pylist(), out.dropped["detail"].to_pylist(), strict=False))
     right = [e for e in excerpts if said[e["id"]].split()[0] == e["lang"]]
     assert len(right) >= 0.9 * len(excerpts), Counter((e["lang"], said[e["id"]].split()[0]) for e in excerpts)
     # hand-checked: the German introduction ("Vim ist ein sehr mächtiger Editor ...") is German, confidently

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
-
 from _curate_docs import batches, passages, shuffled, table
+
 from curate.mix import Mix, MixConfig, copies, expand, parse_mix
 
 
@@ -18,7 +18,7 @@ def docs() -> pa.Table:
 def test_shares_are_within_one_percent_of_the_asked_ones(docs):
     cfg = MixConfig(weights=parse_mix("corpora/tdavid=0.5,corpora/mobydick=2,corpora/webbible=1.3"))
     out = Mix(cfg)(docs)
-    size = {s: n for s, n in zip(*np.unique(docs["source"].to_numpy(zero_copy_only=False), return_counts=True))}
+    size = {s: n for s, n in zip(*np.unique(docs["source"].to_numpy(zero_copy_only=False), return_counts=True), strict=False)}
     weight = {s: cfg.weight_of(s) for s in size}
     asked = {s: weight[s] * size[s] / sum(weight[t] * size[t] for t in size) for s in size}
     n = out.kept["copies"].to_numpy()
@@ -35,10 +35,10 @@ def test_shares_are_within_one_percent_of_the_asked_ones(docs):
 def test_the_draw_depends_on_the_id_only(docs):
     cfg = MixConfig(weights=(("corpora/", 0.37),), seed=9)
     ref = Mix(cfg)(docs)
-    kept = dict(zip(ref.kept["id"].to_pylist(), ref.kept["copies"].to_pylist()))
+    kept = dict(zip(ref.kept["id"].to_pylist(), ref.kept["copies"].to_pylist(), strict=False))
     for part in batches(shuffled(docs, 4), [977]):
         out = Mix(cfg)(part)
-        assert dict(zip(out.kept["id"].to_pylist(), out.kept["copies"].to_pylist())).items() <= kept.items()
+        assert dict(zip(out.kept["id"].to_pylist(), out.kept["copies"].to_pylist(), strict=False)).items() <= kept.items()
     other = Mix(MixConfig(weights=cfg.weights, seed=10))(docs)
     assert set(other.kept["id"].to_pylist()) != set(kept)
 

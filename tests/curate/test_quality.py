@@ -6,8 +6,8 @@ from collections import Counter
 
 import pyarrow as pa
 import pytest
-
 from _curate_docs import corpus, passages
+
 from curate.quality import RULES, QualityConfig, QualityFilter
 
 ALL = QualityFilter(QualityConfig())
@@ -23,7 +23,7 @@ def shared():
     for name in ("austen", "mobydick", "mhcc", "tdavid", "webbible"):
         docs = corpus(name)
         r = ALL(pa.table({"id": [d["id"] for d in docs], "text": [d["text"] for d in docs]}))
-        out[name] = (len(docs), dict(zip(r.dropped["id"].to_pylist(), r.dropped["reason"].to_pylist())))
+        out[name] = (len(docs), dict(zip(r.dropped["id"].to_pylist(), r.dropped["reason"].to_pylist(), strict=False)))
     return out
 
 

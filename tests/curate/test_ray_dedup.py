@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-
 from _curate_docs import batches, passages, plant, shuffled, table
+
 from curate.contract import Rows, split_rows
 from curate.dedup import DedupConfig, Signatures, drop_set
 from curate.quality import QualityConfig, QualityFilter

@@ -8,11 +8,11 @@ import torch
 
 from bert_core.config import bert_tiny
 from bert_core.finetuning import BertForTokenClassification
-from training.optim import build_optimizer, build_scheduler
-from finetuning.loop import predict, rank_indices, to_tensors
-from finetuning.step import finetune_step
 from bert_core.losses import IGNORE_INDEX
 from finetuning.features import Features, collate_features
+from finetuning.loop import predict, rank_indices, to_tensors
+from finetuning.step import finetune_step
+from training.optim import build_optimizer, build_scheduler
 
 
 def test_rank_indices_equal_and_complete():
@@ -67,13 +67,13 @@ def test_fit_has_pretrainings_shape(sample_dir, tmp_path, caplog):
     from finetuning import FinetuneConfig, fit
     from finetuning.examples import TaskColumns
     from finetuning.loop import BEST_METRICS_FILE
+    from finetuning.prepare import FeatureConfig, TaskConfig
     from finetuning.schedule import ScheduleConfig
     from finetuning.task_model import HeadConfig
-    from finetuning.prepare import FeatureConfig, TaskConfig
-    from training.checkpoint import LocalCheckpoints
-    from training.worker import Worker
     from pretraining.loop import fit as pretrain_fit
     from tracking.tracker import NullTracker
+    from training.checkpoint import LocalCheckpoints
+    from training.worker import Worker
 
     assert list(inspect.signature(fit).parameters) == list(inspect.signature(pretrain_fit).parameters)
     config = FinetuneConfig(

@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 
 from finetuning.task_metrics import (
-    classification_metrics, entity_metrics, normalize_answer, regression_metrics, squad_exact_match, squad_metrics,
+    classification_metrics,
+    entity_metrics,
+    normalize_answer,
+    regression_metrics,
+    squad_exact_match,
+    squad_metrics,
     squad_token_f1,
 )
 

@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from finetuning.evaluation import score
-from finetuning.examples import LabelMap, QAExample, TaskColumns, TaggingExample
 from bert_core.losses import IGNORE_INDEX
+from finetuning.evaluation import score
+from finetuning.examples import LabelMap, QAExample, TaggingExample, TaskColumns
 from finetuning.features import TaskTokenizer, collate_features, tagging_features
 from finetuning.prepare import FeatureConfig, prepare_task
 from finetuning.qa import best_answers, max_context_flags, qa_features, window_starts

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import copy
 import re
-import tomllib
 
 import pytest
 import ray
+import tomllib
 import yaml
-from ray.autoscaler._private.util import prepare_config, validate_config
-
 from _infra_checks import CLUSTER_YAMLS, INFRA, REPO, all_images, pinned, ray_version_of_image
+from ray.autoscaler._private.util import prepare_config, validate_config
 
 IDS = [p.parent.name for p in CLUSTER_YAMLS]
 

@@ -11,9 +11,16 @@ import re
 import pytest
 import ray
 import yaml
-
 from _infra_checks import (
-    INFRA, K8S_YAMLS, KUBERAY_YAMLS, REPO, all_images, check_kuberay, job_rejects, load_all, ray_version_of_image,
+    INFRA,
+    K8S_YAMLS,
+    KUBERAY_YAMLS,
+    REPO,
+    all_images,
+    check_kuberay,
+    job_rejects,
+    load_all,
+    ray_version_of_image,
     split_entrypoint,
 )
 

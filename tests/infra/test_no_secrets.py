@@ -10,7 +10,6 @@ import subprocess
 
 import pytest
 import yaml
-
 from _infra_checks import INFRA, REPO
 
 PATTERNS = {

@@ -14,10 +14,22 @@ from importlib.metadata import entry_points
 
 import pytest
 import yaml
-
 from _infra_checks import (
-    CLUSTER_YAMLS, INFRA, K8S_YAMLS, REPO, check_api_token, check_hardening, check_network_policies, check_ray_token_auth,
-    check_services, cluster_spec_of, dockerfile_user, is_root_user, load_all, mlflow_auth_errors, pod_templates,
+    CLUSTER_YAMLS,
+    INFRA,
+    K8S_YAMLS,
+    REPO,
+    check_api_token,
+    check_hardening,
+    check_network_policies,
+    check_ray_token_auth,
+    check_services,
+    cluster_spec_of,
+    dockerfile_user,
+    is_root_user,
+    load_all,
+    mlflow_auth_errors,
+    pod_templates,
 )
 
 ALL_DOCS = [(p.name, d) for p in K8S_YAMLS for d in load_all(p)]

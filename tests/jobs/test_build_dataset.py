@@ -7,9 +7,9 @@ import json
 import pyarrow.dataset as pads
 import pytest
 
-from jobs import build_dataset, train_tokenizer
 from corpus.schema import read_manifest
 from corpus.stats import instance_stats
+from jobs import build_dataset, train_tokenizer
 
 
 @pytest.mark.timeout(300)

@@ -172,7 +172,7 @@ def test_vocab_with_the_trained_vocabularys_flags_is_refused(tmp_path, sample_di
     vocab = str(sample_dir / "reference" / "bert-base-uncased-vocab.txt")
     line = refused(run_job("--input", str(sample_dir / "corpus" / "mobydick.jsonl.gz"), "--output",
                            str(tmp_path / "out"), "--vocab", vocab, "--vocab-size", "8000", env=env), store)
-    assert f"--vocab-size with --vocab" in line and "drop --vocab-size to use --vocab" in line
+    assert "--vocab-size with --vocab" in line and "drop --vocab-size to use --vocab" in line
     line = refused(run_job("--input", str(sample_dir / "corpus" / "mobydick.jsonl.gz"), "--output",
                            str(tmp_path / "out"), "--vocab", vocab, "--vocab-sample-bytes", "1000000", env=env), store)
     assert "--vocab-sample-bytes with --vocab" in line

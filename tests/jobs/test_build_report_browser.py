@@ -13,11 +13,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import _browser
 import pytest
 
-import _browser
-from tracking.build_report import FIGURES
 from corpus.schema import read_manifest
+from tracking.build_report import FIGURES
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium: apt-get install chromium")

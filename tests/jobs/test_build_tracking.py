@@ -6,9 +6,9 @@ from __future__ import annotations
 import gzip
 import json
 
+from corpus.schema import read_manifest
 from jobs import build_dataset
 from tracking.build_report import FIGURES
-from corpus.schema import read_manifest
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -11,9 +11,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from test_build_mistakes import one_error_line, run_job
 
 from jobs import build_dataset
-from test_build_mistakes import one_error_line, run_job
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "data"

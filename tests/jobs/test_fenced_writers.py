@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 
 import pytest
-
 from fenced_scenario import scenario
 
 pytestmark = pytest.mark.timeout(900)

@@ -55,7 +55,7 @@ def data(tmp_path_factory, sample_dir) -> dict[str, dict[str, str]]:
     ner = _rows(t / "wnut16_ner.jsonl.gz", 96)
     with open(d / "ner_train.conll", "w") as f:
         for r in ner[:64]:
-            f.write("".join(f"{tok}\t{tag}\n" for tok, tag in zip(r["tokens"], r["tags"])) + "\n")
+            f.write("".join(f"{tok}\t{tag}\n" for tok, tag in zip(r["tokens"], r["tags"], strict=False)) + "\n")
     # Eval tags must be seen in training: keep the eval sentences whose tags all occur in the train part.
     seen = {tag for r in ner[:64] for tag in r["tags"]}
     ner_eval = [r for r in ner[64:] if set(r["tags"]) <= seen]

@@ -14,9 +14,9 @@ import threading
 import time
 
 import pytest
+from _ray_local import ensure_local_ray
 
 from corpus.schema import read_manifest
-from _ray_local import ensure_local_ray
 
 pytestmark = pytest.mark.timeout(420)
 

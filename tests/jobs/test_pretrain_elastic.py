@@ -26,7 +26,6 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
-
 from _ray_checkpoints import registered_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]

@@ -4,11 +4,10 @@ success; a micro-batch that cannot fit fails in seconds naming the flag, or the 
 takes an s3:// URL."""
 from __future__ import annotations
 
-import re
-
 import json
 import logging
 import math
+import re
 from pathlib import Path
 
 import pytest

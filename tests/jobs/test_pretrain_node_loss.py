@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from _ray_checkpoints import registered_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -37,11 +36,10 @@ def _last_step(root: Path) -> int:
 def test_a_removed_node_resumes_from_the_last_checkpoint_in_the_same_run(ray_shutdown, tiny_pretrain_data, tmp_path):
     import ray
     from mlflow.tracking import MlflowClient
+    from ray._private.state import available_resources_per_node
     from ray.cluster_utils import Cluster
 
     from jobs import pretrain
-
-    from ray._private.state import available_resources_per_node
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     nodes = [cluster.add_node(num_cpus=1), cluster.add_node(num_cpus=1)]

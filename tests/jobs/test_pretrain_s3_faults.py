@@ -4,8 +4,8 @@ and its export on S3 through the proxy it completes with the same bytes as the s
 from __future__ import annotations
 
 import pytest
-
 from _fault_proxy import FaultProxy
+
 from storage import fs as storage_fs
 from storage.publish import resolve
 

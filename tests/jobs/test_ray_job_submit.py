@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from _local_stack import free_ports, local_stack
+
 from tracking.store import DEFAULT_EXPERIMENT
 
 REPO = Path(__file__).resolve().parents[2]

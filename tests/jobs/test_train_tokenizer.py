@@ -4,9 +4,9 @@ from __future__ import annotations
 import gzip
 import json
 
+from corpus.create_instances import InstanceConfig
 from jobs import train_tokenizer
 from pipeline import BuildConfig, build
-from corpus.create_instances import InstanceConfig
 
 UNIT = 64 << 10
 

@@ -10,10 +10,10 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import BuildConfig, build
 from corpus.create_instances import InstanceConfig
 from corpus.readers import ReadOptions
 from corpus.schema import REQUIRED_MANIFEST_KEYS, instance_schema, read_manifest
+from pipeline import BuildConfig, build
 
 # One distinct, single-piece word per document: a row's document is the most common word of its segment A.
 WORDS = ("apple river house music water garden silver winter doctor castle forest engine market summer "
@@ -85,11 +85,11 @@ def test_rows_are_shuffled_across_documents(tmp_path, sample_dir):
     _, tables = shard_tables(tmp_path / "out")
     for t in tables:
         docs = []
-        for ids, a in zip(t.column("input_ids").to_pylist(), t.column("a_length").to_pylist()):
+        for ids, a in zip(t.column("input_ids").to_pylist(), t.column("a_length").to_pylist(), strict=False):
             common = Counter(x for x in ids[1:a + 1] if x in doc_of).most_common(1)
             docs.append(doc_of[common[0][0]] if common else None)
         longest = run = 1
-        for x, y in zip(docs, docs[1:]):
+        for x, y in zip(docs, docs[1:], strict=False):
             run = run + 1 if x == y else 1
             longest = max(longest, run)
         assert longest <= 4, docs[:40]

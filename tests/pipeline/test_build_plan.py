@@ -2,23 +2,30 @@
 random-next pool as a seeded hash sample of the whole corpus."""
 from __future__ import annotations
 
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from _corpus import ships_corpus
+
+from corpus.create_instances import InstanceConfig
+from corpus.readers import ReadOptions, ReadReport, plan_units, read_unit
+from corpus.rng import derive_seed
 from pipeline import BuildConfig, build
 from pipeline.instances import InstancesMarker
 from pipeline.markers import read_markers, write_marker
 from pipeline.read import ReadMarker
+from pipeline.shards import (
+    SHARD_BYTES,
+    ShardItem,
+    chunk_bounds,
+    chunks_per_pass,
+    default_num_shards,
+    plan_shards,
+    unit_order,
+    write_shard,
+)
 from pipeline.sizes import pool_threshold
-from pipeline.shards import (SHARD_BYTES, ShardItem, chunk_bounds, chunks_per_pass, default_num_shards, plan_shards,
-                                   unit_order, write_shard)
-from corpus.create_instances import InstanceConfig
-from corpus.readers import ReadOptions, ReadReport, plan_units, read_unit
-from corpus.rng import derive_seed
 from storage.fs import expand_inputs
 
 

@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import pipeline.instances
+from corpus.create_instances import InstanceConfig
 from jobs import build_dataset
 from pipeline import BuildConfig, build
 from pipeline.executor import LocalExecutor
-from corpus.create_instances import InstanceConfig
 
 # A shared corpus file (../shared/data/corpora holds the same bytes), bundled so that a fresh clone has it.
 CORPUS = str(Path(__file__).resolve().parents[2] / "data" / "sample" / "corpus" / "mobydick.jsonl.gz")

@@ -15,12 +15,12 @@ import pytest
 
 import pipeline
 import pipeline.read
+from corpus.create_instances import InstanceConfig
 from pipeline import BuildConfig, build
 from pipeline.drops import LeftOut, leave_out, write_drop_list
 from pipeline.executor import Stage
 from pipeline.markers import Marker, write_marker
 from pipeline.work import StepContext, read_table
-from corpus.create_instances import InstanceConfig
 
 WORDS = "apple river house music water garden silver winter doctor castle forest engine".split()
 
@@ -57,7 +57,7 @@ class DropEveryThird:
         ids = batch.column("id").to_pylist()
         drop = np.array([i is not None and _unwanted(i) for i in ids])
         units = batch.column("unit").to_pylist()
-        counts = Counter(u for u, d in zip(units, drop) if d)
+        counts = Counter(u for u, d in zip(units, drop, strict=False) if d)
         kept = batch.filter(pa.array(~drop))
         report = pa.table({"unit": list(counts), "ord": [-1] * len(counts), "id": pa.nulls(len(counts), pa.string()),
                            "lines": pa.nulls(len(counts), pa.list_(pa.string())),

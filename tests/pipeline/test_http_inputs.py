@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from pipeline import BuildConfig, build
 from corpus.create_instances import InstanceConfig
+from pipeline import BuildConfig, build
 from storage.fs import expand_inputs
 
 

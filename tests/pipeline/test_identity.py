@@ -9,11 +9,11 @@ import os
 
 import pytest
 
-from pipeline import BuildConfig, build
-from pipeline.identity import input_changes
 from corpus.create_instances import InstanceConfig
 from corpus.readers import ReadOptions
 from corpus.schema import read_manifest
+from pipeline import BuildConfig, build
+from pipeline.identity import input_changes
 from storage.fs import filesystem_for
 
 

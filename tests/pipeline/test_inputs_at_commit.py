@@ -8,8 +8,8 @@ import gzip
 import pytest
 
 import pipeline.instances as instances
-from pipeline import BuildConfig, build
 from corpus.create_instances import InstanceConfig
+from pipeline import BuildConfig, build
 
 
 def test_an_input_rewritten_during_the_build_is_refused_at_commit(tmp_path, sample_dir, monkeypatch):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import gzip
 
 import pytest
-
 from _ranged_http import RangedStore, size_of
-from pipeline import BuildConfig, build
+
 from corpus.create_instances import InstanceConfig
+from pipeline import BuildConfig, build
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ import shutil
 import pytest
 
 import pipeline.inputs.pieces as pieces_mod
-from pipeline import BuildConfig, build
 from corpus.create_instances import InstanceConfig
-from pipeline.inputs.pieces import CHUNK, PieceContext, PieceItem, PieceMarker, pieces_step, plan_pieces
 from corpus.readers import InputError, ReadOptions
+from pipeline import BuildConfig, build
+from pipeline.inputs.pieces import CHUNK, PieceContext, PieceItem, PieceMarker, pieces_step, plan_pieces
 from storage.fs import expand_inputs
 
 UNIT = 128 << 10

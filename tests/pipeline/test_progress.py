@@ -40,8 +40,8 @@ def test_lines_keep_coming_while_no_item_finishes(caplog, monkeypatch):
 
 
 def test_a_build_says_what_each_stage_did_in_wall_and_cpu_seconds(caplog, tmp_path, sample_dir):
-    from pipeline import BuildConfig, build
     from corpus.create_instances import InstanceConfig
+    from pipeline import BuildConfig, build
 
     caplog.set_level(logging.INFO)
     build(BuildConfig(inputs=(str(sample_dir / "corpus" / "austen.jsonl.gz"),), output=str(tmp_path / "out"),

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.work import StepContext, process_state
 from cluster.allocators import MMAP_THRESHOLD
 from corpus.create_instances import InstanceConfig
 from corpus.readers import ReadOptions
+from pipeline.work import StepContext, process_state
 
 
 def _ctx(tmp_path) -> StepContext:

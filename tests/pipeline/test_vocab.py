@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import gzip
 
+from corpus.readers import ReadOptions, ReadReport, read_unit
 from pipeline.executor import LocalExecutor
 from pipeline.inputs.pieces import input_units
 from pipeline.vocab import VocabContext, VocabItem, sample_blocks, vocab_step
-from corpus.readers import ReadOptions, ReadReport, read_unit
 from storage.fs import expand_inputs
 
 UNIT = 64 << 10

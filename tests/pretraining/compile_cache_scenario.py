@@ -17,13 +17,13 @@ from pathlib import Path
 import torch
 
 from bert_core import BertConfig
+from corpus.schema import read_manifest
 from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
-from tracking.config import TrackingConfig
 from pretraining.loader import DataConfig
 from pretraining.loop import fit
+from tracking.config import TrackingConfig
 from training.checkpoint import LocalCheckpoints
 from training.worker import Worker
-from corpus.schema import read_manifest
 
 
 def main(dataset: str, checkpoints: str, steps: int, backend: str = "inductor",

@@ -13,13 +13,13 @@ from pathlib import Path
 import torch
 
 from bert_core import bert_tiny
+from corpus.schema import read_manifest
 from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
-from tracking.config import TrackingConfig
 from pretraining.loader import DataConfig
 from pretraining.loop import fit
+from tracking.config import TrackingConfig
 from training.checkpoint import LocalCheckpoints
 from training.worker import Worker
-from corpus.schema import read_manifest
 
 STEPS, EVERY, KEEP_AT = 30, 10, 20
 

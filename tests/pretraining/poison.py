@@ -8,8 +8,7 @@ import hashlib
 import torch
 from torch import nn
 
-from pretraining.loader import DataConfig
-from pretraining.loader import train_batches
+from pretraining.loader import DataConfig, train_batches
 
 
 def fingerprint(input_ids) -> str:
@@ -55,9 +54,9 @@ def ray_loop(loop_config: dict) -> dict:
     import ray.train
     import ray.train.torch
 
-    from training.worker import Worker
     from pretraining.loop import fit
     from training.launch import RayCheckpoints
+    from training.worker import Worker
 
     cfg, ctx = loop_config["config"], ray.train.get_context()
     rank = ctx.get_world_rank()

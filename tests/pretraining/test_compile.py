@@ -10,14 +10,13 @@ import pytest
 import torch
 
 from bert_core import bert_tiny
-from pretraining.config import ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
-from tracking.config import TrackingConfig
-from pretraining.loader import DataConfig
-from training.worker import Worker
-from pretraining.loop import fit
 from corpus.schema import read_manifest
-from pretraining.loader import train_batches
+from pretraining.config import ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
+from pretraining.loader import DataConfig, train_batches
+from pretraining.loop import fit
+from tracking.config import TrackingConfig
 from tracking.tracker import NullTracker
+from training.worker import Worker
 
 pytestmark = pytest.mark.timeout(600)
 STEPS = 32  # one bucketing window of 32 micro-batches: its shortest batch is among them
@@ -94,7 +93,7 @@ def test_compiled_and_eager_losses_agree(varied_pretrain_data):
     torch._dynamo.reset()
     eager = fit(config_for(varied_pretrain_data, compile_model=False, steps=4))
     compiled = fit(config_for(varied_pretrain_data, compile_model=True, steps=4))
-    for (s1, a), (s2, b) in zip(eager.history, compiled.history):
+    for (s1, a), (s2, b) in zip(eager.history, compiled.history, strict=False):
         assert s1 == s2
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), s1
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-3), s1

@@ -9,15 +9,14 @@ import pytest
 import torch
 
 from bert_core import bert_tiny
-from pretraining.config import ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
-from tracking.config import TrackingConfig
-from pretraining.loader import DataConfig
-from training.worker import Worker
-from pretraining.loop import fit
-from pretraining.compile import compile_model, present_widths, synthetic_batch
 from corpus.schema import read_manifest
-from pretraining.loader import train_batches
+from pretraining.compile import compile_model, present_widths, synthetic_batch
+from pretraining.config import ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
+from pretraining.loader import DataConfig, train_batches
+from pretraining.loop import fit
+from tracking.config import TrackingConfig
 from tracking.tracker import NullTracker
+from training.worker import Worker
 
 pytestmark = pytest.mark.timeout(600)
 

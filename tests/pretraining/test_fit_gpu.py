@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from bert_core import bert_tiny
+from corpus.schema import read_manifest
 from pretraining.config import ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
-from tracking.config import TrackingConfig
 from pretraining.loader import DataConfig
 from pretraining.loop import fit
-from corpus.schema import read_manifest
+from tracking.config import TrackingConfig
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -52,7 +52,7 @@ def test_cuda_graphs_train_like_the_plain_compiled_step(varied_pretrain_data):
     """--cuda-graphs replays the same computation: the same losses (dropout off) as the compiled step without."""
     plain = fit(_config(varied_pretrain_data))
     graphs = fit(_config(varied_pretrain_data, cuda_graphs=True))
-    for (s1, a), (s2, b) in zip(plain.history, graphs.history):
+    for (s1, a), (s2, b) in zip(plain.history, graphs.history, strict=False):
         assert s1 == s2 and b["loss"] == pytest.approx(a["loss"], rel=1e-3), s1
     assert len(graphs.history) == 6
 

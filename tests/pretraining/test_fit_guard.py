@@ -9,30 +9,28 @@
 """
 from __future__ import annotations
 
-import re
-
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
 import torch
+from poison import Poisoned, step_fingerprints
 from safetensors.torch import load_file
 
 from bert_core import bert_tiny
-from poison import Poisoned, step_fingerprints
-from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
-from tracking.config import TrackingConfig
-from pretraining.batches import Replay, steps
-from pretraining.loader import DataConfig
-from pretraining.order import describe, digest
-from training.worker import Worker
-from pretraining.loop import fit
 from corpus.schema import read_manifest
-from training.guard import TrainingDiverged
-from tracking.config import RunRef
+from pretraining.batches import Replay, steps
+from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
+from pretraining.loader import DataConfig
+from pretraining.loop import fit
+from pretraining.order import describe, digest
+from tracking.config import RunRef, TrackingConfig
 from tracking.tracker import make_tracker
 from training.checkpoint import LocalCheckpoints
+from training.guard import TrainingDiverged
+from training.worker import Worker
 
 pytestmark = pytest.mark.timeout(300)
 

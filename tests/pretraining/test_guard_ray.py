@@ -4,19 +4,18 @@ broadcast) past the poisoned batches; a divergent learning rate ends every worke
 run's return value, with no worker-group restart (which would only replay the divergence)."""
 from __future__ import annotations
 
-import re
-
 import json
 import math
+import re
 from pathlib import Path
 
+import poison
 import pytest
 import ray.cloudpickle
 import torch
 from safetensors.torch import load_file
-
-import poison
 from test_fit_guard import config, mlflow_run
+
 from tracking.config import RunRef
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
@@ -64,8 +63,8 @@ def test_poisoned_batches_on_one_rank_roll_both_back(ray_local, tiny_pretrain_da
 
 def test_a_divergent_learning_rate_returns_the_verdict_without_restarts(ray_local, tiny_pretrain_data, tmp_path,
                                                                         mlflow_uri):
-    from training.launch import ray_worker
     from pretraining.loop import fit
+    from training.launch import ray_worker
 
     client, run_id = mlflow_run(mlflow_uri)
     cfg = config(tiny_pretrain_data["train"], tmp_path, steps=30, lr=1e4, every=2)

@@ -21,11 +21,12 @@ import torch
 if not torch.cuda.is_available():  # before anything imports triton (bert_core imports it lazily)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from test_fit_guard import config  # noqa: E402
+
 from bert_core.kernels import dropout_layer_norm_triton as triton_kernels  # noqa: E402
 from bert_core.kernels.self_check import FLAG  # noqa: E402
 from pretraining.kernel_options import KernelFault, current_options  # noqa: E402
 from pretraining.loop import fit  # noqa: E402
-from test_fit_guard import config  # noqa: E402
 from training.launch import _raise_verdict  # noqa: E402
 from training.worker import Verdict, Worker  # noqa: E402
 

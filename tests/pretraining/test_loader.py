@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from _manifests import manifest_of
+
 from pretraining.batching import Remasker, collate, finite_batches
 from pretraining.loader import DataConfig, Prefetcher
 from pretraining.order import GlobalBatch, global_batches, rank_share, split_example
@@ -198,8 +198,8 @@ def test_resume_at_any_step_on_any_world_size_is_exact():
                 want = full[start + k]
                 assert sorted(step[0].batch.examples.tolist()) == sorted(want[0].batch.examples.tolist())
                 if world == 2:  # the same shares, masks and padding
-                    for a, b in zip(step, want):
-                        for x, y in zip(a.micro, b.micro):
+                    for a, b in zip(step, want, strict=False):
+                        for x, y in zip(a.micro, b.micro, strict=False):
                             assert all(np.array_equal(x[key], y[key]) for key in x)
     other_seed = shares(data, shards, 2, 3, seed=6)
     assert [sorted(s[0].batch.examples.tolist()) for s in other_seed] != \
@@ -231,7 +231,7 @@ def test_remasking_in_stream_is_keyed_by_example_and_new_each_epoch():
     # Epoch 1 (steps 5-9) revisits epoch 0's rows (in another shard order) with fresh masks.
     def masked(steps) -> dict[int, list[int]]:
         return {int(e): m["masked_lm_positions"][i].tolist() for step in steps for ids, m in
-                zip(step[0].examples, step[0].micro) for i, e in enumerate(ids)}
+                zip(step[0].examples, step[0].micro, strict=False) for i, e in enumerate(ids)}
 
     epoch0, epoch1 = masked(full[:5]), masked(full[5:])
     assert set(epoch0) == set(epoch1) and len(epoch0) == 20

@@ -125,10 +125,10 @@ def test_available_memory_is_known_on_this_machine():
 
 
 def test_fit_fails_in_seconds_when_the_micro_batch_cannot_fit(tiny_pretrain_data, tmp_path):
+    from corpus.schema import read_manifest
     from pretraining.config import ModelConfig, PretrainConfig, RuntimeConfig
     from pretraining.loader import DataConfig
     from pretraining.loop import fit
-    from corpus.schema import read_manifest
     from pretraining.memory import MemoryConfig
 
     config = PretrainConfig(

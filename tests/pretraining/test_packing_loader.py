@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 
 from bert_core import bert_tiny
+from corpus.schema import read_manifest
 from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
-from tracking.config import TrackingConfig
 from pretraining.loader import DataConfig
 from pretraining.loop import fit
+from pretraining.order import global_batches, rank_share, stream_rows
+from pretraining.packing import PackConfig, collate_packed, pack
+from pretraining.rows import Rows, read_shard
+from tracking.config import TrackingConfig
 from training.checkpoint import LocalCheckpoints
 from training.worker import Worker
-from corpus.schema import read_manifest
-from pretraining.order import global_batches, rank_share, stream_rows
-from pretraining.rows import Rows, read_shard
-from pretraining.packing import PackConfig, collate_packed, pack
 
 CLS, SEP = 101, 102
 
@@ -37,7 +37,7 @@ def test_best_fit_decreasing_respects_the_limits_and_packs_tightly():
     bound = -(-lengths.sum() // 128)
     assert len(packs) <= 1.03 * bound, (len(packs), bound)
     again = pack(lengths, slots, cfg, np.random.default_rng(1))
-    assert all(np.array_equal(a, b) for a, b in zip(packs, again))
+    assert all(np.array_equal(a, b) for a, b in zip(packs, again, strict=False))
 
 
 def test_slots_limit_opens_a_new_packed_row():
@@ -76,7 +76,7 @@ def _unpack(batch: dict) -> list[tuple]:
     out = []
     for r in range(batch["input_ids"].shape[0]):
         start, slots = 0, [(int(p), int(l)) for p, l in zip(batch["masked_lm_positions"][r],
-                                                            batch["masked_lm_labels"][r]) if l != -100]
+                                                            batch["masked_lm_labels"][r], strict=False) if l != -100]
         for j, n in enumerate(batch["sequence_lengths"][r]):
             if n:
                 mine = [(p - start, l) for p, l in slots if start <= p < start + n]
@@ -124,7 +124,7 @@ def test_stream_packs_every_row_once_and_resumes_exactly(varied_pretrain_data):
             ids = piece.ids[piece.ids_off[i]:piece.ids_off[i + 1]]
             pos = piece.pos[piece.pos_off[i]:piece.pos_off[i + 1]]
             lab = piece.lab[piece.pos_off[i]:piece.pos_off[i + 1]]
-            expected.append((tuple(ids.tolist()), tuple(zip(pos.tolist(), lab.tolist())), int(piece.nsp[i])))
+            expected.append((tuple(ids.tolist()), tuple(zip(pos.tolist(), lab.tolist(), strict=False)), int(piece.nsp[i])))
         if len(expected) >= len(seen):
             break
     assert sorted(seen) == sorted(expected[:len(seen)])
@@ -133,7 +133,7 @@ def test_stream_packs_every_row_once_and_resumes_exactly(varied_pretrain_data):
     k = len(batches) // 2 + 1
     for kwargs in ({"start": k, "start_position": positions[k - 1]}, {"start": k}):
         resumed = _steps(data, load, **kwargs)
-        for want, want_pos in zip(batches[k:k + 5], positions[k:k + 5]):
+        for want, want_pos in zip(batches[k:k + 5], positions[k:k + 5], strict=False):
             got_pos, (share,) = next(resumed)
             assert got_pos == want_pos
             assert all(np.array_equal(share.micro[0][key], want[key]) for key in want), kwargs

@@ -54,13 +54,13 @@ def test_executed_counts_of_padded_and_packed_batches():
 
     cfg = bert_base()
     padded = {"input_ids": torch.zeros(4, 128, dtype=torch.long), "masked_lm_positions": torch.zeros(4, 20)}
-    counts = dict(zip(EXECUTED, (float(c) for c in executed_counts(padded, torch.device("cpu")))))
+    counts = dict(zip(EXECUTED, (float(c) for c in executed_counts(padded, torch.device("cpu"))), strict=False))
     counts["sequences"] = counts.pop("pooled_rows")
     assert executed_flops(cfg, **counts) == pytest.approx(executed_flops_per_batch(cfg, 4, 128, 20))
     # one packed row of 7 positions: sequences of 3 and 2 tokens, an unused place, 2 positions of padding
     packed = {"input_ids": torch.zeros(1, 7, dtype=torch.long), "masked_lm_positions": torch.zeros(1, 4),
               "sequence_lengths": torch.tensor([[3, 2, 0]])}
-    got = dict(zip(EXECUTED, (float(c) for c in executed_counts(packed, torch.device("cpu")))))
+    got = dict(zip(EXECUTED, (float(c) for c in executed_counts(packed, torch.device("cpu"))), strict=False))
     # blocks 3, 2 and the padding's 2: 9 + 4 + 4 pairs; 3 [CLS] rows + 4 slots at the mean block length 17 / 7
     assert got == pytest.approx({"positions": 7, "attention_pairs": 17, "query_rows": 7, "query_pairs": 17,
                                  "head_slots": 4, "pooled_rows": 3})

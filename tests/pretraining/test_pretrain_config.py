@@ -6,12 +6,12 @@ import dataclasses
 import json
 
 import pytest
+from _manifests import manifest_of
 
 from bert_core import bert_tiny
 from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
-from tracking.config import TrackingConfig
 from pretraining.loader import DataConfig, EvalConfig, default_length_buckets
-from _manifests import manifest_of
+from tracking.config import TrackingConfig
 from tracking.params import flatten_params
 
 SHARDS = manifest_of(("a.parquet", "b.parquet"), (5, 5), max_seq_length=128, max_predictions=20, vocab_size=600)

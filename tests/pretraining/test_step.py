@@ -120,8 +120,8 @@ def test_evaluate_counts_exactly_over_batches():
 
 @pytest.mark.parametrize("name", ["adamw", "lamb"])
 def test_train_state_roundtrip_continues_identically(tmp_path, name):
-    from training.optim import build_optimizer, build_scheduler
     from training.checkpoint import load_train_state, save_train_state
+    from training.optim import build_optimizer, build_scheduler
 
     batches = [make_batch(8, s) for s in range(4)]
 

@@ -19,14 +19,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from _manifests import manifest_of
+
 from bert_core import bert_tiny
 from pretraining.config import ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
-from tracking.config import TrackingConfig
 from pretraining.loader import DataConfig
-from training.worker import Worker
 from pretraining.loop import fit
+from tracking.config import TrackingConfig
+from training.worker import Worker
 
 pytestmark = pytest.mark.timeout(600)
 GLOBAL, STEPS, VOCAB = 8, 3, 300

@@ -87,8 +87,8 @@ def test_log_records_are_redacted_in_message_arguments_and_tracebacks():
 def test_an_endpoint_with_credentials_is_refused_without_showing_them():
     import pytest
 
-    from storage.redact import check_endpoint_url
     from storage.fs import filesystem_for
+    from storage.redact import check_endpoint_url
 
     assert check_endpoint_url("http://127.0.0.1:9000") == "http://127.0.0.1:9000"
     with pytest.raises(ValueError, match=r"--endpoint-url http://REDACTED@127.0.0.1:9000: S3 clients cannot") as e:
@@ -114,8 +114,8 @@ def test_a_task_error_leaves_the_worker_redacted_and_a_users_mistake_as_it_is():
     """What a Ray task of the build raises (pipeline/ray_data/guard.py): an exception whose message is built
     from its attributes (as aiohttp's is, from the request URL) becomes a WorkerError of redacted text, its
     traceback included; a user's mistake stays itself, to be carried back as a value."""
-    from pipeline.ray_data.guard import guarded, in_worker
     from corpus.readers import InputError
+    from pipeline.ray_data.guard import guarded, in_worker
     from storage.redact import WorkerError
 
     class ResponseError(Exception):  # like aiohttp.ClientResponseError: str() from attributes, args empty

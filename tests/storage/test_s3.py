@@ -107,8 +107,8 @@ def test_listing_probes_and_pieces_on_s3_run_in_parallel(s3_bucket, tmp_path, mo
 
     import pipeline.inputs.pieces as pieces_mod
     import storage.fs as storage_mod
-    from pipeline.inputs.pieces import PieceContext, piece_units, pieces_step, plan_pieces
     from corpus.readers import ReadOptions, read_unit
+    from pipeline.inputs.pieces import PieceContext, piece_units, pieces_step, plan_pieces
     from storage.fs import expand_inputs
 
     s3fs.S3FileSystem.clear_instance_cache()

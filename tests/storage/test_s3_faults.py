@@ -5,11 +5,11 @@ in the plain loop and on Ray Data (whose workers make the steps' requests)."""
 from __future__ import annotations
 
 import pytest
-
-from storage import fs as storage_fs
-from pipeline import BuildConfig, build
-from corpus.create_instances import InstanceConfig
 from _fault_proxy import FaultProxy
+
+from corpus.create_instances import InstanceConfig
+from pipeline import BuildConfig, build
+from storage import fs as storage_fs
 
 pytestmark = pytest.mark.timeout(600)
 

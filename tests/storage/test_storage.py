@@ -5,8 +5,16 @@ import os
 
 import pytest
 
-from storage.fs import (exists, expand_inputs, join, open_atomic, read_json, remove_stale_temps,
-                              write_bytes_atomic, write_json_atomic)
+from storage.fs import (
+    exists,
+    expand_inputs,
+    join,
+    open_atomic,
+    read_json,
+    remove_stale_temps,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 
 
 def test_expand_files_dirs_globs_sorted_with_size_and_mtime(tmp_path):

@@ -10,8 +10,8 @@ import shutil
 import pytest
 
 import corpus.schema
-from storage.untrusted import check_relative_name, read_local_bounded
 from corpus.schema import read_manifest
+from storage.untrusted import check_relative_name, read_local_bounded
 
 
 @pytest.mark.parametrize("name", ["shards/part-00000-of-00004.parquet", "vocab.txt", "a/b/c.parquet"])

@@ -7,8 +7,8 @@ import threading
 
 from PIL import Image
 
-from tracking.build_report import FIGURES, figures, metrics
 from corpus.schema import read_manifest
+from tracking.build_report import FIGURES, figures, metrics
 
 
 def test_figures_are_pngs_and_the_histograms_add_up(tiny_pretrain_data):

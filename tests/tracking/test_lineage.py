@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from tracking.lineage import (DATASET_SHA_TAG, USED_BY_HEADING, find_build_run, finetuning_lineage,
-                              pretraining_lineage)
+from tracking.lineage import DATASET_SHA_TAG, USED_BY_HEADING, find_build_run, finetuning_lineage, pretraining_lineage
 from tracking.notes import NOTE_TAG
 from tracking.runs import open_run, run_summary
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 import pytest
 
 from training.collapse import (
-    COLLAPSE_SHARE, classification_figures, diagnose, diagnose_mlm, mlm_check, regression_figures, tagging_figures,
+    COLLAPSE_SHARE,
+    classification_figures,
+    diagnose,
+    diagnose_mlm,
+    mlm_check,
+    regression_figures,
+    tagging_figures,
 )
 
 

@@ -14,9 +14,9 @@ import storage.publish
 from bert_core import BertForPreTraining, bert_tiny
 from storage import fs as storage_fs
 from storage.publish import MARKER, VERSIONS
+from tracking.runs import open_run
 from training.export import PRETRAIN_LINEAGE, export_model
 from training.model_fetch import fetch_model
-from tracking.runs import open_run
 
 
 def _model(tmp_path, seed: int):

@@ -137,7 +137,7 @@ def test_writers_stop_proving_when_the_holder_stops_beating(run):
             try:
                 fence.check(fresh=True)
             except LeaseLost as e:
-                assert "has not renewed the writer lease" in str(e) and f"pid " in str(e)
+                assert "has not renewed the writer lease" in str(e) and "pid " in str(e)
                 break
             assert time.monotonic() - stalled < STALE * 0.5 + 0.5, "the writer kept proving a stalled lease"
             time.sleep(0.05)

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from training.guard import Guard, GuardConfig, StepLog, advice, model_and_optimizer_tensors, nonfinite_tensors
 from pretraining.metrics import MetricSums
+from training.guard import Guard, GuardConfig, StepLog, advice, model_and_optimizer_tensors, nonfinite_tensors
 from training.optim import Lamb
 from training.step import apply_gradients
 
@@ -165,8 +165,8 @@ def test_config_is_checked():
 def test_an_export_refuses_non_finite_weights(tmp_path, mlflow_uri):
     """The last line of defence: a model directory holding a NaN is never published (nor logged as the artifact)."""
     from bert_core import BertForPreTraining, bert_tiny
-    from training.export import export_model
     from tracking.runs import open_run
+    from training.export import export_model
 
     torch.manual_seed(0)
     model = BertForPreTraining(bert_tiny(vocab_size=50))
