@@ -24,28 +24,56 @@ SUPPORTED_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BertConfig:
     vocab_size: int = 30522
+    """WordPiece vocabulary entries: rows of the word embedding and of the tied MLM decoder. 30522 is the
+    bert-base-uncased vocab.txt (Devlin et al. 2019: a 30,000-token WordPiece vocabulary)."""
     hidden_size: int = 768
+    """H, the width of every token's representation; 768 is BERT-base's (Devlin et al. 2019)."""
     num_hidden_layers: int = 12
+    """L, the number of Transformer encoder layers; 12 is BERT-base's (Devlin et al. 2019)."""
     num_attention_heads: int = 12
+    """A, self-attention heads per layer, each hidden_size / A wide; 12 is BERT-base's (Devlin et al. 2019), and
+    the presets keep heads 64 wide."""
     intermediate_size: int = 3072
+    """Inner width of each layer's feed-forward block; 3072 = 4H, the paper's choice (Devlin et al. 2019)."""
     hidden_act: str = "gelu"
+    """Feed-forward activation, one of ``SUPPORTED_ACTS``: "gelu" is the exact erf form of the original BERT
+    (Devlin et al. 2019 use GELU), "gelu_new" and "gelu_pytorch_tanh" its tanh approximation."""
     hidden_dropout_prob: float = 0.1
+    """Dropout on the embeddings and on each sublayer's output before its residual add; 0.1 as in Devlin et al.
+    2019. Also the classifier heads' dropout when ``classifier_dropout`` is None."""
     attention_probs_dropout_prob: float = 0.1
+    """Dropout on the attention probabilities; 0.1 as in the original BERT."""
     max_position_embeddings: int = 512
+    """Learned absolute positions, so the longest sequence the model takes; 512 as in Devlin et al. 2019."""
     type_vocab_size: int = 2
+    """Segment (token type) embeddings: 2 for sentence A and sentence B of BERT's pairs."""
     initializer_range: float = 0.02
+    """Std of the truncated normal (cut at +/-2 std) every dense and embedding matrix starts from; the original
+    BERT's 0.02."""
     layer_norm_eps: float = 1e-12
+    """Epsilon added to the variance in every LayerNorm; 1e-12 is the original TensorFlow BERT's."""
     pad_token_id: int = 0
-    # Fine-tuning heads, as HF has them. `num_labels` defaults to len(id2label), else 2.
+    """Id of [PAD] (0 in BERT's vocab.txt); kept for HF's config.json: the attention mask, not this id, keeps
+    padding out (the embedding has no padding_idx)."""
+    # Fine-tuning heads, as HF has them.
     num_labels: int | None = None
+    """Outputs of a classification head (1: regression); None: len(id2label), else 2. Not written to
+    config.json: HF derives it from id2label."""
     id2label: dict[int, str] | None = None
+    """Label names by class index 0..num_labels - 1; None: LABEL_0, LABEL_1, ... as HF names them."""
     label2id: dict[str, int] | None = None
+    """The inverse of id2label; derived from it when not given."""
     problem_type: str | None = None
+    """One of ``PROBLEM_TYPES``: the sequence classifier's loss (MSE, cross-entropy or BCE); None: chosen per
+    call from num_labels and the labels' dtype, as HF does."""
     classifier_dropout: float | None = None
+    """Dropout before a classification head; None: ``hidden_dropout_prob``."""
     architectures: tuple[str, ...] | None = field(default=None, compare=False)
+    """The model classes these weights belong to (HF's config.json key, set on save); not compared, so a
+    config equals its reload whatever class saved it."""
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
@@ -71,7 +99,8 @@ class BertConfig:
         if self.initializer_range <= 0 or self.layer_norm_eps <= 0:
             raise ValueError("initializer_range and layer_norm_eps must be > 0 (BERT uses 0.02 and 1e-12)")
         if not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f"pad_token_id={self.pad_token_id} must be a valid id in [0, vocab_size={self.vocab_size})")
+            raise ValueError(f"pad_token_id={self.pad_token_id} must be a valid id in "
+                             f"[0, vocab_size={self.vocab_size})")
         if self.problem_type not in PROBLEM_TYPES:
             raise ValueError(f"problem_type={self.problem_type!r} must be one of {PROBLEM_TYPES}")
         self._resolve_labels()

@@ -90,7 +90,8 @@ def resolve_model_dir(path: str | Path) -> Path:
     if not path.exists():
         raise ValueError(f"{path} does not exist; pass a directory in HF layout (config.json + model.safetensors)")
     raise ValueError(f"{path} holds no config.json (nor model/config.json); expected an HF-layout model directory "
-                     f"or a checkpoint directory with a model/ subfolder. Found: {sorted(p.name for p in path.iterdir())}")
+                     f"or a checkpoint directory with a model/ subfolder. "
+                     f"Found: {sorted(p.name for p in path.iterdir())}")
 
 
 MAX_INDEX_BYTES = 64 << 20  # a sharded model's index names each tensor once: a few MB for the largest models
@@ -143,8 +144,13 @@ class LoadingInfo:
     """What `from_pretrained` did with the checkpoint's keys (in our names)."""
 
     missing_keys: list[str] = field(default_factory=list)
+    """Model keys the checkpoint did not fill, mismatched ones included (tied weights aside): they keep their
+    fresh initialisation."""
     unexpected_keys: list[str] = field(default_factory=list)
+    """Checkpoint keys the model has no place for (those the model declares ignorable aside)."""
     mismatched_keys: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+    """(key, checkpoint shape, model shape) of the weights not loaded for their shape, e.g. a head with another
+    ``num_labels``."""
 
     def as_dict(self) -> dict[str, list]:
         return {"missing_keys": self.missing_keys, "unexpected_keys": self.unexpected_keys,

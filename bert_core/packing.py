@@ -28,9 +28,12 @@ class SegmentIds:
     """Which block each key (and query) row of attention belongs to: ids in [0, num_segments), non-decreasing
     along each row of `keys` (blocks are contiguous runs of positions)."""
 
-    keys: torch.Tensor  # (B, Tk) int64
-    num_segments: int  # S + 1: the packed sequences and the padding block
-    queries: torch.Tensor | None = None  # (B, Tq); None: the queries are the keys' positions
+    keys: torch.Tensor
+    """(B, Tk) int64: the block of each key position."""
+    num_segments: int
+    """S + 1: the packed sequences and the padding block."""
+    queries: torch.Tensor | None = None
+    """(B, Tq) the block of each query row; None: the queries are the keys' positions."""
 
     def at(self, positions: torch.Tensor) -> SegmentIds:
         """The same blocks, for queries taken at `positions` (B, K) only (the last layer's [CLS] + MLM rows)."""
@@ -47,9 +50,13 @@ def sequence_starts(sequence_lengths: torch.Tensor, width: int) -> torch.Tensor:
 class PackedSequences:
     """What the model derives from `sequence_lengths` (B, S) for rows of `width` positions."""
 
-    sequence_ids: torch.Tensor  # (B, W), S for padding
-    position_ids: torch.Tensor  # (B, W), restarting per sequence, 0 in padding
-    starts: torch.Tensor  # (B, S), clamped to W - 1 for unused places (their NSP label must be -100)
+    sequence_ids: torch.Tensor
+    """(B, W): which sequence of its row each position belongs to, S for padding."""
+    position_ids: torch.Tensor
+    """(B, W): restarting at 0 per sequence (BERT's learned absolute positions), 0 in padding."""
+    starts: torch.Tensor
+    """(B, S): each sequence's first position, its [CLS]; clamped to W - 1 for unused places (their NSP label
+    must be -100)."""
 
     @staticmethod
     def from_lengths(sequence_lengths: torch.Tensor, width: int) -> PackedSequences:

@@ -14,8 +14,8 @@ sandbox; docs/benchmarks.md has the whole build's figures):
   the first few reads those blocks come from the threads' arenas, which keep them: RSS after each item 178 -> 257 MB
   with jemalloc alone, 128 -> 148 MB (peak 363) with a fixed 1 MiB threshold. ``fixed_mmap_threshold()`` fixes it
   with ``mallopt`` in the running process (no environment needed: the build's Ray tasks call it in every worker,
-  ``pipeline/ray_data/guard.py``, the plain loop in its process, ``LocalExecutor.begin``). Its cost: the plain loop on 105 MB spent 0-5% more CPU-seconds (mmap and
-  page faults), and peaked at 462-470 MB instead of 536-550.
+  ``pipeline/ray_data/guard.py``, the plain loop in its process, ``LocalExecutor.begin``). Its cost: the plain loop
+  on 105 MB spent 0-5% more CPU-seconds (mmap and page faults), and peaked at 462-470 MB instead of 536-550.
 
 Standard library only: ``use_jemalloc`` must run before anything imports pyarrow.
 """

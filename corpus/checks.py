@@ -31,6 +31,8 @@ class CheckConfig:
     """What the user allows: not part of the dataset's identity (checks decide whether to build, not what)."""
 
     max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION
+    """Share of the corpus's tokens that may be [UNK] before the build stops; above 10% (about one [UNK] per
+    English sentence) the model would learn to predict [UNK] (module docstring); 1.0 builds anyway."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.max_unk_fraction <= 1.0:

@@ -41,11 +41,20 @@ class InstanceConfig:
     """The reference's instance parameters (names and defaults of create_pretraining_data.py's flags)."""
 
     max_seq_length: int = 128
+    """Tokens per instance, [CLS] and both [SEP] included; 128 is the reference's default (BERT pre-trains at 128,
+    then 512). At most 65,535 because positions are stored as uint16."""
     max_predictions_per_seq: int = 20
+    """Most masked positions per instance; 20 is the reference's default for 128 tokens (BERT uses 80 at 512)."""
     masked_lm_prob: float = 0.15
+    """Share of an instance's tokens chosen for the MLM loss (Devlin et al. 2019: 15%), capped by
+    ``max_predictions_per_seq``."""
     short_seq_prob: float = 0.1
+    """Probability that a document pass draws a target length uniform in [2, max_seq_length - 3] instead of the
+    full length; the reference's 10%, so the model also sees short sequences."""
     whole_word_mask: bool = False
+    """Mask all WordPieces of a word together (the reference's ``--do_whole_word_mask``, off by default)."""
     seed: int = DEFAULT_SEED
+    """Root of every random stream, hashed with the document id and pass (``corpus.rng``); the reference's 12345."""
 
     def __post_init__(self) -> None:
         if not MIN_SEQ_LENGTH <= self.max_seq_length <= 65535:
@@ -55,7 +64,8 @@ class InstanceConfig:
                 "they are scraps of one sentence, not a pair. Positions are stored as uint16."
             )
         if self.max_predictions_per_seq < 1:
-            raise ValueError(f"max_predictions_per_seq={self.max_predictions_per_seq}: use at least 1 (20 at 128, 80 at 512)")
+            raise ValueError(f"max_predictions_per_seq={self.max_predictions_per_seq}: use at least 1 "
+                             "(20 at 128, 80 at 512)")
         if not 0.0 < self.masked_lm_prob <= 1.0:
             raise ValueError(f"masked_lm_prob={self.masked_lm_prob}: use a probability in (0, 1], e.g. 0.15")
         if not 0.0 <= self.short_seq_prob <= 1.0:

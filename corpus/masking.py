@@ -31,12 +31,20 @@ class VocabInfo:
     """What the instance builder needs to know about a vocabulary (cheap to build and to pickle)."""
 
     vocab_size: int
+    """Entries in the vocabulary; the random 10% of masked positions draw uniformly from all of them, as the
+    reference does."""
     cls_id: int
+    """Id of [CLS], which opens every instance and is never a masking candidate."""
     sep_id: int
+    """Id of [SEP], which closes each segment and is never a masking candidate."""
     mask_id: int
+    """Id of [MASK], what 80% of the chosen positions become."""
     pad_id: int
+    """Id of [PAD]; 0 when the vocabulary has none (BERT's vocab.txt puts it at 0)."""
     unk_id: int
-    is_continuation: np.ndarray  # bool over ids: True for "##" pieces (whole-word masking)
+    """Id of [UNK], counted by the build to check that the vocabulary fits the text."""
+    is_continuation: np.ndarray
+    """Bool over ids: True for "##" pieces, which whole-word masking groups with the word they continue."""
 
     def __post_init__(self) -> None:
         if self.is_continuation.shape != (self.vocab_size,):
@@ -87,10 +95,14 @@ def num_to_predict(seq_lengths: np.ndarray, masked_lm_prob: float, max_predictio
 class MaskedBatch:
     """Masking result for sequences laid out back to back in one flat array."""
 
-    input_ids: np.ndarray  # flat masked tokens, same layout as the input
-    positions: np.ndarray  # flat, positions within each sequence, sorted per sequence
-    labels: np.ndarray  # flat original ids at those positions
-    counts: np.ndarray  # predictions per sequence
+    input_ids: np.ndarray
+    """The masked tokens, flat, in the same layout (and offsets) as the input."""
+    positions: np.ndarray
+    """Masked positions within their sequence, flat, sorted per sequence (the reference sorts them)."""
+    labels: np.ndarray
+    """The original ids at ``positions``: the MLM targets."""
+    counts: np.ndarray
+    """Masked positions per sequence, to split ``positions`` and ``labels`` back into sequences."""
 
 
 def mask_sequences(
@@ -140,7 +152,8 @@ def mask_sequences(
     return MaskedBatch(input_ids=out, positions=positions, labels=labels, counts=counts)
 
 
-def apply_masks(tokens: np.ndarray, chosen: np.ndarray, draws: np.ndarray, vocab: VocabInfo) -> tuple[np.ndarray, np.ndarray]:
+def apply_masks(tokens: np.ndarray, chosen: np.ndarray, draws: np.ndarray,
+                vocab: VocabInfo) -> tuple[np.ndarray, np.ndarray]:
     """(masked copy of tokens, original ids at ``chosen``) given one integer draw in [0, 10 * vocab_size) per
     chosen position: ``draw % 10`` 0-7 -> [MASK] (80%), 8 -> keep (10%), 9 -> ``draw // 10``, a uniformly random
     vocabulary id (10%); kind and id are independent."""

@@ -88,15 +88,18 @@ class RandomDocPool:
     ) -> RandomDocPool:
         """Rebuild from the flat arrays (``to_arrays``), e.g. after a trip through Ray's object store."""
         pool = cls.__new__(cls)
-        pool._set(list(doc_ids), np.asarray(tokens), np.asarray(sent_offsets, np.int64), np.asarray(doc_offsets, np.int64))
+        pool._set(list(doc_ids), np.asarray(tokens), np.asarray(sent_offsets, np.int64),
+                  np.asarray(doc_offsets, np.int64))
         return pool
 
     def to_arrays(self) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
         return self.doc_ids, self.tokens, self.sent_offsets, self.doc_offsets
 
     def _set(self, doc_ids: list[str], tokens: np.ndarray, sent_offsets: np.ndarray, doc_offsets: np.ndarray) -> None:
-        if len(doc_offsets) != len(doc_ids) + 1 or sent_offsets[-1] != len(tokens) or doc_offsets[-1] != len(sent_offsets) - 1:
-            raise ValueError("inconsistent pool arrays: need len(doc_offsets) == docs + 1 and offsets ending at the data")
+        if (len(doc_offsets) != len(doc_ids) + 1 or sent_offsets[-1] != len(tokens)
+                or doc_offsets[-1] != len(sent_offsets) - 1):
+            raise ValueError("inconsistent pool arrays: need len(doc_offsets) == docs + 1 and offsets ending at the "
+                             "data")
         self.doc_ids = doc_ids
         self.tokens = tokens
         self.sent_offsets = sent_offsets

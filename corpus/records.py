@@ -120,7 +120,8 @@ def flatten_squad(doc: dict, url: str = "<squad>") -> list[dict[str, Any]]:
                 if not answers:
                     raise ValueError(f"{url}: question {qa.get('id')!r} has no answers (SQuAD v2 is not supported)")
                 records.append({"id": str(qa["id"]), "context": context, "question": qa["question"],
-                                "answers": [{"text": a["text"], "answer_start": int(a["answer_start"])} for a in answers]})
+                                "answers": [{"text": a["text"], "answer_start": int(a["answer_start"])}
+                                            for a in answers]})
     return records
 
 

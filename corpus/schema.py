@@ -1,10 +1,11 @@
 """The dataset contract between the build and pre-training: Parquet schemas and the manifest (single source of truth).
 
-See docs/architecture.md. Token ids are ``uint16`` when the vocabulary has at most 65,536 entries (ids up to 65,535), else ``uint32``;
-rows are unpadded; ``a_length`` rebuilds the segment ids (``token_type_ids[i] = 0 if i < a_length + 2 else 1``).
-The build makes one frozen ``Manifest`` and writes it (``Manifest.to_dict``, checked by ``validate_manifest``,
-``pipeline/manifest.py``); consumers read it with ``read_manifest`` (``parse_manifest``), which gives the
-same record back. Nothing outside this module reads or writes the manifest's keys.
+See docs/architecture.md. Token ids are ``uint16`` when the vocabulary has at most 65,536 entries (ids up to
+65,535), else ``uint32``; rows are unpadded; ``a_length`` rebuilds the segment ids
+(``token_type_ids[i] = 0 if i < a_length + 2 else 1``). The build makes one frozen ``Manifest`` and writes it
+(``Manifest.to_dict``, checked by ``validate_manifest``, ``pipeline/manifest.py``); consumers read it with
+``read_manifest`` (``parse_manifest``), which gives the same record back. Nothing outside this module reads or
+writes the manifest's keys.
 """
 from __future__ import annotations
 
@@ -103,9 +104,13 @@ def validate_manifest(m: dict[str, Any], where: str = "manifest") -> dict[str, A
 
 @dataclass(frozen=True)
 class Shard:
-    file: str  # relative to the dataset folder, e.g. shards/part-00000-of-00016.parquet
+    file: str
+    """The shard's path relative to the dataset folder, e.g. shards/part-00000-of-00016.parquet (as the manifest
+    stores it, so a dataset folder can be moved)."""
     url: str
+    """``file`` joined to the dataset folder: where workers read it."""
     rows: int
+    """Instances in the shard; shards differ by at most one row (``validate_manifest``)."""
 
 
 @dataclass(frozen=True)
@@ -113,11 +118,17 @@ class Vocab:
     """The vocabulary the ids refer to (read from the dataset's vocab.txt)."""
 
     url: str
+    """Where the dataset's vocab.txt is."""
     size: int
+    """Entries in vocab.txt; at most 65,536 keeps the shards' token ids uint16."""
     sha256: str
+    """Of vocab.txt's bytes: a model trained on the dataset must use this exact vocabulary."""
     do_lower_case: bool
-    mask_id: int  # the id of [MASK]
-    trained: bool = False  # trained on the input (no --vocab given)
+    """Whether the text was lower-cased (and accents stripped) before WordPiece, as for bert-base-uncased."""
+    mask_id: int
+    """The id of [MASK] in this vocabulary."""
+    trained: bool = False
+    """True when the build trained the vocabulary on its input (no ``--vocab`` given)."""
 
 
 @dataclass(frozen=True)
@@ -125,13 +136,21 @@ class Totals:
     """What the build counted over the whole corpus."""
 
     documents: int
+    """Documents kept: read, not dropped, with at least one token."""
     sentences: int
+    """Sentences of the kept documents that hold tokens."""
     tokens: int
+    """WordPiece tokens of the kept documents, [UNK] included, before instances repeat them over the passes."""
     instances: int
+    """Rows over all shards: the training set's size."""
     random_next: int = 0
+    """Instances whose B is a random next (``next_sentence_label`` 1); about half by the NSP law."""
     masked_lm_positions: int = 0
+    """Masked positions over all instances: the MLM targets."""
     unk_tokens: int = 0
-    dropped: tuple[tuple[str, int], ...] = ()  # (reason, records or files), by reason
+    """[UNK] among ``tokens``: how much of the text the vocabulary cannot represent (``corpus.checks``)."""
+    dropped: tuple[tuple[str, int], ...] = ()
+    """(reason, records or files) pairs, sorted by reason: what the build left out and why."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"documents": self.documents, "sentences": self.sentences, "tokens": self.tokens,
@@ -159,30 +178,51 @@ def _histogram(pairs: tuple[tuple[int, int], ...]) -> dict[str, int]:
 class Manifest:
     """A complete, validated dataset as its consumers need it."""
 
-    url: str  # the dataset folder
-    sha256: str  # of the manifest's canonical JSON (sorted keys): names this exact build
-    config_hash: str  # of the build config: builds of the same config share it
+    url: str
+    """The dataset folder (absolute), which the shard and vocabulary names are relative to."""
+    sha256: str
+    """Of the manifest's canonical JSON (sorted keys): names this exact build."""
+    config_hash: str
+    """Of the build config: builds of the same config share it, and a rerun resumes only on a match."""
     vocab: Vocab
+    """The vocabulary the token ids refer to."""
     max_seq_length: int
-    max_predictions: int  # per sequence (the build's max_predictions_per_seq)
+    """The build's cap on an instance's tokens, [CLS] and both [SEP] included: the model needs at least this many
+    positions."""
+    max_predictions: int
+    """Most masked positions per sequence (the build's ``max_predictions_per_seq``)."""
     masked_lm_prob: float
+    """Share of each sequence's tokens the build masked (the build's ``masked_lm_prob``)."""
     shards: tuple[Shard, ...]
-    seq_len_histogram: tuple[tuple[int, int], ...]  # (length, rows), by length
+    """The Parquet shards, in order."""
+    seq_len_histogram: tuple[tuple[int, int], ...]
+    """(length in tokens, rows) pairs, sorted by length."""
     totals: Totals
-    config: dict[str, Any]  # the build config (its canonical dict: what `config_hash` hashes)
-    inputs: tuple[dict[str, Any], ...] = ()  # the inputs' stamps at the build's start (path, size, etag, mtime)
+    """What the build counted over the whole corpus."""
+    config: dict[str, Any]
+    """The build config as its canonical dict: what ``config_hash`` hashes, enough to rebuild the dataset."""
+    inputs: tuple[dict[str, Any], ...] = ()
+    """The inputs' stamps at the build's start (path, size, etag, mtime): a rerun on changed inputs is refused."""
     token_dtype: str = "uint16"
-    # (value, sequences or documents), by value; tokens per document in power-of-two bins keyed by their lower bound
+    """numpy dtype of the shards' token ids: uint16 up to 65,536 vocabulary entries, else uint32."""
     masked_per_seq_histogram: tuple[tuple[int, int], ...] = ()
+    """(masked positions, sequences) pairs, sorted by the count."""
     tokens_per_document_histogram: tuple[tuple[int, int], ...] = ()
+    """(tokens, documents) pairs of the kept documents, in power-of-two bins keyed by their lower bound."""
     warnings: tuple[str, ...] = ()
-    skipped_files: tuple[tuple[str, str], ...] = ()  # (path, reason) with --on-error skip
-    ignored_files: tuple[str, ...] = ()  # files of an input folder that are not corpus files by name
-    random_pool: tuple[tuple[str, float], ...] = ()  # corpus_tokens, documents, sample_fraction, tokens
+    """The build's warnings (``corpus.checks``), one line each, credentials redacted."""
+    skipped_files: tuple[tuple[str, str], ...] = ()
+    """(path, reason) pairs of the files left out with ``--on-error skip``."""
+    ignored_files: tuple[str, ...] = ()
+    """Files of an input folder that are not corpus files by name."""
+    random_pool: tuple[tuple[str, float], ...] = ()
+    """The random-next pool as (name, value) pairs: corpus_tokens, documents, sample_fraction, tokens (a Bernoulli
+    sample of the documents, docs/data.md)."""
     build_seconds: float | None = None
-    # what curation asked, its reports and their lines by reason, the evaluation sets, the mix's shares
-    # (pipeline/curation/reports.py); None: the build curated nothing (and its manifest has no such key)
+    """Wall-clock seconds of the build, to two decimals; None when not recorded."""
     curation: dict[str, Any] | None = None
+    """What curation asked, its reports and their lines by reason, the evaluation sets, the mix's shares
+    (pipeline/curation/reports.py); None: the build curated nothing (and its manifest has no such key)."""
 
     @property
     def shard_urls(self) -> tuple[str, ...]:

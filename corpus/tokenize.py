@@ -47,7 +47,8 @@ MAX_INPUT_CHARS_PER_WORD = 200
 # A sentence may skip BertNormalizer when every character is printable ASCII (tab, newline and carriage return are
 # whitespace to both paths) or punctuation the normalizer leaves alone: no case, no decomposition, not CJK, not
 # control (curly quotes and dashes are common in edited English). Anything else takes the full path.
-_SAFE_PUNCTUATION = "\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f\u2013\u2014\u2015\u2026\u00ab\u00bb\u2039\u203a\u2022"
+_SAFE_PUNCTUATION = ("\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f\u2013\u2014\u2015\u2026\u00ab\u00bb\u2039"
+                     "\u203a\u2022")
 _NEEDS_NORMALIZER = re.compile(f"[^\t\n\r\x20-\x7e{_SAFE_PUNCTUATION}]")
 _WORD_CACHE_MAX = 500_000  # distinct whitespace-delimited chunks remembered per encoder (~60 MB at most)
 MAX_VOCAB_BYTES = 64 << 20  # the largest BERT vocabularies are ~1 MB; more was not written as one (a model folder's
@@ -99,7 +100,8 @@ def build_tokenizer(tokens: list[str], do_lower_case: bool = True) -> Tokenizer:
     if "[UNK]" not in vocab:
         raise ValueError("vocabulary has no [UNK] token; a BERT vocab.txt must contain [UNK]")
     tok = Tokenizer(
-        WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD)
+        WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##",
+                  max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD)
     )
     tok.normalizer = _normalizer(do_lower_case)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -107,13 +109,15 @@ def build_tokenizer(tokens: list[str], do_lower_case: bool = True) -> Tokenizer:
 
 
 class WordPieceEncoder:
-    """Sentences -> WordPiece id arrays (no special tokens), loaded once per worker process (``pipeline.docs.encoder_for`` caches it).
+    """Sentences -> WordPiece id arrays (no special tokens), loaded once per worker process
+    (``pipeline.docs.encoder_for`` caches it).
 
     Attributes: ``vocab_size``, ``cls_id``, ``sep_id``, ``mask_id``, ``pad_id``, ``unk_id``, ``is_continuation``
     (bool array over ids, True for ``##`` pieces) and ``vocab_info`` (the small struct the instance builder needs).
     """
 
-    def __init__(self, vocab_path: str | Path | None = None, do_lower_case: bool = True, *, tokens: list[str] | None = None):
+    def __init__(self, vocab_path: str | Path | None = None, do_lower_case: bool = True, *,
+                 tokens: list[str] | None = None):
         if tokens is None:
             if vocab_path is None:
                 raise ValueError("WordPieceEncoder needs vocab_path (a BERT vocab.txt) or tokens")
@@ -251,7 +255,8 @@ def train_wordpiece(
         texts = lambda: held  # noqa: E731
     normalizer = _normalizer(do_lower_case)
     continuation = _continuation_symbols(texts(), normalizer)
-    tok = Tokenizer(WordPiece(unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
+    tok = Tokenizer(WordPiece(unk_token="[UNK]", continuing_subword_prefix="##",
+                              max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
     tok.normalizer = normalizer
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     trainer = WordPieceTrainer(

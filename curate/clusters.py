@@ -5,9 +5,9 @@
 - Near: verified candidate edges (``verify``: the MinHash estimate of Jaccard >= the threshold, on the whole
   signature) link documents; a connected component keeps its smallest id and drops every other member as
   ``near_duplicate`` of it (the smallest id reached, propagated to a fixed point, so the result is the same for any
-  order of the edges). Components are transitive: A ~ B and B ~ C drop B and C even when A and C are further apart, as datatrove
-  and NeMo Curator do. ``merge`` makes the drop set: an exact copy of a document that is itself a near duplicate
-  points at its cluster's kept id, so every ``duplicate_of`` is a document that stays.
+  order of the edges). Components are transitive: A ~ B and B ~ C drop B and C even when A and C are further apart,
+  as datatrove and NeMo Curator do. ``merge`` makes the drop set: an exact copy of a document that is itself a near
+  duplicate points at its cluster's kept id, so every ``duplicate_of`` is a document that stays.
 
 "Smallest" is the order of the ids' code points (the order of their UTF-8 bytes: Arrow's and Python's agree).
 Both decisions depend only on the set of documents, never on how they were batched, ordered or spread over workers,

@@ -24,10 +24,15 @@ from curate.quality import QualityConfig, QualityFilter
 @dataclasses.dataclass(frozen=True)
 class CurateConfig:
     dedup: DedupConfig = DedupConfig()
+    """Duplicate removal across the whole corpus; off by default, as the reference keeps every document."""
     decontamination: DecontaminationConfig = DecontaminationConfig()
+    """Removal of documents sharing an n-gram with an evaluation set; off while it names no paths."""
     language: LanguageConfig = LanguageConfig()
-    quality: QualityConfig | None = None  # None: no quality rules (``--quality`` turns them on)
+    """Language identification; off while it names no languages."""
+    quality: QualityConfig | None = None
+    """The Gopher and C4 quality rules; None: no quality rules (``--quality`` turns them on)."""
     mix: MixConfig = MixConfig()
+    """Per-source weights; off while it holds none (every document once)."""
 
     @property
     def enabled(self) -> bool:

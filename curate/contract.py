@@ -52,8 +52,11 @@ SLICE_BYTES = 4 << 20
 @dataclasses.dataclass(frozen=True)
 class Filtered:
     kept: pa.Table
+    """The input's rows that stay, with the same columns (text possibly edited)."""
     dropped: pa.Table
+    """One row per removed document (``DROPPED_SCHEMA``: id, source, reason, duplicate_of, detail)."""
     edited: pa.Table
+    """Documents kept with part of their text removed (``DROPPED_SCHEMA``, e.g. ``contaminated_cut``)."""
 
 
 def text_bytes(table: pa.Table) -> np.ndarray:
@@ -193,7 +196,8 @@ def _mark_edits(kept: pa.Table, edited: pa.Table) -> pa.Table:
         return kept
     edits = dict(zip(edited["id"].to_pylist(), edited["detail"].to_pylist(), strict=False))
     return _set(kept, "edit", pa.array([edits.get(i, e) for i, e in zip(kept[ID].to_pylist(),
-                                                                          kept["edit"].to_pylist(), strict=False)], pa.string()))
+                                                                          kept["edit"].to_pylist(), strict=False)],
+                                       pa.string()))
 
 
 def _with_marks(batch: pa.Table) -> pa.Table:

@@ -37,10 +37,16 @@ class DecontaminationConfig:
     that hold text (empty: every string field)."""
 
     paths: tuple[str, ...] = ()
+    """Evaluation files or folders, read as fine-tuning reads them; empty: decontamination is off."""
     ngram: int = 13
+    """Normalised words per n-gram; 13 is GPT-3's (Brown et al. 2020, appendix C) and datatrove's."""
     min_words: int = 8
+    """Shortest evaluation text, in words, that is matched whole when shorter than ``ngram``; shorter ones are
+    counted as too short to check (a few words verbatim are no evidence of a leak)."""
     mode: str = "drop"
+    """drop: the whole document goes; cut: only its sentences that overlap a matched n-gram (an edit)."""
     fields: tuple[str, ...] = ()
+    """Record fields that hold the evaluation text; empty: every string field."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -57,11 +63,18 @@ class NgramIndex:
     """Per n-gram length: sorted unique hashes and, aligned, the index in ``files`` of a file holding each."""
 
     files: list[str]
+    """The evaluation files, in the order their texts came; ``file_of`` indexes this list."""
     grams: dict[int, np.ndarray]
+    """n-gram length -> sorted unique uint64 hashes of the evaluation n-grams of that length (``ngram``, and the
+    lengths of short texts matched whole), looked up with ``searchsorted``."""
     file_of: dict[int, np.ndarray]
+    """n-gram length -> int32 index in ``files`` of a file holding each hash of ``grams``, aligned with it."""
     texts: int = 0
+    """Evaluation texts read, all files together."""
     too_short: int = 0
-    checked: list[int] = dataclasses.field(default_factory=list)  # per file: its texts long enough to be matched
+    """Evaluation texts under ``min_words`` words, not checked."""
+    checked: list[int] = dataclasses.field(default_factory=list)
+    """Per file (aligned with ``files``): its texts long enough to be matched."""
 
     @property
     def size(self) -> int:

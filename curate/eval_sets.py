@@ -16,7 +16,8 @@ from storage.fs import filesystem_for, storage_options, unstrip
 
 
 def eval_files(paths: Sequence[str], endpoint_url: str | None = None) -> list[str]:
-    """The evaluation files ``paths`` name (a folder: its task files), in order; ValueError for one that is not there."""
+    """The evaluation files ``paths`` name (a folder: its task files), in order; ValueError for one that is not
+    there."""
     return [url for path in paths for url in _files(path, endpoint_url)]
 
 

@@ -33,8 +33,12 @@ class LanguageConfig:
     kept document needs; ``max_chars``: how much of a long document the model reads."""
 
     languages: tuple[str, ...] = ()
+    """ISO 639 codes to keep (en, de, ...); empty: no language filter."""
     threshold: float = 0.65
+    """The model's probability for a kept document's language; 0.65 is FineWeb's threshold for English."""
     max_chars: int = 4000
+    """Characters of a long document the model reads, sampled in 4 windows over the text: its cost is linear
+    in the text, and a few thousand characters decide the language as well as the whole."""
 
     def __post_init__(self) -> None:
         bad = [c for c in self.languages if not _CODE.match(c)]

@@ -23,9 +23,13 @@ from curate.report import counts
 @dataclasses.dataclass
 class Curated:
     kept: list[pa.Table]
+    """The documents that stay, one table per input batch, in order (text possibly cut by decontamination)."""
     dropped: list[pa.Table]
+    """The removed documents (``DROPPED_SCHEMA``), non-empty tables only."""
     edited: list[pa.Table]
-    drops: pa.Table  # the dedup drop set
+    """Documents kept with part of their text removed (``DROPPED_SCHEMA``), non-empty tables only."""
+    drops: pa.Table
+    """The dedup drop set (``DUPLICATE_SCHEMA``: id, reason, duplicate_of); empty when dedup is off."""
 
     def counts(self) -> dict[str, int]:
         return counts(self.dropped)

@@ -48,7 +48,10 @@ class MixConfig:
     """``weights``: (source prefix, weight) pairs (empty: every document once); ``seed``: the draw's seed."""
 
     weights: tuple[tuple[str, float], ...] = ()
+    """(source path prefix, weight) pairs, weights in [0, 100]; empty: every document once. Sources no prefix
+    matches keep weight 1."""
     seed: int = DEFAULT_SEED
+    """Seed of the fractional weights' draw, hashed with each document id (the build passes its ``--seed``)."""
 
     def __post_init__(self) -> None:
         seen = set()
@@ -119,5 +122,6 @@ def expand(table: pa.Table) -> pa.Table:
     rows = np.repeat(np.arange(len(table)), n)
     out = table.take(pa.array(rows, pa.int64()))
     rank = np.arange(len(rows)) - np.repeat(np.cumsum(n) - n, n)
-    ids = [i if r == 0 else f"{i}#{r + 1}" for i, r in zip(out.column(contract.ID).to_pylist(), rank.tolist(), strict=False)]
+    ids = [i if r == 0 else f"{i}#{r + 1}"
+           for i, r in zip(out.column(contract.ID).to_pylist(), rank.tolist(), strict=False)]
     return out.set_column(out.column_names.index(contract.ID), contract.ID, pa.array(ids, pa.string()))

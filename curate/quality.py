@@ -57,27 +57,45 @@ _ALPHA_TOKEN = re.compile(r"\S*[^\W\d_]\S*")
 _PARAGRAPHS = re.compile(r"\n[ \t\r\f\v]*\n")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class QualityConfig:
     """Which rules run (all by default) and the thresholds the module docstring names."""
 
     rules: tuple[str, ...] = RULES
+    """Names from ``RULES`` to run, checked in ``RULES`` order whatever the order here; all by default."""
     min_words: int = 50
+    """Fewest whitespace-separated words a kept document has (Gopher, Rae et al. 2021)."""
     max_words: int = 100_000
+    """Most whitespace-separated words a kept document has (Gopher)."""
     min_mean_word_length: float = 3.0
+    """Lowest mean word length, in characters, of a kept document (Gopher)."""
     max_mean_word_length: float = 10.0
+    """Highest mean word length, in characters, of a kept document (Gopher)."""
     max_symbol_ratio: float = 0.1
+    """Most ('#' + '...' + '…') occurrences per word (Gopher)."""
     max_bullet_lines: float = 0.9
+    """Largest share of lines that may start with a bullet (Gopher)."""
     max_ellipsis_lines: float = 0.3
+    """Largest share of lines that may end with an ellipsis (Gopher)."""
     min_alpha_words: float = 0.8
+    """Smallest share of words holding a letter (Gopher)."""
     min_stop_words: int = 2
+    """Fewest distinct words of ``STOP_WORDS`` (the be to of and that have with) a kept document holds (Gopher)."""
     max_dup_lines: float = 0.3
+    """Largest share of lines that may repeat an earlier line (Gopher)."""
     max_dup_line_chars: float = 0.2
+    """Largest share of line characters that may be in repeated lines (Gopher)."""
     max_dup_paragraphs: float = 0.3
+    """Largest share of blank-line separated paragraphs that may repeat an earlier one (Gopher)."""
     max_dup_paragraph_chars: float = 0.2
+    """Largest share of paragraph characters that may be in repeated paragraphs (Gopher)."""
     min_sentences: int = 5
+    """Fewest sentences, by the build's splitter, a kept document has (C4, Raffel et al. 2020)."""
     min_line_punct: float = 0.12
+    """Smallest share of lines ending in terminal punctuation: FineWeb's document-level form of C4's line rule."""
     min_lines: int = 3
+    """Fewest non-blank lines for the line rules to judge a document: one flattened to a single line has no share
+    of lines to speak of, and would otherwise be dropped for ending in a heading."""
 
     def __post_init__(self) -> None:
         unknown = [r for r in self.rules if r not in RULES]

@@ -44,9 +44,12 @@ _BOM = (0xEF, 0xBB, 0xBF)
 class Words:
     """The words of a batch of documents: ``hashes[offsets[d]:offsets[d + 1]]`` are document d's, in order."""
 
-    hashes: np.ndarray  # uint64, one per word
-    offsets: np.ndarray  # int64, len(documents) + 1
-    lengths: np.ndarray  # int64, each word's UTF-8 bytes
+    hashes: np.ndarray
+    """uint64, one per normalised word, a fixed function of its bytes (never the salted ``hash()``)."""
+    offsets: np.ndarray
+    """int64, len(documents) + 1: document d's words are ``[offsets[d], offsets[d + 1])``."""
+    lengths: np.ndarray
+    """int64, each word's length in UTF-8 bytes: the weights of the repetition rules' character shares."""
 
     def count(self, d: int) -> int:
         return int(self.offsets[d + 1] - self.offsets[d])

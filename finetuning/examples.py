@@ -24,14 +24,26 @@ class TaskColumns:
     """Which record fields hold the inputs; ``None`` text columns take the task's conventional default."""
 
     text_column: str | None = None
+    """The text of sequence tasks; None: "sentence1" for pair_classification, else "text"."""
     text_pair_column: str | None = None
+    """The second text: pair_classification's (None: "sentence2"), or an optional one for regression; refused with
+    classification."""
     label_column: str = "label"
+    """Each record's class, or its number for regression."""
     tokens_column: str = "tokens"
+    """Token tagging: each sentence's list of words ("tokens", what the CoNLL reader writes)."""
     tags_column: str = "tags"
+    """Token tagging: one tag per word, as many as the words ("tags", what the CoNLL reader writes)."""
     context_column: str = "context"
+    """QA: the passage an answer is sliced from ("context", as in flattened SQuAD)."""
     question_column: str = "question"
+    """QA: the question ("question", as in flattened SQuAD)."""
     answer_start_column: str = "answer_start"
+    """QA, flat records: the answer's character offset in the passage. Unused when the records carry SQuAD's
+    `answers` list."""
     answer_text_column: str = "answer_text"
+    """QA, flat records: the answer's text, which must stand at `answer_start` (training drops a record where it does
+    not)."""
 
     def texts_for(self, task: str) -> tuple[str, str | None]:
         if task == "pair_classification":
@@ -44,23 +56,32 @@ class TaskColumns:
 @dataclass(frozen=True)
 class SequenceExample:
     text: str
+    """The first (or only) text."""
     text_pair: str | None
-    label: Any  # the raw label (classification) or a float (regression)
+    """The second text of a pair; None for single-text tasks."""
+    label: Any
+    """The label as read (classification: compared by name, so 1 and "1" are one class) or a float (regression)."""
 
 
 @dataclass(frozen=True)
 class TaggingExample:
     tokens: list[str]
+    """The sentence's words, already split: tags belong to words, not word pieces."""
     tags: list[str]
+    """One tag per word; the training split's tags make the label map, "O" first."""
 
 
 @dataclass(frozen=True)
 class QAExample:
     id: str
+    """The record's `id` (SQuAD's question id), else its row number as text."""
     context: str
+    """The passage; a predicted answer is an exact slice of it."""
     question: str
-    # (char start, text); training uses the first, evaluation scores against all (SQuAD dev has several).
+    """The question, cut to `FeatureConfig.max_query_length` word pieces in the features."""
     answers: list[tuple[int, str]] = field(default_factory=list)
+    """(character start, text) of each gold answer. Training uses the first; evaluation scores against all (SQuAD's
+    dev set has several per question)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +89,7 @@ class LabelMap:
     """Label names <-> ids, in a stable order; what HF stores as ``id2label``/``label2id``."""
 
     names: tuple[str, ...]
+    """Label names in id order: numeric names numerically, then the rest alphabetically (tags: "O" first)."""
 
     @classmethod
     def build(cls, labels: Iterable[Any], outside_first: bool = False) -> LabelMap:
@@ -102,7 +124,8 @@ class LabelMap:
             shown = ", ".join(f"{k!r} ({n}x)" for k, n in unseen.most_common(10))
             raise ValueError(
                 f"label(s) {shown} in {source} never occur in the training data {train_source}, so the model has no "
-                f"output for them; known labels: {list(self.names)[:50]}. Fix the labels or train on data that has them."
+                f"output for them; known labels: {list(self.names)[:50]}. Fix the labels or train on data that has "
+                "them."
             )
 
     def encode(self, labels: Sequence[Any]) -> list[int]:

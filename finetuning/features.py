@@ -82,10 +82,17 @@ class Features:
     """Row-aligned model inputs: ragged ``input_ids``/``token_type_ids`` and per-row (or per-token) labels."""
 
     input_ids: list[np.ndarray]
+    """Per row, its word-piece ids with [CLS] and [SEP], unpadded (int32): a row is padded only in its batch."""
     token_type_ids: list[np.ndarray]
+    """Per row, each position's segment (int8): 0 up to the first [SEP], 1 after it."""
     labels: list[np.ndarray] | np.ndarray | None = None
+    """Sequence tasks: a class id (int64) or a float32 target per row. Tagging: per row, the tag id at each word's
+    first piece and -100 (skipped by the loss) elsewhere. None for QA."""
     start_positions: np.ndarray | None = None
+    """QA: per window, the sequence position of the answer's first word piece; 0 ([CLS]) when the answer is not in
+    the window, as in the reference, and in every evaluation window."""
     end_positions: np.ndarray | None = None
+    """QA: per window, the sequence position of the answer's last word piece; 0 ([CLS]) as for `start_positions`."""
 
     def __len__(self) -> int:
         return len(self.input_ids)

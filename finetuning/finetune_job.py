@@ -38,21 +38,36 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class FinetuneJob:
     config: FinetuneConfig
-    launch: LaunchConfig  # its `name` is the run name; its storage keeps the epochs' checkpoints
+    """The run's configuration: task data, starting weights, schedule, seed."""
+    launch: LaunchConfig
+    """Where the workers run. Its `name` is the run name; its storage keeps the epochs' checkpoints."""
     tracking_uri: str
-    output: str  # where the best model goes (a local folder or a URL)
+    """The MLflow tracking store the run is logged to."""
+    output: str
+    """Where the best epoch's model goes, in the Hugging Face layout with its label map (a local folder or a URL)."""
     experiment: str = DEFAULT_EXPERIMENT
+    """The MLflow experiment: by default the one the build and pre-training log to as well, so the pipeline's runs
+    sit side by side."""
     parent_run_id: str | None = None
-    keep_checkpoints: bool = False  # False: the launch's checkpoint folder is removed once the model is exported
-    flags: Mapping[str, Any] = field(default_factory=dict)  # the command line as given, logged beside the config
+    """The MLflow run to nest under (the workflow's); None: the pre-training run the weights came from, when it is in
+    this store."""
+    keep_checkpoints: bool = False
+    """False: the launch's checkpoint folder is removed once the model is exported (jobs/finetune.py keeps it only
+    with --storage-path)."""
+    flags: Mapping[str, Any] = field(default_factory=dict)
+    """The command line as given, logged as params beside the config (flags left unset are not)."""
 
 
 @dataclass(frozen=True)
 class FinetuneResult:
     run_id: str
+    """The job's MLflow run."""
     output: str
-    final: dict[str, float]  # the best epoch's evaluation, its number and the job's seconds
-    collapse: str | None = None  # the best model predicts (nearly) one class, a constant, only O: what and what to try
+    """Where the best epoch's model was exported."""
+    final: dict[str, float]
+    """The best epoch's evaluation (without the `eval_` prefix), its number `best_epoch` and the job's `job_seconds`."""
+    collapse: str | None = None
+    """None, or what the best model does wrong (predicts one class, a constant, only O) and what to try."""
 
 
 def _parent_and_tags(job: FinetuneJob) -> tuple[str | None, dict[str, str], dict[str, str] | None]:

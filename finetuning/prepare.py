@@ -34,8 +34,13 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class FeatureConfig:
     max_seq_length: int = 128
+    """Word pieces per sequence, [CLS] and [SEP] included; at most 512, BERT's position table. 128 is the reference
+    run_classifier.py's default."""
     doc_stride: int = 64
+    """QA: word pieces between the starts of consecutive windows over a long passage (the reference's run_squad.py:
+    128 at a sequence length of 384)."""
     max_query_length: int = 64
+    """QA: a question's word pieces past this many are cut; 64, as in the reference run_squad.py."""
 
     def __post_init__(self) -> None:
         if not 8 <= self.max_seq_length <= 512:
@@ -44,20 +49,32 @@ class FeatureConfig:
             raise ValueError("doc_stride and max_query_length must be positive")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TaskConfig:
     """The task and its data: files (any fsspec URL), the evaluation split, the columns and the feature lengths."""
 
     task: str
+    """One of `finetuning.examples.TASKS`; it picks the columns read, the head and the metrics."""
     train: str
+    """The training file, any fsspec URL, in one of `corpus.records.FORMATS` (a SQuAD v1.1 JSON file is flattened to
+    one record per question)."""
     eval: str | None = None
-    split_eval_from_train: float | None = None  # hold out this seeded fraction of `train` (tasks without a split)
-    data_format: str | None = None  # default: from the file name
-    split_seed: int = 0  # of the split and of the max_*_examples subsets (fixed across the training seed)
+    """The evaluation file; give it or `split_eval_from_train`, not both."""
+    split_eval_from_train: float | None = None
+    """Hold out this seeded fraction of `train` for evaluation (tasks shipped without a split)."""
+    data_format: str | None = None
+    """One of `corpus.records.FORMATS`, for both files; None: detected from each file's name."""
+    split_seed: int = 0
+    """Seed of the held-out split and of the `max_*_examples` subsets, apart from the run's seed: runs with different
+    seeds train and score on the same rows."""
     max_train_examples: int | None = None
+    """Train on a seeded subset of this many records (quick runs); None: all of them."""
     max_eval_examples: int | None = None
+    """Evaluate on a seeded subset of this many records; None: all of them."""
     columns: TaskColumns = TaskColumns()
+    """Which record fields hold the inputs and the labels."""
     features: FeatureConfig = FeatureConfig()
+    """Sequence length and QA windows, in word pieces."""
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -76,10 +93,15 @@ class TaskSplit:
     """One split: its examples, model features, and what maps feature rows back to examples for scoring."""
 
     source: str
+    """The split's file as messages name it (a held-out part says so, with its fraction and seed)."""
     examples: list
+    """One example per record, its type the task's; scoring reads the gold labels and answers here."""
     features: Features
-    word_positions: list[np.ndarray] | None = None  # tagging: word index of each labelled position per row
-    windows: QAWindows | None = None  # QA: window -> example, offsets
+    """The model's rows: one per example, or one per window for QA."""
+    word_positions: list[np.ndarray] | None = None
+    """Tagging: per row, the word index of each labelled position, to map predictions back to words."""
+    windows: QAWindows | None = None
+    """QA: each window's example and where its passage piece sits, to map predicted spans back to text."""
 
     @property
     def num_examples(self) -> int:
@@ -89,9 +111,13 @@ class TaskSplit:
 @dataclass
 class PreparedTask:
     task: str
-    label_map: LabelMap | None  # None for regression and QA
+    """The task (`finetuning.examples.TASKS`)."""
+    label_map: LabelMap | None
+    """Built from the training split only; None for regression and QA."""
     train: TaskSplit
+    """The training split, checked and featurised."""
     eval: TaskSplit
+    """The evaluation split, checked against the training labels and featurised."""
 
     @property
     def num_labels(self) -> int:

@@ -27,12 +27,18 @@ class QAWindows:
     the sequence), its length, and which of its passage tokens have their maximum context here."""
 
     example_index: np.ndarray
+    """Per window, the index of its example."""
     token_start: np.ndarray
+    """Per window, the index (into its passage's tokens) of its first passage token."""
     seq_offset: np.ndarray
+    """Per window, the sequence position of its first passage token, after [CLS] question [SEP]."""
     length: np.ndarray
+    """Per window, how many passage tokens it holds."""
     max_context: list[np.ndarray]
-    # Per example: character (start, end) of each passage token in the original passage.
+    """Per window, a flag per passage token: True where this window gives the token its maximum context, the only
+    window where a predicted answer may start there (the reference's rule)."""
     offsets: list[np.ndarray] = field(default_factory=list)
+    """Per example, the character (start, end) of each passage token in the original passage."""
 
 
 def answer_token_span(offsets: np.ndarray, char_start: int, char_end: int) -> tuple[int, int] | None:
@@ -59,16 +65,16 @@ def window_starts(n_tokens: int, max_len: int, doc_stride: int) -> list[tuple[in
 
 def max_context_flags(spans: list[tuple[int, int]]) -> list[np.ndarray]:
     """The reference's ``_check_is_max_context`` for every token of every window, vectorised per passage."""
-    n = max((s + l for s, l in spans), default=0)
+    n = max((s + length for s, length in spans), default=0)
     best_score = np.full(n, -np.inf)
     best_window = np.full(n, -1)
-    for w, (s, l) in enumerate(spans):
-        pos = np.arange(s, s + l)
-        score = np.minimum(pos - s, s + l - 1 - pos) + 0.01 * l
+    for w, (s, length) in enumerate(spans):
+        pos = np.arange(s, s + length)
+        score = np.minimum(pos - s, s + length - 1 - pos) + 0.01 * length
         better = score > best_score[pos]
         best_score[pos[better]] = score[better]
         best_window[pos[better]] = w
-    return [best_window[s : s + l] == w for w, (s, l) in enumerate(spans)]
+    return [best_window[s : s + length] == w for w, (s, length) in enumerate(spans)]
 
 
 def qa_features(examples: list[QAExample], tokenizer: TaskTokenizer, max_seq_length: int = 384,
@@ -100,17 +106,17 @@ def qa_features(examples: list[QAExample], tokenizer: TaskTokenizer, max_seq_len
             raise ValueError(f"max_seq_length={max_seq_length} leaves no room for the passage after a "
                              f"{len(q)}-piece question; raise it or lower max_query_length")
         spans = window_starts(len(ctx.ids), max_ctx, doc_stride)
-        for (s, l), flags in zip(spans, max_context_flags(spans), strict=False):
-            ids, tt = pack(tokenizer.cls_id, tokenizer.sep_id, q, ctx.ids[s : s + l])
+        for (s, length), flags in zip(spans, max_context_flags(spans), strict=False):
+            ids, tt = pack(tokenizer.cls_id, tokenizer.sep_id, q, ctx.ids[s : s + length])
             off = len(q) + 2
             input_ids.append(np.asarray(ids, dtype=np.int32))
             types.append(np.asarray(tt, dtype=np.int8))
             ex_idx.append(i)
             tok_start.append(s)
             seq_off.append(off)
-            lengths.append(l)
+            lengths.append(length)
             maxctx.append(flags)
-            if span is not None and s <= span[0] and span[1] < s + l:
+            if span is not None and s <= span[0] and span[1] < s + length:
                 starts.append(span[0] - s + off)
                 ends.append(span[1] - s + off)
             else:

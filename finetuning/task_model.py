@@ -34,13 +34,19 @@ DEFAULT_VOCAB = Path(__file__).resolve().parent.parent / "data" / "sample" / "re
 
 @dataclass(frozen=True)
 class HeadConfig:
-    # An HF BERT directory, our export or checkpoint directory (a local path, or a URL such as s3://... that every
-    # worker fetches into `cache_dir`), or "random".
     init: str
-    preset: str | None = None  # --init random: a preset name or a model directory whose config.json gives the shape
-    vocab: str | None = None  # --init random: the vocab.txt (default: bert-base-uncased's)
-    cache_dir: str | None = None  # a local folder (beside the job's output) for a URL init
-    endpoint_url: str | None = None  # S3-compatible endpoint of an s3:// init
+    """Where the encoder's weights come from: an HF BERT directory, our export or checkpoint directory (a local path,
+    or a URL such as s3://... that every worker fetches into `cache_dir`), or "random"."""
+    preset: str | None = None
+    """--init random only: a preset name (`bert_core.config.PRESETS`) or a model directory whose config.json gives
+    the shape."""
+    vocab: str | None = None
+    """--init random only: the vocab.txt to tokenise with; None: bert-base-uncased's, shipped in the repository."""
+    cache_dir: str | None = None
+    """The local folder a URL init is fetched into (jobs/finetune.py: .init-cache beside the job's output); needed
+    for a URL."""
+    endpoint_url: str | None = None
+    """S3-compatible endpoint of an s3:// init (MinIO, Ceph, ...)."""
 
     def __post_init__(self) -> None:
         if self.init == "random":

@@ -17,26 +17,48 @@ from storage.redact import redact
 DEFAULT_SAMPLE_BYTES = 256 << 20  # the trained vocabulary's sample (pipeline/vocab.py says why)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class BuildConfig:
     """Everything that decides the dataset's content (``identity``) plus where it goes."""
 
     inputs: tuple[str, ...]
+    """The input files, folders or globs (local paths or URLs); empty when a Ray Dataset of documents is built."""
     output: str
+    """The dataset's folder (a local path or s3://...): shards, vocab.txt, manifest.json and, while running, _work."""
     read: ReadOptions = ReadOptions()
+    """How the inputs are read: format, one sentence per line or not, the text and id fields, bad records."""
     instances: InstanceConfig = InstanceConfig()
+    """How documents become instances: sequence length, masking, the seed every draw derives from."""
     vocab: str | None = None
-    vocab_size: int = BERT_VOCAB_SIZE  # only used to train a vocabulary when none is given
+    """A BERT vocab.txt (path or URL); None trains a WordPiece vocabulary on a sample of the inputs."""
+    vocab_size: int = BERT_VOCAB_SIZE
+    """Tokens in the trained vocabulary, used only when ``vocab`` is None; bert-base-uncased's 30522 by default."""
     min_frequency: int = 2
-    vocab_sample_bytes: int = DEFAULT_SAMPLE_BYTES  # the trained vocabulary's sample (0: the whole corpus)
+    """How many times a merge must occur in the sample to enter a trained vocabulary (``train_wordpiece``'s)."""
+    vocab_sample_bytes: int = DEFAULT_SAMPLE_BYTES
+    """Bytes of decompressed text the trained vocabulary's seeded sample holds (0: the whole corpus); 256 MiB sees
+    every word frequent enough for a 30k English vocabulary in minutes (pipeline/vocab.py)."""
     do_lower_case: bool = True
+    """Lowercase and strip accents before WordPiece (the reference does both or neither); False for cased text."""
     dupe_factor: int = 10
-    num_shards: int | None = None  # None: from the planned size (shards.default_num_shards, ~128 MiB each)
+    """Passes over each document, each with its own seeds (other pairs, other masks); 10 is the reference's default."""
+    num_shards: int | None = None
+    """Parquet shards of the output; None plans them from the counted tokens, about 128 MiB each
+    (``sizes.default_num_shards``), never from the CPUs."""
     pool_tokens: int = 4_000_000
+    """Token budget of the random-next pool: each document joins it with probability min(1, budget / corpus
+    tokens), so it is a seeded sample of the whole corpus (docs/data.md, ``sizes.pool_threshold``)."""
     unit_bytes: int = 4 << 20
+    """Bytes of decompressed text per work unit (4 MiB; a Parquet input's unit is a row group): the build's unit of
+    parallelism and resume. Part of the identity: it moves rows between shards, never changes them (docs/data.md)."""
     endpoint_url: str | None = None
+    """An S3-compatible endpoint (MinIO, Ceph, a test server) for s3:// URLs; not part of the identity."""
     checks: CheckConfig = CheckConfig()
-    curate: CurateConfig = CurateConfig()  # every filter off by default (pipeline/curation/filters.py)
+    """When the build stops because the vocabulary does not fit the text (the [UNK] share); not part of the
+    identity: it decides whether to build, not what."""
+    curate: CurateConfig = CurateConfig()
+    """Document filters, dedup and mix weights; every one off by default, and then not part of the identity
+    (pipeline/curation/filters.py)."""
 
     def __post_init__(self) -> None:
         if not self.output:

@@ -44,10 +44,15 @@ class UnitText:
     """One unit's documents as read: ids and lines, and what the reader dropped."""
 
     uid: str
+    """The unit's id (``Unit.uid``)."""
     path: str
+    """The input file the unit is a piece of, as given (``Unit.path``)."""
     doc_ids: list[str]
+    """Each document's id, in the order the reader gave them: the record's own, or file key and position."""
     lines: list[list[str]]
+    """Each document's text lines, matching ``doc_ids``."""
     report: ReadReport
+    """What the reader dropped, by reason, and the files it could not read to the end."""
 
 
 def read_docs(unit: Unit, ctx: StepContext) -> UnitText:
@@ -221,6 +226,7 @@ class ReadCorpus:
     """The read of one unit as rows (``read_block``): what each of the datasource's read tasks runs."""
 
     ctx: StepContext
+    """Where _work is and how the inputs are read."""
 
     def __call__(self, unit: Unit) -> pa.Table:
         return read_block(unit, self.ctx)
@@ -253,7 +259,9 @@ class SplitTokenize:
     for a document with no tokens) and ``sent_offsets`` (where each sentence starts in them, then the end)."""
 
     ctx: StepContext
+    """The casing, the presplit flag and the vocabulary's size (which picks uint16 or uint32 ids)."""
     vocab: Shared
+    """The vocabulary's tokens, handed to the workers once; each process builds its encoder from it once."""
 
     def setup(self) -> None:
         import corpus.sentences  # noqa: F401 - imported here so a warm worker's first unit does not pay for it

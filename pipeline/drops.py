@@ -94,11 +94,18 @@ class LeftOut:
     """What a global step removed, summed over its files: subtracted from the read pass's totals."""
 
     documents: int = 0
+    """Documents the drop lists remove."""
     sentences: int = 0
+    """Sentences of the removed documents."""
     tokens: int = 0
+    """Their WordPiece tokens, [UNK] included: subtracted from the corpus's tokens that plan the pool and shards."""
     unk_tokens: int = 0
-    reasons: Counter = dataclasses.field(default_factory=Counter)  # documents by reason
-    tokens_per_document: Counter = dataclasses.field(default_factory=Counter)  # the read marker's bins
+    """[UNK] tokens among ``tokens``."""
+    reasons: Counter = dataclasses.field(default_factory=Counter)
+    """Removed documents by reason (``exact_duplicate``, ``near_duplicate``, ``mix``): added to the manifest's
+    ``totals.dropped``."""
+    tokens_per_document: Counter = dataclasses.field(default_factory=Counter)
+    """Removed documents by tokens, in the read marker's power-of-two bins (keyed by lower bound, as str)."""
 
     def add(self, other: LeftOut) -> None:
         for f in ("documents", "sentences", "tokens", "unk_tokens"):

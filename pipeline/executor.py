@@ -39,7 +39,9 @@ class Shared(Protocol):
 @dataclasses.dataclass(frozen=True)
 class LocalShared:
     key: str
+    """Identifies the object for per-process caches (``work.cached``): a new key makes them load it again."""
     value: Any
+    """The object itself: a plain loop shares its process with the steps, so nothing is copied."""
 
     def get(self) -> Any:
         return self.value
@@ -113,13 +115,23 @@ class Stage:
     (what the next stages need from this one: the units, the vocabulary, the pool, a check that refuses early)."""
 
     name: str
+    """The stage's name: its folder of markers in _work and its key in ``BuildState.markers``."""
     step: Callable[[Any], Marker]
+    """The picklable callable run on each item; it commits the item's output, then returns its marker."""
     items: dict[str, Any]
+    """The work items by key, in the order their markers are returned."""
     marker: type[Marker]
+    """The stage's marker type: how committed markers are read back on resume."""
     sizes: dict[str, int] | None = None
+    """Bytes of text per key, for the progress lines' MB/s and ETA; None: items counted only."""
     noun: str = "items"
+    """What the progress lines call the items (``units``, ``shards``, ...)."""
     after: Callable[[Any], None] | None = None
-    probe: Callable[[], float | None] | None = None  # share (0..1) of a running item done, its step says (vocab)
+    """The hook the driver calls with the build's state once the markers are in it; None: later stages need only
+    the markers."""
+    probe: Callable[[], float | None] | None = None
+    """The share (0..1) of a running item done, as its step reports it (the vocab stage): progress for a stage of
+    one long item; None: progress counts finished items only."""
 
 
 def ops_line(stage: str, ops: dict[str, tuple[float, ...]]) -> str:

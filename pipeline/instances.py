@@ -51,14 +51,24 @@ class InstancesMarker(Marker):
 
     stage: ClassVar[str] = "instances"
     uid: str
+    """The unit's id: the marker's key."""
     documents: int
+    """Documents the pass made instances from: the unit's tokenized documents less what drop lists removed."""
     rows: tuple[int, ...]
+    """Instance rows per pass (``dupe_factor`` entries): where each pass's rows sit in the shards' global order."""
     chunks: int
+    """Record batches each pass's rows are cut into (``shards.chunks_per_pass``): the pieces a shard reads."""
     random_next: int
+    """Rows whose segment B is a random document's (``next_sentence_label`` 1), over every pass."""
     masked: int
+    """Masked LM positions over every row and pass."""
     seq_len_histogram: dict[str, int]
-    masked_per_seq_histogram: dict[str, int]  # sequences by their number of masked positions
-    ops: dict[str, tuple] = dataclasses.field(default_factory=dict)  # the operators' statistics (rows.take_ops)
+    """Rows by sequence length in tokens ([CLS] and [SEP] included), keyed by the length as str (JSON keys)."""
+    masked_per_seq_histogram: dict[str, int]
+    """Rows by their number of masked positions, keyed by that number as str (JSON keys)."""
+    ops: dict[str, tuple] = dataclasses.field(default_factory=dict)
+    """The operators' statistics for the unit (``rows.take_ops``): rows in and out, bytes out, CPU and wall
+    seconds, by operator."""
 
     @property
     def key(self) -> str:
@@ -71,8 +81,12 @@ class ReadDocs:
     ``sentences``) and a report row holding how many there are, so the sink knows it has all of them."""
 
     ctx: StepContext
-    dropped: frozenset[str] = frozenset()  # the docs files a global step gave a drop list (drops.py)
-    copied: frozenset[str] = frozenset()  # the docs files with a copies list (--mix weights above 1; drops.py)
+    """Where the unit's docs file is in _work and the endpoint that serves it."""
+    dropped: frozenset[str] = frozenset()
+    """The docs files a global step gave a drop list (drops.py): their listed documents are left out."""
+    copied: frozenset[str] = frozenset()
+    """The docs files with a copies list (--mix weights above 1; drops.py): their listed documents are made more
+    than once."""
 
     def __call__(self, unit: Unit) -> pa.Table:
         error, copies = None, None
@@ -144,8 +158,12 @@ class PairsAndMasks:
     object reference on Ray), built once per process."""
 
     ctx: StepContext
+    """The instance settings, the passes (``dupe_factor``) and the vocabulary's size (uint16 or uint32 ids)."""
     vocab: Shared
+    """The vocabulary's tokens: the special ids, the ## pieces whole-word masking groups, and the ids random
+    replacements are drawn from."""
     pool: Shared
+    """The merged random-next pool's table, built into a ``RandomDocPool`` once per process (``pool_for``)."""
 
     def setup(self) -> None:
         vocab_info_for(self.vocab)
@@ -268,7 +286,9 @@ class WriteUnits:
     a rerun plans only the units without one."""
 
     ctx: StepContext
-    chunks: int = 1  # record batches per pass (shards.chunks_per_pass)
+    """Where each unit's instances file and marker go."""
+    chunks: int = 1
+    """Record batches each pass's rows are cut into (``shards.chunks_per_pass``); 1: a pass is one batch."""
 
     def write(self, tables: list[pa.Table]) -> list[InstancesMarker | UserError]:
         return [write_unit(uid, rows, self.ctx, self.chunks, take_ops()) for uid, rows in by_unit(tables)]

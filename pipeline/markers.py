@@ -1,10 +1,10 @@
 """Completion markers: one small typed JSON record per finished work item (datatrove style).
 
-Each stage's file defines its own marker type (``InstancesMarker`` in ``instances.py``, ...); this module holds what they
-share. A step commits its output atomically, then its marker; a marker's presence means the item is done and is
+Each stage's file defines its own marker type (``InstancesMarker`` in ``instances.py``, ...); this module holds what
+they share. A step commits its output atomically, then its marker; a marker's presence means the item is done and is
 skipped on resume. Markers are frozen dataclasses (``to_json`` / ``from_json``) rather than dicts, so a field that a
-later stage reads has one name and one type. ``read_markers`` reads a stage's markers with a thread pool: on object storage one
-GET costs tens of milliseconds, and a build has thousands of units.
+later stage reads has one name and one type. ``read_markers`` reads a stage's markers with a thread pool: on object
+storage one GET costs tens of milliseconds, and a build has thousands of units.
 """
 from __future__ import annotations
 

@@ -43,8 +43,11 @@ class PoolMarker(Marker):
 
     stage: ClassVar[str] = "pool"
     documents: int
+    """Documents in the pool: the random-next draws choose among them."""
     tokens: int
-    threshold: int  # a document is a member when its pool hash is below it (2**64: every document)
+    """Their tokens: about ``pool_tokens`` (binomially around the budget), or the whole corpus's when it is smaller."""
+    threshold: int
+    """A document is a member when its pool hash is below it: p x 2**64 for a share p (2**64: every document)."""
 
     @property
     def key(self) -> str:
@@ -67,6 +70,7 @@ class LoadPool:
     reference on Ray, read once per node's object store rather than once per worker process from storage)."""
 
     ctx: StepContext
+    """Where the merged pool file is (``pool_url``) and the endpoint that serves it."""
 
     def __call__(self) -> pa.Table:
         return read_table(self.ctx.pool_url(), self.ctx)
@@ -89,9 +93,13 @@ class PoolStep:
     """Merge the units' members into one file, in (hash, id) order: instances items then read one object each."""
 
     ctx: StepContext
-    files: tuple[str, ...]  # every file of tokenized documents
+    """Where the pool file and its marker go, and the vocabulary's size (uint16 or uint32 ids)."""
+    files: tuple[str, ...]
+    """Every file of tokenized documents the read pass wrote: the pool samples the whole corpus."""
     threshold: int
-    dropped: frozenset[str] = frozenset()  # the files with a drop list
+    """The pool-hash threshold below which a document is a member (``sizes.pool_threshold``)."""
+    dropped: frozenset[str] = frozenset()
+    """The files with a drop list (drops.py), whose listed documents stay out of the pool."""
 
     def __call__(self, item: str) -> PoolMarker:
         ctx = self.ctx
@@ -109,8 +117,8 @@ class PoolStep:
 
 def pool_stage(s: BuildState) -> Stage:
     threshold = pool_threshold(s.cfg.pool_tokens, s.corpus_tokens)
-    return Stage("pool", PoolStep(s.ctx, tuple(s.doc_files), threshold, s.dropped), {"pool": "pool"}, PoolMarker, noun="merge",
-                 after=_share_pool)
+    return Stage("pool", PoolStep(s.ctx, tuple(s.doc_files), threshold, s.dropped), {"pool": "pool"}, PoolMarker,
+                 noun="merge", after=_share_pool)
 
 
 def _share_pool(s: BuildState) -> None:

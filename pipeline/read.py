@@ -61,16 +61,29 @@ class ReadMarker(Marker):
 
     stage: ClassVar[str] = "read"
     uid: str
+    """The unit's id: the marker's key."""
     path: str
+    """The unit's input file, redacted (no userinfo, no signature): it is kept in the output folder."""
     read_documents: int
+    """Documents the reader gave, before any filter or the drop of documents without tokens."""
     dropped: dict[str, int]
+    """Records and documents dropped, by reason: the reader's, the filters' and ``no_tokens`` / ``duplicate_id``."""
     bad_files: dict[str, str]
+    """Input files skipped with --on-error skip, by redacted path: the reason each was skipped."""
     documents: int
+    """Documents kept: those with at least one token."""
     sentences: int
+    """Sentences with tokens in the kept documents (the reference drops sentences without tokens)."""
     tokens: int
+    """WordPiece tokens of the kept documents, [UNK] included."""
     unk_tokens: int
-    tokens_per_document: dict[str, int]  # documents by tokens, in power-of-two bins keyed by their lower bound
-    ops: dict[str, tuple] = dataclasses.field(default_factory=dict)  # the operators' statistics (rows.take_ops)
+    """[UNK] tokens among ``tokens``: whether the vocabulary fits the text (corpus/checks.py)."""
+    tokens_per_document: dict[str, int]
+    """Kept documents by tokens, in power-of-two bins keyed by their lower bound (str: JSON keys); summed across
+    units into the manifest's histogram."""
+    ops: dict[str, tuple] = dataclasses.field(default_factory=dict)
+    """The operators' statistics for the unit (``rows.take_ops``): rows in and out, bytes out, CPU and wall
+    seconds, by operator."""
 
     @property
     def key(self) -> str:
@@ -104,7 +117,8 @@ def write_docs(uid: str, rows: pa.Table, ctx: StepContext, unk_id: int, ops: dic
         dropped["no_tokens"] += len(ids) - len(kept)  # the reference removes documents left empty
     hashes = pool_hashes([i for i, _ in kept], ctx.instances.seed)
     order = sorted(range(len(kept)), key=lambda k: (int(hashes[k]), kept[k][0]))
-    twins = {k for a, k in zip(order, order[1:], strict=False) if kept[a][0] == kept[k][0]}  # equal ids sort side by side
+    # Equal ids sort side by side.
+    twins = {k for a, k in zip(order, order[1:], strict=False) if kept[a][0] == kept[k][0]}
     if twins:
         first = kept[min(twins)][0]
         if ctx.read.on_error == "fail":
@@ -131,7 +145,9 @@ class WriteDocs:
     """The read pass's sink: each unit's tokenized documents committed atomically, then its marker."""
 
     ctx: StepContext
+    """Where the docs files and markers go, and the seed of the pool hash."""
     vocab: Shared
+    """The vocabulary's tokens: its [UNK] id, to count [UNK] in each unit."""
 
     def write(self, tables: list[pa.Table]) -> list[ReadMarker | UserError]:
         unk_id = vocab_info_for(self.vocab).unk_id

@@ -47,8 +47,10 @@ class UserError:
     (RayTaskError, Ray Data's UserCodeException, whose cause is lost on the way) the user would get a stack trace
     instead of the one line that names the file and the fix."""
 
-    kind: str  # "InputError" | "ValueError"
+    kind: str
+    """The exception to raise in the driver: ``"InputError"`` or ``"ValueError"``."""
     message: str
+    """The one line the user reads: which file or value, what was wrong and the fix."""
 
     def raise_(self) -> None:
         raise (InputError if self.kind == "InputError" else ValueError)(self.message)
@@ -60,17 +62,26 @@ class RowStage:
     ``operators`` applied in order; ``sink`` commits (``write(tables) -> [Marker | UserError]``)."""
 
     name: str
+    """The stage's name: its folder of markers in _work and its key in ``BuildState.markers``."""
     units: dict[str, Unit]
+    """The units to run by uid, the uid naming the unit's marker, in the order their markers are returned."""
     read: Callable[[Unit], pa.Table]
+    """A unit -> its block of rows, ending with the unit's report row (one read task per unit on Ray)."""
     operators: tuple[Callable[[pa.Table], pa.Table], ...]
+    """Picklable callables over the rows, applied in order in the read task's process."""
     sink: Any
+    """What commits each unit's rows: ``write(tables) -> [Marker | UserError]``."""
     marker: type[Marker]
+    """The stage's marker type: how committed markers are read back on resume."""
     sizes: dict[str, int] | None = None
+    """Bytes of text per uid, for the progress lines' MB/s and ETA; None: units counted only."""
     noun: str = "units"
-    after: Callable[[Any], None] | None = None  # the stage's hook (executor.Stage says what for)
-    # A user's ray.data.Dataset streamed through the operators instead of ``read`` over ``units``: the sink's
-    # results are the stage's, and the pass always runs (what it read is only known by reading it)
+    """What the progress lines call the units."""
+    after: Callable[[Any], None] | None = None
+    """The stage's hook (``executor.Stage.after`` says what for); None: later stages need only the markers."""
     source: Any = None
+    """A user's ray.data.Dataset streamed through the operators instead of ``read`` over ``units``: the sink's
+    results are the stage's, and the pass always runs (what it read is only known by reading it); None: units."""
 
     def setup(self) -> None:
         """Load what the operators keep per process (the tokenizer, the pool): the warm-up runs it."""

@@ -52,14 +52,20 @@ PARQUET_ROW_GROUP = 1 << 16
 CHUNKS_PER_SHARD = 32  # pieces of units a shard should mix, when the corpus has fewer units than that per shard
 MAX_CHUNKS = 64  # chunks per unit and pass at most: each is one small read for a shard item
 _READ_THREADS = 8
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardItem:
-    """The work item of one shard: shard ``index`` of ``count``, its slices ``(uid, batch, lo, hi)``, rows [lo, hi) of record batch ``batch``
-    of the unit's instances file, in global order."""
+    """The work item of one shard: shard ``index`` of ``count``, its slices ``(uid, batch, lo, hi)``, rows [lo, hi)
+    of record batch ``batch`` of the unit's instances file, in global order."""
 
     index: int
+    """The shard's number, from 0: its place in the global order and its file name."""
     count: int
+    """Shards in the dataset: the S of ``part-i-of-S``."""
     slices: tuple[tuple[str, int, int, int], ...]
+    """``(uid, batch, lo, hi)``: rows [lo, hi) of record batch ``batch`` of unit ``uid``'s instances file, in global
+    order; only what this shard's row range covers."""
 
     @property
     def rows(self) -> int:
@@ -159,8 +165,11 @@ def write_shard(item: ShardItem, url: str, source: Callable[[str], str], schema:
 class ShardMarker(Marker):
     stage: ClassVar[str] = "shards"
     index: int
+    """The shard's number, from 0: the marker's key."""
     file: str
+    """The shard's path under the output folder, ``shards/part-i-of-S.parquet`` (``corpus.schema.shard_name``)."""
     rows: int
+    """Instance rows written: the shards' counts differ by at most one."""
 
     @property
     def key(self) -> str:
@@ -170,6 +179,7 @@ class ShardMarker(Marker):
 @dataclasses.dataclass(frozen=True)
 class ShardStep:
     ctx: StepContext
+    """Where the units' instances files are (_work), where the shards go (the output) and the vocabulary's size."""
 
     def __call__(self, item: ShardItem) -> ShardMarker:
         ctx = self.ctx

@@ -21,24 +21,45 @@ from pipeline.work import StepContext
 @dataclasses.dataclass
 class BuildState:
     cfg: BuildConfig
+    """The build's config, whole: the planners read it; the steps get ``ctx`` instead."""
     inputs: BuildInputs
-    executor: Any  # executor.Executor
-    chash: str  # the config's hash
+    """The inputs (files and their stamps, or a Dataset), the vocabulary given and the files ignored."""
+    executor: Any
+    """The ``executor.Executor`` every stage runs on: the plain loop or Ray Data."""
+    chash: str
+    """The config's hash: the identity (``cfg.identity()``, the vocabulary's SHA-256, curation's), as
+    ``_work/config.json`` and the manifest keep it."""
     report: ReadReport = dataclasses.field(default_factory=ReadReport)
-    units: list[Unit] = dataclasses.field(default_factory=list)  # set by the pieces stage's hook
-    unit_sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # bytes of text per unit (progress)
-    vocab_bytes: bytes | None = None  # the given vocabulary, or the trained one once its stage has run
-    corpus_tokens: int = 0  # the tokens the read pass kept: exact, once it has run
-    doc_units: dict[str, Unit] = dataclasses.field(default_factory=dict)  # the instances pass's units, by uid
-    doc_files: list[str] = dataclasses.field(default_factory=list)  # every file of tokenized documents (the pool's)
-    dropped: frozenset[str] = frozenset()  # the doc files a global step gave a drop list (drops.py)
-    left_out: LeftOut = dataclasses.field(default_factory=LeftOut)  # what those lists remove
-    copied: frozenset[str] = frozenset()  # the doc files a global step gave a copies list (--mix; drops.py)
-    repeat_tokens: int = 0  # the tokens of those extra copies: the instances pass makes them too
-    pool: Shared | None = None  # the merged random-next pool once its stage has run (an object reference on Ray)
-    warnings: list[str] = dataclasses.field(default_factory=list)  # the manifest's, one line each
-    markers: dict[str, list[Marker]] = dataclasses.field(default_factory=dict)  # by stage name, in item order
-    fence: Any = None  # the output's writer lease (storage/fence.py): proved by every item's commit
+    """Input files skipped (--on-error skip) while the units were planned and the pieces cut, and why."""
+    units: list[Unit] = dataclasses.field(default_factory=list)
+    """Every unit of the inputs; set by the pieces stage's hook (a Dataset's: by the read pass's)."""
+    unit_sizes: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Bytes of text per unit, by uid (compressed ones estimated): the progress lines' MB/s and ETA."""
+    vocab_bytes: bytes | None = None
+    """The given vocab.txt's bytes, or the trained one's once its stage has run."""
+    corpus_tokens: int = 0
+    """The tokens the read pass kept, less what global steps left out: exact once it has run; plans the pool's
+    threshold and the default shard count."""
+    doc_units: dict[str, Unit] = dataclasses.field(default_factory=dict)
+    """The instances pass's units by uid: those whose read kept at least one document."""
+    doc_files: list[str] = dataclasses.field(default_factory=list)
+    """Every file of tokenized documents the read pass wrote: what the pool samples and global steps decide on."""
+    dropped: frozenset[str] = frozenset()
+    """The docs files a global step gave a drop list (drops.py)."""
+    left_out: LeftOut = dataclasses.field(default_factory=LeftOut)
+    """What those drop lists remove, summed: subtracted from the read pass's totals in the manifest."""
+    copied: frozenset[str] = frozenset()
+    """The docs files a global step gave a copies list (--mix; drops.py)."""
+    repeat_tokens: int = 0
+    """The tokens of those extra copies: the instances pass makes them too, so the default shard count counts them."""
+    pool: Shared | None = None
+    """The merged random-next pool once its stage has run (an object reference on Ray)."""
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    """The manifest's warnings, one line each (instance settings, the [UNK] share, a vocabulary shortfall, ...)."""
+    markers: dict[str, list[Marker]] = dataclasses.field(default_factory=dict)
+    """Every finished stage's markers by stage name, in item order: what later planners read."""
+    fence: Any = None
+    """The output's writer lease (storage/fence.py): proved by every item's commit; None: nothing to prove."""
 
     @functools.cached_property
     def vocab_tokens(self) -> list[str]:

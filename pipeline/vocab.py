@@ -44,12 +44,21 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class VocabContext:
     read: ReadOptions
+    """How the sampled inputs are read (``BuildConfig.read``)."""
     vocab_size: int = BERT_VOCAB_SIZE
+    """Entries asked of the trainer, special tokens included; bert-base-uncased's 30522 by default. A sample with
+    too few distinct words gives fewer (``vocab_size_warning``)."""
     min_frequency: int = 2
+    """How many times a merge must occur in the sample to enter the vocabulary (``train_wordpiece``'s default)."""
     do_lower_case: bool = True
+    """Lowercase and strip accents before training, as the encoder will before encoding."""
     endpoint_url: str | None = None
-    work: str | None = None  # where the marker goes (<work>/vocab/vocab.done.json); None: no marker (a job)
-    fence: Any = None  # the output's writer lease (storage/fence.py)
+    """An S3-compatible endpoint for s3:// URLs; None: the default one."""
+    work: str | None = None
+    """Where the marker goes (``<work>/vocab/vocab.done.json``); None: no marker, nothing to resume from
+    (``vocab_step`` called on its own)."""
+    fence: Any = None
+    """The output's writer lease (storage/fence.py), proved before the marker is committed; None: nothing to prove."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,8 +66,11 @@ class VocabItem:
     """The work item: the sampled blocks (each a list of units read in order) and where the vocab.txt goes."""
 
     blocks: list[list[Unit]]
+    """The sampled blocks in corpus order, each the units (or parts of pieces) it reads in order."""
     output: str
-    sampled_bytes: int = 0  # what sample_blocks says the blocks span
+    """Where vocab.txt is committed (its ``.progress`` file beside it while training)."""
+    sampled_bytes: int = 0
+    """Decompressed bytes the blocks span (``sample_blocks``): the progress share's denominator."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,13 +79,21 @@ class VocabMarker(Marker):
 
     stage: ClassVar[str] = "vocab"
     file: str
+    """Where the trained vocab.txt was committed."""
     sha256: str
+    """The vocab.txt's bytes' SHA-256 (hex)."""
     vocab_size: int
+    """Entries the trainer gave: fewer than asked when the sample holds too few distinct words."""
     blocks: int
-    sampled_bytes: int  # decompressed bytes the blocks span (planned), what the budget bounds
+    """Sampled blocks it was trained on."""
+    sampled_bytes: int
+    """Decompressed bytes the blocks span (planned): what the ``sample_bytes`` budget bounds."""
     documents: int
-    dropped: dict[str, int]  # records and files the reader dropped in the sample, by reason
-    worker: str = ""  # host:pid of the process that trained it
+    """Documents read from the sample (the first of the trainer's two passes)."""
+    dropped: dict[str, int]
+    """Records and files the reader dropped in the sample, by reason."""
+    worker: str = ""
+    """``host:pid`` of the process that trained it: shows the item ran on a worker, not the driver."""
 
     @property
     def key(self) -> str:
@@ -175,6 +195,7 @@ def vocab_step(item: VocabItem, ctx: VocabContext) -> VocabMarker:
 @dataclasses.dataclass(frozen=True)
 class VocabStep:
     ctx: VocabContext
+    """What the training reads with and asks for, and where the marker goes."""
 
     def __call__(self, item: VocabItem) -> VocabMarker:  # vocab_step as a picklable step of one argument
         return vocab_step(item, self.ctx)
@@ -186,8 +207,12 @@ class VocabSample:
     the order of a hash seeded by ``seed``."""
 
     unit_bytes: int
+    """Bytes of decompressed text per block: the build's ``unit_bytes``, so the build and jobs/train_tokenizer.py
+    draw the same blocks."""
     sample_bytes: int = DEFAULT_SAMPLE_BYTES
+    """The sample's budget in decompressed bytes (0: every block); 256 MiB by default (the module says why)."""
     seed: int = DEFAULT_SEED
+    """Seeds the hash that orders the blocks: the build's ``instances.seed``."""
 
 
 def vocab_stage(s: BuildState) -> Stage | None:

@@ -26,15 +26,25 @@ class StepContext:
     (the config's hash)."""
 
     work: str
+    """The build's working folder, ``<output>/_work``: every stage's intermediate files and markers."""
     output: str
+    """The dataset's folder, where the shards are committed."""
     read: ReadOptions
+    """How the inputs are read (``BuildConfig.read``)."""
     instances: InstanceConfig
+    """How documents become instances (``BuildConfig.instances``)."""
     do_lower_case: bool
+    """Lowercase and strip accents before WordPiece (``BuildConfig.do_lower_case``)."""
     dupe_factor: int
+    """Passes over each document (``BuildConfig.dupe_factor``)."""
     vocab_size: int
+    """Entries of the vocabulary in use (given or trained, not the one asked for): it picks uint16 or uint32 ids."""
     build_id: str
+    """The config's hash (``BuildState.chash``)."""
     endpoint_url: str | None = None
-    fence: Any = None  # the output's writer lease, proved before each commit (storage/fence.py)
+    """An S3-compatible endpoint for s3:// URLs; None: the default one."""
+    fence: Any = None
+    """The output's writer lease, proved before each commit (storage/fence.py); None: nothing to prove."""
 
     def url(self, *parts: str) -> str:
         return join(self.work, *parts)

@@ -39,9 +39,14 @@ class Replay:
     """What a replay needs: the data order's settings, the seed, the vocabulary size and the number of workers."""
 
     data: DataConfig
+    """The data order's settings (dataset, global batch, bucketing, masking, packing); `steps` cuts it for `world`
+    workers (`DataConfig.for_world`)."""
     seed: int
+    """The run's seed (`RuntimeConfig.seed`): the order and the dynamic masks derive from it."""
     vocab_size: int
+    """The model's vocabulary size: dynamic masking draws its random tokens below it."""
     world: int = 1
+    """Workers whose shares are replayed and joined; the digests are the same for any number."""
 
 
 def steps(replay: Replay, first: int, last: int) -> Iterator[tuple[int, np.ndarray, order.GlobalBatch]]:

@@ -97,9 +97,14 @@ class Remasker:
     """Dynamic masking: restore the original ids, then redraw MLM positions with the builder's rule."""
 
     vocab_size: int
+    """Random replacements (10% of the picks) are drawn uniformly from ids [0, vocab_size)."""
     mask_id: int
+    """The [MASK] token's id, written at 80% of the picks."""
     max_predictions: int
+    """At most this many picks per row: the dataset's max_predictions, the masked-LM slots `collate` pads to."""
     masked_lm_prob: float = 0.15
+    """The share of a row's tokens picked (rounded half to even as the reference does, at least 1): the BERT
+    paper's 15%."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.masked_lm_prob < 1.0:

@@ -18,12 +18,12 @@ replayed as CUDA graphs, and a fast restart from compiled artifacts kept where t
   which `private_inductor_cache` keeps in a folder of this user's (`TORCHINDUCTOR_CACHE_DIR` when the operator set
   it, else `~/.cache/bert-pretrain/inductor`, mode 0700; refused when another user owns it or can write it) instead
   of torch's default under the world-writable /tmp (which torch writes into TORCHINDUCTOR_CACHE_DIR itself once
-  anything asks for its cache: that value is replaced, not taken for the operator's). A restart on another node compiles again, unless the operator names a shared folder
-  they trust with `--compile-cache DIR` (`RuntimeConfig.compile_cache`): `torch.compiler.save_cache_artifacts()`
-  (FX-graph and AOTAutograd caches, autotune results, Triton kernels) is written there after every checkpoint, one
-  file per compile identity (`compile_key`: torch, device, backend, model, batch shapes), and hot-loaded before
-  anything compiles. Dynamo still traces (seconds); code generation and kernel compilation become cache hits. A
-  mismatch only costs a normal compile.
+  anything asks for its cache: that value is replaced, not taken for the operator's). A restart on another node
+  compiles again, unless the operator names a shared folder they trust with `--compile-cache DIR`
+  (`RuntimeConfig.compile_cache`): `torch.compiler.save_cache_artifacts()` (FX-graph and AOTAutograd caches, autotune
+  results, Triton kernels) is written there after every checkpoint, one file per compile identity (`compile_key`:
+  torch, device, backend, model, batch shapes), and hot-loaded before anything compiles. Dynamo still traces
+  (seconds); code generation and kernel compilation become cache hits. A mismatch only costs a normal compile.
 """
 from __future__ import annotations
 

@@ -33,12 +33,18 @@ class ModelConfig:
     """The architecture, and where the first weights come from (None: fresh, seeded by `RuntimeConfig.seed`)."""
 
     bert: BertConfig
-    # An export, a checkpoint directory or any HF BERT directory: a local path, or a URL (s3://, gs://, ...) that
-    # every worker fetches into `init_cache` (so stages on a cluster need no shared volume).
+    """The architecture (HF field names); with `init`, the one in init's config.json (`resolve`)."""
     init: str | None = None
-    init_vocab_sha256: str = ""  # of init's vocab.txt ("" without one): must be the dataset's
-    init_cache: str | None = None  # a local folder (under the job's storage or working directory) for a URL init
-    init_endpoint_url: str | None = None  # S3-compatible endpoint of an s3:// init
+    """An export, a checkpoint directory or any HF BERT directory: a local path, or a URL (s3://, gs://, ...) that
+    every worker fetches into `init_cache` (so stages on a cluster need no shared volume). None: fresh weights."""
+    init_vocab_sha256: str = ""
+    """sha256 of init's vocab.txt ("" without one, or without init); `PretrainConfig` requires it to equal the
+    dataset's vocabulary hash: same-size vocabularies with other tokens would give the ids other meanings."""
+    init_cache: str | None = None
+    """The local folder a URL init is fetched into (under the job's storage or working directory: the launch's
+    `init_cache`); None for a local init."""
+    init_endpoint_url: str | None = None
+    """S3-compatible endpoint of an s3:// init (MinIO, Ceph, ...); None: the S3 client's default."""
 
     @classmethod
     def resolve(cls, preset: str, init: str | None, vocab_size: int, init_cache: str | None = None,
@@ -76,12 +82,25 @@ class ModelConfig:
 @dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
     name: str = "adamw"
+    """"adamw" or "lamb" (`training.optim`; LAMB, You et al. 2019: a per-parameter trust ratio, for very large
+    global batches)."""
     lr: float = 1e-4
+    """Peak learning rate, reached at the end of warm-up. 1e-4 is the BERT paper's at BERT-base width and batch 256;
+    the job passes a default for the model's width instead (`training.defaults`, docs/learning-rates.md)."""
     weight_decay: float = 0.01
+    """Decoupled weight decay on the weight matrices; biases and LayerNorm weights get none, as in BERT's reference
+    (`training.optim.param_groups`). 0.01 is BERT's."""
     warmup_steps: int = 0
+    """Optimizer steps over which the rate ramps linearly from 0 to `lr`; 0: none. The job defaults to 10% of
+    `max_steps` (`training.defaults.WARMUP_FRACTION`): a small model at a high rate without it diverged or stalled."""
     decay: str = "linear"
+    """How the rate falls from `lr` after warm-up to 0 at `max_steps`: "linear", or "poly" ((1 - progress) **
+    `poly_power`)."""
     poly_power: float = 0.5
-    max_grad_norm: float = 1.0  # <= 0 disables clipping
+    """The exponent of the "poly" decay (no effect on "linear")."""
+    max_grad_norm: float = 1.0
+    """The global L2 norm the gradients are clipped to before each update; <= 0 disables clipping (the norm is
+    still measured and logged). 1.0 is the BERT reference's clip."""
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
@@ -98,8 +117,13 @@ class CheckpointConfig:
     launcher's (`training.launch`: `worker.checkpoints`); `fit` without one writes none."""
 
     every: int = 1000
-    vocab_url: str | None = None  # vocab.txt written beside the weights (the dataset's)
+    """Optimizer steps between checkpoints; the last step always writes one."""
+    vocab_url: str | None = None
+    """The vocab.txt written beside the weights (the dataset's), so a checkpoint is a whole HF model directory;
+    None: none."""
     do_lower_case: bool = True
+    """Written to the tokenizer config beside the weights: whether text is lower-cased before WordPiece. It must be
+    the dataset's (the job passes its vocabulary's)."""
 
     def __post_init__(self) -> None:
         if self.every < 1:
@@ -111,31 +135,49 @@ class RuntimeConfig:
     """Device, precision, compilation, threads, budget and the seed every random draw derives from."""
 
     device: str = "auto"
-    precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
-    compile: bool | None = None  # None: on for CUDA, off for CPU
+    """"auto" (CUDA when torch sees a GPU, else CPU), "cpu" or "cuda"; the device the launcher gives a worker wins."""
+    precision: str = "auto"
+    """"auto" (bf16 autocast on CUDA, fp32 on CPU), "fp32" or "bf16" (autocast; weights and optimizer state stay
+    fp32)."""
+    compile: bool | None = None
+    """`torch.compile` the model (one static graph per batch width: `pretraining.compile`); None: on for CUDA, off
+    for CPU."""
     compile_backend: str = "inductor"
-    # CUDA graphs for the compiled step (pretraining.compile: reduce-overhead; accum 1 only; no effect on CPU).
+    """The `torch.compile` backend: "inductor" generates fused kernels; "aot_eager" traces without code
+    generation."""
     cuda_graphs: bool = False
-    # bert_core's fused GPU kernels (pretraining.kernel_options): None = bert_core's default (the composition, the
-    # measured path), True / False = always / never; and whether their LayerNorm sites keep a bf16 residual stream
-    # under autocast (needs the kernels on).
+    """Replay the compiled step as CUDA graphs (`pretraining.compile`: reduce-overhead; accum 1 only; no effect on
+    CPU). Off: unmeasured here, and torch's graph trees mis-accumulate gradients across micro-batches."""
     fused_kernels: bool | None = None
+    """bert_core's fused GPU kernels (`pretraining.kernel_options`): None = bert_core's default (the composition,
+    the measured path), True / False = always / never."""
     low_precision_residual: bool = False
-    # Compile every length bucket's graph before the first step (forward + backward on a synthetic batch of each
-    # width, gradients dropped): no bucket's first appearance stalls a measured window later in the run.
+    """The fused LayerNorm sites keep the residual stream in bf16 under autocast (needs the fused kernels on). Off:
+    whether the loss curve stays fp32's is unmeasured."""
     precompile_buckets: bool = True
-    # A folder the operator trusts (its contents run as code: Inductor's caches are pickles and generated modules):
-    # compiled artifacts are saved there after each checkpoint and loaded from it before compiling, for a fast
-    # restart on any node that mounts it. None: only this node's private Inductor cache (pretraining.compile).
+    """Compile every length bucket's graph before the first step (forward + backward on a synthetic batch of each
+    width, gradients dropped): no bucket's first appearance stalls a measured window later in the run."""
     compile_cache: str | None = None
-    compile_warmup_steps: int = 3  # steps kept out of throughput when compiling (their time is compilation)
-    # Steps kept out of throughput whatever the compile setting (benchmarks: allocator and cache warm-up too);
-    # None: compile_warmup_steps when compiling, else none.
+    """A folder the operator trusts (its contents run as code: Inductor's caches are pickles and generated modules):
+    compiled artifacts are saved there after each checkpoint and loaded before compiling, for a fast restart on any
+    node that mounts it. None: only this node's private Inductor cache (`pretraining.compile`)."""
+    compile_warmup_steps: int = 3
+    """Steps kept out of throughput, MFU and HFU when compiling: their time is compilation."""
     exclude_steps: int | None = None
-    threads: int | None = None  # torch intra-op threads on CPU
-    peak_flops: float | None = None  # the accelerator's peak for mfu (default: known GPUs' bf16 peak)
+    """Steps kept out of throughput whatever the compile setting (benchmarks: allocator and cache warm-up too);
+    None: `compile_warmup_steps` when compiling, else none."""
+    threads: int | None = None
+    """torch intra-op threads on a CPU worker (restored when `fit` returns); None: torch's own. The job passes its
+    CPUs per worker, rounded."""
+    peak_flops: float | None = None
+    """The accelerator's peak in FLOP/s, the denominator of mfu and hfu; None: known GPUs' dense bf16 peak
+    (`pretraining.perf.PEAK_BF16_FLOPS`), and no mfu on CPU."""
     max_seconds: float | None = None
+    """Wall-clock budget of the training loop in seconds (--max-minutes): it stops at the first log step past it,
+    with a final eval, checkpoint and export; the lr schedule still spans `max_steps`. None: no budget."""
     seed: int = DEFAULT_SEED
+    """The seed of every random draw of the run (initial weights, data order, dropout, dynamic masks, packing);
+    12345 is create_pretraining_data.py's --random_seed (`corpus.rng.DEFAULT_SEED`)."""
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -159,15 +201,25 @@ class PretrainConfig:
     """Everything a pre-training run needs, composed from the components above."""
 
     model: ModelConfig
+    """The architecture and where its first weights come from; checked against `data` in `__post_init__`."""
     data: DataConfig
+    """The training stream: the dataset, the global batch and a worker's share of it, bucketing, masking, packing."""
     max_steps: int
+    """Optimizer steps of the run; the lr schedule (warm-up, then decay to 0) spans them."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """The optimizer, its learning-rate schedule and gradient clipping."""
     eval: EvalConfig | None = None
+    """Held-out data for eval_* metrics; None: no evaluation."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """How often checkpoints are written and what goes beside the weights."""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """How often metrics are logged to MLflow, and whether system metrics are."""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    """Device, precision, compilation, threads, time budget and the seed."""
     guard: GuardConfig = field(default_factory=GuardConfig)
+    """The divergence guard (`training.guard`): when a non-finite or spiking loss skips a step or rolls back."""
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    """The memory per worker the micro-batch is checked against at set-up."""
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:

@@ -57,27 +57,49 @@ class DataConfig:
     larger than the planned one (the memory plan's)."""
 
     train: Manifest
-    endpoint_url: str | None = None  # S3-compatible endpoint of s3:// datasets (train and eval); credentials: the env
+    """The training dataset's typed manifest (shards and their rows, sequence lengths, vocabulary); its sha256 is
+    part of the data order's key (`pretraining.order.order_key`)."""
+    endpoint_url: str | None = None
+    """S3-compatible endpoint of s3:// datasets (train and eval); None: the S3 client's default. Credentials come
+    from the environment, never from a config (it is logged)."""
     micro_batch_size: int
-    accum: int = 1  # micro-batches per optimizer step on each rank
-    batch_size: int = 0  # rows per optimizer step over all workers; 0: micro_batch_size x accum (one worker)
+    """Rows one worker forwards at once (packed rows when packing): the memory plan's (`pretraining.memory`). It
+    does not change the data order."""
+    accum: int = 1
+    """Micro-batches per optimizer step on each rank (gradient accumulation)."""
+    batch_size: int = 0
+    """Rows per optimizer step over all workers (packed rows when packing): it fixes the data order. 0:
+    micro_batch_size x accum (one worker)."""
     length_bucketing: bool = True
-    bucket_window: int = 32  # global batches drawn together from the stream (sorted by length when bucketing)
-    # Sequence widths a batch is padded to (the smallest that fits its longest row). Empty: the defaults from
-    # max_seq_length. A fixed set keeps torch.compile to one graph per width.
+    """Sort each window of `bucket_window` global batches by length before cutting it, so the rows of a batch have
+    similar lengths and little padding; off: a batch is a random B of the window's rows."""
+    bucket_window: int = 32
+    """Global batches drawn together from the stream (sorted by length when bucketing), in a seeded order."""
     length_buckets: tuple[int, ...] = ()
+    """Sequence widths a batch is padded to (the smallest that fits its longest row): a fixed set keeps
+    torch.compile to one graph per width. Empty: multiples of max_seq_length / 4 rounded up to 8
+    (`default_length_buckets`)."""
     dynamic_masking: bool = False
+    """Redraw every row's MLM mask each time it is read (`pretraining.batching.Remasker`, keyed by example and
+    epoch); off: the masks the dataset was built with."""
     mask_id: int = 103
+    """The [MASK] token's id, for dynamic masking: 103 in Google's BERT vocabularies; the job passes the dataset's."""
     masked_lm_prob: float = 0.15
-    # Packing (pretraining.packing): micro_batch_size packed rows of pack_width positions (0: max_seq_length; wider
-    # rows are allowed, positions restart per sequence), each holding up to pack_sequences whole sequences and
-    # pack_slots masked-LM slots (0: max_predictions per max_seq_length of width, + pack_sequences), packed per
-    # window of pack_window_rows dataset rows (0: bucket_window x batch_size x pack_sequences).
+    """The share of each row's tokens that dynamic masking masks (rounded, at least 1, at most max_predictions):
+    the BERT paper's 15%; the job passes the dataset's."""
     packing: bool = False
+    """Pack whole sequences end to end into fixed-width rows instead of padding (`pretraining.packing`): one shape
+    for every micro-batch. Off until a GPU run shows it winning (docs/benchmarks.md)."""
     pack_width: int = 0
+    """Positions per packed row; 0: the dataset's max_seq_length. Wider rows are allowed (positions restart per
+    sequence), narrower ones not."""
     pack_sequences: int = 3
+    """At most this many whole sequences per packed row."""
     pack_slots: int = 0
+    """Masked-LM slots per packed row; 0: max_predictions per max_seq_length of width, plus one per sequence for
+    its rounding (a sequence that would overflow them goes to another packed row, never truncated)."""
     pack_window_rows: int = 0
+    """Dataset rows packed together, each window on its own; 0: bucket_window x batch_size x pack_sequences."""
 
     def __post_init__(self) -> None:
         if self.packing and (self.pack_sequences < 1 or self.pack_slots < 0 or self.pack_window_rows < 0):
@@ -168,9 +190,15 @@ class EvalConfig:
     """Held-out data for eval_* metrics; `every` = 0: only at the end."""
 
     data: Manifest
-    sequences: int = 2048  # the first N sequences (0: all)
+    """The held-out dataset's typed manifest; `PretrainConfig` requires the training data's vocabulary."""
+    sequences: int = 2048
+    """Evaluate on the first N sequences of its shards (0: all)."""
     every: int = 0
+    """Optimizer steps between evaluations, plus one at the end; 0: only at the end (the job's default spreads a few
+    over the run)."""
     batch_size: int = 64
+    """Rows per held-out batch (checked >= 1). `pretraining.loop` evaluates in batches of the training
+    micro-batch (`DataConfig.micro_batch_size`) and does not read it."""
 
     def __post_init__(self) -> None:
         if self.sequences < 0 or self.every < 0 or self.batch_size < 1:

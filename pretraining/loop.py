@@ -22,34 +22,25 @@ batch seen: the skipped count (checkpointed) keeps the step and the data positio
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch import nn
 
-from bert_core import BertForPreTraining
 from corpus.rng import derive_seed as seed_for
 from pretraining import compile as compile_mod
-from pretraining import kernel_options, memory, order
+from pretraining import kernel_options, memory, order, recovery
 from pretraining import loader as data_mod
 from pretraining.config import PretrainConfig
 from pretraining.metrics import MetricSums
-from pretraining.perf import RunTotals, Window, peak_flops, throughput
+from pretraining.perf import Window, peak_flops, throughput
+from pretraining.run_state import TrainRun, all_reduce_host, build_model
 from pretraining.step import evaluate, train_step
-from tracking.tracker import NullTracker, Tracker
-from training.checkpoint import load_train_state, write_checkpoint
+from tracking.tracker import NullTracker
+from training.checkpoint import load_train_state
 from training.guard import (
-    Divergence,
     Guard,
-    StepLog,
-    TrainingDiverged,
-    advice,
-    model_and_optimizer_tensors,
-    nonfinite_tensors,
 )
 from training.optim import build_optimizer, build_scheduler
 from training.progress import Progress
@@ -59,35 +50,12 @@ from training.worker import FitResult, Worker, resolve_device
 log = logging.getLogger(__name__)
 
 
-def _build_model(config: PretrainConfig, checkpoint_dir: Path | None) -> BertForPreTraining:
-    if checkpoint_dir is not None:
-        return BertForPreTraining.from_pretrained(checkpoint_dir / "model")
-    if config.model.init:
-        model, info = BertForPreTraining.from_pretrained(config.model.init_dir(), output_loading_info=True)
-        if info["missing_keys"]:
-            log.warning("init %s lacked %s (freshly initialised)", config.model.init, info["missing_keys"])
-        return model
-    torch.manual_seed(config.runtime.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
-    return BertForPreTraining(config.model.bert)
-
-
 def _read_vocab(config: PretrainConfig) -> str | None:
     if not config.checkpoint.vocab_url:
         return None
     from storage.fs import read_bytes
 
     return read_bytes(config.checkpoint.vocab_url, config.data.endpoint_url).decode("utf-8")
-
-
-def _all_reduce_host(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return t
-    dev = (torch.device("cuda", torch.cuda.current_device()) if torch.distributed.get_backend() == "nccl"
-           else torch.device("cpu"))
-    t = t.to(dev)
-    ops = {"sum": torch.distributed.ReduceOp.SUM, "min": torch.distributed.ReduceOp.MIN}
-    torch.distributed.all_reduce(t, op=ops[op])
-    return t.cpu()
 
 
 STOPPED_TAG = "stopped_by"  # the run's tag when the wall-clock budget ended it before --max-steps
@@ -118,42 +86,6 @@ def fit(config: PretrainConfig, worker: Worker | None = None) -> FitResult:
         torch.set_num_threads(threads_before)  # the caller's process (a test session, a notebook) keeps its own
 
 
-@dataclass
-class _Run:
-    """What the set-up builds and the step loop advances (and a rollback restores)."""
-
-    config: PretrainConfig
-    worker: Worker
-    device: torch.device
-    raw: BertForPreTraining
-    model: nn.Module  # raw, wrapped (DDP) and maybe compiled: what steps
-    optimizer: torch.optim.Optimizer
-    scheduler: object
-    initial_state: tuple[dict, dict] | None  # a fresh run's (optimizer, scheduler) state: a rollback to step 0
-    autocast_dtype: torch.dtype | None
-    step: int
-    resumed_from: int
-    guard: Guard
-    tracker: Tracker
-    progress: Progress
-    vocab_text: str | None
-    peak: float | None
-    eval_rows: object | None
-    warmup: int
-    compiled: bool = False
-    data: object = None  # config.data for this world size (`DataConfig.for_world`)
-    batches: object = None
-    position: object = None  # the stream position after the last step taken
-    seen: dict = field(default_factory=dict)  # step -> the global batch's example ids, since the last review
-    digests: dict = field(default_factory=dict)  # step -> its batch's digest, since the last checkpoint (rank 0)
-    executed: int = 0  # steps run by this process (the warm-up exclusion counts these)
-    step_log: StepLog = field(default_factory=StepLog)
-    sums: MetricSums = field(default_factory=MetricSums)
-    window: Window | None = None
-    totals: RunTotals = field(default_factory=RunTotals)
-    t_start: float = field(default_factory=time.perf_counter)
-
-
 def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitResult:
     """Set-up, then the step loop: step; at log steps the window's reduction; at log and checkpoint steps the
     guard's review (a divergence rolls back); evaluation; logging; checkpoint writing."""
@@ -172,7 +104,7 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
     return result
 
 
-def _steps(run: _Run, result: FitResult, log_every: int, eval_every: int) -> None:
+def _steps(run: TrainRun, result: FitResult, log_every: int, eval_every: int) -> None:
     """The step loop of `_fit` (which turns a GPU kernel's error into a `KernelFault`)."""
     config, worker = run.config, run.worker
     while run.step < config.max_steps:
@@ -189,11 +121,13 @@ def _steps(run: _Run, result: FitResult, log_every: int, eval_every: int) -> Non
         if metrics or save:
             divergence = run.guard.review(*run.step_log.read())
             if divergence is None and save:
-                divergence = _nonfinite_state(run)
+                divergence = recovery.nonfinite_state(run)
             if divergence is not None:
                 if not metrics:  # a checkpoint's review: the window that diverged is logged all the same
                     metrics, _ = _reduce_window(run, out)
-                _roll_back(run, result, divergence, metrics)  # or raise TrainingDiverged
+                recovery.roll_back(run, divergence, lambda at, m=metrics: _record(  # or raises TrainingDiverged
+                    run, result, {**m, **run.guard.window_metrics()}, at))  # the counters after the verdict
+                _new_window(run)  # the stream goes on: its position is already past every batch seen since then
                 continue
             run.seen.clear()  # reviewed: none of these batches will be skipped
             if metrics:
@@ -203,7 +137,7 @@ def _steps(run: _Run, result: FitResult, log_every: int, eval_every: int) -> Non
         if metrics:
             _record(run, result, metrics)
         if save:
-            _save_checkpoint(run, result, metrics, last)
+            recovery.save_checkpoint(run, result, metrics, last)
         if worker.rank == 0:
             for line in run.progress.notes(run.step):
                 log.info("%s", line)
@@ -223,7 +157,7 @@ def _steps(run: _Run, result: FitResult, log_every: int, eval_every: int) -> Non
 
 # ---- set-up ------------------------------------------------------------------------------------------------------
 
-def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> _Run:
+def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> TrainRun:
     """The model, optimizer and schedule (from the latest checkpoint when there is one), compiled if asked, and
     this rank's batches from the data position; the tracker on rank 0."""
     rt, opt_cfg = config.runtime, config.optimizer
@@ -237,7 +171,7 @@ def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> _Ru
     latest = worker.checkpoints.latest() if worker.checkpoints is not None else contextlib.nullcontext(None)
     with latest as ckpt_dir:
         ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else None
-        raw = _build_model(config, ckpt_dir).to(device)
+        raw = build_model(config, ckpt_dir).to(device)
         kernel_options.apply(raw, rt.fused_kernels, rt.low_precision_residual)
         # Where the fused kernels run (CUDA by default), each is checked once against the composition at this
         # run's largest micro-batch and switched off if it disagrees; no global RNG is drawn.
@@ -275,7 +209,7 @@ def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> _Ru
     # The geometry of this (re)start, charted (and at every log step): an elastic run's resizes show as steps.
     tracker.log(_geometry(worker, data), step)
     warmup = rt.exclude_steps if rt.exclude_steps is not None else (rt.compile_warmup_steps if compile_model else 0)
-    run = _Run(config=config, worker=worker, device=device, raw=raw, model=model, optimizer=optimizer,
+    run = TrainRun(config=config, worker=worker, device=device, raw=raw, model=model, optimizer=optimizer,
                scheduler=scheduler, initial_state=initial, autocast_dtype=autocast_dtype, step=step,
                resumed_from=step, guard=guard, tracker=tracker,
                progress=Progress(config.max_steps, rt.max_seconds, on_cpu=device.type == "cpu",
@@ -317,7 +251,7 @@ def _check_memory(config: PretrainConfig, data: data_mod.DataConfig, worker: Wor
     smallest budget of all ranks, so every rank reaches the same verdict)."""
     budget = (int(config.memory.budget_gb * memory.GIB) if config.memory.budget_gb else
               memory.available_bytes(device, worker.local_world_size))
-    budget = int(_all_reduce_host(torch.tensor([float(budget)], dtype=torch.float64), op="min")[0])
+    budget = int(all_reduce_host(torch.tensor([float(budget)], dtype=torch.float64), op="min")[0])
     est = memory.check(config.model.bert, data.micro_batch_size, data.length_buckets[-1], data.train.max_predictions,
                        budget, device.type, per_rank_batch=data.micro_batch_size * data.accum)
     if worker.rank == 0:
@@ -325,14 +259,14 @@ def _check_memory(config: PretrainConfig, data: data_mod.DataConfig, worker: Wor
                  data.length_buckets[-1], est.describe(), memory.gib(budget))
 
 
-def _new_window(run: _Run) -> None:
+def _new_window(run: TrainRun) -> None:
     run.sums = MetricSums()
     run.window = Window(run.batches.wait_seconds, counting=run.executed >= run.warmup)
 
 
 # ---- the step and its window -------------------------------------------------------------------------------------
 
-def _train_step(run: _Run) -> dict:
+def _train_step(run: TrainRun) -> dict:
     rt = run.config.runtime
     share = next(run.batches)
     micro = [to_device(batch, run.device) for batch in share.micro]
@@ -357,7 +291,7 @@ def _train_step(run: _Run) -> dict:
     return out
 
 
-def _reduce_window(run: _Run, out: dict) -> tuple[dict[str, float], bool]:
+def _reduce_window(run: TrainRun, out: dict) -> tuple[dict[str, float], bool]:
     """The log window's metrics, summed over ranks (one collective), and whether the time budget is spent."""
     world = run.worker.world_size
     if run.device.type == "cuda":
@@ -368,7 +302,7 @@ def _reduce_window(run: _Run, out: dict) -> tuple[dict[str, float], bool]:
     counted = run.window.counted(run.sums)
     both = MetricSums(torch.cat([run.sums.values, counted.values])).all_reduce().values
     total, counted = MetricSums(both[:len(both) // 2]), MetricSums(both[len(both) // 2:])
-    host = _all_reduce_host(torch.tensor([run.batches.wait_seconds - run.window.wait0, elapsed, time_up],
+    host = all_reduce_host(torch.tensor([run.batches.wait_seconds - run.window.wait0, elapsed, time_up],
                                          dtype=torch.float64))
     metrics = total.summary()
     metrics.update(learning_rate=float(out["learning_rate"]), grad_norm=float(out["grad_norm"]),
@@ -381,7 +315,7 @@ def _reduce_window(run: _Run, out: dict) -> tuple[dict[str, float], bool]:
     return metrics, host[2] > 0
 
 
-def _evaluate(run: _Run) -> dict[str, float]:
+def _evaluate(run: TrainRun) -> dict[str, float]:
     cfg, data = run.config, run.data
     t_eval = time.perf_counter()
     counts: list[torch.Tensor] = []  # the eval labels' token counts: the most frequent token's share is the
@@ -427,7 +361,7 @@ def _geometry(worker: Worker, data: data_mod.DataConfig) -> dict[str, float]:
     return dict(zip(GEOMETRY, (worker.world_size, data.accum, data.micro_batch_size), strict=False))
 
 
-def _record(run: _Run, result: FitResult, metrics: dict[str, float], step: int | None = None) -> None:
+def _record(run: TrainRun, result: FitResult, metrics: dict[str, float], step: int | None = None) -> None:
     """Log line and tracker on rank 0 (the guard's counters always go to the tracker, into the line when not 0)."""
     step = run.step if step is None else step
     if run.worker.rank == 0:
@@ -436,116 +370,3 @@ def _record(run: _Run, result: FitResult, metrics: dict[str, float], step: int |
         run.tracker.log(metrics, step)
         result.history.append((step, metrics))
     result.metrics = metrics
-
-
-# ---- the guard: checkpoints that are good, rollbacks -------------------------------------------------------------
-
-def _nonfinite_state(run: _Run) -> Divergence | None:
-    """A divergence when a weight or optimizer tensor holds a NaN or inf (the same verdict on every rank)."""
-    bad = nonfinite_tensors(model_and_optimizer_tensors(run.raw, run.optimizer))
-    if not int(_all_reduce_host(torch.tensor([float(len(bad))]))[0]):
-        return None
-    return Divergence(run.step, f"NaN or inf in {len(bad)} weight or optimizer tensors ({', '.join(bad[:3])}...)")
-
-
-def _roll_back(run: _Run, result: FitResult, divergence: Divergence, metrics: dict[str, float]) -> None:
-    """Back to the last checkpoint (or the initial weights), the batches since then skipped; or give up. Either way
-    the window that diverged is logged (`metrics`, at this step) with the guard's counters after the verdict."""
-    cfg, opt = run.config, run.config.optimizer
-    tips = advice(opt.lr, opt.max_grad_norm, opt.warmup_steps, cfg.model.bert.hidden_size)
-    at = run.step
-    culprit = _examples_of(run, divergence.step)
-    run.seen.clear()
-    run.digests.clear()  # the steps after the checkpoint rolled back to will be trained again, on other batches
-
-    def record() -> None:
-        _record(run, result, {**metrics, **run.guard.window_metrics()}, at)
-
-    if run.guard.rollbacks >= cfg.guard.max_rollbacks:
-        record()
-        message = (f"training diverged at step {divergence.step}: {divergence.reason}, after {run.guard.rollbacks} "
-                   f"rollbacks that skipped {run.guard.skipped_batches} steps' batches; {culprit}; {tips}")
-        run.tracker.set_tag("guard.diverged", message[:5000])
-        raise TrainingDiverged(message)
-    latest = run.worker.checkpoints.latest() if run.worker.checkpoints is not None else contextlib.nullcontext(None)
-    with latest as ckpt_dir:
-        _restore(run, Path(ckpt_dir) if ckpt_dir is not None else None)
-    run.guard.rolled_back(run.step, at)
-    what = (f"step {divergence.step}: {divergence.reason}; rolled back to step {run.step} "
-            f"({'its checkpoint' if run.step else 'the initial weights'}), skipping the batches of steps "
-            f"{run.step + 1}-{at} (rollback {run.guard.rollbacks} of at most {cfg.guard.max_rollbacks}); {culprit}")
-    if run.worker.rank == 0:
-        log.warning("%s", what)
-    run.tracker.set_tag(f"guard.rollback.{run.guard.rollbacks}", what[:5000])
-    record()
-    run.tracker.rewind(run.step)
-    _new_window(run)  # the stream goes on: its position is already past every batch seen since the checkpoint
-
-
-def _examples_of(run: _Run, step: int) -> str:
-    """The examples of a step's global batch, named for the log (spike forensics). Called before the rollback is
-    counted: the batch's number in the data order is the step plus the batches earlier rollbacks skipped."""
-    ids, batch = run.seen.get(step), step + run.guard.skipped_batches
-    name = (run.worker.tracking.run_name if run.worker.tracking else "") or "RUN"
-    replay = f"`python -m pretraining.batches --run STORAGE/{name} --step {batch} --text`"
-    if ids is None:
-        return f"step {step}'s batch (batch {batch} of the data order): {replay} prints it"
-    return (f"step {step}'s batch was the examples (shard:row) {order.describe(ids)}, digest {order.digest(ids)} "
-            f"({replay} prints them)")
-
-
-def _restore(run: _Run, ckpt_dir: Path | None) -> None:
-    """Weights, optimizer and schedule from `ckpt_dir`, or as a fresh run starts them; in place, so the wrapped and
-    compiled model keeps its parameters. The guard's counters stay (they count the whole run)."""
-    if ckpt_dir is not None:
-        source = BertForPreTraining.from_pretrained(ckpt_dir / "model")
-        state = load_train_state(ckpt_dir, run.optimizer, run.scheduler)
-        run.step = int(state["step"])
-    elif run.initial_state is not None:
-        source = _build_model(run.config, None)
-        run.optimizer.load_state_dict(run.initial_state[0])
-        run.scheduler.load_state_dict(run.initial_state[1])
-        run.step = 0
-    else:
-        raise AssertionError("a resumed run always has a checkpoint to roll back to")
-    with torch.no_grad():
-        run.raw.load_state_dict(source.state_dict())
-    run.raw.train()
-
-
-def _save_checkpoint(run: _Run, result: FitResult, metrics: dict[str, float], last: bool) -> None:
-    """Write a checkpoint (rank 0; every rank calls `save`: under Ray it is a barrier). An intermediate one waits
-    while the guard has a run of bad steps open; the last one is written anyway (its weights are finite)."""
-    if run.guard.open and not last:
-        if run.worker.rank == 0:
-            log.warning("step %d: checkpoint deferred while the loss is non-finite or spiking", run.step)
-        return
-    cfg, data, rt, at = run.config, run.data, run.config.runtime, run.step
-    digests, run.digests = run.digests, {}
-
-    def write(directory: Path) -> None:
-        write_checkpoint(directory, run.raw, run.optimizer, run.scheduler, vocab_text=run.vocab_text,
-                         do_lower_case=cfg.checkpoint.do_lower_case, extra={
-            "step": at, "world_size": run.worker.world_size, "micro_batch_size": data.micro_batch_size,
-            "accum": data.accum, "seed": rt.seed,
-            # The position in the global order (pretraining.order), the same for every rank and world size.
-            "data_position": {"global_batches": at + run.guard.skipped_batches,
-                              "skipped_batches": run.guard.skipped_batches,
-                              "packed_position": list(run.position) if data.packing and run.position else None,
-                              "batch_size": data.batch_size, "order": order.order_key(data, rt.seed),
-                              "dataset_config_hash": data.train.config_hash},
-            # What these weights were trained on since the previous checkpoint: each step's batch digest, as
-            # `python -m pretraining.batches` prints it (an elastic run's checkpoints together hold every step).
-            "data_digests": {str(k): v for k, v in sorted(digests.items())},
-            "guard": run.guard.state_dict(),
-            "rng": "dropout: torch.manual_seed(blake2b('dropout', seed, step, the micro-batch's first row in the "
-                   "global batch)) before each micro-batch; dynamic masking: keyed by (seed, example id, epoch)",
-            "mlflow_run_id": run.worker.tracking.run_id if run.worker.tracking else None,
-            "run_name": run.worker.tracking.run_name if run.worker.tracking else "",
-            "config": dataclasses.asdict(cfg),
-        })
-
-    path = run.worker.checkpoints.save(at, metrics, write if run.worker.rank == 0 else None)
-    if run.compiled and rt.compile_cache is not None and run.worker.rank == 0:
-        compile_mod.save_artifacts(rt.compile_cache, compile_mod.compile_key(rt, data, run.raw.config, run.device))
-    result.checkpoint = path or result.checkpoint

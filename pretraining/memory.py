@@ -13,8 +13,8 @@ that probe), in bytes:
     the MLM head:                    per masked slot 3 H, plus 4 V H (the fused loss' decoder gradient)
 
 A step's peak also holds the gradients flowing back through one layer while the saved tensors of the layers below
-are still alive; `GRADIENTS_IN_FLIGHT` adds that as a fraction of the activations (the estimate against measured peak RSS:
-`benchmarks/memory_fit.py`, figures in docs/benchmarks.md).
+are still alive; `GRADIENTS_IN_FLIGHT` adds that as a fraction of the activations (the estimate against measured
+peak RSS: `benchmarks/memory_fit.py`, figures in docs/benchmarks.md).
 
 On a GPU (`device_type="cuda"`: bf16 autocast, SDPA's flash / cuDNN attention, the fused LayerNorm sites,
 `torch.compile`, the default there) the step saves different tensors, counted per token of a full layer in bytes:
@@ -40,9 +40,9 @@ nothing else on a GPU is measured.
 
 `plan_micro_batch` picks the largest micro-batch that divides the per-rank batch and fits in `HEADROOM` of the budget
 (gradient accumulation keeps the global batch), or says which flag to change; a job runs it (`fit_to_memory`)
-before it starts any worker, when it can know their memory (`local_budget`). `check` is what `pretraining.loop.fit` runs at
-set-up on every worker: it fails only when the micro-batch cannot fit at all, so a run planned by its job (with
-headroom) does not fail because Ray's own processes took some memory since.
+before it starts any worker, when it can know their memory (`local_budget`). `check` is what `pretraining.loop.fit`
+runs at set-up on every worker: it fails only when the micro-batch cannot fit at all, so a run planned by its job
+(with headroom) does not fail because Ray's own processes took some memory since.
 """
 from __future__ import annotations
 
@@ -75,13 +75,21 @@ class GpuMeasurement:
     """A measured peak of a BERT-base training step on a GPU (bf16 autocast, fused AdamW)."""
 
     machine: str
+    """The GPU's name, e.g. "H100 80GB HBM3"."""
     date: str
+    """The day of the measurement, ISO 8601."""
     preset: str
+    """The `bert_core` preset trained."""
     micro_batch: int
+    """Sequences per forward."""
     seq_len: int
+    """Tokens per sequence (the padded width)."""
     predictions: int
+    """Masked-LM slots per sequence (the dataset's max_predictions)."""
     compiled: bool
+    """Whether the step was `torch.compile`d (else eager)."""
     peak_gib: float
+    """The step's measured peak GPU memory, in GiB (2**30 bytes)."""
 
 
 # From the GPU session's logs (../shared/GPU.md, issue 24): torch 2.11, CUDA 13, 30,522-entry vocabulary.
@@ -102,6 +110,8 @@ class MemoryConfig:
     free when the worker starts)."""
 
     budget_gb: float | None = None
+    """Memory per worker that a micro-batch is checked against, in GiB (x `GIB`, 2**30 bytes, whatever the name
+    says); None: what the machine or GPU has free when the worker starts."""
 
     def __post_init__(self) -> None:
         if self.budget_gb is not None and self.budget_gb <= 0:
@@ -111,10 +121,17 @@ class MemoryConfig:
 @dataclass(frozen=True)
 class MemoryEstimate:
     weights: int
+    """Bytes of the fp32 weights (4 per parameter)."""
     gradients: int
+    """Bytes of the fp32 gradients (4 per parameter)."""
     optimizer: int
+    """Bytes of the optimizer state: AdamW's or LAMB's two fp32 moments (8 per parameter)."""
     activations: int
+    """Bytes autograd keeps for one micro-batch's backward, gradients in flight included; on CUDA also the static
+    MLM path's logits and autocast's bf16 copies of the weights (the module's docstring has the formulas)."""
     runtime: int
+    """Bytes of torch's own footprint per process (`RUNTIME_BYTES`: the library and allocator, or the CUDA
+    context)."""
 
     @property
     def total(self) -> int:
@@ -208,9 +225,14 @@ def peak_rss() -> int:
 @dataclass(frozen=True)
 class Plan:
     micro_batch: int
+    """Sequences a worker forwards at once: the requested one, else the largest divisor of its per-step batch that
+    fits."""
     accum: int
+    """Micro-batches per optimizer step (the per-rank batch / `micro_batch`), so the global batch is kept."""
     estimate: MemoryEstimate
+    """The step's estimated peak at `micro_batch`."""
     budget: int
+    """Bytes free per worker that the plan was made against (it uses `HEADROOM` of them)."""
 
 
 def plan_micro_batch(bert: BertConfig, per_rank_batch: int, seq_len: int, predictions: int, budget: int,
@@ -302,7 +324,8 @@ def micro_batch_for(bert: BertConfig, per_worker: tuple[int, int], width: int, m
     budget = local_budget(use_gpu, workers, budget_gb)
     if budget is None:
         return (requested, batch // requested) if requested else (micro, accum)
-    chosen = plan_micro_batch(bert, batch, width, max_predictions, budget, requested, "cuda" if use_gpu else "cpu", model_name)
+    chosen = plan_micro_batch(bert, batch, width, max_predictions, budget, requested, "cuda" if use_gpu else "cpu",
+                              model_name)
     if chosen.micro_batch != (requested or batch):
         log.warning("a micro-batch of %d sequences of %d tokens would not fit in the %s free per worker: training "
                     "with micro-batches of %d and %d accumulation steps (the same --batch-size); set "

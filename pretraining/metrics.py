@@ -52,6 +52,8 @@ class MetricSums:
     """Additive statistics over any number of batches (and, after `all_reduce`, ranks)."""
 
     values: torch.Tensor = field(default_factory=lambda: torch.zeros(len(FIELDS), dtype=torch.float64))
+    """One float64 sum per name of `FIELDS`, in that order; it moves to the device of the batches added, and
+    `all_reduce` returns it on the host."""
 
     def add(self, out, batch: dict[str, torch.Tensor]) -> None:
         """Accumulate one pre-training forward's output (`BertForPreTrainingOutput`) on its batch."""

@@ -107,8 +107,12 @@ class GlobalBatch:
     the missing ones are empty)."""
 
     rows: Rows
-    position: int | tuple[int, int]  # after this batch: batches consumed, or (window, batches taken in it)
+    """Unpacked: the batch's B rows in order; packed: the whole window's rows."""
+    position: int | tuple[int, int]
+    """The stream position after this batch: global batches consumed, or packed (window, batches taken in it)."""
     packs: list[np.ndarray] | None = None
+    """Packed: the batch's packed rows, each an index array into `rows` (at most B; the missing ones are empty);
+    None unpacked."""
 
     @property
     def examples(self) -> np.ndarray:
@@ -166,9 +170,15 @@ class RankShare:
     whichever rank trains it)."""
 
     micro: list[dict[str, np.ndarray]]
+    """This rank's `accum` micro-batches, collated (int64 numpy arrays; page-locked torch tensors once the loader
+    pins them for a GPU)."""
     examples: list[np.ndarray]
+    """The example ids (`shard << 32 | row`) each micro-batch holds."""
     starts: list[int]
+    """Each micro-batch's first place in the global batch, which seeds its dropout (with the run's seed and the
+    step): a micro-batch drops the same units whichever rank trains it."""
     batch: GlobalBatch
+    """The global batch the share is cut from (its totals are the loss' denominators on every rank)."""
 
 
 def share_bounds(batch_size: int, rank: int, world: int, accum: int) -> list[tuple[int, int]]:

@@ -35,10 +35,14 @@ from corpus.ragged import ragged_indices
 
 @dataclass(frozen=True)
 class PackConfig:
-    width: int  # W: positions per packed row (the dataset's max_seq_length)
-    sequences: int  # S: at most this many sequences per packed row
-    slots: int  # P: masked-LM slots per packed row
-    window_rows: int  # dataset rows packed together
+    width: int
+    """W: positions per packed row (`DataConfig.pack_width`, by default the dataset's max_seq_length)."""
+    sequences: int
+    """S: at most this many whole sequences per packed row."""
+    slots: int
+    """P: masked-LM slots per packed row; a sequence whose masks would overflow them goes to another packed row."""
+    window_rows: int
+    """Dataset rows packed together: each window is packed on its own, the same way on every worker."""
 
     def __post_init__(self) -> None:
         if self.width < 8 or self.sequences < 1 or self.slots < 1 or self.window_rows < 1:

@@ -42,12 +42,21 @@ RUN_MEAN = {"sequences_per_second": "run_sequences_per_second", "mfu": "run_mfu"
 @dataclass(frozen=True)
 class PretrainJob:
     config: PretrainConfig
-    launch: LaunchConfig  # its `name` is the run name: the checkpoint folder and the MLflow run
+    """The run's whole config, final (the micro-batch already planned); logged flattened as the MLflow params."""
+    launch: LaunchConfig
+    """Where and on how many workers it trains; its `name` is the run name: the checkpoint folder and the MLflow
+    run."""
     tracking_uri: str
+    """The MLflow tracking URI (a server URL or a local store)."""
     experiment: str = DEFAULT_EXPERIMENT
+    """The MLflow experiment: one for the whole pipeline, so the build's, pre-training's and fine-tuning's runs sit
+    side by side."""
     parent_run_id: str | None = None
-    export: str | None = None  # where the final model goes (local folder or URL); None: the MLflow artifact only
-    flags: Mapping[str, Any] = field(default_factory=dict)  # the command line as given, logged beside the config
+    """Log the run as a child of this MLflow run (e.g. the workflow's); None: a top-level run."""
+    export: str | None = None
+    """Where the final model goes (local folder or URL); None: the MLflow artifact only."""
+    flags: Mapping[str, Any] = field(default_factory=dict)
+    """The command line as given, logged beside the config."""
 
     def __post_init__(self) -> None:
         for world in range(self.launch.fewest_workers, self.launch.num_workers + 1):
@@ -57,11 +66,17 @@ class PretrainJob:
 @dataclass(frozen=True)
 class JobResult:
     run_id: str
-    checkpoints: str  # the run's checkpoint folder (local or URL)
+    """The MLflow run's id."""
+    checkpoints: str
+    """The run's checkpoint folder (local or URL)."""
     export: str | None
-    metrics: dict[str, float]  # the KEY_METRICS the run logged last (throughput: the run's mean)
-    stopped: str | None = None  # "--max-minutes at step 400 of 1500" when the budget ended it early
-    collapse: str | None = None  # held-out MLM accuracy stuck at the most frequent token's share: what to try
+    """Where the final model was exported (the job's `export`); None: the MLflow artifact only."""
+    metrics: dict[str, float]
+    """The KEY_METRICS the run logged last (throughput: the run's mean)."""
+    stopped: str | None = None
+    """E.g. "--max-minutes at step 400 of 1500" when the budget ended it early; None: not stopped early."""
+    collapse: str | None = None
+    """Set when held-out MLM accuracy is stuck at the most frequent token's share: what to try; None otherwise."""
 
 
 def params_of(job: PretrainJob) -> dict[str, Any]:

@@ -29,14 +29,23 @@ class Rows:
     epoch it is read in; rows read otherwise (evaluation, tests) have None there."""
 
     ids: np.ndarray
+    """Every row's token ids end to end, int64: [CLS] A [SEP] B [SEP], with the masks applied."""
     ids_off: np.ndarray
+    """(n + 1,) offsets into `ids`: row i is ids[ids_off[i]:ids_off[i + 1]]."""
     a_length: np.ndarray
+    """(n,) tokens of segment A; segment B starts at a_length + 2 (after [CLS] A [SEP])."""
     pos: np.ndarray
+    """Every row's masked-LM positions end to end (within its row)."""
     pos_off: np.ndarray
+    """(n + 1,) offsets into `pos` and `lab`."""
     lab: np.ndarray
+    """The original ids at `pos` (the masked-LM labels)."""
     nsp: np.ndarray
+    """(n,) next-sentence labels: 1 when B is a random sentence, 0 when it follows A."""
     example: np.ndarray | None = None
+    """(n,) example ids, `shard << 32 | row` (`pretraining.order.example_id`); None outside the training stream."""
     epoch: np.ndarray | None = None
+    """(n,) the epoch each row is read in (dynamic masking draws a new mask per epoch); None outside the stream."""
 
     def __len__(self) -> int:
         return len(self.a_length)
@@ -82,7 +91,8 @@ class Rows:
         pos, pos_off = _gather_ragged(self.pos, self.pos_off, idx)
         lab, _ = _gather_ragged(self.lab, self.pos_off, idx)
         return Rows(ids, ids_off, self.a_length[idx], pos, pos_off, lab, self.nsp[idx],
-                    None if self.example is None else self.example[idx], None if self.epoch is None else self.epoch[idx])
+                    None if self.example is None else self.example[idx],
+                    None if self.epoch is None else self.epoch[idx])
 
     def slice(self, start: int, stop: int) -> Rows:
         return self.take(np.arange(start, stop))

@@ -98,8 +98,8 @@ class Fence:
         age = holder_beat_age(record, version, upper=True)
         if age > self.stale * WRITER_LIMIT_FRACTION:
             raise self._lost(f"{self.target}: the {self.what}'s holder (host {record.get('host')}, pid "
-                             f"{record.get('pid')}) has not renewed the writer lease for {age:.0f} s (stalled, killed or"
-                             f" cut off); this writer stops before another job may take over")
+                             f"{record.get('pid')}) has not renewed the writer lease for {age:.0f} s (stalled, killed"
+                             f" or cut off); this writer stops before another job may take over")
         with self._lock:
             self._proved_at = max(self._proved_at, sent)
         return record, version

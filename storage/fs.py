@@ -40,11 +40,19 @@ class FileInfo:
     """One input file: its URL, the key that names it in document ids, size and a version stamp."""
 
     path: str
+    """The file's URL (or local path), as the filesystem lists it."""
     key: str
+    """Its path relative to the input it was found under, without a compression suffix, so that ``corpus.txt.gz``
+    and ``corpus.txt`` give the same document ids; prefixed ``<input index>:`` where two inputs' names clash."""
     size: int
+    """Size in bytes as stored (compressed, if it is)."""
     etag: str | None = None
+    """The store's strong ETag, quotes stripped; None where there is none (a weak ``W/`` ETag promises no bytes)."""
     mtime: str | None = None
-    digest: str | None = None  # "sha256:<hex>" of an http(s) input whose server sends no (strong) ETag
+    """Last-modified time as the store reports it, as text (a datetime in ISO 8601); None where it gives none."""
+    digest: str | None = None
+    """``sha256:<hex>`` of the bytes of an http(s) input whose server sends no strong ETag: nothing else there
+    changes with every edit. None for every other input."""
 
 
 def protocol_of(url: str) -> str:

@@ -45,14 +45,17 @@ _LOCAL_NAME = re.compile(r"^g(\d{10})\.json$")
 
 @dataclass(frozen=True)
 class Version:
-    """One version of a record: ``tag`` (the S3 etag, or the local generation number), ``modified`` (when it was
-    written, by the store's clock) and ``now`` (the store's clock when it was read); ``granularity``: how coarse
-    both are (S3 dates are to the second)."""
+    """One version of a record, with its age by the store's clock (never this host's)."""
 
     tag: str
+    """What a conditional write names as the version it replaces: the S3 etag, or the local generation number."""
     modified: float
+    """When the version was written, by the store's clock, in seconds since the epoch."""
     now: float
+    """The store's clock when the version was read, in seconds since the epoch."""
     granularity: float = 0.0
+    """How coarse ``modified`` and ``now`` are, in seconds: 1.0 on S3 (its dates are to the second), 0.0 for local
+    file modification times."""
 
     @property
     def age_at_least(self) -> float:

@@ -116,7 +116,7 @@ def publish_remote(local: Path, url: str, endpoint_url: str | None = None, prove
     for p in files:
         name = p.relative_to(local).as_posix()
         dest = storage_fs.join(root, VERSIONS, version, name)
-        retrying(lambda: fs.put_file(str(p), dest), f"upload {name} to {url}")
+        retrying(lambda p=p, dest=dest: fs.put_file(str(p), dest), f"upload {name} to {url}")
     pointer = {"format": FORMAT, "version": version,
                "files": {p.relative_to(local).as_posix(): p.stat().st_size for p in files}}
     prove()

@@ -4,8 +4,8 @@ botocore's "legacy" mode retries 4 times with a 2**n backoff and no jitter, and 
 some errors only. ``s3_options`` gives every s3fs filesystem we open botocore's "standard" mode with S3_RETRIES:
 throttling (503 SlowDown), 5xx and connection errors, with exponential backoff and full jitter. ``retrying`` wraps a
 whole operation for what neither library retries: a connection reset in the middle of reading a body (or a body
-cut short that fails its checksum), a PUT whose answer was lost (the store applied it; ``done`` says so). Both are exercised through a fault-injecting proxy in
-tests/storage/test_s3_faults.py and tests/jobs/test_pretrain_s3_faults.py.
+cut short that fails its checksum), a PUT whose answer was lost (the store applied it; ``done`` says so). Both are
+exercised through a fault-injecting proxy in tests/storage/test_s3_faults.py and tests/jobs/test_pretrain_s3_faults.py.
 """
 from __future__ import annotations
 

@@ -167,7 +167,8 @@ def metrics(manifest: Manifest) -> dict[str, float]:
         "random_next_fraction": t.random_next / n if n else 0.0,
         "masked_per_sequence_mean": t.masked_lm_positions / n if n else 0.0,
         "seq_length_mean": _mean(seq_x, seq_w),
-        "full_length_fraction": (dict(zip(seq_x, seq_w, strict=False)).get(manifest.max_seq_length, 0) / n) if n else 0.0,
+        "full_length_fraction": ((dict(zip(seq_x, seq_w, strict=False)).get(manifest.max_seq_length, 0) / n)
+                                 if n else 0.0),
         "tokens_per_document_mean": t.tokens / t.documents if t.documents else 0.0,
         "unk_fraction": t.unk_tokens / t.tokens if t.tokens else 0.0,
         "shards": float(len(manifest.shards)),

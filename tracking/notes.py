@@ -24,7 +24,8 @@ def finetune_note(*, task: str, init: str, data: str, train_examples: int, eval_
         text = f"pre-training run {pretrain.get('name') or pretrain['run_id']}"
         source = f"{run_link(pretrain['experiment_id'], pretrain['run_id'], text)}, exported to `{init}`"
     elif pretrain:
-        source = f"`{init}`, made by pre-training run `{pretrain['run_id']}` of another store ({pretrain.get('tracking_uri')})"
+        source = (f"`{init}`, made by pre-training run `{pretrain['run_id']}` of another store "
+                  f"({pretrain.get('tracking_uri')})")
     else:
         source = f"`{init}`" if init != "random" else "random weights (no pre-training)"
     lines = [f"Fine-tuning for **{task}** on `{data}`: {train_examples:,} training and {eval_examples:,} evaluation "

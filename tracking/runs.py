@@ -39,9 +39,13 @@ class Run:
     """An open MLflow run of a job, as the driver uses it."""
 
     tracking_uri: str
+    """The MLflow tracking URI the run lives at (a server URL or a local store)."""
     run_id: str
+    """The MLflow run id."""
     experiment_id: str
+    """The id of the experiment the run belongs to (what its UI link names)."""
     resumed: bool = False
+    """True when `open_run` reopened an earlier run found by its tag (a rerun continues it), False for a new one."""
 
     def _client(self):
         from mlflow.tracking import MlflowClient

@@ -1,10 +1,11 @@
-"""training: the BERT trainer. Typed configs (`pretraining.config`: `PretrainConfig`), the training loader
-(`pretraining.loader`), the train steps (`training.step`), `pretraining.loop.fit(config, worker)` (the whole pre-training
-loop in one process, free of Ray), optimizers and schedules, checkpoints and exports, metric sums, the one MLflow
-module (`tracking`: run opener, param flattener, tracker, datasets), the one Ray module (`training.launch`:
-a run on Ray Train workers or in this process, Ray on loopback), and what `jobs/pretrain.py` calls
-(`pretraining.pretrain_job`). Fine-tuning (`finetuning/`) uses the same pieces.
+"""training: the runtime both trainers (pretraining/, finetuning/) share, free of Ray but for its launcher. The one
+job skeleton (``job.py``: ``run_job(JobParts)``), the launcher (``launch.py``: a ``fit`` run in this process or on
+Ray Train workers; ``rendezvous.py`` its torch backend; ``ray_checkpoints.py`` checkpoints through Ray Train) and
+the contract it hands a loop (``worker.py``: Worker, FitResult, Checkpoints), checkpoints on local disk
+(``checkpoint.py``), exports and lineage (``export.py``), ``--init`` from a URL (``model_fetch.py``), optimizers
+and schedules (``optim.py``), the divergence guard (``guard.py``), progress lines, the update step with autocast
+(``step.py``), default learning rates (``defaults.py``), a collapsed model named (``collapse.py``), the model's
+memory floor (``model_size.py``).
 
-The package imports nothing itself: `tracking` (which the dataset build uses) loads without torch.
-Imports point one way: jobs -> training -> pipeline, bert_core (tests/test_layering.py).
+The package imports nothing itself: ``tracking`` (which the dataset build uses) loads without torch.
 """

@@ -8,8 +8,9 @@ learning on an unbalanced task: the figure beside it tells the two apart.
 Pre-training (`diagnose_mlm`) tells a collapse (one token predicted everywhere past the first million tokens or at
 a rate far above the default, or a loss no better than where the run started) from a model that is learning but
 still near the most frequent token's share after few tokens (predicting that one token everywhere, as every MLM run
-does at first, included): the first is a WARNING, the second a note (`Collapse.collapsed` False) that says to train longer. The advice follows
-docs/learning-rates.md: a rate below the measured default is told to use it, one far above to come down to it.
+does at first, included): the first is a WARNING, the second a note (`Collapse.collapsed` False) that says to train
+longer. The advice follows docs/learning-rates.md: a rate below the measured default is told to use it, one far
+above to come down to it.
 """
 from __future__ import annotations
 
@@ -53,9 +54,12 @@ def tagging_figures(y_true: list[list[str]], y_pred: list[list[str]]) -> dict[st
 
 @dataclass(frozen=True)
 class Collapse:
-    figure: str  # what the model does, with its number: the MLflow tag `collapse`
-    advice: str  # what to try
-    collapsed: bool = True  # False: not a collapse, a model still near its baseline (a note, not a warning)
+    figure: str
+    """What the model does, with its number; also the run's MLflow tag `collapse`."""
+    advice: str
+    """What to try, in the flags' words."""
+    collapsed: bool = True
+    """False: not a collapse but a model still near its baseline (a note, not a warning)."""
 
     @property
     def message(self) -> str:

@@ -35,11 +35,19 @@ from training.worker import Verdict
 @dataclass(frozen=True)
 class GuardConfig:
     nonfinite_in_a_row: int = 5
+    """Skipped steps (non-finite loss or gradient) in a row that make a divergence: the weights no longer give finite
+    losses, and skipping will not end it."""
     spike_sigmas: float = 6.0
+    """A loss above the baseline's median plus this many robust standard deviations (1.4826 x the median absolute
+    deviation, at least 1% of the median) is a spike."""
     spike_in_a_row: int = 3
-    spike_window: int = 200  # healthy steps the spike threshold is measured over
+    """Spike steps in a row that make a divergence; fewer (an odd batch) are counted, not rolled back."""
+    spike_window: int = 200
+    """Healthy steps the spike threshold is measured over (the most recent ones)."""
     spike_min_history: int = 20
+    """Healthy steps needed before any loss can be called a spike."""
     max_rollbacks: int = 3
+    """Rollbacks allowed in a run; the next divergence after them raises `TrainingDiverged`."""
 
     def __post_init__(self) -> None:
         if min(self.nonfinite_in_a_row, self.spike_in_a_row, self.spike_window, self.spike_min_history) < 1:
@@ -56,8 +64,10 @@ class TrainingDiverged(Verdict):
 
 @dataclass(frozen=True)
 class Divergence:
-    step: int  # the step at which the run of bad steps reached its limit
+    step: int
+    """The step at which the run of bad steps reached its limit."""
     reason: str
+    """What happened, for the log and the error: which steps, which losses."""
 
 
 def advice(lr: float, max_grad_norm: float, warmup_steps: int, width: int | None = None) -> str:
@@ -147,13 +157,24 @@ class Guard:
     """The host side: counts, the spike baseline and the verdicts. `state_dict()` goes into every checkpoint."""
 
     config: GuardConfig = field(default_factory=GuardConfig)
+    """The limits: what makes a divergence and how many rollbacks are allowed."""
     rollbacks: int = 0
-    skipped_batches: int = 0  # optimizer steps' worth of data skipped by rollbacks (each: `accum` micro-batches)
-    nonfinite_steps: int = 0  # in the current log window
-    loss_spikes: int = 0  # in the current log window
+    """Rollbacks so far in the run; in the checkpoint (`state_dict`), so a resume goes on counting."""
+    skipped_batches: int = 0
+    """Optimizer steps' worth of data skipped by rollbacks (each: `accum` micro-batches); in the checkpoint, so the
+    data position stays exact on resume."""
+    nonfinite_steps: int = 0
+    """Steps with a non-finite loss or a skipped update, in the current log window (`window_metrics` resets it)."""
+    loss_spikes: int = 0
+    """Spike steps in the current log window (`window_metrics` resets it)."""
     _nonfinite_streak: int = 0
+    """Skipped steps in a row up to the last one reviewed; above 0 a run of bad steps is open and no checkpoint is
+    written."""
     _spike_streak: int = 0
-    baseline: deque = field(default_factory=deque)  # the last healthy step losses (spikes never enter)
+    """Spike steps in a row up to the last one reviewed; above 0 it too holds checkpoints back."""
+    baseline: deque = field(default_factory=deque)
+    """The last `spike_window` healthy step losses, which the spike threshold is measured on (spikes and skipped
+    steps never enter)."""
 
     @property
     def open(self) -> bool:

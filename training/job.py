@@ -50,9 +50,14 @@ class Prepared:
     what every worker is handed (`worker.inputs`; None when the loop reads its own data)."""
 
     params: Mapping[str, Any]
+    """The run's MLflow params: the flags as given, the flattened config and what the job's checks found."""
     tags: Mapping[str, str]
+    """The run's MLflow tags at its opening: the job, its data and where its weights came from."""
     parent_run_id: str | None = None
+    """The MLflow run to nest this one under; None: a top-level run."""
     inputs: Any = None
+    """What every worker is handed as `worker.inputs` (put in Ray's object store once); None when the loop reads its
+    own data."""
 
 
 def _nothing(*_: Any) -> None:
@@ -63,29 +68,51 @@ def _nothing(*_: Any) -> None:
 class JobParts:
     """One job's differences from the skeleton."""
 
-    what: str  # what holds the lease, said to a second job that is refused: "pre-training run"
-    fit: Callable  # the trainer's loop: fit(config, worker)
+    what: str
+    """What holds the run's writer lease, as a second job that is refused is told: "pre-training run"."""
+    fit: Callable
+    """The trainer's loop, `fit(config, worker)`: handed in, since training imports neither trainer."""
     config: Any
-    launch: LaunchConfig  # its `name` is the run name; `run_url` the checkpoint folder
+    """The trainer's config, handed to `fit` on every worker."""
+    launch: LaunchConfig
+    """Where the workers run; its `name` is the run name, its `run_url` the checkpoint folder."""
     tracking_uri: str
+    """The MLflow tracking store; checked reachable first (step 1)."""
     experiment: str
-    lineage: str  # the lineage file written beside the exported model (training.export)
+    """The MLflow experiment the run is opened in."""
+    lineage: str
+    """The name of the lineage file written beside the exported model (`training.export`)."""
     prepare: Callable[[], Prepared]
-    destination: str | None = None  # where the model goes (a folder or a URL); None: the MLflow artifact only
-    resume: bool = False  # a rerun with the same storage and run name continues the same MLflow run
-    keep_checkpoints: bool = True  # False: the run's local checkpoint folder is removed at the end
+    """Step 3: the job's own checks and what they prepared (`Prepared`), before the lease is taken and the MLflow run
+    opened."""
+    destination: str | None = None
+    """Where the model goes (a folder or a URL), checked writable at step 2; None: the MLflow artifact only."""
+    resume: bool = False
+    """A rerun with the same storage and run name continues the same MLflow run (found by its `bert.run_checkpoints`
+    tag)."""
+    keep_checkpoints: bool = True
+    """False: the run's local checkpoint folder is removed at the end. True also tags the run with that folder, by
+    which a rerun finds it (`resume`)."""
     log_inputs: Callable[[Run], None] = _nothing
-    outcome: Callable[[Run, Path], Any] = _nothing  # read from the final checkpoint, before export
+    """Step 6: logs the run's dataset inputs into the opened run; default: nothing."""
+    outcome: Callable[[Run, Path], Any] = _nothing
+    """Step 8: what the final checkpoint says, read before the export; `diagnose` and `closing_tags` get it."""
     diagnose: Callable[[Run, Any], Collapse | None] = _nothing
+    """Step 10: a `Collapse` found in the outcome (a WARNING and a `collapse` tag), or None."""
     closing_tags: Callable[[Any, Collapse | None], Mapping[str, str]] = field(default=lambda outcome, collapse: {})
+    """Step 11: tags set from the outcome and the collapse as the run ends; default: none."""
 
 
 @dataclass(frozen=True)
 class Finished:
     run: Run
-    checkpoints: str  # the run's checkpoint folder (`LaunchConfig.run_url`; removed when not kept)
-    outcome: Any  # what `parts.outcome` read
+    """The job's MLflow run, ended."""
+    checkpoints: str
+    """The run's checkpoint folder (`LaunchConfig.run_url`; removed when not kept)."""
+    outcome: Any
+    """What `JobParts.outcome` read from the final checkpoint."""
     collapse: Collapse | None
+    """What `JobParts.diagnose` found; None: no collapse."""
 
 
 def run_job(parts: JobParts) -> Finished:

@@ -82,7 +82,7 @@ def fetch_model(url: str, cache_dir: str | os.PathLike, endpoint_url: str | None
     try:
         for name in wanted:
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-            retrying(lambda: fs.get_file(posixpath.join(root, name), str(tmp / name)),
+            retrying(lambda name=name: fs.get_file(posixpath.join(root, name), str(tmp / name)),
                      f"fetch {name} of {redact_url(url)}")
         (tmp / MANIFEST).write_text(json.dumps({"url": redact_url(url), "files": version}, indent=1) + "\n")
         if target.exists():  # another process fetched the same version meanwhile: keep theirs

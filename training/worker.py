@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ContextManager, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -22,7 +23,10 @@ class Verdict(ValueError):
 
 
 class Checkpoints(Protocol):
-    def latest(self) -> ContextManager[Path | None]: ...
+    """Where a loop's checkpoints live: ``training.checkpoint.LocalCheckpoints`` (a local folder, no Ray) or
+    ``training.ray_checkpoints.RayCheckpoints`` (through Ray Train, local or S3)."""
+
+    def latest(self) -> AbstractContextManager[Path | None]: ...
     def save(self, step: int, metrics: dict[str, float], write: Callable[[Path], None] | None) -> str | None: ...
 
 
@@ -33,15 +37,26 @@ class Worker:
     driver for every worker (fine-tuning's task data), None when the loop reads its own."""
 
     rank: int = 0
+    """This worker's rank in the group (0: the one that logs, tracks and writes checkpoints)."""
     world_size: int = 1
-    local_world_size: int = 1  # workers on this machine (they share its RAM)
+    """Workers in the group: the global batch is split among them (accumulation absorbs the rest)."""
+    local_world_size: int = 1
+    """Workers on this machine: they share its RAM, which the memory plan divides among them."""
     device: torch.device | None = None
+    """Where this worker trains; None: the loop resolves its config's device (``resolve_device``)."""
     wrap: Callable[[nn.Module], nn.Module] = lambda m: m
+    """Wraps the model for the group (DDP under Ray Train); the identity in one process."""
     checkpoints: Checkpoints | None = None
+    """Where checkpoints go and are resumed from (``LocalCheckpoints``, ``RayCheckpoints``); None: none written."""
     inputs: Any = None
-    tracking: RunRef | None = None  # the job's MLflow run (None: not tracked)
-    tracker: Tracker | None = None  # default: into `tracking`, on rank 0
-    fence: Any = None  # the job's writer lease, proved before each write (storage/fence.py); None: unfenced
+    """What the job prepared once on the driver for every worker (fine-tuning's task data); None: the loop reads
+    its own."""
+    tracking: RunRef | None = None
+    """The job's MLflow run, which rank 0 logs into; None: not tracked."""
+    tracker: Tracker | None = None
+    """A tracker to use as it is (tests, a caller's own); None: one into ``tracking``, on rank 0."""
+    fence: Any = None
+    """The job's writer lease, proved before each write (storage/fence.py); None: unfenced."""
 
     def make_tracker(self, system_metrics: bool = False) -> Tracker:
         """`tracker`, or one into `tracking` (rank 0's): under a fence, a point is logged only while the lease can
@@ -57,14 +72,21 @@ class Worker:
 
 @dataclass
 class FitResult:
+    """What a trainer's ``fit`` returns to the launcher (and the launcher to the job)."""
+
     step: int
-    metrics: dict[str, float]  # the last logged ones
-    checkpoint: str | None  # the last checkpoint written (None: none, or not by this rank)
+    """The step the run ended at (``max_steps``, or earlier when the wall-clock budget stopped it)."""
+    metrics: dict[str, float]
+    """The last logged metrics."""
+    checkpoint: str | None
+    """The last checkpoint written (None: none, or not by this rank)."""
     resumed_from: int = 0
-    # Over the whole run, compile warm-up excluded: sequences_per_second, tokens_per_second, data_wait_fraction,
-    # padding_fraction, mean_real_tokens, seconds, sequences and (with a known peak) mfu, all ranks together.
+    """The step this process resumed from (0: a fresh run)."""
     throughput: dict[str, float] = field(default_factory=dict)
-    history: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # every logged step, on rank 0
+    """Over the whole run, compile warm-up excluded, all ranks together: sequences_per_second, tokens_per_second,
+    data_wait_fraction, padding_fraction, mean_real_tokens, seconds, sequences and (with a known peak) mfu."""
+    history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    """Every logged step and its metrics, on rank 0."""
 
 
 def resolve_device(name: str) -> torch.device:

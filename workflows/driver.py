@@ -27,12 +27,21 @@ from workflows.summary import summary_json, summary_lines
 
 @dataclass(frozen=True)
 class Workflow:
+    """A workflow config, planned: its stages in dependency order and where its runs are tracked."""
+
     config: dict[str, Any]
+    """The workflow config, as loaded; all of it but ``mlflow`` is logged as the parent run's params."""
     config_path: str
+    """The config file's path, tagged on the parent run (``workflow.config``)."""
     workdir: Path
+    """The workflow's working directory, absolute: done-markers, logs, exports; a rerun finds its parent run by it."""
     stages: list[JobStage]
+    """The stages in dependency order (``workflows.plan``)."""
     tracking_uri: str
+    """Where the parent run and every stage's run go: the config's ``mlflow.tracking_uri``, else
+    MLFLOW_TRACKING_URI, else a local store under the working directory."""
     experiment: str
+    """The MLflow experiment: the config's ``mlflow.experiment``, else its ``name``, else ``workflow``."""
 
     @property
     def name(self) -> str:

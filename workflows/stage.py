@@ -18,14 +18,23 @@ TRACKING_FLAGS = frozenset({"parent-run-id", "mlflow-tracking-uri", "experiment"
 class JobStage:
     """One stage of the workflow: one run of a job, with its command line, upstream stages and outputs."""
 
-    name: str                      # e.g. "dataset train", "pretrain phase1"
-    job: str                       # jobs/<job>.py
-    argv: list[str]                # the full command line after `python jobs/<job>.py`, tracking flags aside
-    deps: list[str]                # names of the stages whose outputs this one reads
+    name: str
+    """The stage's name, as the plan and its log lines show it: ``vocab``, ``dataset train``, ``pretrain phase1``."""
+    job: str
+    """The job it runs: ``jobs/<job>.py``."""
+    argv: list[str]
+    """The full command line after ``python jobs/<job>.py``, the tracking flags aside (added at run time)."""
+    deps: list[str]
+    """Names of the stages whose outputs this one reads: when one of them runs, this one runs again."""
     fingerprint: str
-    outputs: dict[str, str]        # what the stage produces: {"vocab": path} / {"dataset": url} / ...
-    tracked: bool = True           # the job takes the tracking flags
+    """sha256 hex of the job, its argv and its upstream stages' fingerprints (and the sizes and mtimes of local input
+    files, for the stages that read a corpus): a done-marker with another fingerprint does not count as done."""
+    outputs: dict[str, str]
+    """What the stage produces, by kind: ``{"vocab": path}``, ``{"dataset": url}``, ``{"export": ..., ...}``."""
+    tracked: bool = True
+    """Whether the job takes the tracking flags (--mlflow-tracking-uri, --experiment, --parent-run-id)."""
     info: dict[str, Any] = field(default_factory=dict)
+    """What else the plan knows of the stage, kept out of the fingerprint (a pre-training stage's ``run_name``)."""
 
     @property
     def key(self) -> str:
@@ -89,6 +98,10 @@ class Planned:
     """What the stages planned so far give the next ones: the workflow's name and workdir, and stages by name."""
 
     name: str
+    """The workflow's name (the config's ``name``, else ``workflow``): it prefixes pre-training run names."""
     workdir: str
+    """The workflow's working directory: vocabularies, datasets, checkpoints and exports go under it by default."""
     config: Mapping[str, Any]
+    """The whole workflow config, as loaded."""
     by_section: dict[str, dict[str, JobStage]] = field(default_factory=dict)
+    """The stages planned so far, by config section then name: how a stage finds the ones it reads from."""

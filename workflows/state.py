@@ -52,4 +52,5 @@ def acquire_lock(workdir: Path):
     workflow on this host taken over at once, one elsewhere after the lease's stale time; refused (LeaseHeld, a
     ValueError naming the holder) while another live workflow holds it."""
     path = workdir.resolve() / STATE_DIR / LOCK
-    return Lease(str(path), str(workdir.resolve()), "workflow", hint="or give this workflow another --workdir").acquire()
+    return Lease(str(path), str(workdir.resolve()), "workflow",
+                 hint="or give this workflow another --workdir").acquire()

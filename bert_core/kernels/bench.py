@@ -18,6 +18,7 @@ Before the timings, the byte count per site of `bert_core.kernels.traffic` (the 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import statistics
 import time
@@ -79,7 +80,7 @@ def _report(name: str, shape: str, variants: dict, inputs: list[torch.Tensor], d
     times = {}
     for variant, fn in variants.items():
         with torch.no_grad():
-            fwd = _time(lambda: fn(*inputs), device, iters)
+            fwd = _time(functools.partial(fn, *inputs), device, iters)
         both = _time(_fwd_bwd(fn, inputs, dy), device, iters)
         times[variant] = (fwd, both)
         logger.info("%-22s %-10s %-9s fwd %8.3f ms (%6.0f GB/s)  fwd+bwd %8.3f ms (%6.0f GB/s)", name, shape,

@@ -7,8 +7,9 @@ run only under Triton's interpreter, which the tests use.
 
 Memory traffic per element, forward: read x and residual, write out and (under autocast, for the next GEMM) its
 bf16 copy; backward: read the two incoming gradients (the residual path's and the next GEMM's), x and residual,
-write dx and dresidual. `traffic.site_bytes` counts it against the composition it replaces. Saved for backward: the inputs x and residual, the seed (a one-element int64 tensor) and LayerNorm's
-mean and 1/std (two fp32 numbers per row); the dropout mask is recomputed from (seed, offset), never stored.
+write dx and dresidual. `traffic.site_bytes` counts it against the composition it replaces. Saved for backward:
+the inputs x and residual, the seed (a one-element int64 tensor) and LayerNorm's mean and 1/std (two fp32 numbers
+per row); the dropout mask is recomputed from (seed, offset), never stored.
 
 Seeds: a site draws its seed with `torch.randint` on the input's device, so the mask follows torch's RNG state
 (`torch.manual_seed` before a step fixes every mask of that step: resume is exact) with no host sync; each draw

@@ -51,9 +51,17 @@ class KernelOptions:
     """
 
     fused: bool | None = None
+    """None: by device, the PyTorch composition while ``FUSED_BY_DEFAULT`` is False (the measured path); False:
+    always the composition; True: always the Triton kernels (Triton's interpreter on CPU: tests only)."""
     low_precision_residual: bool = False
+    """Write the residual stream in the sublayer's dtype (bf16 under autocast) instead of fp32; off until a GPU
+    run shows a bf16 residual keeps the fp32 loss curve."""
     fused_bias_gelu: bool = False
+    """The FFN's bias + GELU as one Triton kernel; off: Inductor already fuses that pass, and no GPU measurement
+    shows a gain yet."""
     fused_layer_norm: bool = True
+    """Use the dropout + residual + LayerNorm kernel where ``fused`` picks the kernels; the start-of-run
+    self-check sets it False when that kernel disagrees with the composition on the device."""
 
     def __post_init__(self) -> None:
         if self.fused not in (None, True, False):

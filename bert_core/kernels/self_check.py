@@ -40,8 +40,11 @@ class CheckResult:
     run cannot go on on the composition either; the caller ends it)."""
 
     ok: bool
+    """The kernel agreed with the composition: relative L2 error within ``LIMIT`` (about five bf16 roundings)."""
     figure: str
+    """What was measured (the worst output or gradient and its error), or the error raised, for the log."""
     device_fault: bool = False
+    """The check ended in a CUDA error: the context is unusable, so the caller ends the run."""
 
 
 def is_device_fault(error: BaseException) -> bool:

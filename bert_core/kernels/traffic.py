@@ -37,10 +37,15 @@ class Pass:
     """One pass over the (rows, hidden) tensors: bytes per element read and written, and bytes per row (stats)."""
 
     name: str
+    """What the pass does, as the table prints it."""
     backward: bool
+    """True for a pass of the backward."""
     read: int
+    """Bytes read per (row, hidden) element."""
     write: int
+    """Bytes written per (row, hidden) element."""
     per_row: int = 0
+    """Bytes moved per row besides: 8 where LayerNorm's fp32 mean and 1/std are stored or read back."""
 
 
 def passes(variant: str, x: int = BF16, residual: int = FP32, gemm: int = BF16) -> list[Pass]:

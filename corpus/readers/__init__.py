@@ -63,11 +63,18 @@ class InputError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class ReadOptions:
     fmt: str = "auto"
+    """Input format, one of ``FORMATS``; "auto" picks it per file by extension (JSON Lines, Parquet, else text)."""
     presplit: bool = False
+    """Text holds one sentence per line (the reference's input contract), so lines are not split again."""
     text_field: str = "text"
-    id_field: str = "id"  # a record's own id, when it has one ("": documents are named by position)
+    """The JSON Lines field or Parquet column that holds a document's text."""
+    id_field: str = "id"
+    """The field or column of a record's own id, when it has one; "": documents are named by file key and position."""
     on_error: str = "fail"
+    """"fail": a bad file or record raises ``InputError`` naming it; "skip": it is counted by reason and left out."""
     max_record_bytes: int = 16 << 20
+    """Longest record (a text document or a JSON line) in bytes; a longer one is a bad record
+    (``record_too_long``), so memory per unit stays bounded."""
 
     def __post_init__(self) -> None:
         if self.fmt not in FORMATS:
@@ -87,19 +94,32 @@ class Unit:
     """
 
     uid: str
+    """Names the unit's markers and work files: ``<file index>-<unit index>`` (``d<k>`` for a Ray Dataset's)."""
     path: str
+    """The input file's URL, named in errors."""
     key: str
+    """The file's name in document ids (``FileInfo.key``: no compression suffix)."""
     fmt: str
+    """The file's format, "text", "jsonl" or "parquet" (never "auto"); "documents" for a Ray Dataset's unit."""
     start: int
+    """First byte of the range in the decompressed input, or the Parquet row group's index (a Dataset unit's k)."""
     end: int | None
+    """End of the range (exclusive), or the row group's index + 1 (a Dataset's unit count); None: to the end of
+    the file."""
     data: str | None = None
+    """Where the bytes are read from when not ``path``: a piece of a big compressed input."""
     base: int = 0
+    """Offset in the decompressed input of ``data``'s first byte, so a piece's documents keep their ids."""
 
 
 @dataclasses.dataclass
 class Doc:
     doc_id: str
+    """The record's own id, else ``<file key>:<byte offset or row index>``: every seed of the document derives
+    from it."""
     lines: list[str]
+    """The document's text: its stripped lines for plain text, the record's text (split at newlines with
+    ``presplit``) for JSON Lines and Parquet."""
 
 
 @dataclasses.dataclass
@@ -107,7 +127,9 @@ class ReadReport:
     """What a unit's reader dropped, by reason (records), and files it could not read to the end."""
 
     dropped: Counter = dataclasses.field(default_factory=Counter)
+    """Records dropped, by reason (``binary``, ``undecodable``, ``record_too_long``, ``bad_json``, ...)."""
     bad_files: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Redacted path -> reason, for the files skipped or not read to the end (``on_error="skip"``)."""
 
 
 def detect_format(path: str, fmt: str = "auto") -> str:

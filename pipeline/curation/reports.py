@@ -40,9 +40,12 @@ CURATION_REASONS = (LANGUAGE, CONTAMINATED, EXACT, NEAR, MIX)  # and QUALITY + <
 @dataclasses.dataclass(frozen=True)
 class ReportMarker(Marker):
     stage: ClassVar[str] = "reports"
-    dropped: dict[str, int]  # the report's lines by reason
-    edited: int  # edited.jsonl's lines (None of it without --decontaminate-mode cut: 0)
+    dropped: dict[str, int]
+    """dropped.jsonl's lines by reason; the manifest's curation counts in ``totals.dropped`` must equal it."""
+    edited: int
+    """edited.jsonl's lines, one per document the decontamination cut edited (0 without --decontaminate-mode cut)."""
     with_edits: bool
+    """Whether edited.jsonl was written: --decontaminate-mode cut with evaluation sets to match against."""
 
     @property
     def key(self) -> str:
@@ -54,9 +57,14 @@ class ReportStep:
     """Join the units' parts into the report files (the module's docstring)."""
 
     ctx: StepContext
-    units: tuple[tuple[str, str], ...]  # (uid, its input's redacted path), in unit order
-    dropped: frozenset[str]  # the docs files with a drop list (the curate stage's)
-    with_edits: bool  # --decontaminate-mode cut: write edited.jsonl (empty or not)
+    """Where _work and the output are, and the build's writer lease (proved before the marker is committed)."""
+    units: tuple[tuple[str, str], ...]
+    """(unit id, its input's redacted path) of every read unit, in unit order: the order of the report's lines.
+    A unit that lost all its documents is still listed."""
+    dropped: frozenset[str]
+    """The docs files that the curate stage gave a drop list; their removals follow the read pass's lines."""
+    with_edits: bool
+    """--decontaminate-mode cut with evaluation sets: write edited.jsonl, empty or not."""
 
     def __call__(self, item: str) -> ReportMarker:
         ctx, ep = self.ctx, self.ctx.endpoint_url

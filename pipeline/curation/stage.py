@@ -47,29 +47,46 @@ class CurateItem:
     """A unit's docs file, and the ``--mix`` SOURCE that weighs it (None: none does, weight 1)."""
 
     uid: str
+    """The unit's id: its marker's name."""
     docs_file: str
+    """URL of the unit's tokenized documents under _work (``docs_url``), which its drop and copies lists sit beside."""
     source: str | None = None
+    """The longest --mix SOURCE the unit's input is or lies under; None when no SOURCE names it."""
     weight: float = 1.0
+    """That SOURCE's mix weight: the expected copies of each document (0 leaves it out, 0.5 keeps half, 2 doubles);
+    1.0, every document once, for a unit no SOURCE names."""
 
 
 @dataclasses.dataclass(frozen=True)
 class CurateMarker(Marker):
-    """What a unit's drop list removes (documents, sentences, tokens, [UNK], documents by reason and by tokens) and
-    its copies list adds (``repeat_tokens``); ``mix``: its (documents, tokens) the mix drew from and made."""
+    """What a unit's drop list removes and its copies list adds; the stage's hook sums them for the later passes."""
 
     stage: ClassVar[str] = "curate"
     uid: str
+    """The unit's id: the marker's name."""
     file: str
+    """URL of the unit's docs file, whose drop list the pool's merge and the instances pass read."""
     documents: int
+    """Documents the drop list removes (duplicates, and documents the mix draws 0 times)."""
     sentences: int
+    """Sentences of the removed documents."""
     tokens: int
+    """WordPiece tokens of the removed documents."""
     unk_tokens: int
+    """[UNK] tokens among them; like the other counts, subtracted from the read pass's totals."""
     reasons: dict[str, int]
+    """Removed documents by reason (``exact_duplicate``, ``near_duplicate``, ``mix``)."""
     tokens_per_document: dict[str, int]
+    """Removed documents by token count, a power-of-two histogram ({lower bound: documents}): mergeable by adding."""
     copied: bool
+    """Whether the unit has a copies list (a document the mix keeps twice or more)."""
     repeat_tokens: int
+    """Tokens the extra copies add (each copy past the first), counted into the shard count."""
     source: str | None
-    mix: tuple[int, int, int, int]  # documents and tokens before the mix, then with their copies
+    """The --mix SOURCE that weighs the unit; None when none does (it counts in the group at weight 1)."""
+    mix: tuple[int, int, int, int]
+    """(documents, tokens) the dedup left before the mix draw, then (documents, tokens) with their copies: each
+    SOURCE's asked and made share in the manifest."""
 
     @property
     def key(self) -> str:
@@ -117,9 +134,14 @@ class CurateStep:
     """One unit: its documents' fates from the drop set and the mix draw, committed beside its docs file."""
 
     ctx: StepContext
+    """Where _work is, and the build's writer lease (proved before each commit)."""
     vocab: Shared
-    drops: Shared | None  # None: no dedup (or every unit was done before)
+    """The build's vocabulary, shared once: its [UNK] id counts the removed documents' unknown tokens."""
+    drops: Shared | None
+    """The whole corpus's drop set (duplicate id -> reason, kept copy); None without dedup, or when every unit was
+    done before (the drop set is not computed again then)."""
     mix_seed: int
+    """Seed of the mix draw: a document's copies depend on ``derive_seed(mix_seed, id, "mix")`` only."""
 
     def __call__(self, item: CurateItem) -> CurateMarker:
         ctx = self.ctx

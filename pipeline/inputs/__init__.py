@@ -15,16 +15,22 @@ from storage.redact import redact_url
 
 @dataclasses.dataclass
 class BuildInputs:
-    """``stamps``: each input's identity (its redacted URL, size, etag, mtime; a digest for an http(s) input without
-    an ETag; a Dataset's digest, taken by the read pass), what ``_work/config.json`` and the manifest keep; ``ignored``: files of an input
-    folder that are not corpus files by name; ``documents``: the user's Dataset (None: files)."""
+    """What the build reads, listed and checked before any work: input files or a Dataset, and the vocabulary."""
 
     files: list[FileInfo]
-    stamps: list[dict[str, Any]] | None  # None: a Dataset's, known once the read pass has read it
+    """The input files, sorted by URL, with their sizes and version stamps; empty for a Dataset."""
+    stamps: list[dict[str, Any]] | None
+    """Each input's identity, what ``_work/config.json`` and the manifest keep: its redacted URL, size, etag, mtime
+    (and a digest for an http(s) input without an ETag). None for a Dataset: its digest is known once the read pass
+    has read it."""
     ignored: list[str]
+    """Redacted URLs of the files of an input folder or glob that are not corpus files by their names (skipped)."""
     vocab_bytes: bytes | None
+    """The bytes of the vocabulary (``--vocab``); None when none was given and the build trains one on the input."""
     documents: Any = None
+    """The user's Ray Dataset of documents; None when the build reads files."""
     id_column: str = "id"
+    """The Dataset's column of document ids (with ``documents`` only)."""
 
     @property
     def vocab_sha256(self) -> str | None:

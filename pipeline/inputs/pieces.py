@@ -69,18 +69,30 @@ class PieceItem:
     """One compressed input to cut: its index among the planned files (uids and piece names use it)."""
 
     index: int
+    """The file's index among the planned input files: its marker's name and its pieces' names start with it."""
     path: str
+    """The input's URL."""
     key: str
+    """The input's key in document ids (``FileInfo.key``)."""
     fmt: str
+    """The input's format as the readers name it (``text`` or ``jsonl``: Parquet is never cut)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class PieceContext:
+    """What the pieces step needs: where to write, how big a piece is, how to treat a broken input."""
+
     work: str
+    """URL of the build's _work folder; pieces go under ``<work>/pieces``."""
     unit_bytes: int
+    """Decompressed bytes per piece (the build's unit size): piece k holds the documents that start in
+    [k * unit_bytes, (k + 1) * unit_bytes) of the decompressed input, exactly unit k of the same text uncompressed."""
     read: ReadOptions
+    """The readers' options; ``on_error`` decides whether a corrupt or empty input fails the build or is skipped."""
     endpoint_url: str | None = None
-    fence: Any = None  # the output's writer lease (storage/fence.py)
+    """S3-compatible endpoint for s3:// URLs (MinIO, Ceph); None: AWS's own."""
+    fence: Any = None
+    """The output's writer lease (storage/fence.py), proved before each marker is committed; None: no lease."""
 
     def url(self, *parts: str) -> str:
         return join(self.work, PIECES_DIR, *parts)
@@ -95,16 +107,27 @@ class PieceMarker(Marker):
     stage: ClassVar[str] = PIECES_DIR
 
     index: int
+    """The file's index among the planned input files (the marker's name)."""
     path: str
-    file_key: str  # the input's key in document ids
+    """The input's redacted URL (no userinfo, no signature): the marker lives in the output folder."""
+    file_key: str
+    """The input's key in document ids."""
     fmt: str
+    """The input's format (``text`` or ``jsonl``)."""
     pieces: tuple[tuple[str, int, int], ...]
+    """(file name under ``<work>/pieces``, start, end) of each piece, in bytes of the decompressed input."""
     decompressed_bytes: int
+    """Bytes the input decompressed to (up to the break, for a corrupt one)."""
     largest_piece_bytes: int
+    """Decompressed bytes of the largest piece: one document longer than a unit makes it bigger than ``unit_bytes``."""
     buffer_bytes: int
+    """The largest chunk of decompressed data held at once (at most ``CHUNK``, 256 KiB), whatever the file's size."""
     rss_growth_bytes: int | None
+    """How far the process's resident memory grew while it cut the file, in bytes; None off Linux (no /proc)."""
     bad_files: dict[str, str]
-    worker: str = ""  # host:pid of the process that cut it (debugging; the driver should never appear here)
+    """{redacted URL: ``corrupt_file`` or ``empty_file``} of an input skipped in part or whole (--on-error skip)."""
+    worker: str = ""
+    """``host:pid`` of the process that cut the file, for debugging (the driver should never appear here)."""
 
     @property
     def key(self) -> str:
@@ -354,6 +377,7 @@ def pieces_step(item: PieceItem, ctx: PieceContext) -> PieceMarker:
 @dataclasses.dataclass(frozen=True)
 class PiecesStep:
     ctx: PieceContext
+    """Where the pieces go, their size, and the error policy: the same for every item."""
 
     def __call__(self, item: PieceItem) -> PieceMarker:  # pieces_step as a picklable step of one argument
         return pieces_step(item, self.ctx)
@@ -386,7 +410,8 @@ def _units(files: list[FileInfo], read: ReadOptions, unit_bytes: int, ctx: Piece
            markers: list, report: ReadReport) -> list[Unit]:
     for m in markers:
         report.bad_files.update(m.bad_files)
-    units = plan_units(files, read, unit_bytes, ctx.endpoint_url, report, exclude={t.path for t in stage.items.values()})
+    units = plan_units(files, read, unit_bytes, ctx.endpoint_url, report,
+                       exclude={t.path for t in stage.items.values()})
     return sorted(units + piece_units(markers, ctx), key=lambda u: u.uid)
 
 

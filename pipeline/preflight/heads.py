@@ -34,20 +34,29 @@ CONSUMED = 0.75
 
 @dataclasses.dataclass(frozen=True)
 class Sample:
-    """What the head of one input holds: the text bytes of each document that starts in it (``doc_bytes``; for
-    Parquet, from the footer: ``documents`` rows of ``bytes`` in all), read from ``listed`` of the file's ``size``
-    stored bytes (``whole``: all of them); ``first_document`` (plain text): bytes before the first blank line
-    (None: no blank line in the head)."""
+    """What the head of one input holds (for Parquet, what its footer says of the whole file)."""
 
     path: str
+    """The input's URL."""
     size: int
+    """The input's stored size in bytes (compressed, if it is)."""
     fmt: str
+    """The input's format: ``text``, ``jsonl`` or ``parquet``."""
     bytes: int
+    """Decompressed bytes of the head read, whole lines only (at most HEAD_BYTES, 1 MiB); for Parquet, the text
+    column's uncompressed bytes over the whole file."""
     documents: int
+    """Documents that start in the head (for Parquet, the file's rows)."""
     whole: bool
+    """Whether the head is the whole file, so that nothing has to be scaled up from it (always True for Parquet)."""
     listed: int
+    """Stored bytes the head was read from (the decompressor's position; the file's size when ``whole``): what
+    the estimate scales to ``size`` by."""
     doc_bytes: tuple[int, ...] = ()
+    """Text bytes of each document in the head; empty for Parquet."""
     first_document: int | None = None
+    """Plain text only: bytes before the first blank line; None when the head holds no blank line (one document
+    longer than MAX_DOCUMENT_BYTES, unless the head is the whole file)."""
 
 
 def _parquet_head(f: FileInfo, fmt: str, read: ReadOptions, fs, path: str) -> Sample:

@@ -22,8 +22,9 @@ document ids every seed derives from, split by file or row group only, never at 
 file or compressed stream, and know neither blank-line-separated documents nor the reference's one-sentence-per-line
 format; our listing also gives the size/etag stamps of the build's identity in one LIST per prefix); the pieces of
 big compressed files; the seeded pool; the completion markers that make a killed build resumable. Ray Data's own
-readers are for the other input: ``build(config, documents=ray.data.read_parquet(...))``, ids from a column. Bringing Ray up, the early
-worker processes and their warm-up: ``cluster.py``. A Ray Dataset of documents as the input: ``documents.py``.
+readers are for the other input: ``build(config, documents=ray.data.read_parquet(...))``, ids from a column.
+Bringing Ray up, the early worker processes and their warm-up: ``cluster.py``. A Ray Dataset of documents as the
+input: ``documents.py``.
 
     executor.py    RayDataExecutor (row passes: read_datasource -> map_batches -> write_datasink; item stages)
     datasource.py  CorpusDatasource (ReadCorpus, ReadDocs), UnitsDatasink (WriteDocs, WriteUnits)

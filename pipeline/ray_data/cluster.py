@@ -2,7 +2,8 @@
 stages, the vocabulary in the object store, users' errors carried back as values, and never a hang for CPUs.
 
 - ``begin`` brings Ray up (``init``: ``cluster.ray_start.init_ray`` attaches to RAY_ADDRESS, as ``ray job
-  submit`` sets, or starts a local Ray capped at ``--num-cpus``) in a background thread while the driver lists and plans.
+  submit`` sets, or starts a local Ray capped at ``--num-cpus``) in a background thread while the driver lists and
+  plans.
 - ``warm(setup, items)`` starts the worker processes the stages will use (one per CPU, fewer when no stage has that
   many items) by handing each a task that imports what the steps use and runs ``setup`` (loads the tokenizer),
   while the driver goes on planning; a stage's first execution waits for them to end, so that its tasks take the
@@ -46,7 +47,9 @@ class RayShared:
     """A handle to one object-store copy; ``get`` in a task reads it (zero-copy for numpy arrays)."""
 
     key: str
+    """Names the object (``eval_index:<digest>``, ``drop_set:<build id>``, ...): per-process caches are keyed by it."""
     ref: Any
+    """The Ray ObjectRef of the object-store copy."""
 
     def get(self) -> Any:
         import ray
@@ -134,7 +137,7 @@ class RayCluster(abc.ABC):
         self._configured.set_result(None)
         threading.Event().wait()  # never returns: see begin
 
-    def _configure(self) -> None:
+    def _configure(self) -> None:  # noqa: B027 - an optional hook: a subclass without set-up needs nothing here
         """The driver's set-up once Ray is up (subclasses)."""
 
     def _wait_for_cpus(self) -> int:
@@ -184,8 +187,8 @@ class RayCluster(abc.ABC):
     def _options(self) -> dict[str, Any]:
         # The same options for the warm-up tasks and the stages' tasks: Ray gives tasks with another runtime_env
         # other worker processes, which would miss the warm caches.
-        # No runtime_env env vars: Ray writes them to runtime_env_agent.log and serves them on its dashboard. Credentials
-        # reach the workers as the cluster provides them (a local Ray inherits this process's environment;
+        # No runtime_env env vars: Ray writes them to runtime_env_agent.log and serves them on its dashboard.
+        # Credentials reach the workers as the cluster provides them (a local Ray inherits this process's environment;
         # cluster.ray_start).
         return {"num_cpus": 1}
 

@@ -84,9 +84,14 @@ class DatasetRows:
     one report row per bucket (documents read, dropped, text bytes and the digest of what was read)."""
 
     id_column: str
+    """The Dataset's column of document ids (cast to strings; a null one is the user's mistake)."""
     text_column: str
+    """The Dataset's column of document text (``read.text_field``)."""
     presplit: bool
+    """Whether the text is already one sentence per line (``read.presplit``): its lines are the sentences."""
     on_error: str
+    """``fail``: a document with a null text fails the build; ``skip``: it is dropped and counted as
+    ``missing_text_field``."""
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         ids = batch.column(self.id_column).cast(pa.string())
@@ -124,16 +129,29 @@ class Fragment:
     """What a write task committed for one bucket (returned to the driver, which sums them)."""
 
     bucket: int
+    """The bucket (the top bits of the documents' unit hash, of BUCKETS) the fragment holds documents of."""
     read_documents: int
+    """Documents of the Dataset that reached the bucket, before any was dropped."""
     dropped: dict[str, int]
+    """Documents dropped by reason (``missing_text_field``, ``no_tokens``)."""
     documents: int
+    """Documents written to the fragment, tokenized."""
     sentences: int
+    """Sentences of the written documents."""
     tokens: int
+    """WordPiece tokens of the written documents."""
     unk_tokens: int
+    """[UNK] tokens among them: what the build's vocabulary check reads."""
     tokens_per_document: dict[str, int]
+    """Written documents by token count, a power-of-two histogram ({lower bound: documents}): mergeable by adding."""
     text_bytes: int
+    """UTF-8 bytes of the text read (what sizes the units once the pass is done)."""
     digest: int
-    ops: dict = dataclasses.field(default_factory=dict)  # the operators' statistics (rows.take_ops)
+    """Order-free digest of the documents read: the sum of sha256(id, text) mod 2**256, so the driver's sum of the
+    fragments' digests is the same whatever Ray's blocks or order."""
+    ops: dict = dataclasses.field(default_factory=dict)
+    """The operators' statistics since the task's last report, by operator (``rows.take_ops``): rows in, rows out,
+    bytes out, CPU seconds, wall seconds."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +159,9 @@ class WriteFragments:
     """The Dataset read pass's sink: each bucket's documents of a write task, tokenized, as one fragment."""
 
     ctx: StepContext
+    """Where _work is (the fragments go under its docs folder), the pool's seed and the vocabulary's size."""
     vocab: Shared
+    """The build's vocabulary, shared once: its [UNK] id counts the unknown tokens."""
 
     def write(self, tables: list[pa.Table]) -> list[Fragment]:
         import json
@@ -151,7 +171,8 @@ class WriteFragments:
         for name, rows in by_unit(tables):
             reports = [json.loads(r) for r in rows.column("report").to_pylist() if r is not None]
             docs = rows.filter(pc.invert(pc.is_null(rows.column("id"))))
-            kept = [(i, d) for i, d in zip(docs.column("id").to_pylist(), packed_docs(docs), strict=False) if d is not None]
+            kept = [(i, d) for i, d in zip(docs.column("id").to_pylist(), packed_docs(docs), strict=False)
+                    if d is not None]
             dropped = sum((Counter(r["dropped"]) for r in reports), Counter())
             if len(kept) < docs.num_rows:
                 dropped["no_tokens"] += docs.num_rows - len(kept)

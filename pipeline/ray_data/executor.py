@@ -5,7 +5,7 @@ import logging
 import pickle
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corpus.readers import Unit
 from pipeline.markers import SUFFIX, Marker
@@ -13,6 +13,9 @@ from pipeline.ray_data.cluster import RayCluster, RayShared, run_step
 from pipeline.ray_data.guard import guarded, in_worker
 from pipeline.rows import RowStage, UserError, measured
 from storage.fs import join, list_names, read_bytes
+
+if TYPE_CHECKING:  # for the annotations only
+    import ray.data
 
 # Ray and Ray Data are imported where they are used: by the thread that brings Ray up, once it is up (a second of
 # imports then overlaps the driver's planning and Ray's own start, instead of coming before both).

@@ -55,7 +55,7 @@ def ray_loop(loop_config: dict) -> dict:
     import ray.train.torch
 
     from pretraining.loop import fit
-    from training.launch import RayCheckpoints
+    from training.ray_checkpoints import RayCheckpoints
     from training.worker import Worker
 
     cfg, ctx = loop_config["config"], ray.train.get_context()
