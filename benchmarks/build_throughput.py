@@ -415,7 +415,8 @@ def _line(key: str, r: dict, plain: dict | None = None) -> str:
     return (f"{key:22s} {r['mb']:7.1f} MB  wall {r['wall_s']:6.1f} s  {r['e2e_mb_s_cpu']:.2f} MB/s per CPU  "
             f"{r['mb_per_cpu_s']:.2f} MB per CPU-s (all){vs}  driver {k['driver']:.1f} CPU-s  workers "
             f"{k['ray_workers']:.1f}  daemons {k['ray_daemons']:.1f}  data actors {k['ray_data_actors']:.1f}  "
-            f"peak/worker {r['peak_worker_rss_mb']:.0f} MB (private {r.get('peak_worker_private_mb', 0):.0f})  _work peak {r.get('work_peak_mb', 0):.0f} MB  "
+            f"peak/worker {r['peak_worker_rss_mb']:.0f} MB (private {r.get('peak_worker_private_mb', 0):.0f})  "
+            f"_work peak {r.get('work_peak_mb', 0):.0f} MB  "
             f"{r['shards']} shards  load {r['load_avg']:.1f}\n" + " " * 23 + stage_line(r.get("stages", {})))
 
 
@@ -451,8 +452,9 @@ def targets(results: dict, fixed: dict, scales: list[int], ceilings: dict[int, f
         if runs:
             walls = [r["wall_s"] for r in runs]
             need = 3.0 if top <= 2 else 4.0
-            lines.append(f"fixed cost, ~{runs[0]['mb']:.1f} MB at {top} CPUs, {mode}: median {statistics.median(walls):.2f}"
-                         f" s, best {min(walls):.2f} s of {len(walls)} (target <= {need:.0f} s attached): "
+            lines.append(f"fixed cost, ~{runs[0]['mb']:.1f} MB at {top} CPUs, {mode}: "
+                         f"median {statistics.median(walls):.2f} s, best {min(walls):.2f} s of {len(walls)} "
+                         f"(target <= {need:.0f} s attached): "
                          + (_verdict(statistics.median(walls) <= need) if mode == "attached" else "for reference"))
     return lines
 
@@ -462,7 +464,8 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, default=SHARED if SHARED.exists() else REPO / "data" / "sample" / "corpus")
     ap.add_argument("--scales", default="2")
     ap.add_argument("--cpus", default="1,2")
-    ap.add_argument("--cpus-at-max-scale", default=None, help="CPU counts to run at the largest scale (default: --cpus)")
+    ap.add_argument("--cpus-at-max-scale", default=None,
+                    help="CPU counts to run at the largest scale (default: --cpus)")
     ap.add_argument("--modes", default="attached,fresh", help="attached, fresh or both")
     ap.add_argument("--dupe-factor", type=int, default=5)
     ap.add_argument("--fixed-mb", type=float, default=1.0, help="size of the fixed-cost build (MB of text)")

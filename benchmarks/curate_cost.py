@@ -153,7 +153,7 @@ def stage_costs(docs: list[dict], corpus: Path, tasks: Path, work: Path) -> tupl
     cpu, index = _cpu(lambda: build_index(eval_texts(cfg.decontamination.paths), cfg.decontamination))
     rows.append((f"decontamination index ({index.texts:,} evaluation texts, once per build)", cpu))
     for name, f in cfg.document_filters(index):
-        cpu, _ = _cpu(lambda: [f(b) for b in batches])
+        cpu, _ = _cpu(lambda f=f: [f(b) for b in batches])
         rows.append((name, cpu))
     exact, near = DedupConfig(mode="exact"), cfg.dedup
     cpu, sig_exact = _cpu(lambda: [Signatures(exact)(b) for b in batches])
@@ -294,7 +294,7 @@ def ray_costs(src: list[Path], scales: list[int], work: Path, cpus: int, limit_b
                     t0 = time.time()
                     sampling = Sampling(Watch([driver]))
                     with sampling as watch:
-                        stages = Stages(lambda: sampling.cpu(driver))
+                        stages = Stages(lambda sampling=sampling: sampling.cpu(driver))
                         m = build_on_ray(corpus, work, cpus, dedup, on_stage=stages)
                     cpu = watch.cpu_by_kind(driver)
                     out[dedup].append(sum(cpu.values()))
@@ -316,7 +316,7 @@ def ray_costs(src: list[Path], scales: list[int], work: Path, cpus: int, limit_b
                                               for e, s in zip(extra, stage_cpu["near"], strict=False)), b))
     finally:
         ray.shutdown()
-    for scale, mb, b, d in rows:
+    for _scale, mb, b, d in rows:
         print(f"\n{mb:.0f} MB: --dedup near at {cpus} CPUs adds {100 * (d - b) / b:.0f}% to the build's CPU-seconds"
               f" (medians of {repeats}; budget: 30%): {'met' if d - b <= 0.3 * b else 'NOT met'}")
     for mb, cost, b in own:

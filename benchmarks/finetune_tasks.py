@@ -11,7 +11,8 @@ Data: ../shared/data/tasks (or --data-dir). None of the tasks ships a split: eve
 (`--split-eval-from-train 0.1 --split-seed 0`: numpy `default_rng(0).permutation` of the rows, the first 10% are
 validation), the same rows for every model and seed; `--seed` varies only the head/random init, dropout and order.
 Jobs run with --no-ray (the job's own training loop in-process) unless --ray is given: on a 2-core box shared with
-other work, Ray's start-up timed out once and costs ~20-60 s per run. Results are appended as JSON lines to --results (default /work/artifacts/finetune/results.jsonl).
+other work, Ray's start-up timed out once and costs ~20-60 s per run. Results are appended as JSON lines to --results
+(default /work/artifacts/finetune/results.jsonl).
 """
 from __future__ import annotations
 
@@ -70,7 +71,8 @@ def run(name: str, task: str, init: list[str], flags: list[str], seed: int, args
         raise RuntimeError(f"{name} {task} seed {seed} failed (rc {proc.returncode}); see {log}")
     final = json.loads(proc.stdout.strip().splitlines()[-1])
     rec = {"suite": args.suite, "name": name, "task": task, "seed": seed, "metric": metric,
-           "value": final[metric], "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "final": final, "flags": init + flags,
+           "value": final[metric], "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "final": final,
+           "flags": init + flags,
            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_avg_1m": os.getloadavg()[0]}
     with open(args.results, "a") as f:
         f.write(json.dumps(rec) + "\n")
@@ -172,7 +174,8 @@ def main() -> None:
     p.add_argument("--results", type=Path, default=ART / "results.jsonl")
     p.add_argument("--ours", default="/work/artifacts/pretrain-learning/export")
     p.add_argument("--preset", default="bert_tiny", help="the architecture of --ours, for the random-init baseline")
-    p.add_argument("--tasks", nargs="+", default=["wnut16_ner", "rt_sentiment", "wordnet_lexname"], choices=list(COMPARE))
+    p.add_argument("--tasks", nargs="+", default=["wnut16_ner", "rt_sentiment", "wordnet_lexname"],
+                   choices=list(COMPARE))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--with-minilm", action="store_true", help="add the MiniLM column (one seed is enough)")
     p.add_argument("--max-train-examples", type=int)

@@ -69,7 +69,8 @@ def summary(kind: str, out: str) -> str:
         return f"{len(re.findall(r'estimate/measured', out))} measured peaks, {out.count('plan: ')} plans"
     if kind == "job":
         f = job_figures(out)
-        return ", ".join(f"{k} {f[k]}" for k in ("sequences_per_second", "mfu", "data_wait_fraction") if f.get(k)) or "-"
+        keys = ("sequences_per_second", "mfu", "data_wait_fraction")
+        return ", ".join(f"{k} {f[k]}" for k in keys if f.get(k)) or "-"
     if kind == "data":
         built = [json.loads(line) for line in out.splitlines() if line.startswith('{"output"')]
         return "; ".join(f"{b['instances']} instances" for b in built) or "-"

@@ -83,8 +83,8 @@ class Shape:
             seq, batch, masked = text.lower().split("x")
             lo, _, hi = masked.partition("-")
             shape = Shape(int(seq), int(batch), int(lo), int(hi or lo))
-        except ValueError:
-            raise ValueError(f"bad shape {text!r}: expected SEQxBATCHxMASKED, e.g. 128x256x20 or 512x32x76-80")
+        except ValueError as e:
+            raise ValueError(f"bad shape {text!r}: expected SEQxBATCHxMASKED, e.g. 128x256x20 or 512x32x76-80") from e
         if not 1 <= shape.min_masked <= shape.max_masked <= shape.seq_len - 2:
             raise ValueError(f"bad shape {text!r}: masked tokens must be within 1..seq_len-2")
         return shape

@@ -1,8 +1,8 @@
 """Every GPU figure of the project, in calls that each fit 8 minutes of a lent H100 (issue 33), compiles included.
 
-    python benchmarks/gpu_suite.py --call 1      # kernels at training shapes, the step on/off beside transformers, memory
-    python benchmarks/gpu_suite.py --call 2      # seq 512 padded and packed, the real job fresh and resumed (cold node)
-    python benchmarks/gpu_suite.py --call 3      # pytest -m gpu tests
+    python benchmarks/gpu_suite.py --call 1    # kernels at training shapes, the step on/off beside transformers, memory
+    python benchmarks/gpu_suite.py --call 2    # seq 512 padded and packed, the real job fresh and resumed (cold node)
+    python benchmarks/gpu_suite.py --call 3    # pytest -m gpu tests
     python benchmarks/gpu_suite.py --call 2 --parts job_fresh,job_resumed --budget 200   # what a cut-short call left
     python benchmarks/gpu_suite.py --dry-run --call 1   # on a CPU: the same parts at tiny shapes (the tests run this)
 
@@ -85,7 +85,8 @@ class Stack:
             return (["benchmarks/gpu_job.py", "--no-ray"], "benchmarks/gpu_job.py --no-ray: jobs/pretrain.py's "
                     "config and loop in one process, no MLflow run (MLflow is not installed: carry the bundle)")
         if self.ray and not dry:
-            return ["jobs/pretrain.py"], "jobs/pretrain.py on Ray Train, MLflow on a local sqlite store (WORK/mlflow.db)"
+            return (["jobs/pretrain.py"],
+                    "jobs/pretrain.py on Ray Train, MLflow on a local sqlite store (WORK/mlflow.db)")
         why = "a dry run" if self.ray else "Ray is not installed"
         return ["jobs/pretrain.py", "--no-ray"], f"jobs/pretrain.py --no-ray ({why}), MLflow on WORK/mlflow.db"
 
@@ -215,7 +216,7 @@ def run_all(todo: list[Part], work: Path, deadline: float | None, jobs: int) -> 
     return results
 
 
-# ---- children ----------------------------------------------------------------------------------------------------------
+# ---- children --------------------------------------------------------------------------------------------------------
 
 def child_kernels(args: argparse.Namespace) -> None:
     """The kernels part: self_check at each width, one JSON line per kernel; then the byte table."""
@@ -251,7 +252,7 @@ def child_data(work: Path) -> None:
             raise SystemExit(f"the seq-{seq} build failed ({rc})")
 
 
-# ---- the call ------------------------------------------------------------------------------------------------------------
+# ---- the call --------------------------------------------------------------------------------------------------------
 
 def report(todo: list[Part], results: dict[str, PartResult], how: str, dry: bool) -> list[str]:
     lines = []
@@ -284,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--call", type=int, choices=(1, 2, 3), help="which call's parts (each fits 8 minutes of an H100)")
     p.add_argument("--parts", default=None, help="comma-separated parts to run instead (of any call, in order)")
     p.add_argument("--dry-run", action="store_true", help="the parts at tiny shapes on the CPU (limits: hang guards)")
-    p.add_argument("--budget", type=int, default=BUDGET, help="seconds for the parts together (GPU; a dry run has none)")
+    p.add_argument("--budget", type=int, default=BUDGET,
+                   help="seconds for the parts together (GPU; a dry run has none)")
     p.add_argument("--work", type=Path, default=Path("/tmp/gpu_suite"), help="builds, checkpoints, caches, logs")
     p.add_argument("--jobs", type=int, default=None,
                    help="parts run at once (default: 1 on a GPU, whose timings need it alone; 2 in a dry run)")
@@ -329,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     results = run_all(todo, args.work, deadline, args.jobs or (2 if args.dry_run else 1))
     _, job_how = stack.job(args.dry_run)
     how = [f"{'dry run on CPU, tiny shapes (no figures)' if args.dry_run else 'GPU'}: {_device()}",
-           f"Ray {'installed' if stack.ray else 'not installed'}, MLflow {'installed' if stack.mlflow else 'not installed'}"]
+           f"Ray {'installed' if stack.ray else 'not installed'}, "
+           f"MLflow {'installed' if stack.mlflow else 'not installed'}"]
     if "data" in wanted:
         how.append("data: the builder in-process, --no-ray --no-mlflow")
     if {"job_fresh", "job_resumed"} & set(wanted):

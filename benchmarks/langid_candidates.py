@@ -102,7 +102,8 @@ def main() -> None:
             got = [fn(t) for _, t in texts]
             cpu = time.process_time() - t0
             right = [p for (lang, _), (g, p) in zip(texts, got, strict=False) if g == lang]
-            errors = Counter(f"{lang}->{g}" for (lang, _), (g, _) in zip(texts, got, strict=False) if g != lang).most_common(3)
+            errors = Counter(f"{lang}->{g}" for (lang, _), (g, _) in zip(texts, got, strict=False)
+                             if g != lang).most_common(3)
             mb = sum(len(t.encode()) for _, t in texts) / 1e6
             print(f"| {cand} | {name} | {len(right) / len(texts):.4f} | {np.percentile(right, 5) if right else 0:.3f} |"
                   f" {mb / max(cpu, 1e-9):.1f} | {', '.join(f'{e} x{n}' for e, n in errors)} |")

@@ -58,7 +58,7 @@ def split_documents(out: Path, fraction: float = 0.05, seed: int = 0) -> None:
     for name in CORPORA:
         docs = [line for line in gzip.open(SHARED / "corpora" / name, "rt", encoding="utf-8") if line.strip()]
         held = set(rng.sample(range(len(docs)), max(3, round(fraction * len(docs)))))
-        for part, keep in (("train", lambda i: i not in held), ("eval", lambda i: i in held)):
+        for part, keep in (("train", lambda i, held=held: i not in held), ("eval", lambda i, held=held: i in held)):
             with gzip.open(out / "raw" / part / name, "wt", encoding="utf-8") as f:
                 f.writelines(d for i, d in enumerate(docs) if keep(i))
 
@@ -149,7 +149,8 @@ def finetune(out: Path, args: argparse.Namespace) -> None:
                     name = f"{preset}-{task}-lr{lr:g}-seed{seed}"
                     cmd = [sys.executable, str(REPO / "jobs" / "finetune.py"), "--no-ray", "--cpus-per-worker", "1",
                            "--task", family, "--train", str(SHARED / "tasks" / file), "--init", init,
-                           "--split-eval-from-train", "0.1", "--split-seed", "0", "--max-eval-examples", str(EVAL_EXAMPLES),
+                           "--split-eval-from-train", "0.1", "--split-seed", "0",
+                           "--max-eval-examples", str(EVAL_EXAMPLES),
                            "--max-seq-length", "64", "--lr", f"{lr:g}", "--seed", str(seed), *extra,
                            "--mlflow-tracking-uri", f"sqlite:///{out / 'mlflow.db'}", "--experiment", "lr-sweep",
                            "--output", str(out / "finetuned" / name)]

@@ -33,7 +33,7 @@ def split_documents(out: Path, fraction: float = 0.04, seed: int = 0) -> None:
     for path in sorted(CORPORA.glob("*.jsonl.gz")):
         docs = [line for line in gzip.open(path, "rt", encoding="utf-8") if line.strip()]
         held = set(rng.sample(range(len(docs)), max(3, round(fraction * len(docs)))))
-        for part, keep in (("train", lambda i: i not in held), ("eval", lambda i: i in held)):
+        for part, keep in (("train", lambda i, held=held: i not in held), ("eval", lambda i, held=held: i in held)):
             with gzip.open(out / "raw" / part / path.name, "wt", encoding="utf-8") as f:
                 f.writelines(d for i, d in enumerate(docs) if keep(i))
         print(f"{path.name}: {len(docs) - len(held)} train / {len(held)} eval documents")

@@ -144,7 +144,8 @@ def main() -> None:
     ours = rows[0][3]["mobydick"][0]
     print(f"{len(cases)} labelled cases; speed = MB of UTF-8 text per CPU-second, one process, best of {args.repeats}"
           " (pysbd: first 300 kB only)")
-    print(f"{'splitter':24s} {'exact':>6s} {'bF1':>6s} {'moby MB/s':>10s} {'austen MB/s':>12s} {'vs ours':>8s} {'moby sents':>10s}")
+    print(f"{'splitter':24s} {'exact':>6s} {'bF1':>6s} {'moby MB/s':>10s} {'austen MB/s':>12s} {'vs ours':>8s} "
+          f"{'moby sents':>10s}")
     for name, exact, f1, sp, _ in rows:
         m, a = sp["mobydick"], sp["austen"]
         print(f"{name:24s} {exact:6.2f} {f1:6.3f} {m[0]:10.2f} {a[0]:12.2f} {m[0] / ours:8.2f} {m[1]:10d}")

@@ -5,9 +5,9 @@
 
 Both measurements run in this process with the same model, optimizer, threads and the *same batches*: the full
 loop exactly as a Ray Train worker runs it (background reader thread, `train_step`), recording the batches it
-consumed, and `train_step` alone over those batches, already in memory, alternating every `--chunk` steps. The ratio is what the data path costs;
-`data_wait_fraction` is the share of the full loop's wall time spent waiting for a batch (the job logs the same
-metric). Sequences/s count sequences; tokens/s count real (unpadded) tokens.
+consumed, and `train_step` alone over those batches, already in memory, alternating every `--chunk` steps. The ratio
+is what the data path costs; `data_wait_fraction` is the share of the full loop's wall time spent waiting for a batch
+(the job logs the same metric). Sequences/s count sequences; tokens/s count real (unpadded) tokens.
 """
 from __future__ import annotations
 

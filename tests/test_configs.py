@@ -62,4 +62,4 @@ def test_wide_configs_are_keyword_only():
                                                  for k in deco.keywords)
         if not kw:
             narrow.append(f"{rel}:{node.name}")
-    assert not narrow, "configs with more than %d fields must be @dataclass(kw_only=True): %s" % (WIDE, narrow)
+    assert not narrow, f"configs with more than {WIDE} fields must be @dataclass(kw_only=True): {narrow}"

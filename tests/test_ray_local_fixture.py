@@ -1,6 +1,7 @@
 """conftest's ``ray_local``: a test after one that shut Ray down (``ray_shutdown``: the multi-raylet tests) gets the
 local Ray again, with its 2 CPUs and its temp dir, not a Ray-less process (where Ray's auto-init in Ray Train or Ray
-Data would start a default Ray, or join another one running on the machine). The three tests run in this order, in one pytest process."""
+Data would start a default Ray, or join another one running on the machine). The three tests run in this order, in one
+pytest process."""
 from __future__ import annotations
 
 import os

@@ -64,7 +64,8 @@ def test_stage_costs_read_off_a_real_jobs_log(tmp_path, sample_dir):
     peaks = [c["worker_private_mb"] for c in mem.values() if "worker_private_mb" in c]
     assert "worker_private_mb" in mem["read"] and peaks == sorted(peaks) and len(set(peaks)) == len(peaks)
     stages = list(mem.values())
-    for before, c in zip(stages, stages[1:], strict=False):  # one stage ends where the next starts: peaks 10 x its wall apart
+    # One stage ends where the next starts: peaks 10 x its wall apart.
+    for before, c in zip(stages, stages[1:], strict=False):
         if "worker_private_mb" in before and "worker_private_mb" in c:
             assert abs(c["worker_private_mb"] - before["worker_private_mb"] - 10 * c["wall_s"]) <= 1.5, mem
     assert "worker private " in stage_line(mem)

@@ -51,7 +51,8 @@ def test_the_job_runs_as_the_machine_allows_and_resumes_on_a_cold_node(tmp_path)
     assert resumed.after == "job_fresh" and fresh.after == "data"
     cache = fresh.command[fresh.command.index("--compile-cache") + 1]
     assert resumed.command[resumed.command.index("--compile-cache") + 1] == cache
-    for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):  # a cold node: nothing compiled is shared but --compile-cache
+    # A cold node: nothing compiled is shared but --compile-cache.
+    for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         assert fresh.env[key] != resumed.env[key] and cache not in (fresh.env[key], resumed.env[key])
     # The GPU job command is jobs/pretrain.py's own flags (a renamed flag fails here, not on the lent machine).
     from jobs.pretrain import parse_args

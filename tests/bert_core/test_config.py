@@ -1,6 +1,7 @@
 """BertConfig: presets, validation messages, HF config.json round trip."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -37,7 +38,7 @@ def test_validation_errors_say_how_to_fix(kwargs, fragment):
 
 def test_frozen_and_replace():
     cfg = bert_core.bert_tiny()
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.hidden_size = 3  # type: ignore[misc]
     assert cfg.replace(num_labels=5).id2label == {i: f"LABEL_{i}" for i in range(5)}
 

@@ -111,7 +111,8 @@ def test_heads_save_in_hf_layout_and_load_in_transformers(tmp_path):
             assert torch.allclose(a.logits, b.logits, atol=1e-5)
         # And back, into ours, with the same outputs.
         again = ours_cls.from_pretrained(d)
-        assert torch.equal(again.state_dict()[next(iter(again.state_dict()))], ours.state_dict()[next(iter(ours.state_dict()))])
+        assert torch.equal(again.state_dict()[next(iter(again.state_dict()))],
+                           ours.state_dict()[next(iter(ours.state_dict()))])
 
 
 def test_pretraining_checkpoint_into_heads(tmp_path, caplog):

@@ -29,7 +29,8 @@ def make_docs(n_docs: int, seed: int = 0, sentences: tuple[int, int] = (8, 40), 
     docs = []
     for d in range(n_docs):
         n = int(rng.integers(*sentences))
-        docs.append((f"doc-{d}", [rng.integers(1000, 30000, int(rng.integers(*length))).astype(np.uint16) for _ in range(n)]))
+        docs.append((f"doc-{d}", [rng.integers(1000, 30000, int(rng.integers(*length))).astype(np.uint16)
+                                  for _ in range(n)]))
     return docs
 
 
@@ -71,13 +72,15 @@ def test_columns_layout_and_segments() -> None:
     assert set(out) == set(COLUMNS) and len({len(v) for v in out.values()}) == 1
     assert len(out["key"]) >= 4  # ~600 tokens in ~125-token sequences
     for i, (ids, a_len, pos, orig, nsp) in enumerate(
-        zip(out["input_ids"], out["a_length"], out["masked_lm_positions"], out["masked_lm_ids"], out["next_sentence_label"], strict=False)
+        zip(out["input_ids"], out["a_length"], out["masked_lm_positions"], out["masked_lm_ids"],
+            out["next_sentence_label"], strict=False)
     ):
         assert ids.dtype == np.uint16 and pos.dtype == np.uint16 and orig.dtype == np.uint16
         assert len(ids) <= 128
         # token_type_ids[i] = 0 if i < a_length + 2 else 1 rebuilds the segments: [CLS] A [SEP] | B [SEP]
         seg = (np.arange(len(ids)) >= a_len + 2).astype(int)
-        assert ids[0] == CLS and ids[a_len + 1] == SEP and ids[-1] == SEP and seg[a_len + 1] == 0 and seg[a_len + 2] == 1
+        assert ids[0] == CLS and ids[a_len + 1] == SEP and ids[-1] == SEP
+        assert seg[a_len + 1] == 0 and seg[a_len + 2] == 1
         full = unmasked(ids, pos, orig)
         a, b = full[1 : a_len + 1], full[a_len + 2 : -1]
         assert len(a) >= 1 and len(b) >= 1
@@ -155,11 +158,13 @@ def test_seeded_rates_nsp_mlm() -> None:
     masked = np.array([len(x) for x in cols["masked_lm_positions"]])
     np.testing.assert_array_equal(masked, np.minimum(20, np.maximum(1, np.rint(lens * 0.15))).astype(int))
     assert abs(masked.sum() / lens.sum() - 0.15) < 0.005
-    now = np.concatenate([ids[p.astype(int)] for ids, p in zip(cols["input_ids"], cols["masked_lm_positions"], strict=False)])
+    now = np.concatenate([ids[p.astype(int)]
+                          for ids, p in zip(cols["input_ids"], cols["masked_lm_positions"], strict=False)])
     orig = np.concatenate(cols["masked_lm_ids"])
     mask = now == MASK
     same = ~mask & (now == orig)
-    assert abs(mask.mean() - 0.8) < 0.01 and abs(same.mean() - 0.1) < 0.01 and abs(1 - mask.mean() - same.mean() - 0.1) < 0.01
+    assert abs(mask.mean() - 0.8) < 0.01 and abs(same.mean() - 0.1) < 0.01
+    assert abs(1 - mask.mean() - same.mean() - 0.1) < 0.01
 
 
 def test_one_sentence_chunks_are_always_random_next() -> None:
@@ -180,7 +185,8 @@ def test_short_seq_prob_gives_short_targets() -> None:
 def test_whole_word_mask_end_to_end() -> None:
     cols = run(make_docs(10, seed=3), InstanceConfig(whole_word_mask=True), passes=1)
     cont = vocab().is_continuation
-    for ids, pos, orig, a_len in zip(cols["input_ids"], cols["masked_lm_positions"], cols["masked_lm_ids"], cols["a_length"], strict=False):
+    for ids, pos, orig, a_len in zip(cols["input_ids"], cols["masked_lm_positions"], cols["masked_lm_ids"],
+                                     cols["a_length"], strict=False):
         full = unmasked(ids, pos, orig)
         chosen = set(pos.tolist())
         for p in chosen:  # a chosen "##" piece's whole word is chosen (within its segment)

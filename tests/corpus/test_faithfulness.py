@@ -115,7 +115,8 @@ def test_three_seed_mean_matches_reference_mean(documents) -> None:
 def test_every_sequence_is_well_formed(documents) -> None:
     docs, encoder = documents
     cols = build((docs[:20], encoder), seed=3)
-    for ids, a_len, pos, orig in zip(cols["input_ids"], cols["a_length"], cols["masked_lm_positions"], cols["masked_lm_ids"], strict=False):
+    for ids, a_len, pos, orig in zip(cols["input_ids"], cols["a_length"], cols["masked_lm_positions"],
+                                     cols["masked_lm_ids"], strict=False):
         assert len(ids) <= 128 and a_len >= 1 and len(ids) - a_len - 3 >= 1
         assert ids[0] == encoder.cls_id and ids[a_len + 1] == encoder.sep_id and ids[-1] == encoder.sep_id
         assert 1 <= len(pos) <= 20 and np.all(np.diff(pos.astype(int)) > 0)
@@ -197,7 +198,8 @@ def _reference_run(docs: list[list[list[int]]], seed: int, cls: int, sep: int, m
 def test_reference_port_reproduces_reference_run_exactly(documents, sample_dir) -> None:
     docs, enc = documents
     ref = json.loads((sample_dir / "reference" / "mobydick.reference_stats.json").read_text())["stats"]
-    rows = _reference_run([[s.tolist() for s in sents] for _, sents in docs], 12345, enc.cls_id, enc.sep_id, enc.mask_id, enc.vocab_size)
+    rows = _reference_run([[s.tolist() for s in sents] for _, sents in docs], 12345, enc.cls_id, enc.sep_id,
+                          enc.mask_id, enc.vocab_size)
     stats = instance_stats(rows, mask_id=enc.mask_id)
     assert stats["instances"] == ref["instances"] and stats["tokens_total"] == ref["tokens_total"]
     for key in ("random_next_fraction", "seq_len_mean", "a_len_mean", "masked_per_seq_mean", "full_length_fraction"):

@@ -51,7 +51,8 @@ def test_truncation_trims_match_reference_loop() -> None:
         la = np.array([r.randint(1, 300) for _ in range(600)])
         lb = np.array([r.randint(1, 300) for _ in range(600)])
         ta, tb = truncation_trims(la, lb, mx)
-        assert [(int(a), int(b)) for a, b in zip(ta, tb, strict=False)] == [reference_truncate(a, b, mx) for a, b in zip(la, lb, strict=False)]
+        assert [(int(a), int(b)) for a, b in zip(ta, tb, strict=False)] == \
+            [reference_truncate(a, b, mx) for a, b in zip(la, lb, strict=False)]
 
 
 def test_pair_words_are_splitmix64() -> None:
@@ -175,7 +176,8 @@ def test_pool_segments_overshoot_and_stop_at_doc_end() -> None:
     # b's sentences are at tokens [5, 7), [7, 10), [10, 14).
     docs, u = np.array([1, 1, 1]), np.array([0.0, 0.0, 0.9])
     b0, b1 = pool.segments(docs, u, np.array([4, 100, -3]))
-    assert list(zip(b0.tolist(), b1.tolist(), strict=False)) == [(5, 10), (5, 14), (10, 14)]  # overshoot, doc end, >= 1 sentence
+    # Overshoot, document end, at least one sentence.
+    assert list(zip(b0.tolist(), b1.tolist(), strict=False)) == [(5, 10), (5, 14), (10, 14)]
 
 
 def test_pool_drops_empty_and_pickles() -> None:

@@ -26,14 +26,18 @@ def _text_corpus(n_docs: int = 60, seed: int = 0) -> tuple[bytes, list[list[str]
     rnd = random.Random(seed)
     out, docs = [], []
     for i in range(n_docs):
-        lines = [f"Doc {i} line {j}. " + " ".join(rnd.choice(["whale", "sea", "Ahab."]) for _ in range(rnd.randint(1, 40)))
+        lines = [f"Doc {i} line {j}. "
+                 + " ".join(rnd.choice(["whale", "sea", "Ahab."]) for _ in range(rnd.randint(1, 40)))
                  for j in range(rnd.randint(1, 5))]
         docs.append(lines)
         out.append("\n".join(lines) + "\n" + "\n" * rnd.randint(1, 3) + (" \t\n" if rnd.random() < 0.3 else ""))
     return "".join(out).encode(), docs
 
 
-def _read_all(paths, opts=ReadOptions(), unit_bytes=1 << 30, report=None, work=None):
+DEFAULT_OPTS = ReadOptions()
+
+
+def _read_all(paths, opts=DEFAULT_OPTS, unit_bytes=1 << 30, report=None, work=None):
     """Every document of the inputs, unit by unit; with ``work``, big compressed files go through the pieces step
     (as the build does) with their pieces under that folder."""
     files = expand_inputs([str(p) for p in paths])

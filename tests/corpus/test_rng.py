@@ -16,7 +16,8 @@ def test_stable_across_processes_and_hash_seeds() -> None:
     outs = set()
     for hash_seed in ("0", "1", "random"):
         env = dict(os.environ, PYTHONHASHSEED=hash_seed)
-        outs.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout)
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        outs.add(done.stdout)
     assert outs == {f"{derive_seed(12345, 'mobydick:3', 2, 'pairs')}\n"}
 
 

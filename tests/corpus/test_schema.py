@@ -22,7 +22,8 @@ def test_uint16_when_the_vocab_fits():
 
 
 def test_config_hash_is_canonical():
-    assert config_hash({"a": 1, "b": [1, 2]}) == config_hash({"b": [1, 2], "a": 1}) != config_hash({"a": 2, "b": [1, 2]})
+    assert config_hash({"a": 1, "b": [1, 2]}) == config_hash({"b": [1, 2], "a": 1}) \
+        != config_hash({"a": 2, "b": [1, 2]})
     assert shard_name(3, 16) == "shards/part-00003-of-00016.parquet"
 
 

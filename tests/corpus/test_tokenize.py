@@ -79,7 +79,8 @@ def test_encode_shapes_and_attributes(encoder) -> None:
         30522, 0, 100, 101, 102, 103,
     )
     assert encoder.is_continuation.dtype == np.bool_ and encoder.is_continuation.shape == (30522,)
-    assert encoder.is_continuation[encoder.tokens.index("##s")] and not encoder.is_continuation[encoder.tokens.index("s")]
+    assert encoder.is_continuation[encoder.tokens.index("##s")]
+    assert not encoder.is_continuation[encoder.tokens.index("s")]
     assert encoder.vocab_info.mask_id == 103
     assert encoder(["x"])[0].tolist() == encoder.encode(["x"])[0].tolist()
 
@@ -149,7 +150,8 @@ def test_ascii_fast_path_equals_full_normalizer(vocab_path, lower) -> None:
     enc = WordPieceEncoder(vocab_path, do_lower_case=lower)
     r = random.Random(0)
     alphabet = [chr(c) for c in range(128)] + ["the ", "Whale ", "AHAB", " ", " ", "don't", "##", "[MASK]"]
-    alphabet += list("\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f\u2013\u2014\u2015\u2026\u00ab\u00bb\u2039\u203a\u2022")
+    alphabet += list("\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f\u2013\u2014\u2015\u2026"
+                     "\u00ab\u00bb\u2039\u203a\u2022")
     alphabet += list("\u00e9\u00c9\u00a0\u3000\u4e2d\u0301\u200b\ufeff\u00b7\u2032")  # these take the full path
     texts = ["".join(r.choice(alphabet) for _ in range(r.randint(0, 60))) for _ in range(3000)]
     got = enc.encode(texts)

@@ -27,10 +27,10 @@ from curate.language import LanguageFilter
 from curate.quality import QualityFilter
 from curate.report import counts, lines
 
-FRENCH = ("Il était une fois, dans un petit village au bord de la mer, une vieille femme qui vivait seule avec son chat."
-          " Chaque matin, elle descendait au port pour acheter du poisson frais et parler avec les pêcheurs du temps"
-          " qu'il ferait. Les enfants du village l'aimaient beaucoup, car elle leur racontait des histoires de marins"
-          " et de tempêtes. Un jour, un bateau inconnu arriva dans le port. Personne ne savait d'où il venait.")
+FRENCH = ("Il était une fois, dans un petit village au bord de la mer, une vieille femme qui vivait seule avec son"
+          " chat. Chaque matin, elle descendait au port pour acheter du poisson frais et parler avec les pêcheurs du"
+          " temps qu'il ferait. Les enfants du village l'aimaient beaucoup, car elle leur racontait des histoires de"
+          " marins et de tempêtes. Un jour, un bateau inconnu arriva dans le port. Personne ne savait d'où il venait.")
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +38,8 @@ def docs():
     need_shared()
     base = passages(["mobydick", "austen"], n_words=150, per_corpus=150)
     review = "The gorgeously elaborate continuation of ''The Lord of the Rings'' trilogy is so huge that a column of" \
-             " words cannot adequately describe co writer/director Peter Jackson's expanded vision of J.R.R. Tolkien's" \
-             " Middle earth."
+             " words cannot adequately describe co writer/director Peter Jackson's expanded vision of J.R.R." \
+             " Tolkien's Middle earth."
     extra = [("copy-of-first", base[20][1], base[20][2]), ("french", FRENCH, "corpora/french"),
              ("lists", "\n".join("• " + s for s in split_sentences(base[9][1])), "corpora/web"),
              ("leak", base[5][1] + " " + review, base[5][2])]

@@ -18,7 +18,8 @@ def docs() -> pa.Table:
 def test_shares_are_within_one_percent_of_the_asked_ones(docs):
     cfg = MixConfig(weights=parse_mix("corpora/tdavid=0.5,corpora/mobydick=2,corpora/webbible=1.3"))
     out = Mix(cfg)(docs)
-    size = {s: n for s, n in zip(*np.unique(docs["source"].to_numpy(zero_copy_only=False), return_counts=True), strict=False)}
+    sources, counts = np.unique(docs["source"].to_numpy(zero_copy_only=False), return_counts=True)
+    size = {s: n for s, n in zip(sources, counts, strict=False)}
     weight = {s: cfg.weight_of(s) for s in size}
     asked = {s: weight[s] * size[s] / sum(weight[t] * size[t] for t in size) for s in size}
     n = out.kept["copies"].to_numpy()
@@ -38,7 +39,8 @@ def test_the_draw_depends_on_the_id_only(docs):
     kept = dict(zip(ref.kept["id"].to_pylist(), ref.kept["copies"].to_pylist(), strict=False))
     for part in batches(shuffled(docs, 4), [977]):
         out = Mix(cfg)(part)
-        assert dict(zip(out.kept["id"].to_pylist(), out.kept["copies"].to_pylist(), strict=False)).items() <= kept.items()
+        got = dict(zip(out.kept["id"].to_pylist(), out.kept["copies"].to_pylist(), strict=False))
+        assert got.items() <= kept.items()
     other = Mix(MixConfig(weights=cfg.weights, seed=10))(docs)
     assert set(other.kept["id"].to_pylist()) != set(kept)
 
@@ -48,7 +50,8 @@ def test_longest_prefix_wins_and_unmatched_sources_keep_weight_one():
     assert cfg.weight_of("data/wiki/a.txt") == 3.0 and cfg.weight_of("data/web/b.txt") == 0.0
     assert cfg.weight_of("other/c.txt") == 1.0 and cfg.weight_of(None) == 1.0
     assert copies(["x", "y"], ["data/wiki/a", "data/web/b"], cfg).tolist() == [3, 0]
-    assert cfg.unmatched(["data/wiki/a.txt"]) == [] and MixConfig(weights=(("nope/", 1.0),)).unmatched(["a"]) == ["nope/"]
+    assert cfg.unmatched(["data/wiki/a.txt"]) == []
+    assert MixConfig(weights=(("nope/", 1.0),)).unmatched(["a"]) == ["nope/"]
 
 
 def test_expand_gives_each_copy_an_id_of_its_own():

@@ -57,8 +57,8 @@ def _fit_fixed_batch() -> None:
 
 
 def test_fit_has_pretrainings_shape(sample_dir, tmp_path, caplog):
-    """`finetuning.fit(config, worker)` takes the launcher's Worker like `pretraining.loop.fit`: it prepares its task from
-    the config, reports each epoch through the tracker, and the best epoch's model is the last checkpoint written
+    """`finetuning.fit(config, worker)` takes the launcher's Worker like `pretraining.loop.fit`: it prepares its task
+    from the config, reports each epoch through the tracker, and the best epoch's model is the last checkpoint written
     (model/ in the HF layout beside its evaluation)."""
     import inspect
     import json

@@ -46,7 +46,8 @@ def test_readers_agree_across_formats(tmp_path):
 
 
 def test_conll_and_squad_readers(tmp_path):
-    (tmp_path / "t.conll").write_text("-DOCSTART- -X- O\n\nEU B-ORG\nrejects O\n\nPeter NNP B-PER\nBlackburn NNP I-PER\n")
+    (tmp_path / "t.conll").write_text("-DOCSTART- -X- O\n\nEU B-ORG\nrejects O\n\n"
+                                      "Peter NNP B-PER\nBlackburn NNP I-PER\n")
     assert read_records(str(tmp_path / "t.conll")) == [
         {"tokens": ["EU", "rejects"], "tags": ["B-ORG", "O"]},
         {"tokens": ["Peter", "Blackburn"], "tags": ["B-PER", "I-PER"]}]
@@ -76,7 +77,8 @@ def test_label_map_order_and_saving_roundtrip():
 
 def test_missing_column_and_unseen_label_errors(tok):
     cfg = FeatureConfig(max_seq_length=32)
-    with pytest.raises(ValueError, match=r"column 'sentence' is missing in train.jsonl; columns present: \['label', 'text'\]"):
+    with pytest.raises(ValueError,
+                       match=r"column 'sentence' is missing in train.jsonl; columns present: \['label', 'text'\]"):
         prepare_task("classification", RECS, RECS, TaskColumns(text_column="sentence"), tok, cfg, "train.jsonl", "ev")
     with pytest.raises(ValueError, match=r"'neutral' \(1x\) in dev.csv never occur in the training data train.jsonl"):
         prepare_task("classification", RECS, [{"text": "meh", "label": "neutral"}], TaskColumns(), tok, cfg,
@@ -135,7 +137,8 @@ def test_window_layout_matches_the_reference():
     flags = max_context_flags([(0, 4), (3, 4), (6, 4)])
     # Token 3 has context min(3,0)=0 in window 0 and min(0,3)=0 in window 1: a tie, and the reference keeps the
     # first window (strict >); likewise token 6 stays with window 1.
-    assert [f.tolist() for f in flags] == [[True, True, True, True], [False, True, True, True], [False, True, True, True]]
+    assert [f.tolist() for f in flags] == [[True, True, True, True], [False, True, True, True],
+                                           [False, True, True, True]]
     assert sum(int(f.sum()) for f in flags) == 10  # every token has exactly one max-context window
 
 

@@ -312,7 +312,7 @@ def check_ray_token_auth(doc: dict) -> list[str]:
     if auth.get("mode") != "token" or not auth.get("secretName"):
         errs.append(f"{where}: authOptions must be {{mode: token, secretName: <Secret>}}")
     secret = auth.get("secretName")
-    for tw, role, tpl in ray_pod_templates(doc):
+    for tw, _role, tpl in ray_pod_templates(doc):
         containers = ((tpl.get("spec") or {}).get("containers")) or []
         if not containers:
             errs.append(f"{tw}: no containers")

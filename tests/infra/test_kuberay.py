@@ -175,7 +175,8 @@ def _claims(node) -> set[str]:
 
 def test_volumes_exist_and_exports_live_on_them():
     """Every claim a pod mounts is defined here; --export/--init paths are on the shared mount that all pods see."""
-    defined = {d["metadata"]["name"] for p in KUBERAY_YAMLS for d in load_all(p) if d["kind"] == "PersistentVolumeClaim"}
+    defined = {d["metadata"]["name"] for p in KUBERAY_YAMLS for d in load_all(p)
+               if d["kind"] == "PersistentVolumeClaim"}
     for _, doc in KUBERAY_DOCS:
         assert _claims(doc) <= defined
     cmd = RAYJOBS["rayjob-pretrain.yaml"]["spec"]["entrypoint"].split()

@@ -41,7 +41,8 @@ def data(tmp_path_factory, sample_dir) -> dict[str, dict[str, str]]:
     t = sample_dir / "tasks"
     out: dict[str, dict[str, str]] = {}
     rt = _rows(t / "rt_sentiment.jsonl.gz", 3000)[::30]  # both labels, file order spread
-    out["classification"] = {"train": _jsonl(d / "rt_train.jsonl", rt[:64]), "eval": _jsonl(d / "rt_eval.jsonl", rt[64:96])}
+    out["classification"] = {"train": _jsonl(d / "rt_train.jsonl", rt[:64]),
+                             "eval": _jsonl(d / "rt_eval.jsonl", rt[64:96])}
     wic = _rows(t / "wordnet_wic.sample.jsonl.gz", 200)
     for name, part in (("train", wic[:64]), ("eval", wic[64:96])):
         with open(d / f"wic_{name}.csv", "w", newline="") as f:

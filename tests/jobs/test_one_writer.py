@@ -72,7 +72,8 @@ def test_two_builds_on_one_output(where, tmp_path, request):
     assert first.returncode == 0, stderr
     assert json.loads(stdout.strip().splitlines()[-1])["output"] == out
     # The first build's dataset is its own: its config and rows are those of the same build made alone.
-    alone = subprocess.run([sys.executable, "-m", "jobs.build_dataset", *_build_flags(reference, 3, endpoint)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    alone = subprocess.run([sys.executable, "-m", "jobs.build_dataset", *_build_flags(reference, 3, endpoint)],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert alone.returncode == 0, alone.stderr
     built = storage_fs.read_json(storage_fs.join(out, "manifest.json"), endpoint)
     expected = storage_fs.read_json(storage_fs.join(reference, "manifest.json"), endpoint)

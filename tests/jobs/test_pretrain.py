@@ -66,7 +66,8 @@ def test_two_workers_learn_and_mlflow_has_one_complete_run(baseline, tiny_pretra
     run = client.get_run(runs[0].info.run_id)
     assert run.info.status == "FINISHED"
     p = run.data.params
-    assert (p["preset"], p["batch_size"], p["num_workers"], p["grad_accumulation_steps"]) == ("bert_tiny", "16", "2", "2")
+    assert (p["preset"], p["batch_size"], p["num_workers"], p["grad_accumulation_steps"]) == \
+        ("bert_tiny", "16", "2", "2")
     assert p["model.bert.hidden_size"] == "128" and p["model.bert.vocab_size"] == "600"
     assert p["data.train.max_seq_length"] == "64" and p["data.length_buckets"] == "(16, 32, 48, 64)"
     t = run.data.tags
@@ -94,7 +95,8 @@ def test_two_workers_learn_and_mlflow_has_one_complete_run(baseline, tiny_pretra
     assert 8 * seq < run.data.metrics["tokens_per_second"] <= 64.001 * seq  # real tokens: at most 64 per sequence
 
     artifacts = {f.path for f in client.list_artifacts(run.info.run_id, "model")}
-    assert {"model/config.json", "model/model.safetensors", "model/vocab.txt", "model/bert_pretrain_run.json"} <= artifacts
+    assert {"model/config.json", "model/model.safetensors", "model/vocab.txt",
+            "model/bert_pretrain_run.json"} <= artifacts
 
 
 def test_checkpoints_keep_last_k_and_load_without_pickle(baseline):

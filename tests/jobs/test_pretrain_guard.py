@@ -40,7 +40,8 @@ def test_a_divergent_learning_rate_fails_the_job(ray_local, tiny_pretrain_data, 
     (error,) = errors
     message = error.getMessage()
     assert error.exc_info is None and "\n" not in message  # one line, no traceback
-    assert message.startswith("training diverged at step ") and re.search(r"--lr \S+ \(.*this run(: |'s )10000\)", message)
+    assert message.startswith("training diverged at step ")
+    assert re.search(r"--lr \S+ \(.*this run(: |'s )10000\)", message)
 
     client = MlflowClient(mlflow_uri)
     (found,) = client.search_runs([client.get_experiment_by_name(DEFAULT_EXPERIMENT).experiment_id])
@@ -67,7 +68,8 @@ def test_a_micro_batch_that_cannot_fit_fails_at_once_naming_the_flag(tiny_pretra
     assert error.getMessage().startswith("--micro-batch-size 256 needs ~")
     assert "use --micro-batch-size 16 (gradient accumulation keeps --batch-size)" in error.getMessage()
     # Before any worker, checkpoint or MLflow run.
-    assert not (tmp_path / "runs").exists() and MlflowClient(mlflow_uri).get_experiment_by_name(DEFAULT_EXPERIMENT) is None
+    assert not (tmp_path / "runs").exists()
+    assert MlflowClient(mlflow_uri).get_experiment_by_name(DEFAULT_EXPERIMENT) is None
 
 
 def test_without_a_micro_batch_the_job_sizes_one_that_fits(tiny_pretrain_data, tmp_path, mlflow_uri, caplog, capsys):

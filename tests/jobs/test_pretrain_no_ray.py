@@ -29,7 +29,8 @@ def test_no_ray_run_resumes_into_the_same_mlflow_run(tiny_pretrain_data, tmp_pat
     p = run.data.params
     assert p["no_ray"] == "True" and p["data.accum"] == "2" and p["model.bert.num_hidden_layers"] == "2"
     assert p["data.batch_size"] == "8"
-    assert run.data.tags["bert.run_checkpoints"] == str((tmp_path / "runs" / "local").resolve())  # the launcher's folder
+    # The launcher's folder.
+    assert run.data.tags["bert.run_checkpoints"] == str((tmp_path / "runs" / "local").resolve())
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [2, 4, 6]
     assert {"eval_loss", "run_sequences_per_second", "run_data_wait_fraction"} <= set(run.data.metrics)
     # No --eval-every: a few evaluations over the run (a curve, not a dot), with what the collapse check reads.

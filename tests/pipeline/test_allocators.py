@@ -34,7 +34,8 @@ print(json.dumps(out))
 """
 
 # glibc's own account of its mmapped blocks (mallinfo2, glibc >= 2.33) after a 3 MiB block is freed and asked for
-# again (the bytes mmapped for it): with the dynamic threshold the free raised it past 3 MiB and the block comes from the heap; fixed, mmapped.
+# again (the bytes mmapped for it): with the dynamic threshold the free raised it past 3 MiB and the block comes from
+# the heap; fixed, mmapped.
 MMAP_PROBE = """
 import ctypes, json, sys
 from cluster.allocators import fixed_mmap_threshold

@@ -20,7 +20,10 @@ WORDS = ("apple river house music water garden silver winter doctor castle fores
          "window letter island mother soldier church captain morning village animal bridge").split()
 
 
-def write_corpus(path, n_docs=len(WORDS), sentences=12):
+N_WORDS = len(WORDS)
+
+
+def write_corpus(path, n_docs=N_WORDS, sentences=12):
     with open(path, "w") as f:
         for i in range(n_docs):
             w = WORDS[i % len(WORDS)]

@@ -196,8 +196,10 @@ def test_real_text_at_1_2_and_4_cpus_equals_the_plain_loop(ray_shutdown, ray_tmp
                            vocab=str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"))
     build(cfg("plain"))
     for n in (1, 2, 4):
-        init = (lambda n=n: ray.init(address="local", num_cpus=n, include_dashboard=False, _temp_dir=ray_tmpdir,
-                                     log_to_driver=False, configure_logging=False))
+        def init(n=n):
+            return ray.init(address="local", num_cpus=n, include_dashboard=False, _temp_dir=ray_tmpdir,
+                            log_to_driver=False, configure_logging=False)
+
         executor = RayDataExecutor(num_cpus=n, init=init)
         try:
             build(cfg(f"ray{n}"), executor)

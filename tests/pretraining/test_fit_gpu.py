@@ -1,5 +1,5 @@
-"""pretraining.loop.fit on one CUDA GPU: bf16 autocast and torch.compile on by default, pinned asynchronous copies, and the
-run's MFU of real tokens and data wait reported with the compile warm-up left out. Skipped without a GPU."""
+"""pretraining.loop.fit on one CUDA GPU: bf16 autocast and torch.compile on by default, pinned asynchronous copies, and
+the run's MFU of real tokens and data wait reported with the compile warm-up left out. Skipped without a GPU."""
 from __future__ import annotations
 
 import math

@@ -136,7 +136,8 @@ def test_a_divergent_learning_rate_fails_naming_the_step_and_the_flags(tiny_pret
         fit(cfg, Worker(checkpoints=LocalCheckpoints(tmp_path / "ckpt", keep=5), tracking=RunRef(mlflow_uri, run_id)))
     message = str(failure.value)
     assert message.startswith("training diverged at step ") and "non-finite loss or gradient" in message
-    assert re.search(r"--lr \S+ \(.*this run(: |'s )10000\)", message) and "--max-grad-norm" in message and "3 rollbacks" in message
+    assert re.search(r"--lr \S+ \(.*this run(: |'s )10000\)", message)
+    assert "--max-grad-norm" in message and "3 rollbacks" in message
     assert finite_checkpoints(tmp_path / "ckpt")  # the early ones exist, and are finite
 
     run = client.get_run(run_id)

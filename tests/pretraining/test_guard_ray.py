@@ -73,7 +73,8 @@ def test_a_divergent_learning_rate_returns_the_verdict_without_restarts(ray_loca
 
     assert result.error is None
     verdict = result.return_value["error"]
-    assert verdict.startswith("training diverged at step ") and re.search(r"--lr \S+ \(.*this run(: |'s )10000\)", verdict)
+    assert verdict.startswith("training diverged at step ")
+    assert re.search(r"--lr \S+ \(.*this run(: |'s )10000\)", verdict)
     assert checkpoints(tmp_path / "ray" / "divergent")  # the early ones, finite
     assert client.get_run(run_id).data.tags["guard.diverged"] == verdict
     assert "resumed_from_step" not in client.get_run(run_id).data.tags  # no worker-group restart happened

@@ -56,7 +56,8 @@ def test_rows_take_concat_roundtrip():
     for name in ("ids", "ids_off", "a_length", "pos", "pos_off", "lab", "nsp", "example", "epoch"):
         assert np.array_equal(getattr(rows, name), getattr(again, name))
     picked = rows.take(np.array([7, 2]))
-    assert picked.ids[picked.ids_off[0]:picked.ids_off[1]].tolist() == rows.ids[rows.ids_off[7]:rows.ids_off[8]].tolist()
+    assert picked.ids[picked.ids_off[0]:picked.ids_off[1]].tolist() == \
+        rows.ids[rows.ids_off[7]:rows.ids_off[8]].tolist()
     assert picked.example.tolist() == [107, 102] and Rows.concat([picked, Rows.from_pylist([])]).example is None
 
 

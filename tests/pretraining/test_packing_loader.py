@@ -75,11 +75,11 @@ def _unpack(batch: dict) -> list[tuple]:
     """The sequences of a packed micro-batch as (ids, masked positions within the sequence, labels, nsp)."""
     out = []
     for r in range(batch["input_ids"].shape[0]):
-        start, slots = 0, [(int(p), int(l)) for p, l in zip(batch["masked_lm_positions"][r],
-                                                            batch["masked_lm_labels"][r], strict=False) if l != -100]
+        pairs = zip(batch["masked_lm_positions"][r], batch["masked_lm_labels"][r], strict=False)
+        start, slots = 0, [(int(p), int(lab)) for p, lab in pairs if lab != -100]
         for j, n in enumerate(batch["sequence_lengths"][r]):
             if n:
-                mine = [(p - start, l) for p, l in slots if start <= p < start + n]
+                mine = [(p - start, lab) for p, lab in slots if start <= p < start + n]
                 out.append((tuple(batch["input_ids"][r, start:start + n].tolist()), tuple(mine),
                             int(batch["next_sentence_label"][r, j])))
                 start += int(n)
@@ -124,7 +124,8 @@ def test_stream_packs_every_row_once_and_resumes_exactly(varied_pretrain_data):
             ids = piece.ids[piece.ids_off[i]:piece.ids_off[i + 1]]
             pos = piece.pos[piece.pos_off[i]:piece.pos_off[i + 1]]
             lab = piece.lab[piece.pos_off[i]:piece.pos_off[i + 1]]
-            expected.append((tuple(ids.tolist()), tuple(zip(pos.tolist(), lab.tolist(), strict=False)), int(piece.nsp[i])))
+            expected.append((tuple(ids.tolist()), tuple(zip(pos.tolist(), lab.tolist(), strict=False)),
+                             int(piece.nsp[i])))
         if len(expected) >= len(seen):
             break
     assert sorted(seen) == sorted(expected[:len(seen)])

@@ -92,8 +92,10 @@ def test_model_folder_files_are_bounded_and_confined(tmp_path):
         BertConfig.from_json_file(cfg)
 
     index = tmp_path / "model.safetensors.index.json"
-    index.write_text(json.dumps({"weight_map": {"bert.embeddings.word_embeddings.weight": "../../elsewhere.safetensors"}}))
-    with pytest.raises(ValueError, match=r"shard file '../../elsewhere.safetensors' is not a file name beside the index"):
+    index.write_text(json.dumps({"weight_map": {
+        "bert.embeddings.word_embeddings.weight": "../../elsewhere.safetensors"}}))
+    with pytest.raises(ValueError,
+                       match=r"shard file '../../elsewhere.safetensors' is not a file name beside the index"):
         load_weights(tmp_path)
 
 

@@ -28,8 +28,8 @@ def test_a_second_workflow_is_refused_even_from_this_process(tmp_path):
 
 
 def test_a_killed_workflow_is_taken_over_at_once(tmp_path):
-    code = (f"from pathlib import Path; from workflows.state import acquire_lock; acquire_lock(Path({str(tmp_path)!r}));"
-            " print('held', flush=True); import time; time.sleep(600)")
+    code = ("from pathlib import Path; from workflows.state import acquire_lock;"
+            f" acquire_lock(Path({str(tmp_path)!r})); print('held', flush=True); import time; time.sleep(600)")
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
