@@ -31,7 +31,7 @@ _BY_SUFFIX = {
 }
 
 
-def detect_format(url: str) -> str:
+def record_format(url: str) -> str:
     """The format implied by ``url``'s suffix, looking through one compression suffix."""
     name = url.split("?", 1)[0].rstrip("/").lower()
     for comp in _COMPRESSIONS:
@@ -62,7 +62,7 @@ def read_records(url: str, fmt: str | None = None, storage_options: dict | None 
 
 
 def _read_records(url: str, fmt: str | None, storage_options: dict | None) -> list[dict[str, Any]]:
-    fmt = fmt or detect_format(url)
+    fmt = fmt or record_format(url)
     if fmt not in FORMATS:
         raise ValueError(f"unknown data format {fmt!r} for {url}; use one of {', '.join(FORMATS)}")
     try:

@@ -37,6 +37,7 @@ from tokenizers.trainers import WordPieceTrainer
 
 from corpus.masking import VocabInfo
 from corpus.ragged import ragged_indices
+from corpus.schema import MAX_VOCAB_BYTES  # a model folder's vocab.txt may be anyone's
 from storage.untrusted import read_local_bounded
 
 log = logging.getLogger(__name__)
@@ -51,8 +52,6 @@ _SAFE_PUNCTUATION = ("\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f\u2013\u20
                      "\u203a\u2022")
 _NEEDS_NORMALIZER = re.compile(f"[^\t\n\r\x20-\x7e{_SAFE_PUNCTUATION}]")
 _WORD_CACHE_MAX = 500_000  # distinct whitespace-delimited chunks remembered per encoder (~60 MB at most)
-MAX_VOCAB_BYTES = 64 << 20  # the largest BERT vocabularies are ~1 MB; more was not written as one (a model folder's
-#                             vocab.txt may be anyone's)
 
 
 def _needs_normalizer(sentences: list[str]) -> np.ndarray:

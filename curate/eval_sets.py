@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from corpus.records import detect_format, read_records
+from corpus.records import read_records, record_format
 from storage.fs import filesystem_for, storage_options, unstrip
 
 
@@ -38,7 +38,7 @@ def _files(path: str, endpoint_url: str | None) -> list[str]:
     found = []
     for name in sorted(fs.find(p)):
         try:
-            detect_format(name)
+            record_format(name)
         except ValueError:
             continue
         found.append(unstrip(fs, name, path))

@@ -19,7 +19,7 @@ from finetuning.evaluation import MAIN_METRIC
 from finetuning.loop import BEST_METRICS_FILE, fit
 from finetuning.prepare import PreparedTask
 from finetuning.prepare import prepare as prepare_task
-from finetuning.task_model import tokenizer_for
+from finetuning.task_model import hidden_size_of, model_dir_of, tokenizer_for
 from tracking.datasets import log_task_data
 from tracking.lineage import finetuning_lineage
 from tracking.notes import NOTE_TAG, finetune_note
@@ -75,7 +75,7 @@ def _parent_and_tags(job: FinetuneJob) -> tuple[str | None, dict[str, str], dict
     lineage tags, and the pre-training run as its description links it (None without one)."""
     model, parent = job.config.model, job.parent_run_id
     tags = {"job": "finetune", "task": job.config.data.task, "lineage.init": model.init}
-    model_dir = model.model_dir
+    model_dir = model_dir_of(model)
     lineage = read_lineage(model.init, model_dir, model_dir.parent) if model_dir is not None else None
     pretrain = None
     if lineage:
@@ -121,7 +121,7 @@ def _facts(job: FinetuneJob, prepared: PreparedTask) -> dict[str, Any]:
     """What the data turned out to be, logged beside the config."""
     return {"num_labels": prepared.num_labels, "train_examples": prepared.train.num_examples,
             "eval_examples": prepared.eval.num_examples, "train_rows": len(prepared.train.features),
-            "eval_rows": len(prepared.eval.features), "init_dir": job.config.model.model_dir or "random",
+            "eval_rows": len(prepared.eval.features), "init_dir": model_dir_of(job.config.model) or "random",
             "label_names": list(prepared.label_map.names) if prepared.label_map else None}
 
 
@@ -167,7 +167,7 @@ def run_finetuning(job: FinetuneJob) -> FinetuneResult:
         experiment=job.experiment, lineage=FINETUNE_LINEAGE, destination=job.output,
         keep_checkpoints=job.keep_checkpoints, prepare=prepare, log_inputs=log_inputs, outcome=outcome,
         diagnose=lambda run, final: diagnose(config.data.task, final, config.schedule.lr, config.schedule.epochs,
-                                             default_lr(config.model.hidden_size, "finetune")),
+                                             default_lr(hidden_size_of(config.model), "finetune")),
         closing_tags=closing_tags))
     final, collapse = done.outcome, done.collapse
     main = MAIN_METRIC[config.data.task]

@@ -14,11 +14,10 @@ from torch import nn
 
 from bert_core.config import PRESETS, BertConfig
 from bert_core.finetuning import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
-from bert_core.hf import resolve_model_dir
 from finetuning.features import TaskTokenizer
 from finetuning.prepare import PreparedTask
 from storage.fs import is_url
-from training.model_fetch import fetch_model
+from training.model_fetch import local_model_dir
 from training.model_size import check_fits
 
 HEADS = {
@@ -62,21 +61,22 @@ class HeadConfig:
             raise ValueError(f"--init {self.init}: no such directory; pass an HF BERT dir, our export/checkpoint "
                              "(a path or a URL such as s3://bucket/model), or random")
 
-    @property
-    def hidden_size(self) -> int:
-        """The model's hidden width (what its default learning rate is chosen by: training.defaults)."""
-        if self.init == "random":
-            return PRESETS[self.preset]().hidden_size if self.preset in PRESETS else BertConfig.from_json_file(
-                Path(self.preset) / "config.json").hidden_size
-        return BertConfig.from_json_file(self.model_dir / "config.json").hidden_size
 
-    @property
-    def model_dir(self) -> Path | None:
-        """The directory holding config.json and the weights (inside a checkpoint: its model/), None for random. A
-        URL is fetched first (once per machine and version of the model there)."""
-        if self.init == "random":
-            return None
-        return resolve_model_dir(fetch_model(self.init, self.cache_dir or ".", self.endpoint_url))
+def model_dir_of(head: HeadConfig) -> Path | None:
+    """The local directory holding the encoder's config.json and weights (inside a checkpoint: its model/), None
+    for random. A URL is fetched first, once per machine and version of the model there: the job calls this, and
+    so does each worker where it runs (the config only names the model)."""
+    if head.init == "random":
+        return None
+    return local_model_dir(head.init, head.cache_dir, head.endpoint_url)
+
+
+def hidden_size_of(head: HeadConfig) -> int:
+    """The model's hidden width (what its default learning rate is chosen by: training.defaults)."""
+    if head.init == "random":
+        return PRESETS[head.preset]().hidden_size if head.preset in PRESETS else BertConfig.from_json_file(
+            Path(head.preset) / "config.json").hidden_size
+    return BertConfig.from_json_file(model_dir_of(head) / "config.json").hidden_size
 
 
 def tokenizer_for(head: HeadConfig) -> tuple[TaskTokenizer, int]:
@@ -87,7 +87,7 @@ def tokenizer_for(head: HeadConfig) -> tuple[TaskTokenizer, int]:
             check_fits(BertConfig.from_json_file(Path(head.preset) / "config.json").replace(vocab_size=tok.vocab_size),
                        f"{Path(head.preset) / 'config.json'} (--preset)")
         return tok, tok.vocab_size
-    model_dir = head.model_dir
+    model_dir = model_dir_of(head)
     tok = TaskTokenizer.from_model_dir(model_dir)
     config = BertConfig.from_json_file(model_dir / "config.json")
     check_fits(config, f"{model_dir / 'config.json'} (--init {head.init})")  # before anything is allocated
@@ -120,4 +120,4 @@ def build_model(head: HeadConfig, prepared: PreparedTask, vocab_size: int) -> nn
         # A model directory as the preset: its architecture, fresh weights (e.g. MiniLM's shape from scratch).
         base = BertConfig.from_json_file(Path(head.preset) / "config.json").replace(vocab_size=vocab_size)
         return cls(base.replace(**overrides))
-    return cls.from_pretrained(str(head.model_dir), **overrides)
+    return cls.from_pretrained(str(model_dir_of(head)), **overrides)

@@ -14,6 +14,8 @@ from training.defaults import EVAL_POINTS, eval_every_or_default
 def add_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("held-out evaluation")
     g.add_argument("--eval-data", help="held-out dataset (same vocabulary) for eval_* metrics")
+    # --eval-sequences and --eval-every default to None, not to EvalConfig's values: check() refuses them without
+    # --eval-data only when given, and eval_config() puts the defaults in (--eval-every's follows the run's length).
     g.add_argument("--eval-sequences", type=int,
                    help=f"eval on the first N sequences (0 = all) (default: {EvalConfig.sequences})")
     g.add_argument("--eval-every", type=int,

@@ -22,7 +22,8 @@ def require_project_env(job_file: str) -> None:
     if (venv / "bin" / "python").exists():
         how = f"source {_shown(venv)}/bin/activate"
     else:
-        how = f"{_shown(REPO / 'scripts' / 'quickstart.sh')} (it creates .venv), then source {_shown(venv)}/bin/activate"
+        how = (f"{_shown(REPO / 'scripts' / 'quickstart.sh')} (it creates .venv), then source "
+               f"{_shown(venv)}/bin/activate")
     job = _shown(Path(job_file).resolve())
     sys.stderr.write(f"{job}: this Python ({sys.executable}) lacks the project's dependencies "
                      f"({', '.join(missing)}): run `{how}`, then `python {job} ...` again\n")

@@ -3,13 +3,15 @@
     python jobs/build_dataset.py --input URL [--input URL ...] --output URL [--vocab PATH_OR_URL] [options]
     ray job submit --working-dir . -- python jobs/build_dataset.py ...        # same flags, on a cluster
 
-Runs on Ray Data (``ReadCorpus -> SplitTokenize -> PairsAndMasks -> WriteUnits``, pipeline/ray_data/): on the cluster it is attached to (``ray job
-submit`` sets RAY_ADDRESS), else on a local Ray on loopback capped at ``--num-cpus``; ``--no-ray`` runs the same steps
-as a plain loop. Prints a one-line JSON summary at the end (with the build's warnings). Users' mistakes end the job with one line on stderr and status 2.
+Runs on Ray Data (``ReadCorpus -> SplitTokenize -> PairsAndMasks -> WriteUnits``, pipeline/ray_data/): on the
+cluster it is attached to (``ray job submit`` sets RAY_ADDRESS), else on a local Ray on loopback capped at
+``--num-cpus``; ``--no-ray`` runs the same steps as a plain loop. Prints a one-line JSON summary at the end (with the
+build's warnings). Users' mistakes end the job with one line on stderr and status 2.
 
 The build has an MLflow run that spans it, in the store the other jobs log to (--mlflow-tracking-uri, else
-MLFLOW_TRACKING_URI, else ./mlruns/mlflow.db; --no-mlflow for none) (``tracking/build_run.py``): named ``build <output folder> seq<length>``, the report's figures, the dataset as its
-output, and a child run for the vocabulary stage when one is trained.
+MLFLOW_TRACKING_URI, else ./mlruns/mlflow.db; --no-mlflow for none) (``tracking/build_run.py``): named
+``build <output folder> seq<length>``, the report's figures, the dataset as its output, and a child run for the
+vocabulary stage when one is trained.
 """
 from __future__ import annotations
 
@@ -31,20 +33,26 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
 from cluster.allocators import use_jemalloc  # noqa: E402 - before anything imports pyarrow
 
 use_jemalloc()  # this process and the local Ray's workers: flat memory per worker (cluster/allocators.py)
+# The imports below must follow it: pyarrow reads the allocator's variable when it loads.
 
-from cluster.ray_start import init_ray
-from corpus.checks import DEFAULT_MAX_UNK_FRACTION, CheckConfig
-from corpus.create_instances import InstanceConfig
-from corpus.readers import FORMATS, ON_ERROR, ReadOptions
-from jobs import _common, _curate_flags  # noqa: E402
-from pipeline import BuildConfig, build
-from pipeline.config import DEFAULT_SAMPLE_BYTES
-from pipeline.curation.filters import check as curation_check
-from pipeline.executor import LocalExecutor
-from pipeline.preflight import check_build
-from storage.redact import redact, redact_text
-from tracking.build_run import BuildRun
-from tracking.store import DEFAULT_EXPERIMENT, check_tracking_reachable, resolve_tracking_uri
+from cluster.ray_start import init_ray  # noqa: E402 - after use_jemalloc()
+from corpus.checks import CheckConfig  # noqa: E402 - after use_jemalloc()
+from corpus.create_instances import InstanceConfig  # noqa: E402 - after use_jemalloc()
+from corpus.readers import FORMATS, ON_ERROR, ReadOptions  # noqa: E402 - after use_jemalloc()
+from jobs import _common, _curate_flags  # noqa: E402 - after use_jemalloc()
+from jobs._fields import add_field  # noqa: E402 - after use_jemalloc()
+from pipeline import BuildConfig, build  # noqa: E402 - after use_jemalloc()
+from pipeline.config import DEFAULT_SAMPLE_BYTES  # noqa: E402 - after use_jemalloc()
+from pipeline.curation.filters import check as curation_check  # noqa: E402 - after use_jemalloc()
+from pipeline.executor import LocalExecutor  # noqa: E402 - after use_jemalloc()
+from pipeline.preflight import check_build  # noqa: E402 - after use_jemalloc()
+from storage.redact import redact, redact_text  # noqa: E402 - after use_jemalloc()
+from tracking.build_run import BuildRun  # noqa: E402 - after use_jemalloc()
+from tracking.store import (  # noqa: E402 - after use_jemalloc()
+    DEFAULT_EXPERIMENT,
+    check_tracking_reachable,
+    resolve_tracking_uri,
+)
 
 log = logging.getLogger("build_dataset")
 
@@ -55,37 +63,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input", action="append", required=True, help="file, directory or glob; repeatable")
     p.add_argument("--output", required=True, help="output folder (local path or s3://...)")
     p.add_argument("--vocab", help="BERT vocab.txt (path or URL); without it one is trained on the input")
+    # --vocab-size and --vocab-sample-bytes default to None, not to their fields' values: check_args refuses them
+    # beside --vocab only when given, and config_from puts the fields' defaults in.
     p.add_argument("--vocab-size", type=int,
                    help=f"size of the trained vocabulary (no --vocab) (default: {BuildConfig.vocab_size})")
     p.add_argument("--vocab-sample-bytes", type=int,
                    help="train the vocabulary (no --vocab) on a seeded sample of about this many bytes; 0 = all "
                         f"(default: {DEFAULT_SAMPLE_BYTES})")
-    p.add_argument("--presplit", action="store_true", help="one sentence per line (the reference's format)")
-    p.add_argument("--format", choices=FORMATS, default="auto")
-    p.add_argument("--text-field", default="text", help="JSON Lines field / Parquet column holding the text")
-    p.add_argument("--id-field", default=ReadOptions.id_field,
-                   help="JSON Lines field / Parquet column holding a document's own id (its seeds come from it; the"
-                        " same records give the same shards in a file or a Ray Dataset); records without one, and"
-                        " every record with --id-field '', are named by their position in the file")
-    p.add_argument("--max-seq-length", type=int, default=128)
-    p.add_argument("--max-predictions-per-seq", type=int, default=20)
-    p.add_argument("--masked-lm-prob", type=float, default=0.15)
-    p.add_argument("--short-seq-prob", type=float, default=0.1)
-    p.add_argument("--dupe-factor", type=int, default=10)
-    p.add_argument("--whole-word-mask", action="store_true")
-    p.add_argument("--seed", type=int, default=InstanceConfig.seed)
+    add_field(p, "--presplit", ReadOptions)
+    add_field(p, "--format", ReadOptions, "fmt", choices=FORMATS)
+    add_field(p, "--text-field", ReadOptions)
+    add_field(p, "--id-field", ReadOptions, help_suffix="A document's seeds come from it: the same records give the "
+              "same shards in a file or a Ray Dataset.")
+    add_field(p, "--max-seq-length", InstanceConfig, type=int)
+    add_field(p, "--max-predictions-per-seq", InstanceConfig, type=int)
+    add_field(p, "--masked-lm-prob", InstanceConfig, type=float)
+    add_field(p, "--short-seq-prob", InstanceConfig, type=float)
+    add_field(p, "--dupe-factor", BuildConfig, type=int)
+    add_field(p, "--whole-word-mask", InstanceConfig)
+    add_field(p, "--seed", InstanceConfig, type=int)
     case = p.add_mutually_exclusive_group()
-    case.add_argument("--do-lower-case", dest="do_lower_case", action="store_true", default=True)
+    add_field(case, "--do-lower-case", BuildConfig, action="store_true")
     case.add_argument("--cased", dest="do_lower_case", action="store_false")
-    p.add_argument("--num-shards", type=int, default=None,
-                   help="default: from the planned size, shards of about 128 MiB of Parquet (at least 1)")
-    p.add_argument("--pool-tokens", type=int, default=4_000_000,
-                   help="token budget of the random-next pool (a seeded sample of the whole corpus)")
-    p.add_argument("--num-cpus", type=int, default=None, help="caps parallelism: a local Ray's CPUs, or the tasks in flight on a cluster")
-    p.add_argument("--on-error", choices=ON_ERROR, default="fail")
-    p.add_argument("--max-unk-fraction", type=float, default=DEFAULT_MAX_UNK_FRACTION,
-                   help="stop when more than this share of the corpus's tokens are [UNK] (the vocabulary does not fit"
-                        " the text); 1 builds anyway. A share above 1%% is a warning")
+    add_field(p, "--num-shards", BuildConfig, type=int)
+    add_field(p, "--pool-tokens", BuildConfig, type=int)
+    p.add_argument("--num-cpus", type=int, default=None,
+                   help="caps parallelism: a local Ray's CPUs, or the tasks in flight on a cluster")
+    add_field(p, "--on-error", ReadOptions, choices=ON_ERROR)
+    add_field(p, "--max-unk-fraction", CheckConfig, type=float, help_suffix="A share above 1%% is a warning.")
     p.add_argument("--endpoint-url", help="S3-compatible endpoint (MinIO, Ceph, a test server)")
     p.add_argument("--no-ray", action="store_true", help="run the steps as a plain loop (debugging)")
     p.add_argument("--progress", choices=("auto", "bars", "lines"), default="auto",
@@ -189,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     t = manifest.totals
     summary = {"output": cfg.output, "instances": t.instances, "documents": t.documents, "tokens": t.tokens,
                "shards": len(manifest.shards), "dropped": manifest.dropped, "config_hash": manifest.config_hash[:12],
-               "wall_seconds": manifest.build_seconds, "warnings": warnings + list(manifest.warnings), "mlflow_run_id": run_id}
+               "wall_seconds": manifest.build_seconds, "warnings": warnings + list(manifest.warnings),
+               "mlflow_run_id": run_id}
     # The dataset is committed: say so now, not after the run's figures (what reads the job's output goes on).
     print(json.dumps(redact(summary)), flush=True)
     # Ray goes down while the run's thread draws the report (no collection in that thread meanwhile:

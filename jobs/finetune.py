@@ -32,12 +32,13 @@ from finetuning.finetune_job import FinetuneJob, run_finetuning
 from finetuning.prepare import FeatureConfig, TaskConfig
 from finetuning.records import FORMATS
 from finetuning.schedule import ScheduleConfig
-from finetuning.task_model import DEFAULT_VOCAB, HeadConfig
+from finetuning.task_model import DEFAULT_VOCAB, HeadConfig, hidden_size_of
 from jobs._common import HelpFormatter, refuse_secrets, setup_logging
+from jobs._fields import add_field
 from storage.fs import absolute, is_url
 from storage.redact import redact
-from tracking.store import DEFAULT_EXPERIMENT, resolve_tracking_uri
-from training.defaults import WARMUP_FRACTION, lr_or_default
+from tracking.store import resolve_tracking_uri
+from training.defaults import lr_or_default
 from training.launch import LaunchConfig
 
 log = logging.getLogger("finetune")
@@ -59,45 +60,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vocab", help=f"vocab.txt for --init random (default: bert-base-uncased's, {DEFAULT_VOCAB.name})")
     p.add_argument("--text-column")
     p.add_argument("--text-pair-column")
-    p.add_argument("--label-column", default="label")
-    p.add_argument("--tokens-column", default="tokens")
-    p.add_argument("--tags-column", default="tags")
-    p.add_argument("--epochs", type=int, default=3,
-                   help="passes over the training data, each epoch evaluated (the best epoch's model is kept); a "
-                        "small or briefly pre-trained model that stays at the majority class may need more (the job "
-                        "names a collapsed model at the end)")
+    add_field(p, "--label-column", TaskColumns)
+    add_field(p, "--tokens-column", TaskColumns)
+    add_field(p, "--tags-column", TaskColumns)
+    add_field(p, "--epochs", ScheduleConfig, type=int, help_suffix="A small or briefly pre-trained model that stays "
+              "at the majority class may need more (the job names a collapsed model at the end).")
+    # --lr defaults to None, not to ScheduleConfig.lr: the job chooses it for the model's width (job_from).
     p.add_argument("--lr", type=float,
                    help="peak learning rate (AdamW, linear decay). Default: chosen for the model's width, 1e-3 for "
                         "bert_tiny (H=128) down to 5e-5 for bert_base (H=768) (training/defaults.py, "
                         "docs/learning-rates.md); the value used is logged. Too low and a small model predicts one "
                         "class; too high and the loss jumps: try a factor of 3 either way")
-    p.add_argument("--batch-size", type=int, default=32,
-                   help="global batch (split over workers); with a larger batch, raise --lr roughly in proportion")
-    p.add_argument("--eval-batch-size", type=int, default=64)
-    p.add_argument("--max-seq-length", type=int, default=128)
-    p.add_argument("--doc-stride", type=int, default=64, help="QA: tokens between window starts")
-    p.add_argument("--max-query-length", type=int, default=64)
-    p.add_argument("--max-answer-length", type=int, default=30)
-    p.add_argument("--warmup-ratio", type=float, default=WARMUP_FRACTION,
-                   help="fraction of the steps over which the rate ramps up from 0; 0 turns warm-up off (a high "
-                        "--lr without warm-up can wreck the pre-trained weights in the first steps)")
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--seed", type=int, default=42, help="weights of new heads / random init, dropout, data order")
-    p.add_argument("--split-seed", type=int, default=0,
-                   help="seed of --split-eval-from-train and of --max-*-examples subsets (fixed across --seed)")
-    p.add_argument("--num-workers", type=int, default=1)
+    add_field(p, "--batch-size", ScheduleConfig, type=int,
+              help_suffix="With a larger batch, raise --lr roughly in proportion.")
+    add_field(p, "--eval-batch-size", ScheduleConfig, type=int)
+    add_field(p, "--max-seq-length", FeatureConfig, type=int)
+    add_field(p, "--doc-stride", FeatureConfig, type=int)
+    add_field(p, "--max-query-length", FeatureConfig, type=int)
+    add_field(p, "--max-answer-length", ScheduleConfig, type=int)
+    add_field(p, "--warmup-ratio", ScheduleConfig, type=float, help_suffix="0 turns warm-up off (a high --lr "
+              "without warm-up can wreck the pre-trained weights in the first steps).")
+    add_field(p, "--weight-decay", ScheduleConfig, type=float)
+    add_field(p, "--seed", FinetuneConfig, type=int)
+    add_field(p, "--split-seed", TaskConfig, type=int,
+              help_suffix="(--split-eval-from-train, --max-*-examples)")
+    add_field(p, "--num-workers", LaunchConfig, type=int)
     p.add_argument("--cpus-per-worker", type=float,
                    help="CPUs (and torch threads) per worker; default: the cluster's CPUs / workers. On a box shared "
                         "with other work use 1: oversubscribed OpenMP threads ran ~25x slower here")
-    p.add_argument("--use-gpu", action="store_true")
-    p.add_argument("--no-ray", action="store_true",
-                   help="run the same training loop in this process without Ray (one worker; debugging, quick tests)")
+    add_field(p, "--use-gpu", LaunchConfig)
+    add_field(p, "--no-ray", LaunchConfig, help_suffix="The same training loop, for debugging and quick tests.")
     p.add_argument("--max-train-examples", type=int, help="seeded subset, for quick runs")
     p.add_argument("--max-eval-examples", type=int)
     p.add_argument("--mlflow-tracking-uri")
-    p.add_argument("--experiment", default=DEFAULT_EXPERIMENT,
-                   help="MLflow experiment (one for the whole pipeline: the build's, pre-training's and "
-                        "fine-tuning's runs side by side)")
+    add_field(p, "--experiment", FinetuneJob)
     p.add_argument("--parent-run-id")
     p.add_argument("--output", help="where the best model goes (HF layout; a folder or a URL); default "
                    "./finetune_output/RUN_NAME")
@@ -130,8 +126,8 @@ def job_from(a: argparse.Namespace) -> FinetuneJob:
                                                max_query_length=a.max_query_length)),
         model=head,
         schedule=ScheduleConfig(epochs=a.epochs, batch_size=a.batch_size, eval_batch_size=a.eval_batch_size,
-                                lr=lr_or_default(a.lr, head.hidden_size, "finetune"), warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay,
-                                max_answer_length=a.max_answer_length),
+                                lr=lr_or_default(a.lr, hidden_size_of(head), "finetune"), warmup_ratio=a.warmup_ratio,
+                                weight_decay=a.weight_decay, max_answer_length=a.max_answer_length),
         seed=a.seed)
     # Only the best epoch writes a checkpoint, so keeping one keeps the best.
     launch = LaunchConfig(num_workers=a.num_workers, cpus_per_worker=a.cpus_per_worker, use_gpu=a.use_gpu,

@@ -28,14 +28,15 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
 from corpus.schema import read_manifest
 from jobs import _eval_flags
 from jobs._common import HelpFormatter, comma_ints, refuse_secrets, setup_logging, workers
+from jobs._fields import add_field
 from pretraining import kernel_options
-from pretraining.config import CheckpointConfig, ModelConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
+from pretraining.config import CheckpointConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
 from pretraining.loader import DataConfig
 from pretraining.memory import MemoryConfig, plan_for_workers
-from pretraining.pretrain_job import PretrainJob, run_pretraining
+from pretraining.pretrain_job import PretrainJob, model_config, run_pretraining
 from storage.redact import redact
 from tracking.config import TrackingConfig
-from tracking.store import DEFAULT_EXPERIMENT, resolve_tracking_uri
+from tracking.store import resolve_tracking_uri
 from training.defaults import WARMUP_FRACTION, lr_or_default, warmup_or_default
 from training.launch import LaunchConfig
 
@@ -48,15 +49,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     d = p.add_argument_group("data")
     d.add_argument("--data", required=True, help="dataset directory written by jobs/build_dataset.py (local/s3://)")
     d.add_argument("--endpoint-url", help="S3-compatible endpoint for s3:// data and storage (MinIO, Ceph, ...)")
-    d.add_argument("--length-bucketing", action=argparse.BooleanOptionalAction, default=True,
-                   help="batch rows of similar length together (little padding at the bucket widths)")
+    add_field(d, "--length-bucketing", DataConfig, action=argparse.BooleanOptionalAction)
     d.add_argument("--length-buckets", type=comma_ints, help="comma-separated widths batches are padded to, e.g. "
                    "32,64,96,128 (default: multiples of the dataset's max_seq_length / 4)")
-    d.add_argument("--dynamic-masking", action="store_true", help="redraw MLM masks every time a row is read")
-    d.add_argument("--packing", action="store_true",
-                   help="pack whole sequences into max_seq_length-wide rows instead of padding (one shape per step; "
-                        "--batch-size and --micro-batch-size then count packed rows)")
-    d.add_argument("--pack-sequences", type=int, default=3, help="at most this many sequences per packed row")
+    add_field(d, "--dynamic-masking", DataConfig)
+    add_field(d, "--packing", DataConfig, help_suffix="The rows are max_seq_length wide; --batch-size and "
+              "--micro-batch-size then count packed rows.")
+    add_field(d, "--pack-sequences", DataConfig, type=int, help_suffix="Used with --packing.")
     m = p.add_argument_group("model and optimisation")
     m.add_argument("--preset", default="bert_base", help="bert_tiny|bert_mini|bert_small|bert_medium|bert_base|...")
     m.add_argument("--init", help="start from an export, a checkpoint directory or any HF BERT directory: a local "
@@ -64,67 +63,68 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     m.add_argument("--max-steps", type=int, required=True,
                    help="optimizer steps; the job states the run's estimated length after its first steps: on CPU, "
                         "a bert_base step takes minutes, a bert_tiny one well under a second")
+    # 256, not DataConfig.batch_size's 0 (one worker's micro-batch x accumulation): the job plans the micro-batch
+    # from a global batch, by default the paper's for bert_base.
     m.add_argument("--batch-size", type=int, default=256,
                    help="GLOBAL sequences per optimizer step. The default --lr values hold at 32 (bert_tiny, "
                         "measured) and 256 (bert_base, the paper's); far from those, scale --lr with about the "
                         "square root of the batch")
     m.add_argument("--micro-batch-size", type=int, help="sequences per forward per worker (default: as many as "
                    "fit in memory, up to all of them; gradient accumulation keeps --batch-size)")
-    m.add_argument("--optimizer", choices=("adamw", "lamb"), default="adamw")
+    add_field(m, "--optimizer", OptimizerConfig, "name", choices=("adamw", "lamb"))
+    # --lr and --warmup-steps default to None, not to their fields' values: the job chooses them (job_from).
     m.add_argument("--lr", type=float, help="peak learning rate. Default: chosen for the model's width (--preset "
                    "or --init), 2e-3 for bert_tiny (H=128) down to 1e-4 for bert_base (H=768) (training/defaults.py, "
                    "docs/learning-rates.md); the value used is logged. An MLM accuracy stuck at the most frequent "
                    "token's share says: higher; a divergence: lower (the job names a value)")
     m.add_argument("--warmup-steps", type=int,
-                   help=f"steps over which the rate ramps up from 0. Default: {100 * WARMUP_FRACTION:.0f}%% of --max-steps; "
-                        "0 turns it off (a small model at a high rate without warm-up stalls or diverges early)")
-    m.add_argument("--weight-decay", type=float, default=0.01)
-    m.add_argument("--decay", choices=("linear", "poly"), default="linear")
-    m.add_argument("--poly-power", type=float, default=0.5, help="power of --decay poly")
-    m.add_argument("--max-grad-norm", type=float, default=1.0, help="0 disables clipping")
-    m.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile the model (default: on with --use-gpu, off on CPU)")
-    m.add_argument("--compile-backend", default="inductor", help="torch.compile backend (aot_eager: no codegen)")
-    m.add_argument("--compile-cache", metavar="DIR", default=None,
-                   help="TRUSTED: its contents run as code. A folder (local or a shared volume) that only you and "
-                        "your jobs can write: compiled artifacts are saved there after each checkpoint and loaded "
-                        "before compiling, so a restart on another node skips code generation. Default: none (a "
-                        "restart on the same node uses this user's private Inductor cache; nothing compiled is ever "
-                        "read from --storage)")
-    m.add_argument("--cuda-graphs", action="store_true",
-                   help="replay the compiled step as CUDA graphs (GPU, micro-batch = batch per worker only)")
+                   help=f"steps over which the rate ramps up from 0. Default: {100 * WARMUP_FRACTION:.0f}%% of "
+                        "--max-steps; 0 turns it off (a small model at a high rate without warm-up stalls or diverges "
+                        "early)")
+    add_field(m, "--weight-decay", OptimizerConfig, type=float)
+    add_field(m, "--decay", OptimizerConfig, choices=("linear", "poly"))
+    add_field(m, "--poly-power", OptimizerConfig, type=float)
+    add_field(m, "--max-grad-norm", OptimizerConfig, type=float)
+    add_field(m, "--compile", RuntimeConfig, action=argparse.BooleanOptionalAction,
+              help_suffix="Not given: on with --use-gpu, off without.")
+    add_field(m, "--compile-backend", RuntimeConfig)
+    add_field(m, "--compile-cache", RuntimeConfig, metavar="DIR",
+              help_suffix="Give one (local or a shared volume) that only you and your jobs can write; nothing "
+                          "compiled is ever read from --storage.")
+    add_field(m, "--cuda-graphs", RuntimeConfig)
     m.add_argument("--fused-kernels", choices=tuple(kernel_options.FUSED_KERNELS), default="auto",
                    help=kernel_options.FUSED_KERNELS_HELP)
     m.add_argument("--low-precision-residual", action="store_true", help=kernel_options.LOW_PRECISION_RESIDUAL_HELP)
-    m.add_argument("--seed", type=int, default=RuntimeConfig.seed)
+    add_field(m, "--seed", RuntimeConfig, type=int)
     r = p.add_argument_group("resources")
-    r.add_argument("--num-workers", type=workers, default=1, help="Ray Train workers, or MIN:MAX for an elastic run "
-                   "(it shrinks when a node is lost and grows when one returns; the same data order: docs/scaling.md)")
-    r.add_argument("--resize-check-seconds", type=float, default=60.0, help="how often an elastic run looks for more")
-    r.add_argument("--use-gpu", action="store_true", help="one GPU per worker, NCCL, bf16 autocast, fused AdamW")
+    add_field(r, "--num-workers", LaunchConfig, type=workers, help_suffix="MIN:MAX makes the run elastic: it shrinks "
+              "when a node is lost and grows when one returns, in the same data order (docs/scaling.md).")
+    add_field(r, "--resize-check-seconds", LaunchConfig, type=float)
+    add_field(r, "--use-gpu", LaunchConfig, help_suffix="Pre-training then runs under bf16 autocast.")
+    # 1, not LaunchConfig.cpus_per_worker's None (the cluster's CPUs / workers): the torch threads follow from it
+    # (job_from).
     r.add_argument("--cpus-per-worker", type=float, default=1.0,
                    help="Ray CPUs per worker; fractions are fine (the data thread needs no Ray slot)")
     r.add_argument("--threads", type=int, help="torch threads per CPU worker (default: round(cpus-per-worker))")
     r.add_argument("--memory-gb", type=float, help="memory per worker to size the micro-batch for (default: the "
                    "free RAM of this machine shared by its workers, or the GPU's free memory at the worker's start)")
     r.add_argument("--peak-tflops", type=float, help="accelerator peak for mfu (default: known GPUs' bf16 peak)")
-    r.add_argument("--no-ray", action="store_true", help="run pretraining.loop.fit in this process (one worker: CPU, or "
-                   "one GPU with --use-gpu); checkpoints go to STORAGE/RUN_NAME, which must be local")
+    add_field(r, "--no-ray", LaunchConfig, help_suffix="It runs pretraining.loop.fit; STORAGE/RUN_NAME must be local.")
     c = p.add_argument_group("checkpoints and tracking")
-    c.add_argument("--storage", default="./runs", help="where checkpoints go (local path or s3://bucket/prefix)")
+    add_field(c, "--storage", LaunchConfig, help_suffix="Checkpoints go to STORAGE/RUN_NAME.")
     c.add_argument("--run-name", help="names the checkpoint folder and MLflow run; rerun with it to resume")
-    c.add_argument("--checkpoint-every", type=int, default=1000)
-    c.add_argument("--keep-checkpoints", type=int, default=3)
-    c.add_argument("--max-failures", type=int, default=3, help="worker-group restarts before giving up")
+    add_field(c, "--checkpoint-every", CheckpointConfig, "every", type=int)
+    add_field(c, "--keep-checkpoints", LaunchConfig, type=int)
+    add_field(c, "--max-failures", LaunchConfig, type=int)
     c.add_argument("--export", help="write the final model here in the Hugging Face layout (a local directory or a "
                    "URL such as s3://bucket/models/name)")
     c.add_argument("--mlflow-tracking-uri")
-    c.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment (one for the whole "
-                   "pipeline: the build's, pre-training's and fine-tuning's runs side by side)")
+    add_field(c, "--experiment", PretrainJob)
     c.add_argument("--parent-run-id", help="log this run as a child of that MLflow run")
-    c.add_argument("--log-every", type=int, default=50)
+    add_field(c, "--log-every", TrackingConfig, type=int)
     c.add_argument("--max-minutes", type=float, help="wall-clock budget of the training loop: stop (with a final "
-                   "eval, checkpoint and export) at the first log step after it; the lr schedule still spans --max-steps")
+                   "eval, checkpoint and export) at the first log step after it; the lr schedule still spans "
+                   "--max-steps")
     c.add_argument("--no-system-metrics", action="store_true", help="do not sample CPU/GPU/memory into MLflow")
     _eval_flags.add_flags(p)
     refuse_secrets(p, argv)
@@ -148,7 +148,7 @@ def job_from(a: argparse.Namespace) -> PretrainJob:
                           cpus_per_worker=a.cpus_per_worker, use_gpu=a.use_gpu, no_ray=a.no_ray, storage=a.storage,
                           name=a.run_name, keep_checkpoints=a.keep_checkpoints, max_failures=a.max_failures,
                           endpoint_url=a.endpoint_url)
-    model = ModelConfig.resolve(a.preset, a.init, data.vocab.size, launch.init_cache, a.endpoint_url)
+    model = model_config(a.preset, a.init, data.vocab.size, launch.init_cache, a.endpoint_url)
     micro, accum = plan_for_workers(model.bert, a.batch_size, (fewest, most), max(a.length_buckets or (
         data.max_seq_length,)), data.max_predictions, use_gpu=a.use_gpu, budget_gb=a.memory_gb,
         requested=a.micro_batch_size, model_name=a.init or a.preset)
@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", e)
         return 2
     log.info("done%s: MLflow run %s, checkpoints under %s%s", f" (stopped by {result.stopped})" if result.stopped
-             else "", result.run_id, result.checkpoints, f", model exported to {result.export}" if result.export else "")
+             else "", result.run_id, result.checkpoints,
+             f", model exported to {result.export}" if result.export else "")
     summary = {"run_name": args.run_name, "mlflow_run_id": result.run_id, "checkpoints": result.checkpoints,
                "export": result.export, **result.metrics, "stopped": result.stopped, "collapse": result.collapse}
     print(json.dumps(redact(summary)), flush=True)

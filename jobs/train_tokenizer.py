@@ -29,7 +29,8 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
 
 from corpus.readers import FORMATS, ON_ERROR, ReadOptions, ReadReport, plan_units
 from jobs import _common
-from pipeline.config import DEFAULT_SAMPLE_BYTES
+from jobs._fields import add_field, field_help
+from pipeline.config import BuildConfig
 from pipeline.executor import LocalExecutor
 from pipeline.inputs.pieces import input_units
 from pipeline.vocab import VocabContext, VocabSample, train_vocab
@@ -46,19 +47,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 allow_abbrev=False)  # a typo must fail, not match a longer flag
     p.add_argument("--input", action="append", required=True, help="file, directory or glob; repeatable")
     p.add_argument("--output", required=True, help="where to write vocab.txt (path or URL)")
-    p.add_argument("--vocab-size", type=int, default=VocabContext.vocab_size)
-    p.add_argument("--min-frequency", type=int, default=2)
-    p.add_argument("--sample-bytes", type=int, default=DEFAULT_SAMPLE_BYTES,
-                   help="train on a seeded sample of about this many bytes of text; 0 = the whole corpus")
-    p.add_argument("--unit-bytes", type=int, default=4 << 20, help="sample block size (the build's unit size)")
-    p.add_argument("--seed", type=int, default=VocabSample.seed, help="the sample's seed (the build's --seed)")
+    add_field(p, "--vocab-size", VocabContext, type=int)
+    add_field(p, "--min-frequency", VocabContext, type=int)
+    add_field(p, "--sample-bytes", VocabSample, type=int)
+    # The field it sets (VocabSample.unit_bytes) has no default: the build's is the one that draws the same blocks.
+    p.add_argument("--unit-bytes", type=int, default=BuildConfig.unit_bytes, help=field_help(VocabSample, "unit_bytes"))
+    add_field(p, "--seed", VocabSample, type=int, help_suffix="(the build's --seed)")
     case = p.add_mutually_exclusive_group()
-    case.add_argument("--do-lower-case", dest="do_lower_case", action="store_true", default=True)
+    add_field(case, "--do-lower-case", VocabContext, action="store_true")
     case.add_argument("--cased", dest="do_lower_case", action="store_false")
-    p.add_argument("--format", choices=FORMATS, default="auto")
-    p.add_argument("--text-field", default="text")
-    p.add_argument("--presplit", action="store_true")
-    p.add_argument("--on-error", choices=ON_ERROR, default="fail")
+    add_field(p, "--format", ReadOptions, "fmt", choices=FORMATS)
+    add_field(p, "--text-field", ReadOptions)
+    add_field(p, "--presplit", ReadOptions)
+    add_field(p, "--on-error", ReadOptions, choices=ON_ERROR)
     p.add_argument("--endpoint-url")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--mlflow-tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else "
@@ -110,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                         tags={"job": "train_tokenizer"}, vocab_file=args.output)
         run_id = run.run_id
     print(json.dumps({"output": args.output, "vocab_size": marker.vocab_size, "files": len(files),
-                      "sampled_blocks": marker.blocks, "sampled_bytes": marker.sampled_bytes, "documents": marker.documents,
+                      "sampled_blocks": marker.blocks, "sampled_bytes": marker.sampled_bytes,
+                      "documents": marker.documents,
                       "dropped": dropped, "mlflow_run_id": run_id}))
     return 0
 

@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(args.log_level)
     if hasattr(sys.stdout, "reconfigure"):
-        sys.stdout.reconfigure(line_buffering=True)  # progress must show up in `ray job logs` / a redirect as it happens
+        # Progress must show up in `ray job logs` / a redirect as it happens.
+        sys.stdout.reconfigure(line_buffering=True)
     try:
         wf = load_workflow(args.config, args.workdir)
         check_flags(wf)

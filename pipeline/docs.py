@@ -165,7 +165,7 @@ def power_of_two_histogram(counts: Sequence[int]) -> dict[str, int]:
     return {str(int(k)): int(v) for k, v in zip(lows, n, strict=False)}
 
 
-def unk_check(cfg, markers: list, of: str) -> str | None:
+def unk_from_markers(cfg, markers: list, of: str) -> str | None:
     """What the tokenized text says about the vocabulary: [UNK] per file, warned or refused (corpus/checks.py).
     ``markers``: per-unit markers with ``path``, ``unk_tokens`` and ``tokens``."""
     from corpus.checks import unk_check as check

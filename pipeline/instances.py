@@ -16,7 +16,6 @@ import dataclasses
 import json
 import logging
 from collections import Counter
-from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +28,7 @@ from corpus.schema import token_dtype, work_instance_schema
 from pipeline.docs import doc_arrays, docs_url, vocab_info_for
 from pipeline.drops import copies_of, kept
 from pipeline.executor import Shared
-from pipeline.markers import Marker, write_marker
+from pipeline.markers import Marker, marker, write_marker
 from pipeline.pool import pool_for
 from pipeline.rows import RowStage, UserError, by_unit, take_ops, user_error
 from pipeline.shards import chunk_bounds, chunks_per_pass
@@ -44,12 +43,11 @@ LIST_COLUMNS = ("input_ids", "masked_lm_positions", "masked_lm_ids")
 _INSTANCE_BLOCK_TOKENS = 1 << 20  # instance tokens per block of documents (~10 bytes each while masking)
 
 
-@dataclasses.dataclass(frozen=True)
+@marker("instances")
 class InstancesMarker(Marker):
     """A unit's instances: ``rows[p]`` rows in pass ``p``, cut into ``chunks`` record batches per pass, and what
     they hold (the documents they came from are counted by the read pass's marker)."""
 
-    stage: ClassVar[str] = "instances"
     uid: str
     """The unit's id: the marker's key."""
     documents: int
@@ -69,10 +67,6 @@ class InstancesMarker(Marker):
     ops: dict[str, tuple] = dataclasses.field(default_factory=dict)
     """The operators' statistics for the unit (``rows.take_ops``): rows in and out, bytes out, CPU and wall
     seconds, by operator."""
-
-    @property
-    def key(self) -> str:
-        return self.uid
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
 from storage.fs import join, list_names, read_bytes, write_bytes_atomic
@@ -35,8 +36,14 @@ class Marker:
     stage: ClassVar[str] = ""
 
     @property
-    def key(self) -> str:  # each stage's marker names its own (a unit id, a shard index, ...)
-        raise TypeError(f"{type(self).__name__} must define key: the name of its marker file")
+    def key(self) -> str:
+        """The marker file's name: the unit's id (a ``uid`` field), the item's zero-padded number (an ``index``
+        field), or, for a stage of one item, the stage's name. A marker that needs another overrides it."""
+        if (uid := getattr(self, "uid", None)) is not None:
+            return uid
+        if (index := getattr(self, "index", None)) is not None:
+            return f"{index:05d}"
+        return self.stage
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -45,6 +52,17 @@ class Marker:
     def from_json(cls: type[M], text: str | bytes) -> M:
         d = json.loads(text)
         return cls(**{f.name: _freeze(d[f.name]) for f in dataclasses.fields(cls)})
+
+
+def marker(stage: str) -> Callable[[type[M]], type[M]]:
+    """Declares a stage's marker type (``@marker("pool")`` above ``class PoolMarker(Marker)``): a frozen dataclass
+    whose files live in ``<work>/<stage>/``."""
+
+    def declare(cls: type[M]) -> type[M]:
+        cls.stage = stage
+        return dataclasses.dataclass(frozen=True)(cls)
+
+    return declare
 
 
 def write_marker(work: str, marker: Marker, endpoint_url: str | None = None, fence: Any = None) -> None:

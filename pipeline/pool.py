@@ -15,7 +15,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
-from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +25,7 @@ from corpus.schema import work_docs_schema
 from pipeline.docs import POOL_BANDS, doc_arrays
 from pipeline.drops import kept
 from pipeline.executor import Shared, Stage
-from pipeline.markers import Marker, write_marker
+from pipeline.markers import Marker, marker, write_marker
 from pipeline.sizes import pool_threshold
 from pipeline.state import BuildState
 from pipeline.work import StepContext, cached, read_table, write_table
@@ -37,21 +36,16 @@ log = logging.getLogger(__name__)
 _POOL_READ_THREADS = 16  # pool parts read concurrently by the one pool item (many small objects on S3)
 
 
-@dataclasses.dataclass(frozen=True)
+@marker("pool")
 class PoolMarker(Marker):
     """The pool parts of all units merged into one file that every instances item loads once per process."""
 
-    stage: ClassVar[str] = "pool"
     documents: int
     """Documents in the pool: the random-next draws choose among them."""
     tokens: int
     """Their tokens: about ``pool_tokens`` (binomially around the budget), or the whole corpus's when it is smaller."""
     threshold: int
     """A document is a member when its pool hash is below it: p x 2**64 for a share p (2**64: every document)."""
-
-    @property
-    def key(self) -> str:
-        return "pool"
 
 
 def pool_from(table: pa.Table) -> RandomDocPool:

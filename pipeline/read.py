@@ -23,7 +23,6 @@ import dataclasses
 import json
 import logging
 from collections import Counter
-from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -41,12 +40,12 @@ from pipeline.docs import (  # noqa: F401
     packed_docs,
     pool_hashes,
     power_of_two_histogram,
-    unk_check,
+    unk_from_markers,
     vocab_info_for,
     write_batches,
 )
 from pipeline.executor import Shared
-from pipeline.markers import Marker, write_marker
+from pipeline.markers import Marker, marker, write_marker
 from pipeline.rows import RowStage, UserError, by_unit, take_ops, user_error
 from pipeline.state import BuildState
 from pipeline.work import StepContext
@@ -54,12 +53,11 @@ from storage.fs import join, list_names, remove_tree
 
 log = logging.getLogger(__name__)
 
-@dataclasses.dataclass(frozen=True)
+@marker("read")
 class ReadMarker(Marker):
     """A unit read: what the reader saw (``read_documents``) and dropped (by reason, filters' and empty documents'
     included), the documents kept (those with tokens), their sentences and tokens, and [UNK] among them."""
 
-    stage: ClassVar[str] = "read"
     uid: str
     """The unit's id: the marker's key."""
     path: str
@@ -84,10 +82,6 @@ class ReadMarker(Marker):
     ops: dict[str, tuple] = dataclasses.field(default_factory=dict)
     """The operators' statistics for the unit (``rows.take_ops``): rows in and out, bytes out, CPU and wall
     seconds, by operator."""
-
-    @property
-    def key(self) -> str:
-        return self.uid
 
 
 def merge_reports(reports: list[dict]) -> dict:
@@ -223,7 +217,7 @@ def _read(s: BuildState) -> None:
     if not any(m.documents for m in markers):
         raise ValueError(f"no documents with tokens in {inputs} (dropped: {dict(dropped)}); check the"
                          " --format/--text-field and the inputs")
-    if (w := unk_check(s.cfg, markers, "of the corpus's tokens")) is not None:
+    if (w := unk_from_markers(s.cfg, markers, "of the corpus's tokens")) is not None:
         log.warning("%s", w)
         s.warnings.append(w)
     s.corpus_tokens = sum(m.tokens for m in markers)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -35,7 +34,7 @@ import pyarrow.parquet as pq
 from corpus.rng import derive_seed
 from corpus.schema import instance_schema, shard_name
 from pipeline.executor import Stage
-from pipeline.markers import Marker, write_marker
+from pipeline.markers import Marker, marker, write_marker
 from pipeline.sizes import SHARD_BYTES, default_num_shards  # noqa: F401 - where tests and tools look
 from pipeline.state import BuildState
 from pipeline.work import WORK_SUFFIX, StepContext
@@ -161,19 +160,14 @@ def write_shard(item: ShardItem, url: str, source: Callable[[str], str], schema:
     return rows
 
 
-@dataclasses.dataclass(frozen=True)
+@marker("shards")
 class ShardMarker(Marker):
-    stage: ClassVar[str] = "shards"
     index: int
     """The shard's number, from 0: the marker's key."""
     file: str
     """The shard's path under the output folder, ``shards/part-i-of-S.parquet`` (``corpus.schema.shard_name``)."""
     rows: int
     """Instance rows written: the shards' counts differ by at most one."""
-
-    @property
-    def key(self) -> str:
-        return f"{self.index:05d}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,7 @@ import hashlib
 import logging
 import time
 from collections import Counter, defaultdict
-from typing import Any, ClassVar
+from typing import Any
 
 from corpus.checks import vocab_size_warning
 from corpus.readers import ReadOptions, ReadReport, Unit, read_unit
@@ -34,7 +34,7 @@ from corpus.tokenize import BERT_VOCAB_SIZE
 from pipeline.config import DEFAULT_SAMPLE_BYTES
 from pipeline.executor import Executor, Stage, run_stage
 from pipeline.inputs.pieces import worker_id
-from pipeline.markers import Marker, write_marker
+from pipeline.markers import Marker, marker, write_marker
 from pipeline.state import BuildState
 from storage.fs import FileInfo, read_bytes, remove_tree, write_bytes_atomic
 
@@ -73,11 +73,10 @@ class VocabItem:
     """Decompressed bytes the blocks span (``sample_blocks``): the progress share's denominator."""
 
 
-@dataclasses.dataclass(frozen=True)
+@marker("vocab")
 class VocabMarker(Marker):
     """The trained vocab.txt (``file``) and what it was trained on; committed after the file."""
 
-    stage: ClassVar[str] = "vocab"
     file: str
     """Where the trained vocab.txt was committed."""
     sha256: str
@@ -94,10 +93,6 @@ class VocabMarker(Marker):
     """Records and files the reader dropped in the sample, by reason."""
     worker: str = ""
     """``host:pid`` of the process that trained it: shows the item ran on a worker, not the driver."""
-
-    @property
-    def key(self) -> str:
-        return "vocab"
 
 
 def _blocks(units: list[Unit], sizes: dict[str, int], unit_bytes: int) -> list[tuple[str, int, int, list[Unit]]]:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from corpus.rng import DEFAULT_SEED
 from corpus.schema import read_manifest
 from pretraining import order
 from pretraining.loader import DataConfig, rank_steps
@@ -135,15 +136,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data", help="dataset directory written by jobs/build_dataset.py (local or a URL)")
     p.add_argument("--run", metavar="STORAGE/RUN", help="a run's checkpoint folder: replay with its own settings")
     p.add_argument("--steps", "--step", dest="steps", type=_span, default=(1, 10), help="N or A:B (1-based)")
-    p.add_argument("--batch-size", type=int, default=256, help="GLOBAL rows per optimizer step")
+    # The data flags of jobs/pretrain.py, with its defaults: DataConfig's fields' (read here, not written again;
+    # pretraining cannot import jobs._fields, which gives the job's flags their help too) and the run's seed.
+    data = {f.name: f.default for f in dataclasses.fields(DataConfig)}
+    p.add_argument("--batch-size", type=int, default=256, help="GLOBAL rows per optimizer step (jobs/pretrain.py's "
+                   "default)")
     p.add_argument("--num-workers", type=int, help="workers whose shares are replayed (default 1; --run: the run's)")
     p.add_argument("--micro-batch-size", type=int, help="a worker's largest micro-batch (does not change the order)")
-    p.add_argument("--seed", type=int, default=12345)
-    p.add_argument("--length-bucketing", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    p.add_argument("--length-bucketing", action=argparse.BooleanOptionalAction, default=data["length_bucketing"])
     p.add_argument("--length-buckets", type=lambda t: tuple(int(x) for x in t.split(",")), help="e.g. 32,64,96,128")
     p.add_argument("--dynamic-masking", action="store_true")
     p.add_argument("--packing", action="store_true")
-    p.add_argument("--pack-sequences", type=int, default=3)
+    p.add_argument("--pack-sequences", type=int, default=data["pack_sequences"])
     p.add_argument("--endpoint-url", help="S3-compatible endpoint of s3:// data or runs")
     p.add_argument("--ids", action="store_true", help="list each step's examples (shard:row)")
     p.add_argument("--text", action="store_true", help="list each step's examples with their text")

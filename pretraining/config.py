@@ -8,17 +8,13 @@ the whole config: the loop hands each part to the piece that owns it. The job lo
 """
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from bert_core.config import BertConfig
 from corpus.rng import DEFAULT_SEED
 from pretraining import kernel_options
 from pretraining.loader import DataConfig, EvalConfig
 from pretraining.memory import MemoryConfig
-from storage.fs import is_url
 from tracking.config import TrackingConfig
 from training.guard import GuardConfig
 
@@ -33,7 +29,8 @@ class ModelConfig:
     """The architecture, and where the first weights come from (None: fresh, seeded by `RuntimeConfig.seed`)."""
 
     bert: BertConfig
-    """The architecture (HF field names); with `init`, the one in init's config.json (`resolve`)."""
+    """The architecture (HF field names); with `init`, the one in init's config.json
+    (`pretraining.pretrain_job.model_config`)."""
     init: str | None = None
     """An export, a checkpoint directory or any HF BERT directory: a local path, or a URL (s3://, gs://, ...) that
     every worker fetches into `init_cache` (so stages on a cluster need no shared volume). None: fresh weights."""
@@ -45,38 +42,6 @@ class ModelConfig:
     `init_cache`); None for a local init."""
     init_endpoint_url: str | None = None
     """S3-compatible endpoint of an s3:// init (MinIO, Ceph, ...); None: the S3 client's default."""
-
-    @classmethod
-    def resolve(cls, preset: str, init: str | None, vocab_size: int, init_cache: str | None = None,
-                endpoint_url: str | None = None) -> ModelConfig:
-        """`init`'s architecture and vocabulary hash when given (a URL is fetched into `init_cache`), else the
-        preset sized to `vocab_size`."""
-        from bert_core import PRESETS
-
-        if init is None:
-            if preset not in PRESETS:
-                raise ValueError(f"unknown --preset {preset!r}; choose one of {sorted(PRESETS)}")
-            return cls(PRESETS[preset](vocab_size=vocab_size))
-        remote = is_url(init)
-        if remote and not init_cache:
-            raise ValueError(f"--init {init}: a URL needs a local folder to fetch it into (init_cache)")
-        model = cls(BertConfig(), init if remote else str(Path(init).resolve()), "",
-                    str(Path(init_cache).resolve()) if remote else None, endpoint_url if remote else None)
-        model_dir = model.init_dir()
-        vocab = model_dir / "vocab.txt"
-        sha = hashlib.sha256(vocab.read_bytes()).hexdigest() if vocab.is_file() else ""
-        return dataclasses.replace(model, bert=BertConfig.from_json_file(model_dir / "config.json"),
-                                   init_vocab_sha256=sha)
-
-    def init_dir(self) -> Path | None:
-        """The local directory of `init` holding config.json and the weights (a checkpoint's model/); a URL is
-        fetched first, once per machine and version of the model there."""
-        if self.init is None:
-            return None
-        from bert_core.hf import resolve_model_dir
-        from training.model_fetch import fetch_model
-
-        return resolve_model_dir(fetch_model(self.init, self.init_cache or ".", self.init_endpoint_url))
 
 
 @dataclass(frozen=True, kw_only=True)

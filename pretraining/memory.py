@@ -32,7 +32,7 @@ theirs from seeds) and no attention probabilities. The last layer keeps its inpu
 token (10 H) and the rest at [CLS] + the masked slots only; the embeddings about 10 H per token. One layer's worth
 of gradients in flight (`1 / layers` of the activations), fp32 weights, gradients and AdamW state, a bf16 copy of
 the weights (autocast's cast cache) and the static MLM path's logits (B x P x V: bf16, fp32 copy, gradient) make the
-rest, plus `RUNTIME_BYTES["cuda"]` of allocator slack (the CUDA context is taken before the free memory is read).
+rest, plus `RUNTIME_BYTES` of allocator slack (the CUDA context is taken before the free memory is read).
 Derived from what each op saves, then held against the two H100 peaks of 2026-11-24 (`MEASURED_GPU`,
 `python benchmarks/memory_fit.py --gpu`): estimate/measured 1.08 at 256 x 128 and 1.12 at 32 x 512 compiled,
 1.15 for the eager 256 x 128 peak, on the safe side. Not fitted to them;
@@ -57,17 +57,13 @@ import torch
 
 from bert_core.config import BertConfig
 from pretraining.loader import batch_geometry
-from training.model_size import parameter_count, ram_available
+from training.model_size import GIB, RUNTIME_BYTES, parameter_count, ram_available
 from training.worker import Verdict
 
 log = logging.getLogger(__name__)
 
-GIB = 2**30
 HEADROOM = 0.8  # plan for this share of the free memory: the allocator, the data thread, Python and Ray take some
 GRADIENTS_IN_FLIGHT = 0.5  # gradients in flight during backward, as a share of the saved activations
-# torch's own footprint per process (CPU: the library, its thread pools and allocator arenas, ~300 MiB after import
-# here, more once threads have run; CUDA: the context and kernels)
-RUNTIME_BYTES = {"cpu": 512 * 2**20, "cuda": 512 * 2**20}
 
 
 @dataclass(frozen=True)
@@ -182,7 +178,7 @@ def estimate(bert: BertConfig, micro_batch: int, seq_len: int, predictions: int,
     else:
         act = int(activation_bytes(bert, micro_batch, seq_len, predictions) * (1 + GRADIENTS_IN_FLIGHT))
     return MemoryEstimate(weights=4 * n, gradients=4 * n, optimizer=8 * n, activations=act,
-                          runtime=RUNTIME_BYTES.get(device_type, RUNTIME_BYTES["cpu"]))
+                          runtime=RUNTIME_BYTES)
 
 
 def available_bytes(device: torch.device, local_workers: int = 1) -> int:

@@ -11,14 +11,18 @@ too).
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from bert_core.config import BertConfig
 from corpus.schema import read_manifest
-from pretraining.config import PretrainConfig
+from pretraining.config import ModelConfig, PretrainConfig
 from pretraining.loop import STOPPED_TAG, fit
+from storage.fs import is_url
 from tracking.datasets import log_dataset
 from tracking.lineage import pretraining_lineage
 from tracking.params import flatten_params
@@ -29,6 +33,7 @@ from training.defaults import default_lr
 from training.export import PRETRAIN_LINEAGE, read_lineage
 from training.job import JobParts, Prepared, run_job
 from training.launch import LaunchConfig
+from training.model_fetch import local_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +97,28 @@ def params_of(job: PretrainJob) -> dict[str, Any]:
             "micro_batch_size_resolved": data.micro_batch_size, "grad_accumulation_steps": data.accum}
 
 
+def model_config(preset: str, init: str | None, vocab_size: int, init_cache: str | None = None,
+                 endpoint_url: str | None = None) -> ModelConfig:
+    """``init``'s architecture and vocabulary hash when given (the job fetches a URL once, into ``init_cache``),
+    else the preset sized to ``vocab_size``. The config only names the model; the workers fetch it where they run."""
+    from bert_core import PRESETS
+
+    if init is None:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown --preset {preset!r}; choose one of {sorted(PRESETS)}")
+        return ModelConfig(PRESETS[preset](vocab_size=vocab_size))
+    remote = is_url(init)
+    if remote and not init_cache:
+        raise ValueError(f"--init {init}: a URL needs a local folder to fetch it into (init_cache)")
+    init = init if remote else str(Path(init).resolve())
+    cache = str(Path(init_cache).resolve()) if remote else None
+    model_dir = local_model_dir(init, cache, endpoint_url if remote else None)
+    vocab = model_dir / "vocab.txt"
+    sha = hashlib.sha256(vocab.read_bytes()).hexdigest() if vocab.is_file() else ""
+    return ModelConfig(BertConfig.from_json_file(model_dir / "config.json"), init, sha, cache,
+                       endpoint_url if remote else None)
+
+
 def tags_of(job: PretrainJob) -> dict[str, str]:
     """The run's tags (its checkpoint folder's, `training.job.RUN_KEY_TAG`, is the skeleton's)."""
     train, ev, init = job.config.data.train, job.config.eval, job.config.model.init
@@ -102,7 +129,8 @@ def tags_of(job: PretrainJob) -> dict[str, str]:
         tags.update({"eval_dataset.url": ev.data.url, "eval_dataset.manifest_sha256": ev.data.sha256})
     if init:
         tags["init"] = init
-        init_dir = job.config.model.init_dir()  # a URL's local copy: the lineage file travels with the model
+        m = job.config.model  # a URL's local copy (fetched already): the lineage file travels with the model
+        init_dir = local_model_dir(m.init, m.init_cache, m.init_endpoint_url)
         lineage = read_lineage(init_dir, init_dir.parent)
         if lineage:
             tags["lineage.init_run_id"] = lineage["mlflow_run_id"]

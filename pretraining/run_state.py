@@ -17,6 +17,7 @@ from pretraining.metrics import MetricSums
 from pretraining.perf import RunTotals, Window
 from tracking.tracker import Tracker
 from training.guard import Guard, StepLog
+from training.model_fetch import local_model_dir
 from training.progress import Progress
 from training.worker import Worker
 
@@ -98,7 +99,9 @@ def build_model(config: PretrainConfig, checkpoint_dir: Path | None) -> BertForP
     if checkpoint_dir is not None:
         return BertForPreTraining.from_pretrained(checkpoint_dir / "model")
     if config.model.init:
-        model, info = BertForPreTraining.from_pretrained(config.model.init_dir(), output_loading_info=True)
+        m = config.model  # a URL is fetched once per machine: this worker's may be another than the job's
+        init_dir = local_model_dir(m.init, m.init_cache, m.init_endpoint_url)
+        model, info = BertForPreTraining.from_pretrained(init_dir, output_loading_info=True)
         if info["missing_keys"]:
             log.warning("init %s lacked %s (freshly initialised)", config.model.init, info["missing_keys"])
         return model

@@ -14,7 +14,7 @@ def _is_dataclass(node: ast.ClassDef) -> ast.expr | None:
     for d in node.decorator_list:
         target = d.func if isinstance(d, ast.Call) else d
         name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
-        if name == "dataclass":
+        if name in ("dataclass", "marker"):  # pipeline.markers.marker declares a frozen dataclass
             return d
     return None
 

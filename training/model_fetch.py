@@ -35,6 +35,15 @@ MANIFEST = ".fetched.json"
 MAX_FILE_BYTES = 8 << 30
 
 
+def local_model_dir(init: str, cache_dir: str | os.PathLike | None, endpoint_url: str | None = None) -> Path:
+    """The local directory holding ``init``'s config.json and weights (a checkpoint's ``model/``): a URL is fetched
+    into ``cache_dir`` first, once per machine and version of the model there. What the jobs and the workers call;
+    configs only name the model."""
+    from bert_core.hf import resolve_model_dir
+
+    return resolve_model_dir(fetch_model(init, cache_dir or ".", endpoint_url))
+
+
 def fetch_model(url: str, cache_dir: str | os.PathLike, endpoint_url: str | None = None) -> Path:
     """The local directory of the model at `url` (fetched into `cache_dir` when it is a URL)."""
     if not is_url(url):

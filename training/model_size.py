@@ -10,7 +10,9 @@ from bert_core.config import BertConfig
 
 GIB = 2**30
 STATE_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
-RUNTIME_BYTES = 512 * 2**20  # the interpreter, torch and the data: what a process holds besides the model
+# torch's own footprint per process besides the model (CPU: the interpreter, the library, its thread pools and
+# allocator arenas, ~300 MiB after import here, more once threads have run; CUDA: the context and kernels)
+RUNTIME_BYTES = 512 * 2**20
 
 
 def parameter_count(bert: BertConfig) -> int:

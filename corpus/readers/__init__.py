@@ -132,7 +132,7 @@ class ReadReport:
     """Redacted path -> reason, for the files skipped or not read to the end (``on_error="skip"``)."""
 
 
-def detect_format(path: str, fmt: str = "auto") -> str:
+def input_format(path: str, fmt: str = "auto") -> str:
     if fmt != "auto":
         return fmt
     base = strip_compression(without_query(path)).lower()  # a presigned URL's signature is no extension
@@ -148,7 +148,7 @@ def plan_units(files: list[FileInfo], opts: ReadOptions, unit_bytes: int, endpoi
     """The fixed work units of the inputs, but those in ``exclude`` (paths left to the pieces step). Uids are
     ``<file index>-<unit index>`` over all of ``files``. Empty files fail here (or are counted with
     on_error='skip'). Parquet footers are read in parallel (one round trip each)."""
-    fmts = [detect_format(f.path, opts.fmt) for f in files]
+    fmts = [input_format(f.path, opts.fmt) for f in files]
     todo = [(i, f) for i, (f, fmt) in enumerate(zip(files, fmts, strict=False)) if f.path not in exclude]
     groups = dict(zip([i for i, _ in todo], map_threads(
         lambda item: _row_groups(item[1], endpoint_url) if fmts[item[0]] == "parquet" and item[1].size else None,

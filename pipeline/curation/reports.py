@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
-from typing import Any, ClassVar
+from typing import Any
 
 from curate.contract import CONTAMINATED, EXACT, LANGUAGE, MIX, NEAR, QUALITY
 from curate.report import DROPPED_FILE, EDITED_FILE
@@ -27,7 +27,7 @@ from pipeline.curation.filters import REPORTS_DIR, eval_index, report_line, repo
 from pipeline.docs import docs_url
 from pipeline.drops import read_drop_list
 from pipeline.executor import Stage
-from pipeline.markers import Marker, write_marker
+from pipeline.markers import Marker, marker, write_marker
 from pipeline.state import BuildState
 from pipeline.work import StepContext
 from storage.fs import join, list_names, open_atomic, read_bytes
@@ -37,9 +37,8 @@ OUT_DIR = "reports"  # OUTPUT/reports/
 CURATION_REASONS = (LANGUAGE, CONTAMINATED, EXACT, NEAR, MIX)  # and QUALITY + <rule>
 
 
-@dataclasses.dataclass(frozen=True)
+@marker("reports")
 class ReportMarker(Marker):
-    stage: ClassVar[str] = "reports"
     dropped: dict[str, int]
     """dropped.jsonl's lines by reason; the manifest's curation counts in ``totals.dropped`` must equal it."""
     edited: int

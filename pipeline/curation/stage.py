@@ -24,7 +24,7 @@ import hashlib
 import logging
 import time
 from collections import Counter
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +35,7 @@ from pipeline.curation.filters import check_mix, mix_source, sigs_url
 from pipeline.docs import doc_arrays, docs_url, power_of_two_histogram, vocab_info_for
 from pipeline.drops import LeftOut, leave_out, repeat, write_copies, write_drop_list
 from pipeline.executor import LocalShared, Shared, Stage
-from pipeline.markers import Marker, read_markers, write_marker
+from pipeline.markers import Marker, marker, read_markers, write_marker
 from pipeline.state import BuildState
 from pipeline.work import StepContext, cached, read_table
 
@@ -57,11 +57,10 @@ class CurateItem:
     1.0, every document once, for a unit no SOURCE names."""
 
 
-@dataclasses.dataclass(frozen=True)
+@marker("curate")
 class CurateMarker(Marker):
     """What a unit's drop list removes and its copies list adds; the stage's hook sums them for the later passes."""
 
-    stage: ClassVar[str] = "curate"
     uid: str
     """The unit's id: the marker's name."""
     file: str
@@ -87,10 +86,6 @@ class CurateMarker(Marker):
     mix: tuple[int, int, int, int]
     """(documents, tokens) the dedup left before the mix draw, then (documents, tokens) with their copies: each
     SOURCE's asked and made share in the manifest."""
-
-    @property
-    def key(self) -> str:
-        return self.uid
 
 
 def _hashes(ids: list[str]) -> np.ndarray:

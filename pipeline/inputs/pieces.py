@@ -29,11 +29,11 @@ import logging
 import os
 import re
 import socket
-from typing import Any, ClassVar
+from typing import Any
 
-from corpus.readers import InputError, ReadOptions, ReadReport, Unit, detect_format, plan_units, unreadable
+from corpus.readers import InputError, ReadOptions, ReadReport, Unit, input_format, plan_units, unreadable
 from pipeline.executor import Executor, Stage, run_stage
-from pipeline.markers import Marker, write_marker
+from pipeline.markers import Marker, marker, write_marker
 from pipeline.sizes import COMPRESSED_RATIO
 from pipeline.state import BuildState
 from storage.fs import (
@@ -98,13 +98,12 @@ class PieceContext:
         return join(self.work, PIECES_DIR, *parts)
 
 
-@dataclasses.dataclass(frozen=True)
+@marker(PIECES_DIR)
 class PieceMarker(Marker):
     """What a finished pieces item committed: ``pieces`` as (name, start, end) in the decompressed input, and what
     bounded its memory (the largest buffer held, the largest piece, the item's RSS growth; None off Linux).
     Committed as ``<work>/pieces/<key>.done.json``."""
 
-    stage: ClassVar[str] = PIECES_DIR
 
     index: int
     """The file's index among the planned input files (the marker's name)."""
@@ -128,10 +127,6 @@ class PieceMarker(Marker):
     """{redacted URL: ``corrupt_file`` or ``empty_file``} of an input skipped in part or whole (--on-error skip)."""
     worker: str = ""
     """``host:pid`` of the process that cut the file, for debugging (the driver should never appear here)."""
-
-    @property
-    def key(self) -> str:
-        return f"{self.index:05d}"
 
 
 def _decompressed_size(f: FileInfo, endpoint_url: str | None) -> int | None:
@@ -160,7 +155,7 @@ def plan_pieces(files: list[FileInfo], opts: ReadOptions, unit_bytes: int,
                 endpoint_url: str | None = None) -> list[PieceItem]:
     """The files the pieces step must cut, from metadata only: sizes from the listing, and gzip trailers (read in
     parallel) for the compressed files small enough that their size decides."""
-    fmts = [detect_format(f.path, opts.fmt) for f in files]
+    fmts = [input_format(f.path, opts.fmt) for f in files]
     probe = [i for i, f in enumerate(files)
              if fmts[i] != "parquet" and compression_of(f.path) and 0 < f.size <= unit_bytes]
     sizes = dict(zip(probe, map_threads(lambda i: _decompressed_size(files[i], endpoint_url), probe), strict=False))

@@ -14,7 +14,7 @@ import posixpath
 import pyarrow.parquet as pq
 from fsspec.compression import compr
 
-from corpus.readers import STORAGE_CLIENTS, ReadOptions, detect_format
+from corpus.readers import STORAGE_CLIENTS, ReadOptions, input_format
 from storage.fs import FileInfo, compression_of, filesystem_for, map_threads
 from storage.redact import redact_url
 
@@ -100,7 +100,7 @@ def _documents(lines: list[bytes], fmt: str, text_field: str) -> tuple[list[int]
 
 
 def _head(f: FileInfo, read: ReadOptions, endpoint_url: str | None) -> Sample | None:
-    fmt = detect_format(f.path, read.fmt)
+    fmt = input_format(f.path, read.fmt)
     fs, path = filesystem_for(f.path, endpoint_url)
     if fmt == "parquet":
         return _parquet_head(f, fmt, read, fs, path)

@@ -7,19 +7,19 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
-from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
 import pipeline
+import pipeline.driver
 import pipeline.read
 from corpus.create_instances import InstanceConfig
 from pipeline import BuildConfig, build
 from pipeline.drops import LeftOut, leave_out, write_drop_list
 from pipeline.executor import Stage
-from pipeline.markers import Marker, write_marker
+from pipeline.markers import Marker, marker, write_marker
 from pipeline.work import StepContext, read_table
 
 WORDS = "apple river house music water garden silver winter doctor castle forest engine".split()
@@ -65,9 +65,8 @@ class DropEveryThird:
         return pa.concat_tables([kept, report.cast(kept.schema)])
 
 
-@dataclasses.dataclass(frozen=True)
+@marker("every_third")
 class DropMarker(Marker):
-    stage: ClassVar[str] = "every_third"
     file: str
     documents: int
     sentences: int
@@ -127,7 +126,7 @@ def test_a_global_step_leaves_documents_out_of_the_pool_and_the_instances(tmp_pa
                                                                           kept_build):
     stages = list(pipeline.STAGES)
     stages.insert(stages.index(pipeline.read.read_stage) + 1, every_third_stage)
-    monkeypatch.setattr(pipeline, "STAGES", tuple(stages))
+    monkeypatch.setattr(pipeline.driver, "STAGES", tuple(stages))  # the list the driver walks
     m = build(_cfg(tmp_path, _corpus(tmp_path / "all.jsonl", range(60)), "stepped", sample_dir))
     assert _bytes(m) == _bytes(kept_build) and m.dropped == {"every_third": 20}
     assert dataclasses.replace(m.totals, dropped=(), unk_tokens=0) == dataclasses.replace(kept_build.totals,

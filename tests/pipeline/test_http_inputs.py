@@ -97,12 +97,12 @@ def test_a_server_with_an_etag_costs_no_digest(tmp_path):
 def test_a_presigned_url_is_read_in_the_format_its_path_names(server, tmp_path, sample_dir):
     """Issue 30, item 12: ``corpus.jsonl?X-Amz-Signature=...`` is JSON Lines (the query is no extension): each record
     is a document, not one document of JSON syntax."""
-    from corpus.readers import detect_format
+    from corpus.readers import input_format
 
     root, base = server
     (root / "corpus.jsonl").write_bytes(_corpus(sample_dir, "whale"))
     query = "X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIDEXAMPLE&X-Amz-Signature=0123abcd"
-    assert detect_format(f"{base}/corpus.jsonl.gz?{query}") == "jsonl"
-    assert detect_format(f"{base}/corpus.parquet?{query}") == "parquet"
+    assert input_format(f"{base}/corpus.jsonl.gz?{query}") == "jsonl"
+    assert input_format(f"{base}/corpus.parquet?{query}") == "parquet"
     manifest = build(_config(f"{base}/corpus.jsonl?{query}", tmp_path / "out", sample_dir))
     assert manifest.totals.documents == 12  # the 12 records, each a chapter
