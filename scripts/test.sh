@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the test suite in the project's virtualenv (created and installed on first use). Extra args go to pytest.
+# Lint the tree (ruff) and run the test suite in the project's virtualenv (created and installed on first use).
+# Extra args go to pytest.
 #
 # Two pytest processes (pytest-xdist), each file's tests in one of them (--dist loadfile: a module's fixtures, such as
 # a job run several tests read, are made once). Most of the suite's time is one busy core (interpreters importing
@@ -10,4 +11,6 @@
 # BERT_TEST_WORKERS=N for another count; add `-n 0` to run in this process, with output shown as it happens.
 set -euo pipefail
 source "$(dirname "$0")/_venv.sh" "[test]"
+# The linter first (seconds): ruff's E, F, I, B and UP rules over the whole tree, configured in pyproject.toml.
+ruff check .
 exec python -m pytest -n "${BERT_TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -332,7 +332,7 @@ def exists(url: str, endpoint_url: str | None = None) -> bool:
 
 
 def read_bytes(url: str, endpoint_url: str | None = None) -> bytes:
-    """The bytes at ``url``, read again after a transient fault (bounded: ``safe_io.untrusted.read_bounded``)."""
+    """The bytes at ``url``, read again after a transient fault (bounded: ``storage.untrusted.read_bounded``)."""
     fs, path = filesystem_for(url, endpoint_url)
     _fresh(fs, path)
     return retrying(lambda: fs.cat_file(path), f"read {url}")

@@ -218,3 +218,18 @@ def test_the_trainers_do_not_import_each_other():
     for package, other in (("pretraining", "finetuning"), ("finetuning", "pretraining")):
         for f in (REPO / package).rglob("*.py"):
             assert other not in imported_roots(f), f"{f.relative_to(REPO)} imports {other}"
+
+
+def test_the_architecture_doc_states_these_rules():
+    """docs/architecture.md's list of who may import whom is this file's ALLOWED, package for package."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    block = text.split("## Where code lives", 1)[1].split("```", 2)[1]
+    stated = {}
+    for line in block.strip().splitlines():
+        names, _, rest = line.partition("->")
+        if rest:
+            stated[names.strip().rstrip("/")] = {p.strip() for p in rest.split("(")[0].split(",")}
+        elif "import nothing of ours" in line:
+            stated.update({p.strip().rstrip("/"): set() for p in line.split("import")[0].split(",")})
+    stated["jobs"] = set(ALLOWED) - {"jobs"}
+    assert stated == {p: a - {p} for p, a in ALLOWED.items()}
