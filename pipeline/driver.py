@@ -76,22 +76,23 @@ def _build(cfg: BuildConfig, executor: Executor, told: OnStage, documents: Any, 
         check_state(cfg, chash, inputs.stamps)
 
     executor.begin()  # a cluster comes up while the driver plans
-    state = BuildState(cfg, inputs, executor, chash, vocab_bytes=inputs.vocab_bytes, warnings=warnings,
-                       fence=fence)
+    state = BuildState(cfg=cfg, inputs=inputs, executor=executor, chash=chash, warnings=tuple(warnings), fence=fence)
+    if inputs.vocab_bytes is not None:
+        state = state.with_vocab(inputs.vocab_bytes)
     for plan in STAGES:
         started = time.time()  # a planner may do the stage's first part (the curate stage's global decision)
         stage = plan(state)
         if stage is None:
             continue
-        state.markers[stage.name] = run_stage(stage, executor, cfg.work, ep)
+        state = state.with_markers(stage.name, run_stage(stage, executor, cfg.work, ep))
         if stage.after is not None:
-            stage.after(state)
+            state = stage.after(state)
         told(stage.name, state.markers[stage.name], sum_ops(state.markers[stage.name]), started, time.time())
-        if not known and inputs.stamps is not None:  # a Dataset's, taken by the read pass: checked as files' are
+        if not known and state.inputs.stamps is not None:  # a Dataset's, taken by its read pass: checked as files'
             known = True
-            if finished(cfg, chash, inputs.stamps):
+            if finished(cfg, chash, state.inputs.stamps):
                 return read_manifest(out, ep)
-            check_state(cfg, chash, inputs.stamps, keep=(stage.name, "docs"))
+            check_state(cfg, chash, state.inputs.stamps, keep=(stage.name, "docs"))
 
     manifest = make_manifest(state, ident, chash, time.time() - t0)
     write_bytes_atomic(join(out, VOCAB_FILE), state.vocab_bytes, ep)

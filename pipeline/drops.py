@@ -81,15 +81,15 @@ def copies_of(table: pa.Table, docs_file: str, copied: frozenset[str], ctx: Step
     return n.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
-def repeat(s, files: list[str], tokens: int) -> None:
-    """A step's hook: ``files`` (of ``s.doc_files``) now have copies lists, whose extra copies hold ``tokens``."""
+def repeat(s, files: list[str], tokens: int):
+    """A step's hook: the state once ``files`` (of ``s.doc_files``) have copies lists, whose extra copies hold
+    ``tokens``."""
     unknown = set(files) - set(s.doc_files)
     assert not unknown, f"copies lists for files the read pass did not write: {sorted(unknown)[:3]}"
-    s.copied = s.copied | frozenset(files)
-    s.repeat_tokens += tokens
+    return dataclasses.replace(s, copied=s.copied | frozenset(files), repeat_tokens=s.repeat_tokens + tokens)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class LeftOut:
     """What a global step removed, summed over its files: subtracted from the read pass's totals."""
 
@@ -107,17 +107,16 @@ class LeftOut:
     tokens_per_document: Counter = dataclasses.field(default_factory=Counter)
     """Removed documents by tokens, in the read marker's power-of-two bins (keyed by lower bound, as str)."""
 
-    def add(self, other: LeftOut) -> None:
-        for f in ("documents", "sentences", "tokens", "unk_tokens"):
-            setattr(self, f, getattr(self, f) + getattr(other, f))
-        self.reasons.update(other.reasons)
-        self.tokens_per_document.update(other.tokens_per_document)
+    def __add__(self, other: LeftOut) -> LeftOut:
+        return LeftOut(**{f: getattr(self, f) + getattr(other, f) for f in ("documents", "sentences", "tokens",
+                                                                          "unk_tokens", "reasons",
+                                                                          "tokens_per_document")})
 
 
-def leave_out(s, files: list[str], removed: LeftOut) -> None:
-    """A global step's hook: ``files`` (of ``s.doc_files``) now have drop lists; ``removed`` is what they list."""
+def leave_out(s, files: list[str], removed: LeftOut):
+    """A global step's hook: the state once ``files`` (of ``s.doc_files``) have drop lists; ``removed`` is what they
+    list."""
     unknown = set(files) - set(s.doc_files)
     assert not unknown, f"drop lists for files the read pass did not write: {sorted(unknown)[:3]}"
-    s.dropped = s.dropped | frozenset(files)
-    s.left_out.add(removed)
-    s.corpus_tokens -= removed.tokens
+    return dataclasses.replace(s, dropped=s.dropped | frozenset(files), left_out=s.left_out + removed,
+                               corpus_tokens=s.corpus_tokens - removed.tokens)

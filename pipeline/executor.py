@@ -111,8 +111,9 @@ class LocalExecutor:
 class Stage:
     """``items``: key -> item, the key naming the item's marker (``<work>/<name>/<key>.done.json``); ``sizes``:
     bytes of text per key, for the progress lines' MB/s and ETA (None: items only); ``noun`` names the items;
-    ``after``: the stage's hook, called by the driver with the build's state once the stage's markers are in it
-    (what the next stages need from this one: the units, the vocabulary, the pool, a check that refuses early)."""
+    ``after``: the stage's hook, called by the driver with the build's state once the stage's markers are in it; it
+    returns the next state (what the later stages need from this one: the units, the vocabulary, the pool) or
+    refuses early."""
 
     name: str
     """The stage's name: its folder of markers in _work and its key in ``BuildState.markers``."""
@@ -126,9 +127,9 @@ class Stage:
     """Bytes of text per key, for the progress lines' MB/s and ETA; None: items counted only."""
     noun: str = "items"
     """What the progress lines call the items (``units``, ``shards``, ...)."""
-    after: Callable[[Any], None] | None = None
-    """The hook the driver calls with the build's state once the markers are in it; None: later stages need only
-    the markers."""
+    after: Callable[[Any], Any] | None = None
+    """The hook the driver calls with the build's state once the markers are in it, returning the next state; None:
+    later stages need only the markers."""
     probe: Callable[[], float | None] | None = None
     """The share (0..1) of a running item done, as its step reports it (the vocab stage): progress for a stage of
     one long item; None: progress counts finished items only."""

@@ -115,10 +115,10 @@ def pool_stage(s: BuildState) -> Stage:
                  noun="merge", after=_share_pool)
 
 
-def _share_pool(s: BuildState) -> None:
+def _share_pool(s: BuildState) -> BuildState:
     """The instances pass gets the merged pool as one shared object, read by a worker (never by the driver)."""
     (pool,) = s.markers["pool"]
     if not pool.documents:  # type: ignore[attr-defined]
         raise ValueError(f"the random-next pool sampled no document with tokens (budget {s.cfg.pool_tokens} tokens"
                          f" of {s.corpus_tokens}): raise --pool-tokens")
-    s.pool = s.executor.share_result(f"pool:{s.build_id}", LoadPool(s.ctx))
+    return dataclasses.replace(s, pool=s.executor.share_result(f"pool:{s.build_id}", LoadPool(s.ctx)))

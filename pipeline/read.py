@@ -171,14 +171,14 @@ def read_stage(s: BuildState) -> RowStage:
                     WriteDocs(ctx, s.vocab), ReadMarker, s.unit_sizes, after=_files_read)
 
 
-def _files_read(s: BuildState) -> None:
+def _files_read(s: BuildState) -> BuildState:
     markers: list[ReadMarker] = s.markers["read"]  # type: ignore[assignment]
-    s.doc_units = {m.uid: u for m, u in zip(markers, s.units, strict=False) if m.documents}
-    s.doc_files = [docs_url(s.ctx, uid) for uid in s.doc_units]
-    _read(s)
+    doc_units = {m.uid: u for m, u in zip(markers, s.units, strict=True) if m.documents}
+    return _read(dataclasses.replace(s, doc_units=doc_units,
+                                     doc_files=tuple(docs_url(s.ctx, uid) for uid in doc_units)))
 
 
-def _dataset_read(s: BuildState) -> None:
+def _dataset_read(s: BuildState) -> BuildState:
     """What the Dataset's pass read: its stamp (the digest taken on the way), its units, the fragments."""
     from pipeline.ray_data.documents import DATASET_PATH, bucket_dir, dataset_units
 
@@ -186,26 +186,28 @@ def _dataset_read(s: BuildState) -> None:
     text_bytes = sum(f.text_bytes for f in fragments)  # type: ignore[attr-defined]
     digest = sum(f.digest for f in fragments) % (1 << 256)  # type: ignore[attr-defined]
     read = sum(f.read_documents for f in fragments)  # type: ignore[attr-defined]
-    s.inputs.stamps = [{"path": DATASET_PATH, "size": text_bytes, "etag": f"{digest:064x}", "mtime": None,
-                        "documents": read}]
+    stamps = [{"path": DATASET_PATH, "size": text_bytes, "etag": f"{digest:064x}", "mtime": None,
+               "documents": read}]
     by_bucket: dict[int, list] = {}
     for f in fragments:
         by_bucket.setdefault(f.bucket, []).append(f)  # type: ignore[attr-defined]
-    s.markers["read"] = [ReadMarker(
+    markers = [ReadMarker(
         uid=f"g{b:03d}", path=DATASET_PATH, read_documents=sum(f.read_documents for f in fs),
         dropped=dict(sum((Counter(f.dropped) for f in fs), Counter())), bad_files={},
         documents=sum(f.documents for f in fs), sentences=sum(f.sentences for f in fs),
         tokens=sum(f.tokens for f in fs), unk_tokens=sum(f.unk_tokens for f in fs),
         tokens_per_document=dict(sum((Counter(f.tokens_per_document) for f in fs), Counter())))
         for b, fs in sorted(by_bucket.items())]
-    s.units = dataset_units(text_bytes, s.cfg.unit_bytes, s.cfg.work)
-    s.doc_units = {u.uid: u for u in s.units}
-    s.doc_files = [join(bucket_dir(s.ctx, b), name) for b in sorted(by_bucket)
-                   for name in sorted(list_names(bucket_dir(s.ctx, b), s.ctx.endpoint_url)) if name.endswith(".arrow")]
-    _read(s)
+    units = tuple(dataset_units(text_bytes, s.cfg.unit_bytes, s.cfg.work))
+    doc_files = tuple(join(bucket_dir(s.ctx, b), name) for b in sorted(by_bucket)
+                      for name in sorted(list_names(bucket_dir(s.ctx, b), s.ctx.endpoint_url))
+                      if name.endswith(".arrow"))
+    return _read(dataclasses.replace(s.with_markers("read", markers), inputs=dataclasses.replace(s.inputs,
+                                     stamps=stamps), units=units, doc_units={u.uid: u for u in units},
+                                     doc_files=doc_files))
 
 
-def _read(s: BuildState) -> None:
+def _read(s: BuildState) -> BuildState:
     """What the whole corpus holds, now known exactly: refuse an input without documents, or a vocabulary that turns
     it into [UNK], before the instances pass; the exact token count plans the pool and the shards."""
     markers: list[ReadMarker] = s.markers["read"]  # type: ignore[assignment]
@@ -219,5 +221,5 @@ def _read(s: BuildState) -> None:
                          " --format/--text-field and the inputs")
     if (w := unk_from_markers(s.cfg, markers, "of the corpus's tokens")) is not None:
         log.warning("%s", w)
-        s.warnings.append(w)
-    s.corpus_tokens = sum(m.tokens for m in markers)
+        s = s.warned(w)
+    return dataclasses.replace(s, corpus_tokens=sum(m.tokens for m in markers))

@@ -77,7 +77,7 @@ class RowStage:
     """Bytes of text per uid, for the progress lines' MB/s and ETA; None: units counted only."""
     noun: str = "units"
     """What the progress lines call the units."""
-    after: Callable[[Any], None] | None = None
+    after: Callable[[Any], Any] | None = None
     """The stage's hook (``executor.Stage.after`` says what for); None: later stages need only the markers."""
     source: Any = None
     """A user's ray.data.Dataset streamed through the operators instead of ``read`` over ``units``: the sink's

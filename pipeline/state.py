@@ -1,6 +1,7 @@
 """What the stage planners and their hooks see: the config, the inputs, the executor, and what the stages have made
-so far (the units, the vocabulary, the pool, every stage's markers by name). A planner reads it; a stage's hook
-(``Stage.after``) adds to it what the next stages need."""
+so far (the units, the vocabulary, the pool, every stage's markers by name). A value, never a shared bag: a planner
+reads it; a stage's hook (``Stage.after``) returns the next state with what the later stages need from it
+(``dataclasses.replace``), and the driver hands that on."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,7 +19,7 @@ from pipeline.sizes import default_num_shards
 from pipeline.work import StepContext
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class BuildState:
     cfg: BuildConfig
     """The build's config, whole: the planners read it; the steps get ``ctx`` instead."""
@@ -31,18 +32,21 @@ class BuildState:
     ``_work/config.json`` and the manifest keep it."""
     report: ReadReport = dataclasses.field(default_factory=ReadReport)
     """Input files skipped (--on-error skip) while the units were planned and the pieces cut, and why."""
-    units: list[Unit] = dataclasses.field(default_factory=list)
+    units: tuple[Unit, ...] = ()
     """Every unit of the inputs; set by the pieces stage's hook (a Dataset's: by the read pass's)."""
     unit_sizes: dict[str, int] = dataclasses.field(default_factory=dict)
     """Bytes of text per unit, by uid (compressed ones estimated): the progress lines' MB/s and ETA."""
     vocab_bytes: bytes | None = None
-    """The given vocab.txt's bytes, or the trained one's once its stage has run."""
+    """The given vocab.txt's bytes, or the trained one's once its stage has run (``with_vocab``)."""
+    vocab: Shared | None = None
+    """The vocabulary's tokens handed to the workers once (the object store on Ray), each building its encoder
+    once; set with ``vocab_bytes``."""
     corpus_tokens: int = 0
     """The tokens the read pass kept, less what global steps left out: exact once it has run; plans the pool's
     threshold and the default shard count."""
     doc_units: dict[str, Unit] = dataclasses.field(default_factory=dict)
     """The instances pass's units by uid: those whose read kept at least one document."""
-    doc_files: list[str] = dataclasses.field(default_factory=list)
+    doc_files: tuple[str, ...] = ()
     """Every file of tokenized documents the read pass wrote: what the pool samples and global steps decide on."""
     dropped: frozenset[str] = frozenset()
     """The docs files a global step gave a drop list (drops.py)."""
@@ -54,7 +58,7 @@ class BuildState:
     """The tokens of those extra copies: the instances pass makes them too, so the default shard count counts them."""
     pool: Shared | None = None
     """The merged random-next pool once its stage has run (an object reference on Ray)."""
-    warnings: list[str] = dataclasses.field(default_factory=list)
+    warnings: tuple[str, ...] = ()
     """The manifest's warnings, one line each (instance settings, the [UNK] share, a vocabulary shortfall, ...)."""
     markers: dict[str, list[Marker]] = dataclasses.field(default_factory=dict)
     """Every finished stage's markers by stage name, in item order: what later planners read."""
@@ -73,13 +77,6 @@ class BuildState:
     def vocab_size(self) -> int:
         return len(self.vocab_tokens)
 
-    @functools.cached_property
-    def vocab(self) -> Shared:
-        """The vocabulary handed to the workers once (the object store on Ray); each builds its encoder once."""
-        import hashlib
-
-        return self.executor.share(hashlib.sha256(self.vocab_bytes).hexdigest(), self.vocab_tokens)
-
     @property
     def build_id(self) -> str:
         """The config and the input stamps: keys the per-process caches (the pool), so that a rebuild of changed
@@ -97,3 +94,19 @@ class BuildState:
         assert self.corpus_tokens, "the shards are planned once the read pass has counted the tokens"
         return self.cfg.num_shards or default_num_shards(self.corpus_tokens + self.repeat_tokens, self.cfg.dupe_factor,
                                                          self.vocab_size)
+
+    def with_vocab(self, vocab_bytes: bytes) -> BuildState:
+        """This state with the vocabulary known: its bytes, and its tokens shared with the workers once."""
+        import hashlib
+
+        state = dataclasses.replace(self, vocab_bytes=vocab_bytes)
+        return dataclasses.replace(state, vocab=self.executor.share(hashlib.sha256(vocab_bytes).hexdigest(),
+                                                                    state.vocab_tokens))
+
+    def with_markers(self, stage: str, markers: list[Marker]) -> BuildState:
+        """This state with ``stage``'s markers (a finished stage's, or what its hook made of them)."""
+        return dataclasses.replace(self, markers={**self.markers, stage: markers})
+
+    def warned(self, warning: str) -> BuildState:
+        """This state with one more of the manifest's warnings."""
+        return dataclasses.replace(self, warnings=(*self.warnings, warning))

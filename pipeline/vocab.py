@@ -234,14 +234,14 @@ def _stage(files: list[FileInfo], units: list[Unit], ctx: VocabContext, sample: 
                  {"vocab": nbytes}, "sample", probe=lambda: read_progress(output, ctx.endpoint_url))
 
 
-def _trained(s: BuildState) -> None:
+def _trained(s: BuildState) -> BuildState:
     from storage.fs import read_bytes
 
     (marker,) = s.markers["vocab"]
     if (w := vocab_size_warning(s.cfg.vocab_size, marker.vocab_size, marker.documents)) is not None:
         log.warning("%s", w)
-        s.warnings.append(w)
-    s.vocab_bytes = read_bytes(marker.file, s.cfg.endpoint_url)
+        s = s.warned(w)
+    return s.with_vocab(read_bytes(marker.file, s.cfg.endpoint_url))
 
 
 def train_vocab(files: list[FileInfo], units: list[Unit], ctx: VocabContext, sample: VocabSample, output: str,

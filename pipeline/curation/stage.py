@@ -216,17 +216,18 @@ def curate_stage(s: BuildState) -> Stage | None:
                  after=_curated)
 
 
-def _curated(s: BuildState) -> None:
+def _curated(s: BuildState) -> BuildState:
     markers: list[CurateMarker] = s.markers["curate"]  # type: ignore[assignment]
     left = LeftOut(documents=sum(m.documents for m in markers), sentences=sum(m.sentences for m in markers),
                    tokens=sum(m.tokens for m in markers), unk_tokens=sum(m.unk_tokens for m in markers),
                    reasons=sum((Counter(m.reasons) for m in markers), Counter()),
                    tokens_per_document=sum((Counter(m.tokens_per_document) for m in markers), Counter()))
-    leave_out(s, [m.file for m in markers if m.documents], left)
-    repeat(s, [m.file for m in markers if m.copied], sum(m.repeat_tokens for m in markers))
+    s = leave_out(s, [m.file for m in markers if m.documents], left)
+    s = repeat(s, [m.file for m in markers if m.copied], sum(m.repeat_tokens for m in markers))
     if left.documents or s.repeat_tokens:
         log.info("curate: %d document(s) left out (%s), %d token(s) of extra copies", left.documents,
                  ", ".join(f"{k} {v}" for k, v in sorted(left.reasons.items())) or "none", s.repeat_tokens)
+    return s
 
 
 def mix_shares(s: BuildState) -> dict[str, Any]:

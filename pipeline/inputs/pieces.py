@@ -418,9 +418,11 @@ def pieces_stage(s: BuildState) -> Stage | None:
     if s.inputs.documents is not None:
         return None  # no files to cut; the units come from the Dataset once its read pass has run
 
-    def after(st: BuildState) -> None:
-        st.units = _units(st.inputs.files, cfg.read, cfg.unit_bytes, ctx, stage, st.markers["pieces"], st.report)
-        st.unit_sizes = unit_sizes(st.units, st.inputs.files, COMPRESSED_RATIO)
+    def after(st: BuildState) -> BuildState:
+        report = ReadReport()  # the files the planning and the cutting skipped (--on-error skip), and why
+        units = tuple(_units(st.inputs.files, cfg.read, cfg.unit_bytes, ctx, stage, st.markers["pieces"], report))
+        return dataclasses.replace(st, units=units, report=report,
+                                   unit_sizes=unit_sizes(list(units), st.inputs.files, COMPRESSED_RATIO))
     return dataclasses.replace(stage, after=after)
 
 

@@ -96,12 +96,12 @@ class DropStep:
 
 
 def every_third_stage(s) -> Stage:
-    def after(st) -> None:
+    def after(st):
         markers = st.markers["every_third"]
         left = LeftOut(documents=sum(m.documents for m in markers), sentences=sum(m.sentences for m in markers),
                        tokens=sum(m.tokens for m in markers), reasons=Counter(
                            {"every_third": sum(m.documents for m in markers)}))
-        leave_out(st, [m.file for m in markers if m.documents], left)
+        return leave_out(st, [m.file for m in markers if m.documents], left)
     return Stage("every_third", DropStep(s.ctx), {f.rsplit("/", 1)[-1].removesuffix(".arrow"): f
                                                   for f in s.doc_files}, DropMarker, after=after)
 
