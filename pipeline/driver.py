@@ -34,7 +34,7 @@ __all__ = ["BuildConfig", "STAGES", "build"]
 log = logging.getLogger(__name__)
 
 # The stages in order: each plans from the state (the stages before it; None: the stage does not apply to this
-# build), runs, then its hook adds to the state.
+# build), runs, then its hook returns the next state.
 STAGES: tuple[Callable[[BuildState], Stage | RowStage | None], ...] = (
     pieces_stage, vocab_stage, read_stage, curate_stage, reports_stage, pool_stage, instances_stage, shards_stage)
 

@@ -35,7 +35,7 @@ from pretraining import loader as data_mod
 from pretraining.config import PretrainConfig
 from pretraining.metrics import MetricSums
 from pretraining.perf import Window, peak_flops, throughput
-from pretraining.run_state import TrainRun, all_reduce_host, build_model
+from pretraining.run_state import LoopState, TrainRun, all_reduce_host, build_model
 from pretraining.step import evaluate, train_step
 from tracking.tracker import NullTracker
 from training.checkpoint import load_train_state
@@ -90,7 +90,7 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
     """Set-up, then the step loop: step; at log steps the window's reduction; at log and checkpoint steps the
     guard's review (a divergence rolls back); evaluation; logging; checkpoint writing."""
     run = _set_up(config, worker, device)
-    result = FitResult(run.step, {}, None, run.resumed_from)
+    result = FitResult(run.loop.step, {}, None, run.resumed_from)
     log_every, eval_every = config.tracking.log_every, config.eval.every if config.eval else 0
     # Rank 0 says where the run is at least once a minute, however long a step takes (training.progress).
     beat = run.progress.heartbeat(log.info) if worker.rank == 0 else contextlib.nullcontext()
@@ -107,19 +107,19 @@ def _fit(config: PretrainConfig, worker: Worker, device: torch.device) -> FitRes
 def _steps(run: TrainRun, result: FitResult, log_every: int, eval_every: int) -> None:
     """The step loop of `_fit` (which turns a GPU kernel's error into a `KernelFault`)."""
     config, worker = run.config, run.worker
-    while run.step < config.max_steps:
+    while run.loop.step < config.max_steps:
         out = _train_step(run)
-        last = run.step == config.max_steps
+        last = run.loop.step == config.max_steps
         metrics: dict[str, float] = {}
-        if run.step % log_every == 0 or last:
+        if run.loop.step % log_every == 0 or last:
             metrics, time_up = _reduce_window(run, out)
             if time_up and not last:  # every rank sees the same sum, so all stop at this step
-                log.info("step %d: the --max-minutes budget is spent; finishing here", run.step)
-                run.tracker.set_tag(STOPPED_TAG, f"--max-minutes at step {run.step} of {config.max_steps}")
+                log.info("step %d: the --max-minutes budget is spent; finishing here", run.loop.step)
+                run.tracker.set_tag(STOPPED_TAG, f"--max-minutes at step {run.loop.step} of {config.max_steps}")
                 last = True
-        save = worker.checkpoints is not None and (run.step % config.checkpoint.every == 0 or last)
+        save = worker.checkpoints is not None and (run.loop.step % config.checkpoint.every == 0 or last)
         if metrics or save:
-            divergence = run.guard.review(*run.step_log.read())
+            divergence = run.guard.review(*run.loop.step_log.read())
             if divergence is None and save:
                 divergence = recovery.nonfinite_state(run)
             if divergence is not None:
@@ -129,22 +129,22 @@ def _steps(run: TrainRun, result: FitResult, log_every: int, eval_every: int) ->
                     run, result, {**m, **run.guard.window_metrics()}, at))  # the counters after the verdict
                 _new_window(run)  # the stream goes on: its position is already past every batch seen since then
                 continue
-            run.seen.clear()  # reviewed: none of these batches will be skipped
+            run.loop.seen.clear()  # reviewed: none of these batches will be skipped
             if metrics:
                 metrics.update(run.guard.window_metrics())
-        if run.eval_rows is not None and ((eval_every and run.step % eval_every == 0) or last):
+        if run.eval_rows is not None and ((eval_every and run.loop.step % eval_every == 0) or last):
             metrics.update(_evaluate(run))
         if metrics:
             _record(run, result, metrics)
         if save:
             recovery.save_checkpoint(run, result, metrics, last)
         if worker.rank == 0:
-            for line in run.progress.notes(run.step):
+            for line in run.progress.notes(run.loop.step):
                 log.info("%s", line)
         if last:
             break
-    result.step = run.step
-    result.throughput = run.totals.summary(run.raw.config, run.peak, worker.world_size)
+    result.step = run.loop.step
+    result.throughput = run.loop.totals.summary(run.raw.config, run.peak, worker.world_size)
     if worker.rank == 0 and result.throughput:
         # The run's figures (compile warm-up excluded), once, at the last step: what a GPU run reports as its
         # seq/s, MFU of real tokens and data wait.
@@ -152,7 +152,7 @@ def _steps(run: TrainRun, result: FitResult, log_every: int, eval_every: int) ->
                  " ".join(f"{k}={v:.4g}" for k, v in sorted(result.throughput.items())))
         run.tracker.log({f"run_{k}": v for k, v in result.throughput.items()
                          if k in ("sequences_per_second", "tokens_per_second", "data_wait_fraction", "mfu",
-                                  "hfu", "padding_fraction")}, run.step)
+                                  "hfu", "padding_fraction")}, run.loop.step)
 
 
 # ---- set-up ------------------------------------------------------------------------------------------------------
@@ -209,18 +209,21 @@ def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> Tra
     # The geometry of this (re)start, charted (and at every log step): an elastic run's resizes show as steps.
     tracker.log(_geometry(worker, data), step)
     warmup = rt.exclude_steps if rt.exclude_steps is not None else (rt.compile_warmup_steps if compile_model else 0)
-    run = TrainRun(config=config, worker=worker, device=device, raw=raw, model=model, optimizer=optimizer,
-               scheduler=scheduler, initial_state=initial, autocast_dtype=autocast_dtype, step=step,
-               resumed_from=step, guard=guard, tracker=tracker,
-               progress=Progress(config.max_steps, rt.max_seconds, on_cpu=device.type == "cpu",
-                                 slow_advice=SLOW_ON_CPU, first_step=step),
-               vocab_text=_read_vocab(config) if worker.rank == 0 else None, peak=peak_flops(device, rt.peak_flops),
-               eval_rows=data_mod.eval_rows(config.eval, config.data.endpoint_url) if config.eval is not None else None,
-               warmup=warmup, compiled=compile_model, data=data, position=packed_position)
     # The data position: every step so far plus the batches rollbacks skipped (a packed stream: its own position).
-    run.batches = data_mod.train_steps(data, raw.config.vocab_size, rt.seed, worker.rank, worker.world_size,
-                                       step + guard.skipped_batches, pin_memory=device.type == "cuda",
-                                       start_position=packed_position)
+    batches = data_mod.train_steps(data, raw.config.vocab_size, rt.seed, worker.rank, worker.world_size,
+                                   step + guard.skipped_batches, pin_memory=device.type == "cuda",
+                                   start_position=packed_position)
+    run = TrainRun(config=config, worker=worker, device=device, raw=raw, model=model, optimizer=optimizer,
+                   scheduler=scheduler, initial_state=initial, autocast_dtype=autocast_dtype, resumed_from=step,
+                   guard=guard, tracker=tracker,
+                   progress=Progress(config.max_steps, rt.max_seconds, on_cpu=device.type == "cpu",
+                                     slow_advice=SLOW_ON_CPU, first_step=step),
+                   vocab_text=_read_vocab(config) if worker.rank == 0 else None,
+                   peak=peak_flops(device, rt.peak_flops),
+                   eval_rows=(data_mod.eval_rows(config.eval, config.data.endpoint_url) if config.eval is not None
+                              else None),
+                   warmup=warmup, compiled=compile_model, data=data, batches=batches,
+                   loop=LoopState(step=step, position=packed_position))
     _new_window(run)
     return run
 
@@ -260,8 +263,8 @@ def _check_memory(config: PretrainConfig, data: data_mod.DataConfig, worker: Wor
 
 
 def _new_window(run: TrainRun) -> None:
-    run.sums = MetricSums()
-    run.window = Window(run.batches.wait_seconds, counting=run.executed >= run.warmup)
+    run.loop.sums = MetricSums()
+    run.loop.window = Window(run.batches.wait_seconds, counting=run.loop.executed >= run.warmup)
 
 
 # ---- the step and its window -------------------------------------------------------------------------------------
@@ -272,22 +275,22 @@ def _train_step(run: TrainRun) -> dict:
     micro = [to_device(batch, run.device) for batch in share.micro]
     out = train_step(run.model, run.optimizer, micro, scheduler=run.scheduler,
                      max_grad_norm=run.config.optimizer.max_grad_norm, autocast_dtype=run.autocast_dtype,
-                     sums=run.sums, totals=share.batch.totals, world=run.worker.world_size,
-                     seeds=[seed_for("dropout", rt.seed, run.step, first) for first in share.starts])
-    run.position = share.batch.position
-    run.seen[run.step + 1] = share.batch.examples  # named by the guard if this step's batch is skipped
+                     sums=run.loop.sums, totals=share.batch.totals, world=run.worker.world_size,
+                     seeds=[seed_for("dropout", rt.seed, run.loop.step, first) for first in share.starts])
+    run.loop.position = share.batch.position
+    run.loop.seen[run.loop.step + 1] = share.batch.examples  # named by the guard if this step's batch is skipped
     if run.worker.rank == 0:
-        run.digests[run.step + 1] = order.digest(share.batch.examples)
-    run.step += 1
-    run.executed += 1
-    if run.executed == 1 and run.worker.rank == 0:
+        run.loop.digests[run.loop.step + 1] = order.digest(share.batch.examples)
+    run.loop.step += 1
+    run.loop.executed += 1
+    if run.loop.executed == 1 and run.worker.rank == 0:
         _log_first_step(run.device)
-    run.progress.advance(step=run.step)
-    run.step_log.add(run.step, out["loss"], out["finite"])
-    if run.executed == run.warmup:
+    run.progress.advance(step=run.loop.step)
+    run.loop.step_log.add(run.loop.step, out["loss"], out["finite"])
+    if run.loop.executed == run.warmup:
         if run.device.type == "cuda":
             torch.cuda.synchronize()  # the warm-up's (compiled) kernels must not leak into the window
-        run.window.exclude(run.sums, run.batches.wait_seconds)
+        run.loop.window.exclude(run.loop.sums, run.batches.wait_seconds)
     return out
 
 
@@ -296,13 +299,13 @@ def _reduce_window(run: TrainRun, out: dict) -> tuple[dict[str, float], bool]:
     world = run.worker.world_size
     if run.device.type == "cuda":
         torch.cuda.synchronize()
-    elapsed = time.perf_counter() - run.window.start
+    elapsed = time.perf_counter() - run.loop.window.start
     budget = run.config.runtime.max_seconds
     time_up = float(bool(budget) and time.perf_counter() - run.t_start > budget)
-    counted = run.window.counted(run.sums)
-    both = MetricSums(torch.cat([run.sums.values, counted.values])).all_reduce().values
+    counted = run.loop.window.counted(run.loop.sums)
+    both = MetricSums(torch.cat([run.loop.sums.values, counted.values])).all_reduce().values
     total, counted = MetricSums(both[:len(both) // 2]), MetricSums(both[len(both) // 2:])
-    host = all_reduce_host(torch.tensor([run.batches.wait_seconds - run.window.wait0, elapsed, time_up],
+    host = all_reduce_host(torch.tensor([run.batches.wait_seconds - run.loop.window.wait0, elapsed, time_up],
                                          dtype=torch.float64))
     metrics = total.summary()
     metrics.update(learning_rate=float(out["learning_rate"]), grad_norm=float(out["grad_norm"]),
@@ -310,7 +313,7 @@ def _reduce_window(run: TrainRun, out: dict) -> tuple[dict[str, float], bool]:
     if counted.sequences > 0:  # a window of warm-up steps only has no throughput to show
         seconds, wait = float(host[1]) / world, float(host[0]) / world
         metrics.update(throughput(counted, seconds, wait, run.raw.config, run.peak, world))
-        run.totals.add(counted, seconds, wait)
+        run.loop.totals.add(counted, seconds, wait)
     _new_window(run)
     return metrics, host[2] > 0
 
@@ -341,7 +344,7 @@ def _evaluate(run: TrainRun) -> dict[str, float]:
         metrics["eval_mlm_top_token_share"] = _top_share(counts)
         if predicted:
             metrics["eval_mlm_predicted_top_share"] = _top_share(predicted)
-    run.window.pause(time.perf_counter() - t_eval)  # evaluation does not count against throughput
+    run.loop.window.pause(time.perf_counter() - t_eval)  # evaluation does not count against throughput
     return metrics
 
 
@@ -363,7 +366,7 @@ def _geometry(worker: Worker, data: data_mod.DataConfig) -> dict[str, float]:
 
 def _record(run: TrainRun, result: FitResult, metrics: dict[str, float], step: int | None = None) -> None:
     """Log line and tracker on rank 0 (the guard's counters always go to the tracker, into the line when not 0)."""
-    step = run.step if step is None else step
+    step = run.loop.step if step is None else step
     if run.worker.rank == 0:
         shown = {k: v for k, v in metrics.items() if not (k in QUIET_WHEN_ZERO and v == 0) and k not in GEOMETRY}
         log.info("%s %s", run.progress.describe(step), " ".join(f"{k}={v:.4g}" for k, v in sorted(shown.items())))

@@ -30,7 +30,7 @@ def nonfinite_state(run: TrainRun) -> Divergence | None:
     bad = nonfinite_tensors(model_and_optimizer_tensors(run.raw, run.optimizer))
     if not int(all_reduce_host(torch.tensor([float(len(bad))]))[0]):
         return None
-    return Divergence(run.step, f"NaN or inf in {len(bad)} weight or optimizer tensors ({', '.join(bad[:3])}...)")
+    return Divergence(run.loop.step, f"NaN or inf in {len(bad)} weight or optimizer tensors ({', '.join(bad[:3])}...)")
 
 
 def roll_back(run: TrainRun, divergence: Divergence, record: Callable[[int], None]) -> None:
@@ -39,10 +39,10 @@ def roll_back(run: TrainRun, divergence: Divergence, record: Callable[[int], Non
     with the guard's counters after the verdict; the caller starts a new window once the run is back."""
     cfg, opt = run.config, run.config.optimizer
     tips = advice(opt.lr, opt.max_grad_norm, opt.warmup_steps, cfg.model.bert.hidden_size)
-    at = run.step
+    at = run.loop.step
     culprit = examples_of(run, divergence.step)
-    run.seen.clear()
-    run.digests.clear()  # the steps after the checkpoint rolled back to will be trained again, on other batches
+    run.loop.seen.clear()
+    run.loop.digests.clear()  # the steps after the checkpoint rolled back to will be trained again, on other batches
 
     if run.guard.rollbacks >= cfg.guard.max_rollbacks:
         record(at)
@@ -53,21 +53,22 @@ def roll_back(run: TrainRun, divergence: Divergence, record: Callable[[int], Non
     latest = run.worker.checkpoints.latest() if run.worker.checkpoints is not None else contextlib.nullcontext(None)
     with latest as ckpt_dir:
         restore(run, Path(ckpt_dir) if ckpt_dir is not None else None)
-    run.guard.rolled_back(run.step, at)
-    what = (f"step {divergence.step}: {divergence.reason}; rolled back to step {run.step} "
-            f"({'its checkpoint' if run.step else 'the initial weights'}), skipping the batches of steps "
-            f"{run.step + 1}-{at} (rollback {run.guard.rollbacks} of at most {cfg.guard.max_rollbacks}); {culprit}")
+    run.guard.rolled_back(run.loop.step, at)
+    what = (f"step {divergence.step}: {divergence.reason}; rolled back to step {run.loop.step} "
+            f"({'its checkpoint' if run.loop.step else 'the initial weights'}), skipping the batches of steps "
+            f"{run.loop.step + 1}-{at} (rollback {run.guard.rollbacks} of at most {cfg.guard.max_rollbacks}); "
+            f"{culprit}")
     if run.worker.rank == 0:
         log.warning("%s", what)
     run.tracker.set_tag(f"guard.rollback.{run.guard.rollbacks}", what[:5000])
     record(at)
-    run.tracker.rewind(run.step)
+    run.tracker.rewind(run.loop.step)
 
 
 def examples_of(run: TrainRun, step: int) -> str:
     """The examples of a step's global batch, named for the log (spike forensics). Called before the rollback is
     counted: the batch's number in the data order is the step plus the batches earlier rollbacks skipped."""
-    ids, batch = run.seen.get(step), step + run.guard.skipped_batches
+    ids, batch = run.loop.seen.get(step), step + run.guard.skipped_batches
     name = (run.worker.tracking.run_name if run.worker.tracking else "") or "RUN"
     replay = f"`python -m pretraining.batches --run STORAGE/{name} --step {batch} --text`"
     if ids is None:
@@ -82,12 +83,12 @@ def restore(run: TrainRun, ckpt_dir: Path | None) -> None:
     if ckpt_dir is not None:
         source = BertForPreTraining.from_pretrained(ckpt_dir / "model")
         state = load_train_state(ckpt_dir, run.optimizer, run.scheduler)
-        run.step = int(state["step"])
+        run.loop.step = int(state["step"])
     elif run.initial_state is not None:
         source = build_model(run.config, None)
         run.optimizer.load_state_dict(run.initial_state[0])
         run.scheduler.load_state_dict(run.initial_state[1])
-        run.step = 0
+        run.loop.step = 0
     else:
         raise AssertionError("a resumed run always has a checkpoint to roll back to")
     with torch.no_grad():
@@ -100,10 +101,10 @@ def save_checkpoint(run: TrainRun, result: FitResult, metrics: dict[str, float],
     while the guard has a run of bad steps open; the last one is written anyway (its weights are finite)."""
     if run.guard.open and not last:
         if run.worker.rank == 0:
-            log.warning("step %d: checkpoint deferred while the loss is non-finite or spiking", run.step)
+            log.warning("step %d: checkpoint deferred while the loss is non-finite or spiking", run.loop.step)
         return
-    cfg, data, rt, at = run.config, run.data, run.config.runtime, run.step
-    digests, run.digests = run.digests, {}
+    cfg, data, rt, at = run.config, run.data, run.config.runtime, run.loop.step
+    digests, run.loop.digests = run.loop.digests, {}
 
     def write(directory: Path) -> None:
         write_checkpoint(directory, run.raw, run.optimizer, run.scheduler, vocab_text=run.vocab_text,
@@ -113,7 +114,8 @@ def save_checkpoint(run: TrainRun, result: FitResult, metrics: dict[str, float],
             # The position in the global order (pretraining.order), the same for every rank and world size.
             "data_position": {"global_batches": at + run.guard.skipped_batches,
                               "skipped_batches": run.guard.skipped_batches,
-                              "packed_position": list(run.position) if data.packing and run.position else None,
+                              "packed_position": (list(run.loop.position) if data.packing and run.loop.position
+                                                  else None),
                               "batch_size": data.batch_size, "order": order.order_key(data, rt.seed),
                               "dataset_config_hash": data.train.config_hash},
             # What these weights were trained on since the previous checkpoint: each step's batch digest, as

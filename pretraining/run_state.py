@@ -25,10 +25,34 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
+class LoopState:
+    """What the step loop advances while a run runs (and a rollback sets back): the one mutable part of a run."""
+
+    step: int = 0
+    """Optimizer steps taken: the run's position in its schedule (a rollback sets it back)."""
+    position: object = None
+    """A packed stream's position after the last step taken (None: not packed)."""
+    seen: dict = field(default_factory=dict)
+    """Step -> the example ids of its global batch, since the guard's last review (spike forensics)."""
+    digests: dict = field(default_factory=dict)
+    """Step -> its batch's digest since the last checkpoint (rank 0): saved into the next checkpoint."""
+    executed: int = 0
+    """Steps run by this process: the throughput warm-up exclusion counts these, not ``step``."""
+    step_log: StepLog = field(default_factory=StepLog)
+    """The guard's per-step records, kept on the device until a log or checkpoint step reads them."""
+    sums: MetricSums = field(default_factory=MetricSums)
+    """The current log window's metric sums, on the device (read every ``log_every`` steps)."""
+    window: Window | None = None
+    """The current log window's clock and data-wait baseline (None before the first window)."""
+    totals: RunTotals = field(default_factory=RunTotals)
+    """Throughput totals over the run, warm-up excluded."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainRun:
-    """What the set-up builds and the step loop advances (and a rollback restores). Most of it is built once; what
-    changes while running: ``step``, ``position``, ``seen``, ``digests``, ``executed``, ``sums``, ``window`` and
-    ``totals``."""
+    """What the set-up builds once (the model, its optimizer and schedule, the guard, the tracker, this rank's
+    batches) and, in ``loop``, what the step loop advances. A rollback restores the weights, optimizer and schedule
+    in place and sets ``loop.step`` back; nothing else is reassigned."""
 
     config: PretrainConfig
     """The run's whole configuration, as the job built it."""
@@ -49,8 +73,6 @@ class TrainRun:
     the run resumed (it always has a checkpoint to roll back to)."""
     autocast_dtype: torch.dtype | None
     """bf16 under autocast (a CUDA run, or --precision bf16); None: full precision."""
-    step: int
-    """Optimizer steps taken: the run's position in its schedule (a rollback sets it back)."""
     resumed_from: int
     """The step this process started from (0: a fresh run)."""
     guard: Guard
@@ -73,24 +95,10 @@ class TrainRun:
     """``config.data`` for this world size (``DataConfig.for_world``): micro-batch and accumulation."""
     batches: object = None
     """This rank's share of each global batch, in the global order, from the data position on."""
-    position: object = None
-    """A packed stream's position after the last step taken (None: not packed)."""
-    seen: dict = field(default_factory=dict)
-    """Step -> the example ids of its global batch, since the guard's last review (spike forensics)."""
-    digests: dict = field(default_factory=dict)
-    """Step -> its batch's digest since the last checkpoint (rank 0): saved into the next checkpoint."""
-    executed: int = 0
-    """Steps run by this process: the throughput warm-up exclusion counts these, not ``step``."""
-    step_log: StepLog = field(default_factory=StepLog)
-    """The guard's per-step records, kept on the device until a log or checkpoint step reads them."""
-    sums: MetricSums = field(default_factory=MetricSums)
-    """The current log window's metric sums, on the device (read every ``log_every`` steps)."""
-    window: Window | None = None
-    """The current log window's clock and data-wait baseline (None before the first window)."""
-    totals: RunTotals = field(default_factory=RunTotals)
-    """Throughput totals over the run, warm-up excluded."""
     t_start: float = field(default_factory=time.perf_counter)
     """When this process's loop started (``time.perf_counter``)."""
+    loop: LoopState
+    """The step, the stream's position and the windows' sums: what changes from step to step."""
 
 
 def build_model(config: PretrainConfig, checkpoint_dir: Path | None) -> BertForPreTraining:
