@@ -89,7 +89,7 @@ class BuildConfig:
             d.pop("curate")  # a build without curation keeps the hash it had before curation existed
         return redact(d)  # input URLs without userinfo or signatures: hashed, compared and written as such
 
-    def step_context(self, vocab_size: int, build_id: str, fence: Any = None) -> StepContext:
+    def step_context(self, vocab_size: int, fence: Any = None) -> StepContext:
         return StepContext(work=self.work, output=self.output, read=self.read,
                            instances=self.instances, do_lower_case=self.do_lower_case, dupe_factor=self.dupe_factor,
-                           vocab_size=vocab_size, build_id=build_id, endpoint_url=self.endpoint_url, fence=fence)
+                           vocab_size=vocab_size, endpoint_url=self.endpoint_url, fence=fence)

@@ -86,7 +86,7 @@ class BuildState:
 
     @functools.cached_property
     def ctx(self) -> StepContext:
-        return self.cfg.step_context(self.vocab_size, self.chash, self.fence)
+        return self.cfg.step_context(self.vocab_size, self.fence)
 
     @property
     def num_shards(self) -> int:

@@ -22,8 +22,7 @@ WORK_SUFFIX = ".arrow"
 
 @dataclasses.dataclass(frozen=True)
 class StepContext:
-    """What the steps need (never the whole job config): where _work is, the component configs, and ``build_id``
-    (the config's hash)."""
+    """What the steps need (never the whole job config): where _work is, and the component configs."""
 
     work: str
     """The build's working folder, ``<output>/_work``: every stage's intermediate files and markers."""
@@ -39,8 +38,6 @@ class StepContext:
     """Passes over each document (``BuildConfig.dupe_factor``)."""
     vocab_size: int
     """Entries of the vocabulary in use (given or trained, not the one asked for): it picks uint16 or uint32 ids."""
-    build_id: str
-    """The config's hash (``BuildState.chash``)."""
     endpoint_url: str | None = None
     """An S3-compatible endpoint for s3:// URLs; None: the default one."""
     fence: Any = None

@@ -39,7 +39,7 @@ Derived from what each op saves, then held against the two H100 peaks of 2026-11
 nothing else on a GPU is measured.
 
 `plan_micro_batch` picks the largest micro-batch that divides the per-rank batch and fits in `HEADROOM` of the budget
-(gradient accumulation keeps the global batch), or says which flag to change; a job runs it (`fit_to_memory`)
+(gradient accumulation keeps the global batch), or says which flag to change; a job runs it (`plan_for_workers`)
 before it starts any worker, when it can know their memory (`local_budget`). `check` is what `pretraining.loop.fit`
 runs at set-up on every worker: it fails only when the micro-batch cannot fit at all, so a run planned by its job
 (with headroom) does not fail because Ray's own processes took some memory since.

@@ -12,8 +12,7 @@ from pipeline.work import StepContext, process_state
 
 def _ctx(tmp_path) -> StepContext:
     return StepContext(work=str(tmp_path / "_work"), output=str(tmp_path), read=ReadOptions(),
-                       instances=InstanceConfig(), do_lower_case=True, dupe_factor=1, vocab_size=30522,
-                       build_id="test")
+                       instances=InstanceConfig(), do_lower_case=True, dupe_factor=1, vocab_size=30522)
 
 
 @pytest.mark.timeout(180)
