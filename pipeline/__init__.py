@@ -26,11 +26,12 @@ instances), ``curate`` (document filters) and ``storage`` (the house's I/O); thi
 Each stage is a ``Stage`` (a step mapped over items) or a ``RowStage`` (read, operators, sink over units), one
 marker per item or unit, planned from the markers of the stages before it; ``build`` walks ``STAGES``, runs each
 with ``run_stage`` on the executor it was given, then calls the stage's hook (``after``), which returns the next
-state (``BuildState`` is a frozen value) with what the next stages need (the units, the vocabulary, the corpus's token count, the pool) or refuses early (an
-input without documents, a vocabulary that does not fit). The driver only plans and sums markers: it reads no
-corpus bytes and no per-document data (O(units) of metadata). Barriers are the ones the algorithm needs: the pool
-needs every unit's documents (it is a sample of the whole corpus), the shards every unit's row counts. Output never
-depends on the executor, CPUs, nodes or blocks: ids and seeds come from the documents.
+state (``BuildState`` is a frozen value) with what the next stages need (the units, the vocabulary, the corpus's
+token count, the pool) or refuses early (an input without documents, a vocabulary that does not fit). The driver
+only plans and sums markers: it reads no corpus bytes and no per-document data (O(units) of metadata). Barriers are
+the ones the algorithm needs: the pool needs every unit's documents (it is a sample of the whole corpus), the shards
+every unit's row counts. Output never depends on the executor, CPUs, nodes or blocks: ids and seeds come from the
+documents.
 
 Resume: every item of every stage commits atomically with a completion marker, so a killed build rerun with the same
 command redoes only what has no marker (``identity.py`` says which reruns are refused).

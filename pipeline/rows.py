@@ -78,7 +78,8 @@ class RowStage:
     noun: str = "units"
     """What the progress lines call the units."""
     after: Callable[[Any], Any] | None = None
-    """The stage's hook (``executor.Stage.after`` says what for: it returns the next state); None: later stages need only the markers."""
+    """The stage's hook (``executor.Stage.after`` says what for: it returns the next state); None: later stages
+    need only the markers."""
     source: Any = None
     """A user's ray.data.Dataset streamed through the operators instead of ``read`` over ``units``: the sink's
     results are the stage's, and the pass always runs (what it read is only known by reading it); None: units."""
