@@ -7,6 +7,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import re
 import textwrap
 from typing import Any
 
@@ -40,7 +41,7 @@ def field_help(cls: type, name: str) -> str:
     flag must not go out without help)."""
     for klass in cls.__mro__:
         if doc := _docstrings(klass).get(name):
-            return doc
+            return re.sub(r"``([^`]+)``", r"\1", doc)  # a docstring's code marks, plain in a terminal
     raise ValueError(f"{cls.__name__}.{name} has no docstring: write one under the field (what it means, its unit, "
                      "why its default), which its flag's --help shows")
 

@@ -84,7 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_field(p, "--seed", InstanceConfig, type=int)
     case = p.add_mutually_exclusive_group()
     add_field(case, "--do-lower-case", BuildConfig, action="store_true")
-    case.add_argument("--cased", dest="do_lower_case", action="store_false")
+    case.add_argument("--cased", dest="do_lower_case", action="store_false",
+                      help="keep case and accents (a cased vocabulary): --do-lower-case off")
     add_field(p, "--num-shards", BuildConfig, type=int)
     add_field(p, "--pool-tokens", BuildConfig, type=int)
     p.add_argument("--num-cpus", type=int, default=None,
