@@ -13,9 +13,9 @@ from __future__ import annotations
 import bisect
 import re
 
-_DONE = re.compile(r"^(\d+) ms pipeline\.build\.executor: ([\w-]+): .* done in [\d.]+ s wall")
-_START = re.compile(r"^(\d+) ms pipeline\.build\.executor: read: \d+ \w+ to run")
-_OPS = re.compile(r"^\d+ ms pipeline\.build\.executor: ([\w-]+) operators: (.*)$")
+_DONE = re.compile(r"^(\d+) ms pipeline\.executor: ([\w-]+): .* done in [\d.]+ s wall")
+_START = re.compile(r"^(\d+) ms pipeline\.executor: read: \d+ \w+ to run")
+_OPS = re.compile(r"^\d+ ms pipeline\.executor: ([\w-]+) operators: (.*)$")
 _OP = re.compile(r"(\w+) [\d,]+ -> [\d,]+ rows, [\d.]+ MB out, ([\d.]+) CPU-s")
 
 

@@ -60,11 +60,11 @@ def test_ray_equals_plain_loop_and_cpu_count_does_not_matter(ray_local, tmp_path
 def test_the_driver_reads_no_corpus_bytes(ray_local, tmp_path, sample_dir, monkeypatch):
     """Every read of text, documents, the pool or instances is made to fail in the driver process: the Ray build
     must not notice (its workers are other processes) and must equal the plain loop."""
-    import corpus.readers
     import pipeline.docs
     import pipeline.instances
     import pipeline.pool
     import pipeline.shards
+    from corpus import readers
     from pipeline.ray_data import RayDataExecutor
 
     corpus = _corpus(tmp_path / "c.jsonl", n_docs=36)
@@ -72,7 +72,7 @@ def test_the_driver_reads_no_corpus_bytes(ray_local, tmp_path, sample_dir, monke
 
     def forbidden(*a, **k):
         raise AssertionError("the driver read corpus data")
-    for mod, name in [(corpus.readers, "read_unit"), (pipeline.docs, "read_unit"),
+    for mod, name in [(readers, "read_unit"), (pipeline.docs, "read_unit"),
                       (pipeline.docs, "read_docs"), (pipeline.docs, "read_block"),
                       (pipeline.pool, "read_table"), (pipeline.pool, "read_members"),
                       (pipeline.instances, "read_table"), (pipeline.shards, "_read_slice")]:
