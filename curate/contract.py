@@ -2,8 +2,9 @@
 
 Documents are a ``pyarrow.Table`` with an ``id`` (string), the text as ``text`` (string) or as ``lines`` (a list of
 strings, the build's read rows: joined with newlines to be read), and optionally ``source`` (the input it came
-from, what ``--mix`` weighs) and any other columns, which filters carry along untouched. A row whose ``id`` is null
-is not a document (the build's per-unit report row): filters pass it on as it is.
+from, what ``--mix`` weighs) and any other columns, which filters carry along untouched. Every row is a document:
+a caller with rows of its own (the build's per-unit report rows) takes them out before a filter and puts them back
+after (pipeline/curation/filters.py).
 
 A filter is a callable ``table -> Filtered``: ``kept`` (the input's rows that stay, same columns, text possibly
 edited), ``dropped`` (``DROPPED_SCHEMA``: id, source, reason, duplicate_of, detail; one row per removed document) and
@@ -15,16 +16,11 @@ value, the evaluation file).
 In a Ray Data pipeline one operator returns one table, so ``Rows(filter)`` is the filter as a ``map_batches``
 operator: it returns the kept rows and the dropped ones together, the dropped ones marked (``drop_reason`` not null,
 text cleared) so that the next filter skips them and the sink can write them to the report; ``split_rows`` takes
-such a table apart again. ``UnitReports(filter)`` is the same filter in the build's read-pass form: the kept rows,
-and per unit (``unit`` column) that lost or edited documents one report row (``id`` null) whose ``report`` is
-``{"dropped": {reason: n}, "removed": [dropped rows], "edited": [edited rows]}``: the counts the unit's marker adds
-up, and the lines of ``reports/dropped.jsonl``.
+such a table apart again.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections import Counter
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -99,17 +95,19 @@ def check_documents(table: pa.Table, where: str = "documents") -> None:
     names = set(table.column_names)
     if ID not in names:
         raise ValueError(f"{where}: no '{ID}' column (columns: {sorted(names)}); give every document an id")
+    if table.column(ID).null_count:
+        raise ValueError(f"{where}: {table.column(ID).null_count} row(s) without an id; give every document an id"
+                         " (every row is a document)")
     if TEXT not in names and LINES not in names:
         raise ValueError(f"{where}: no '{TEXT}' (string) or '{LINES}' (list of strings) column (columns:"
                          f" {sorted(names)}); put each document's text in one of them")
 
 
 def live(table: pa.Table) -> np.ndarray:
-    """Which rows are documents to curate: an id, and not dropped by an earlier filter."""
-    mask = table.column(ID).is_valid()
-    if "drop_reason" in table.column_names:
-        mask = pc.and_(mask, table.column("drop_reason").is_null())
-    return mask.to_numpy(zero_copy_only=False)
+    """Which documents are still to curate: those no earlier filter dropped (``Rows`` marks, ``drop_reason``)."""
+    if "drop_reason" not in table.column_names:
+        return np.ones(len(table), dtype=bool)
+    return table.column("drop_reason").is_null().to_numpy(zero_copy_only=False)
 
 
 def texts(table: pa.Table) -> list[str | None]:
@@ -222,36 +220,3 @@ def split_rows(table: pa.Table) -> Filtered:
                        else pa.nulls(len(ed), pa.string()), "reason": pa.array([CUT] * len(ed), pa.string()),
                        "duplicate_of": pa.nulls(len(ed), pa.string()), "detail": ed["edit"]}, schema=DROPPED_SCHEMA)
     return Filtered(kept.drop_columns([n for n, _ in MARKS]), dropped, edited)
-
-
-class UnitReports:
-    """A filter as an operator of the build's read pass (module docstring): rows with ``unit``, ``id`` (null on a
-    unit's report rows, which pass through) and the text; no marks, one report row per unit that lost documents."""
-
-    def __init__(self, make: Callable[[], Callable[[pa.Table], Filtered]]):
-        self._make, self._filter = make, None
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        if self._filter is None:
-            self._filter = self._make()
-        is_doc = batch.column(ID).is_valid()
-        docs = batch.filter(is_doc)
-        out = self._filter(docs)
-        parts = [batch.filter(pc.invert(is_doc)), out.kept]
-        unit_of = dict(zip(docs.column(ID).to_pylist(), docs.column("unit").to_pylist(), strict=False))
-        per_unit: dict[str, dict] = {}
-        for kind, rows in (("removed", out.dropped.to_pylist()), ("edited", out.edited.to_pylist())):
-            for r in rows:
-                rep = per_unit.setdefault(unit_of[r["id"]], {"dropped": Counter(), "removed": [], "edited": []})
-                rep[kind].append({k: v for k, v in r.items() if v is not None})
-                if kind == "removed":
-                    rep["dropped"][r["reason"]] += 1
-        if per_unit:
-            units = sorted(per_unit)
-            reports = [json.dumps({**per_unit[u], "dropped": dict(sorted(per_unit[u]["dropped"].items()))},
-                                  sort_keys=True, ensure_ascii=False) for u in units]
-            cols = {name: pa.nulls(len(units), batch.schema.field(name).type) for name in batch.column_names}
-            cols["unit"] = pa.array(units, batch.schema.field("unit").type)
-            cols["report"] = pa.array(reports, batch.schema.field("report").type)
-            parts.append(pa.table(cols, schema=batch.schema))
-        return pa.concat_tables(parts)

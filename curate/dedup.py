@@ -95,8 +95,8 @@ def sig_matrix(col: pa.Array | pa.ChunkedArray, num_perm: int) -> np.ndarray:
 
 
 class Signatures:
-    """Per document: its id, content hash and (near) MinHash signature, null for a document with no words. Rows
-    that are not live documents (``contract.live``) are left out."""
+    """Per document: its id, content hash and (near) MinHash signature, null for a document with no words.
+    Documents an earlier filter dropped (``contract.live``) are left out."""
 
     def __init__(self, cfg: DedupConfig):
         self.cfg = cfg
@@ -116,30 +116,6 @@ class Signatures:
                                                    [pa.array(has).buffers()[1],
                                                     pa.py_buffer(sigs.astype("<u4").tobytes())])
         return pa.table({"id": table[contract.ID], "content": content, "sig": sig}, schema=schema)
-
-
-class SignatureColumns:
-    """The signature operator in the build's read-pass form: the rows as they are, with ``content`` and ``sig``
-    appended (null on rows that are not live documents), for the pass's sink to keep beside each document; the
-    global step then reads the (id, content, sig) of every unit (``signature_rows``)."""
-
-    def __init__(self, cfg: DedupConfig):
-        self.signatures = Signatures(cfg)
-
-    def __call__(self, table: pa.Table) -> pa.Table:
-        mask = contract.live(table)
-        sigs = self.signatures(table)
-        at = pa.array(np.cumsum(mask) - 1, pa.int64()).filter(pa.array(mask))
-        rows = np.full(len(table), -1, dtype=np.int64)
-        rows[mask] = at.to_numpy()
-        take = pa.array(rows, mask=~mask)
-        return (table.append_column("content", sigs["content"].take(take))
-                .append_column("sig", sigs["sig"].take(take)))
-
-
-def signature_rows(table: pa.Table) -> pa.Table:
-    """The (id, content, sig) of the documents of a table that ``SignatureColumns`` made."""
-    return table.filter(table["content"].is_valid()).select(list(SIGNATURE_COLUMNS))
 
 
 def band_rows(table: pa.Table, cfg: DedupConfig) -> pa.Table:

@@ -3,7 +3,7 @@
     ReadCorpus -> Language -> Quality -> Decontamination -> SignatureColumns -> SplitTokenize -> WriteDocs
                   (each only when the build asks: --languages, --quality, --decontaminate, --dedup exact|near)
 
-Each filter is a ``curate`` filter in its read-pass form (``contract.UnitReports``): the rows it keeps and,
+Each filter is a ``curate`` filter in its read-pass form (``UnitReports``): the rows it keeps and,
 per unit it removed documents from, one report row with the counts by reason and the removed (and, with
 ``--decontaminate-mode cut``, edited) documents. So a removed document is never tokenized. ``WriteDocs`` adds the
 counts to the unit's marker (``totals.dropped`` sums them) and, before the marker, commits the unit's parts
@@ -25,14 +25,17 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from curate.contract import UnitReports
+from curate.contract import Filtered
 from curate.decontaminate import Decontaminate, DecontaminationConfig, NgramIndex, build_index
-from curate.dedup import SignatureColumns
+from curate.dedup import DedupConfig, Signatures
 from curate.eval_sets import eval_files, eval_texts, file_stamp
 from curate.language import LanguageFilter
 from curate.mix import under
@@ -47,6 +50,59 @@ log = logging.getLogger(__name__)
 REPORTS_DIR = "reports"  # _work/reports/<uid>.<dropped|edited>.jsonl
 SIGS_DIR = "sigs"  # _work/sigs/<uid>.arrow
 REPORT_KEYS = ("id", "source", "reason", "duplicate_of", "detail")
+
+
+# --- curate's filters as operators of the read pass, whose batches also hold the units' report rows
+
+class UnitReports:
+    """A ``curate`` filter as an operator of the read pass: the filter sees the batch's documents only; the units'
+    report rows (``id`` null) pass on as they are, and each unit that lost or edited documents gets one more report
+    row (``unit``, ``id`` null) whose ``report`` is ``{"dropped": {reason: n}, "removed": [dropped rows], "edited":
+    [edited rows]}``: the counts the unit's marker adds up, and the lines of ``reports/dropped.jsonl``."""
+
+    def __init__(self, make: Callable[[], Callable[[pa.Table], Filtered]]):
+        self._make, self._filter = make, None
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        if self._filter is None:
+            self._filter = self._make()
+        is_doc = batch.column("id").is_valid()
+        docs = batch.filter(is_doc)
+        out = self._filter(docs)
+        parts = [batch.filter(pc.invert(is_doc)), out.kept]
+        unit_of = dict(zip(docs.column("id").to_pylist(), docs.column("unit").to_pylist(), strict=False))
+        per_unit: dict[str, dict] = {}
+        for kind, rows in (("removed", out.dropped.to_pylist()), ("edited", out.edited.to_pylist())):
+            for r in rows:
+                rep = per_unit.setdefault(unit_of[r["id"]], {"dropped": Counter(), "removed": [], "edited": []})
+                rep[kind].append({k: v for k, v in r.items() if v is not None})
+                if kind == "removed":
+                    rep["dropped"][r["reason"]] += 1
+        if per_unit:
+            units = sorted(per_unit)
+            reports = [json.dumps({**per_unit[u], "dropped": dict(sorted(per_unit[u]["dropped"].items()))},
+                                  sort_keys=True, ensure_ascii=False) for u in units]
+            cols = {name: pa.nulls(len(units), batch.schema.field(name).type) for name in batch.column_names}
+            cols["unit"] = pa.array(units, batch.schema.field("unit").type)
+            cols["report"] = pa.array(reports, batch.schema.field("report").type)
+            parts.append(pa.table(cols, schema=batch.schema))
+        return pa.concat_tables(parts)
+
+
+class SignatureColumns:
+    """Dedup's signatures (``curate.dedup.Signatures``, over the batch's documents) in the read pass's form: the
+    rows as they are, with ``content`` and ``sig`` appended (null on the units' report rows), which the pass's sink
+    keeps beside each document (``commit_unit``) for the global step."""
+
+    def __init__(self, cfg: DedupConfig):
+        self.signatures = Signatures(cfg)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        is_doc = batch.column("id").is_valid().to_numpy(zero_copy_only=False)
+        sigs = self.signatures(batch.filter(pa.array(is_doc)))  # a row per document, in order
+        take = pa.array(np.where(is_doc, np.cumsum(is_doc) - 1, 0), mask=~is_doc)
+        return (batch.append_column("content", sigs["content"].take(take))
+                .append_column("sig", sigs["sig"].take(take)))
 
 
 # --- the filters as operators of the read pass (named, so the progress lines and Ray show which is which)

@@ -204,3 +204,47 @@ def test_the_drop_set_is_found_by_id_even_when_hashes_collide(monkeypatch):
     assert stage.DropSet(drops).find(["a", "c", "d", "e", "b"]) == want
     monkeypatch.setattr(stage, "_hashes", lambda ids: np.zeros(len(ids), np.uint64))  # every id the same hash
     assert stage.DropSet(drops).find(["a", "c", "d", "e", "b"]) == want
+
+
+@pytest.fixture(scope="module")
+def read_docs():
+    need_shared()
+    return passages(["mobydick", "austen"], n_words=150, per_corpus=3)
+
+
+FRENCH = ("Il était une fois, dans un petit village au bord de la mer, une vieille femme qui vivait seule avec son"
+          " chat. Chaque matin, elle descendait au port pour acheter du poisson frais et parler avec les pêcheurs du"
+          " temps qu'il ferait. Les enfants du village l'aimaient beaucoup, car elle leur racontait des histoires de"
+          " marins et de tempêtes. Un jour, un bateau inconnu arriva dans le port. Personne ne savait d'où il venait.")
+
+
+def test_the_read_pass_forms_unit_reports_and_signature_columns(read_docs):
+    """What the build's read pass gets: a filter that keeps rows and adds one report row per unit that lost
+    documents (their counts and lines), and the signature operator's columns, which the global step reads back."""
+    import pyarrow as pa
+
+    from corpus.sentences import split_sentences
+    from curate.dedup import Signatures
+    from curate.language import LanguageFilter
+    from pipeline.curation.filters import SignatureColumns, UnitReports
+
+    rows = pa.table({"unit": ["u1", "u1", "u2", "u2", "u1"], "ord": [0, 1, 0, 1, 2],
+                     "id": ["en1", "fr", "en2", None, None],
+                     "lines": [split_sentences(read_docs[1][1]), [FRENCH], split_sentences(read_docs[2][1]), None,
+                               None],
+                     "report": [None, None, None, '{"read_documents": 1}', '{"read_documents": 2}']})
+    out = UnitReports(lambda: LanguageFilter(LanguageConfig(languages=("en",))))(rows)
+    assert out.schema == rows.schema
+    assert sorted(i for i in out["id"].to_pylist() if i) == ["en1", "en2"]
+    added = [json.loads(r) for u, i, r in zip(out["unit"].to_pylist(), out["id"].to_pylist(),
+                                              out["report"].to_pylist(), strict=False) if i is None and "dropped" in r]
+    assert len(added) == 1 and added[0]["dropped"] == {"language": 1}
+    assert added[0]["removed"][0]["id"] == "fr" and added[0]["removed"][0]["detail"].startswith("fr ")
+    assert {r for r in out["report"].to_pylist() if r and "read_documents" in r} == {'{"read_documents": 1}',
+                                                                                   '{"read_documents": 2}'}
+    cfg = DedupConfig(mode="near")
+    with_sigs = SignatureColumns(cfg)(rows)
+    assert with_sigs["content"].null_count == 2 and with_sigs["id"].equals(rows["id"])  # the report rows, in place
+    docs_only = rows.filter(rows["id"].is_valid())  # curate's contract: documents in, one signature row each
+    got = with_sigs.filter(with_sigs["id"].is_valid()).select(["id", "content", "sig"])
+    assert got.equals(Signatures(cfg)(docs_only))

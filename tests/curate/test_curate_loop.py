@@ -71,18 +71,16 @@ def test_every_document_is_kept_or_reported_once_and_the_report_matches_the_coun
     assert not any("duplicate_of" in r for r in report if r["reason"] == "language")
 
 
-def test_filters_chain_as_row_operators_over_the_builds_rows(docs):
-    """The build's read rows carry ``lines`` and a report row with a null id; a second operator sees neither the
-    first one's dropped rows nor changes the report row."""
-    rows = pa.table({"unit": ["u"] * 4, "id": ["en", "fr", "short", None],
-                     "lines": [split_sentences(docs[1][1]), [FRENCH], ["This line is far too short to keep."], None],
-                     "report": [None, None, None, '{"read_documents": 3}']})
+def test_filters_chain_as_row_operators_over_documents_with_lines(docs):
+    """Documents may carry their text as ``lines`` (the build's form); a second operator does not see the first
+    one's dropped rows. Every row is a document: the contract knows no other rows."""
+    rows = pa.table({"unit": ["u"] * 3, "id": ["en", "fr", "short"],
+                     "lines": [split_sentences(docs[1][1]), [FRENCH], ["This line is far too short to keep."]]})
     check_documents(rows)
     lang = Rows(lambda: LanguageFilter(LanguageConfig(languages=("en",))))
     qual = Rows(lambda: QualityFilter(QualityConfig()))
     out = split_rows(qual(lang(rows)))
-    assert out.kept["id"].to_pylist() == [None, "en"] and out.kept.column_names == rows.column_names
-    assert out.kept["report"].to_pylist()[0] == '{"read_documents": 3}'
+    assert out.kept["id"].to_pylist() == ["en"] and out.kept.column_names == rows.column_names
     assert {r["id"]: r["reason"] for r in out.dropped.to_pylist()} == {"fr": "language",
                                                                        "short": "quality:word_count"}
 
@@ -92,33 +90,10 @@ def test_documents_without_the_contracts_columns_are_refused_with_the_fix():
         check_documents(pa.table({"text": ["x"]}))
     with pytest.raises(ValueError, match="no 'text' .* or 'lines'"):
         check_documents(pa.table({"id": ["x"], "body": ["x"]}))
+    with pytest.raises(ValueError, match="without an id"):
+        check_documents(pa.table({"id": ["x", None], "text": ["x", "y"]}))
 
 
 def test_off_by_default():
     assert not CurateConfig().enabled
     assert CurateConfig(dedup=DedupConfig(mode="exact")).enabled
-
-
-def test_the_read_pass_forms_unit_reports_and_signature_columns(docs):
-    """What the build's read pass gets: a filter that keeps rows and adds one report row per unit that lost
-    documents (their counts and lines), and the signature operator's columns, which the global step reads back."""
-    from curate.contract import UnitReports
-    from curate.dedup import SignatureColumns, Signatures, signature_rows
-
-    rows = pa.table({"unit": ["u1", "u1", "u2", "u2", "u1"], "ord": [0, 1, 0, 1, 2],
-                     "id": ["en1", "fr", "en2", None, None],
-                     "lines": [split_sentences(docs[1][1]), [FRENCH], split_sentences(docs[2][1]), None, None],
-                     "report": [None, None, None, '{"read_documents": 1}', '{"read_documents": 2}']})
-    out = UnitReports(lambda: LanguageFilter(LanguageConfig(languages=("en",))))(rows)
-    assert out.schema == rows.schema
-    assert sorted(i for i in out["id"].to_pylist() if i) == ["en1", "en2"]
-    added = [json.loads(r) for u, i, r in zip(out["unit"].to_pylist(), out["id"].to_pylist(),
-                                              out["report"].to_pylist(), strict=False) if i is None and "dropped" in r]
-    assert len(added) == 1 and added[0]["dropped"] == {"language": 1}
-    assert added[0]["removed"][0]["id"] == "fr" and added[0]["removed"][0]["detail"].startswith("fr ")
-    assert {r for r in out["report"].to_pylist() if r and "read_documents" in r} == {'{"read_documents": 1}',
-                                                                                   '{"read_documents": 2}'}
-    cfg = DedupConfig(mode="near")
-    with_sigs = SignatureColumns(cfg)(rows)
-    assert with_sigs["content"].null_count == 2  # the report rows
-    assert signature_rows(with_sigs).equals(Signatures(cfg)(rows))
