@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from training.defaults import WARMUP_FRACTION
+
 
 @dataclass(frozen=True, kw_only=True)
 class ScheduleConfig:
@@ -19,7 +21,7 @@ class ScheduleConfig:
     lr: float = 5e-5
     """Peak learning rate of AdamW (linear warm-up, then linear decay to 0). 5e-5: the top of the BERT paper's grid;
     jobs/finetune.py without --lr passes the default for the model's width instead (training/defaults.py)."""
-    warmup_ratio: float = 0.1
+    warmup_ratio: float = WARMUP_FRACTION
     """Fraction of the optimizer steps over which the rate ramps up from 0; 0.1 is
     `training.defaults.WARMUP_FRACTION`, the reference's warmup_proportion."""
     weight_decay: float = 0.01

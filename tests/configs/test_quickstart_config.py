@@ -23,9 +23,10 @@ def test_quickstart_trains_with_the_measured_defaults(tmp_path):
     """No --lr or --warm-up pinned (the quickstart once pinned 5e-4, a rate docs/learning-rates.md measured below the
     default): the jobs choose them for the model's width, as for any user who leaves them out."""
     from jobs import finetune
+    from training.defaults import WARMUP_FRACTION
 
     stages = {s.name: s for s in plan(load_config(REPO / "configs" / "quickstart.yaml"), str(tmp_path))}
     args = pretrain.parse_args(stages["pretrain phase1"].argv)
     assert args.lr is None and args.warmup_steps is None
     tune = finetune.parse_args(stages["finetune rt_sentiment"].argv)
-    assert tune.lr is None and tune.warmup_ratio == finetune.WARMUP_FRACTION
+    assert tune.lr is None and tune.warmup_ratio == WARMUP_FRACTION
