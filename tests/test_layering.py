@@ -7,9 +7,8 @@
 storage and cluster import only themselves; corpus imports storage; the two trainers never import each other;
 tracking/ does not import the build (the build hands its callback what it reports); MLflow is imported only under
 tracking/; Ray only in its named homes: cluster/ (start-up), the build's Ray Data engine (pipeline/ray_data/),
-curation's Ray adapter (curate/ray_*.py) and training's launcher, its rendezvous and its checkpoints
-(training/launch.py, training/rendezvous.py, training/ray_checkpoints.py). No top-level package holds more than 30%
-of the library's lines."""
+curation's Ray adapter (curate/ray_*.py) and training's launcher and its rendezvous (training/launch.py,
+training/rendezvous.py). No top-level package holds more than 30% of the library's lines."""
 import ast
 from pathlib import Path
 
@@ -35,8 +34,7 @@ ALLOWED = {
 OURS = set(ALLOWED)
 PACKAGES = sorted(ALLOWED)
 # Where Ray may be imported: one home per concern.
-RAY_HOMES = ("cluster/", "pipeline/ray_data/", "curate/ray_", "training/launch.py", "training/rendezvous.py",
-             "training/ray_checkpoints.py")
+RAY_HOMES = ("cluster/", "pipeline/ray_data/", "curate/ray_", "training/launch.py", "training/rendezvous.py")
 
 
 def may_import(module: str, rel: str) -> bool:

@@ -316,7 +316,7 @@ def ray_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
 
     from storage.lease_record import LeaseLost
     from storage.redact import install_log_redaction, redact_exception, redact_text
-    from training.ray_checkpoints import RayCheckpoints
+    from training.checkpoint import RayCheckpoints
     from training.worker import Verdict, Worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -327,7 +327,7 @@ def ray_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     ctx = ray.train.get_context()
     world = ctx.get_world_size()
     inputs, fence = loop_config["inputs"], loop_config.get("fence")
-    checkpoints = RayCheckpoints(fence, loop_config.get("run_folder"),
+    checkpoints = RayCheckpoints(ray.train, fence, loop_config.get("run_folder"),
                                  loop_config.get("keep_checkpoints", LaunchConfig.keep_checkpoints))
     worker = Worker(rank=ctx.get_world_rank(), world_size=world, local_world_size=ctx.get_local_world_size(),
                     device=ray.train.torch.get_device(),

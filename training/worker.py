@@ -24,7 +24,7 @@ class Verdict(ValueError):
 
 class Checkpoints(Protocol):
     """Where a loop's checkpoints live: ``training.checkpoint.LocalCheckpoints`` (a local folder, no Ray) or
-    ``training.ray_checkpoints.RayCheckpoints`` (through Ray Train, local or S3)."""
+    ``RayCheckpoints`` beside it (through Ray Train, local or S3)."""
 
     def latest(self) -> AbstractContextManager[Path | None]: ...
     def save(self, step: int, metrics: dict[str, float], write: Callable[[Path], None] | None) -> str | None: ...

@@ -55,7 +55,7 @@ def ray_loop(loop_config: dict) -> dict:
     import ray.train.torch
 
     from pretraining.loop import fit
-    from training.ray_checkpoints import RayCheckpoints
+    from training.checkpoint import RayCheckpoints
     from training.worker import Worker
 
     cfg, ctx = loop_config["config"], ray.train.get_context()
@@ -68,5 +68,5 @@ def ray_loop(loop_config: dict) -> dict:
         return wrapped[-1]
 
     result = fit(cfg, Worker(rank=rank, world_size=ctx.get_world_size(), device=ray.train.torch.get_device(),
-                             wrap=wrap, checkpoints=RayCheckpoints(), tracking=loop_config.get("tracking")))
+                             wrap=wrap, checkpoints=RayCheckpoints(ray.train), tracking=loop_config.get("tracking")))
     return {"step": result.step, "hits": wrapped[0].hits}
