@@ -129,8 +129,10 @@ def test_sigkill_of_a_ray_data_build_and_its_ray_then_rerun_on_ray_gives_the_sam
             "from pipeline.ray_data import RayDataExecutor; "
             f"init = lambda: ray.init(address='local', num_cpus=2, include_dashboard=False, _temp_dir={ray_tmp!r}); "
             f"build(pickle.loads({repr(__import__('pickle').dumps(cfg))}), RayDataExecutor(2, init=init))")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, start_new_session=True,
-                            env=dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0"))
+    log = tmp_path / "killed-build.log"  # what the build said, should it end before it is killed
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, start_new_session=True, stderr=out,
+                                env=dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0"))
     work = tmp_path / "killed" / "_work" / "instances"
     deadline = time.time() + 240
     try:
@@ -144,7 +146,7 @@ def test_sigkill_of_a_ray_data_build_and_its_ray_then_rerun_on_ray_gives_the_sam
             os.killpg(proc.pid, signal.SIGKILL)  # the driver and every process of its Ray
         proc.wait()
         shutil.rmtree(ray_tmp, ignore_errors=True)
-    assert alive, "the build ended before it could be killed"
+    assert alive, f"the build ended (status {proc.returncode}) before it could be killed: {log.read_text()[-3000:]}"
     assert not (tmp_path / "killed" / "manifest.json").exists(), "the build finished before it could be killed"
     done = sum(n.endswith(".done.json") for n in os.listdir(work))
     assert done >= 2
