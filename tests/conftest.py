@@ -31,8 +31,12 @@ os.environ.pop("RAY_ADDRESS", None)
 os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
 # Every job logs to MLFLOW_TRACKING_URI, else ./mlruns under its working directory: a test that names no store logs
 # into this session's throw-away one, never into the checkout.
+# One per pytest process: an xdist worker inherits the controller's variable, and two processes creating the tables
+# of one fresh sqlite store race inside MLflow's migrations ("table trace_info already exists"). A store the user
+# named before pytest started is kept.
 _SESSION_MLRUNS = tempfile.mkdtemp(prefix="pytest-mlruns-")
-os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{_SESSION_MLRUNS}/mlflow.db")
+if "pytest-mlruns-" in os.environ.get("MLFLOW_TRACKING_URI", "pytest-mlruns-"):
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_SESSION_MLRUNS}/mlflow.db"
 atexit.register(shutil.rmtree, _SESSION_MLRUNS, True)
 
 REPO = Path(__file__).resolve().parent.parent
