@@ -4,7 +4,7 @@
 A global step is a stage between ``read`` and ``pool`` in ``STAGES`` (docs/architecture.md, "A global step"). Its
 input is what the read pass committed (``state.doc_files``: every file of tokenized documents), never the raw
 corpus. For each such file it removes documents from, it commits a drop list (``write_drop_list``: the ids and why,
-beside the file) before its markers, and its hook calls ``leave_out`` with what it removed. Then:
+beside the file) before its markers, and its hook returns ``leave_out(state, ...)`` with what it removed. Then:
 
 - the pool's merge and the instances pass's reads leave the listed ids out (``kept``);
 - the manifest's totals count what remains, and ``totals.dropped`` the step's reasons;
@@ -108,9 +108,7 @@ class LeftOut:
     """Removed documents by tokens, in the read marker's power-of-two bins (keyed by lower bound, as str)."""
 
     def __add__(self, other: LeftOut) -> LeftOut:
-        return LeftOut(**{f: getattr(self, f) + getattr(other, f) for f in ("documents", "sentences", "tokens",
-                                                                          "unk_tokens", "reasons",
-                                                                          "tokens_per_document")})
+        return LeftOut(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)})
 
 
 def leave_out(s, files: list[str], removed: LeftOut):
