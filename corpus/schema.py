@@ -76,6 +76,31 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+_HEX = frozenset("0123456789abcdef")
+
+
+def _check_shard_digests(s: dict[str, Any], where: str) -> None:
+    """The optional keys a shard entry has since the build writes a sidecar index (corpus/shard_index.py): all four
+    or none (a dataset built before), each of its type; the index's name stays inside the dataset folder."""
+    keys = ("sha256", "bytes", "index", "index_sha256")
+    present = [k for k in keys if k in s]
+    if not present:
+        return
+    if len(present) != len(keys):
+        raise ValueError(f"{where}: shard {s.get('file')!r} has {present} but not all of {list(keys)}; "
+                         "rebuild it with jobs/build_dataset.py")
+    for k in ("sha256", "index_sha256"):
+        if not isinstance(s[k], str) or len(s[k]) != 64 or not set(s[k]) <= _HEX:
+            raise ValueError(f"{where}: shard {s.get('file')!r} {k} is not a sha256 hex digest")
+    if not isinstance(s["bytes"], int) or isinstance(s["bytes"], bool) or s["bytes"] < 0:
+        raise ValueError(f"{where}: shard {s.get('file')!r} bytes must be a non-negative integer")
+    from corpus.shard_index import index_name
+
+    if s["index"] != index_name(str(s.get("file"))):
+        raise ValueError(f"{where}: shard {s.get('file')!r} index {s['index']!r} is not "
+                         f"{index_name(str(s.get('file')))!r}; rebuild it with jobs/build_dataset.py")
+
+
 def validate_manifest(m: dict[str, Any], where: str = "manifest") -> dict[str, Any]:
     """Check the keys and the invariants consumers rely on; raises ValueError saying what is wrong."""
     if not isinstance(m, dict):
@@ -91,6 +116,7 @@ def validate_manifest(m: dict[str, Any], where: str = "manifest") -> dict[str, A
     # The names are joined to the dataset's folder and read by every worker: each must stay inside the folder.
     for s in m["shards"]:
         check_relative_name(s.get("file"), where, "shard file")
+        _check_shard_digests(s, where)
     check_relative_name(m["vocab"].get("file") if isinstance(m["vocab"], dict) else None, where, "vocab file")
     rows = [s["rows"] for s in m["shards"]]
     if not rows or max(rows) - min(rows) > 1:
@@ -111,6 +137,31 @@ class Shard:
     """``file`` joined to the dataset folder: where workers read it."""
     rows: int
     """Instances in the shard; shards differ by at most one row (``validate_manifest``)."""
+    sha256: str = ""
+    """sha256 hex of the whole shard file as the build wrote it; "" for a dataset built before shards had an index
+    (corpus/shard_index.py), whose readers then read shards whole and unverified."""
+    bytes: int = 0
+    """The shard file's size; 0 when ``sha256`` is ""."""
+    index_url: str = ""
+    """Where the shard's sidecar index is (``corpus.shard_index.index_name``): row lengths, row group spans and
+    digests; "" for a dataset built before."""
+    index_sha256: str = ""
+    """sha256 hex of the index file's bytes; "" for a dataset built before."""
+
+    def entry(self) -> dict[str, Any]:
+        """The shard's entry in manifest.json."""
+        e: dict[str, Any] = {"file": self.file, "rows": self.rows}
+        if self.sha256:
+            e |= {"sha256": self.sha256, "bytes": self.bytes, "index": self.index_name,
+                  "index_sha256": self.index_sha256}
+        return e
+
+    @property
+    def index_name(self) -> str:
+        """The index's path relative to the dataset folder."""
+        from corpus.shard_index import index_name
+
+        return index_name(self.file)
 
 
 @dataclass(frozen=True)
@@ -258,7 +309,7 @@ class Manifest:
                       "do_lower_case": self.vocab.do_lower_case, "trained": self.vocab.trained},
             "token_dtype": self.token_dtype, "max_seq_length": self.max_seq_length,
             "inputs": [dict(i) for i in self.inputs], "skipped_files": dict(self.skipped_files),
-            "shards": [{"file": s.file, "rows": s.rows} for s in self.shards], "totals": self.totals.to_dict(),
+            "shards": [s.entry() for s in self.shards], "totals": self.totals.to_dict(),
             "seq_len_histogram": _histogram(self.seq_len_histogram),
             "masked_per_seq_histogram": _histogram(self.masked_per_seq_histogram),
             "tokens_per_document_histogram": _histogram(self.tokens_per_document_histogram),
@@ -289,6 +340,13 @@ def manifest_stamps(url: str, endpoint_url: str | None = None) -> tuple[str, lis
     return str(m.get("config_hash")), list(m.get("inputs", []))
 
 
+def _shard(s: dict[str, Any], folder: str) -> Shard:
+    if "sha256" not in s:
+        return Shard(s["file"], join(folder, s["file"]), int(s["rows"]))
+    return Shard(s["file"], join(folder, s["file"]), int(s["rows"]), sha256=s["sha256"], bytes=int(s["bytes"]),
+                 index_url=join(folder, s["index"]), index_sha256=s["index_sha256"])
+
+
 def parse_manifest(m: dict[str, Any], folder: str, vocab_text: str, where: str = "manifest") -> Manifest:
     """A manifest's dict (validated) as the typed record; ``folder`` is the dataset's, ``vocab_text`` its vocab.txt."""
     validate_manifest(m, where)
@@ -311,7 +369,7 @@ def parse_manifest(m: dict[str, Any], folder: str, vocab_text: str, where: str =
         max_seq_length=int(m["max_seq_length"]),
         max_predictions=int(instances.get("max_predictions_per_seq", 20)),
         masked_lm_prob=float(instances.get("masked_lm_prob", 0.15)),
-        shards=tuple(Shard(s["file"], join(folder, s["file"]), int(s["rows"])) for s in m["shards"]),
+        shards=tuple(_shard(s, folder) for s in m["shards"]),
         seq_len_histogram=_pairs(m["seq_len_histogram"]),
         totals=Totals.from_dict(m["totals"]),
         config=m["config"],
