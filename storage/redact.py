@@ -8,6 +8,14 @@ anything named like a token, secret, password, signature, credential, session, J
 stay, so a reader still sees that a URL was signed. In free text also: `name=value` for those names, an
 environment-style `AWS_SECRET_ACCESS_KEY=...` (an upper-case name holding SECRET, TOKEN, PASSWORD, CREDENTIAL,
 SESSION or ACCESS/PRIVATE/API_KEY) and the credentials of an `Authorization:` header.
+
+Spellings a server decodes are matched decoded: percent-encoding (`?%74oken=X`, `token%3DX`, twice-encoded
+`%2574oken`) and `+` for a blank in a parameter's name (`?api+key=X`) are undone before matching, and a text with
+a secret behind them is shown decoded, the secret replaced. Also caught: a secret as a path segment after a
+segment that names one (`/api/token/X/`), a flag's value (`--password=X`), and tokens known by their prefix,
+wherever they stand (Hugging Face `hf_`, GitHub `ghp_`/`gho_`/`ghu_`/`ghs_`/`ghr_`/`github_pat_`, Slack
+`xoxb-`/`xoxp-`, AWS key ids `AKIA`/`ASIA`, GitLab `glpat-`, a JWT `eyJ...`, `Bearer X`). The argv refusal
+(storage/argv.py) asks this same matcher.
 """
 from __future__ import annotations
 
@@ -27,6 +35,7 @@ SECRET_PARAMS = frozenset({
     "sig", "token", "access_token", "id_token", "refresh_token", "auth", "authorization", "code",
     "key", "api_key", "apikey", "api-key", "password", "passwd", "pwd", "secret", "client_secret",
     "jwt", "session", "sessionid", "session_id", "jsessionid", "phpsessid", "access_key", "secret_key", "private_key",
+    "pass", "passphrase", "pw", "credentials", "creds",
 })
 _SECRET_WORDS = ("token", "secret", "password", "passwd", "signature", "credential", "apikey", "api_key", "api-key",
                  "jwt", "session", "access_key", "accesskey", "private_key", "secret_key")
@@ -36,8 +45,26 @@ _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
 
 
 def _secret_param(name: str) -> bool:
-    low = name.lower()
-    return low in SECRET_PARAMS or any(word in low for word in _SECRET_WORDS)
+    low = _decode(name).lower()
+    norm = re.sub(r"[\s+.-]+", "_", low)  # `api key`, `api+key`, `api.key` name what `api_key` does
+    return (low in SECRET_PARAMS or norm in SECRET_PARAMS or norm.replace("_", "-") in SECRET_PARAMS
+            or any(word in low or word in norm for word in _SECRET_WORDS))
+
+
+_PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
+
+
+def _decode(text: str, rounds: int = 4) -> str:
+    """``text`` with its percent-encoding undone (again, for a twice-encoded ``%2574``), ``+`` kept: what a server
+    matches a parameter's name against. Malformed escapes stay as they are."""
+    for _ in range(rounds):
+        if "%" not in text:
+            break
+        decoded = _PERCENT.sub(lambda m: chr(int(m.group(1), 16)), text)
+        if decoded == text:
+            break
+        text = decoded
+    return text
 
 
 def redact_url(url: str) -> str:
@@ -60,13 +87,25 @@ def redact_url(url: str) -> str:
 # A parameter's value ends at the next parameter, a blank or a quote; punctuation right before those ends prose.
 _PARAM = re.compile(r"([?&;#])([^=&?;#\s'\"<>`]+)=([^&?;#\s'\"<>`]*?)(?=[.,;:)\]}]*(?:[&?;#\s'\"<>`]|$))")
 # `name=value` in prose for the exact secret names (`jwt=...`, `session=...`), after a blank or an opening mark.
-_BARE = re.compile(r"(?i)(^|[\s(\[{'\"])(" + "|".join(re.escape(n) for n in sorted(SECRET_PARAMS, key=len,
-                                                                                     reverse=True))
+# (`pass` and `pw` are too common as words in prose to be taken there: in a URL's query they are.)
+_BARE = re.compile(r"(?i)(^|[\s(\[{'\"])(" + "|".join(re.escape(n) for n in sorted(SECRET_PARAMS - {"pass", "pw"},
+                                                                                     key=len, reverse=True))
                    + r")=([^\s&;'\"<>`]+)")
+# A command-line flag that carries a secret as its value: --password=X, --hf-token=X, --api-key X is argv's own.
+_FLAG = re.compile(r"(?i)(^|[\s(\[{'\"])(--?[a-z0-9_-]*(?:password|passwd|passphrase|token|secret|api[_-]?key|"
+                   r"credential|signature)[a-z0-9_-]*)=(?!" + REDACTED + r"(?:\s|$))(\S+)")
 # An environment-style assignment of a secret: AWS_SECRET_ACCESS_KEY=..., GITHUB_TOKEN=..., DB_PASSWORD=...
 _ENV = re.compile(r"\b([A-Z][A-Z0-9_]*(?:SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|SESSION|ACCESS_KEY|PRIVATE_KEY|"
                   r"API_KEY)[A-Z0-9_]*)=([^\s'\"]+)")
 # An Authorization header quoted in text: its scheme stays, its credentials go.
+# A path segment that names a secret, then the secret: /api/token/X/, /auth/secret/X
+_SEGMENT = re.compile(r"(?i)(/(?:token|secret|password|passwd|api[_-]?key|access[_-]?token|auth[_-]?token)/)"
+                      r"(?!" + REDACTED + r"(?:[/?#\s'\"<>`]|$))([^/?#\s'\"<>`]+)")
+# Tokens known by their prefix, wherever they stand; the prefix stays so a reader sees what kind it was.
+_PREFIXED = re.compile(r"(?<![A-Za-z0-9])(hf_|gh[pousr]_|github_pat_|xox[abposr]-|glpat-|sk-|AKIA|ASIA)"
+                       r"(?!" + REDACTED + r")([A-Za-z0-9_-]{8,})")
+# `Bearer X` without its header name, and a JWT (three base64url parts, the first `eyJ`: '{"') anywhere.
+_BEARER = re.compile(r"(?i)(\bbearer\s+|(?<![A-Za-z0-9_-])(?=eyJ))(?!" + REDACTED + r")([A-Za-z0-9._~+/=-]{8,})")
 _AUTH = re.compile(r"(?i)\b((?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)((?:basic|bearer|digest|token|negotiate|"
                    r"aws4-hmac-sha256|aws)\s+)?([^\s'\"][^'\"\n]*)")
 
@@ -82,27 +121,41 @@ def _redact_match(m: re.Match) -> str:
     return redact_url(url[:len(url) - tail]) + url[len(url) - tail:] if tail else redact_url(url)
 
 
-def redact_text(text: str) -> str:
-    """`text` (a log line, an error message) with every URL in it redacted, and the values of signing/token query
-    parameters wherever they appear (a bare file name from a listing carries its URL's query)."""
+def _redact_plain(text: str) -> str:
     if "://" in text:
         text = _URL.sub(_redact_match, text)
     if "=" in text:
         text = _PARAM.sub(_redact_param, text)
         text = _BARE.sub(lambda m: f"{m.group(1)}{m.group(2)}={REDACTED}", text)
+        text = _FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}={REDACTED}", text)
         text = _ENV.sub(lambda m: f"{m.group(1)}={REDACTED}", text)
     if "uthorization" in text or "UTHORIZATION" in text:
         text = _AUTH.sub(lambda m: f"{m.group(1)}{m.group(2) or ''}{REDACTED}", text)
-    return text
+    if "/" in text:
+        text = _SEGMENT.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
+    text = _PREFIXED.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
+    return _BEARER.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
+
+
+def redact_text(text: str) -> str:
+    """`text` (a log line, an error message) with every URL in it redacted, and the values of signing/token query
+    parameters wherever they appear (a bare file name from a listing carries its URL's query). A text whose
+    percent-encoding hides a secret (``?%74oken=X``, ``token%3DX``) comes back decoded, the secret replaced."""
+    if "%" in text:
+        decoded = _decode(text)
+        shown = _redact_plain(decoded)
+        if shown != decoded:
+            return shown
+    return _redact_plain(text)
 
 
 def redact(value: Any) -> Any:
     """A copy of `value` (a config, params, a manifest: dicts, lists, tuples of plain values) with every string that
-    holds a URL redacted; anything else unchanged."""
+    holds a URL redacted, dict keys included; anything else unchanged."""
     if isinstance(value, str):
         return redact_text(value)
-    if isinstance(value, dict):
-        return {k: redact(v) for k, v in value.items()}
+    if isinstance(value, dict):  # keys too: a manifest's statistics are keyed by source URL
+        return {redact_text(k) if isinstance(k, str) else k: redact(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(redact(v) for v in value)
     return value

@@ -43,7 +43,7 @@ from curate.quality import QualityFilter
 from pipeline.config import BuildConfig
 from pipeline.work import WORK_SUFFIX, StepContext, cached, write_table
 from storage.fs import absolute, expand_inputs, is_url, open_atomic
-from storage.redact import redact_url
+from storage.redact import redact, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -226,9 +226,10 @@ def check_mix(cfg: BuildConfig, paths: list[str]) -> None:
 # --- what a unit commits for curation (WriteDocs, before its marker)
 
 def report_line(row: dict[str, Any], source: str) -> str:
-    """One line of the report: the keys in a fixed order, those not set left out (the source: the unit's input)."""
+    """One line of the report: the keys in a fixed order, those not set left out (the source: the unit's input).
+    Redacted (storage/redact.py): a detail can quote a --decontaminate URL, and the report is an MLflow artifact."""
     row = {**row, "source": row.get("source") or source}
-    return json.dumps({k: row[k] for k in REPORT_KEYS if row.get(k) is not None}, ensure_ascii=False)
+    return json.dumps(redact({k: row[k] for k in REPORT_KEYS if row.get(k) is not None}), ensure_ascii=False)
 
 
 def reports_url(ctx: StepContext, uid: str, kind: str) -> str:

@@ -125,5 +125,5 @@ def curation_section(s: BuildState, dropped: Counter) -> dict[str, Any] | None:
                             "too_short": index.too_short,
                             "files": {redact_url(f): n for f, n in zip(index.files, index.checked, strict=False)}}
     if shares := mix_shares(s):
-        out["mix"] = shares
+        out["mix"] = redact(shares)  # keyed by --mix SOURCE: a URL with its credentials, which only read
     return out
