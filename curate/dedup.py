@@ -35,20 +35,23 @@ MODES = ("off", "exact", "near")
 @dataclasses.dataclass(frozen=True)
 class DedupConfig:
     """``mode``: off | exact | near. Near: Jaccard ``threshold`` on sets of ``shingle_words``-word shingles
-    (0.8 on 5-word shingles: the common choice, e.g. datatrove, FineWeb, NeMo Curator), ``num_perm`` MinHash
-    permutations (112: a standard error of 0.038 at J = 0.8), LSH bands and rows derived from the threshold
-    (``curate.lsh.banding``: 13 x 8 at the defaults), permutations seeded from ``seed``."""
+    (0.65 on 4-word shingles, chosen from the measured curve of recall and false drops against edit level,
+    ``benchmarks/curate_near_curve.py`` and docs/build-checks.md: the common 0.8 on 5-word shingles misses most
+    copies with 3% of the words edited), ``num_perm`` MinHash permutations (112: a standard error of 0.045 at
+    J = 0.65), LSH bands and rows derived from the threshold (``curate.lsh.banding``: 19 x 5 at the defaults),
+    permutations seeded from ``seed``."""
 
     mode: str = "off"
     """off | exact | near; off keeps every document, as the reference does."""
-    threshold: float = 0.8
-    """Jaccard similarity of two documents' word-shingle sets at or above which they are copies (near); 0.8 is
-    the common choice (datatrove, FineWeb, NeMo Curator)."""
-    shingle_words: int = 5
-    """Normalised words per shingle (near); 5 is the common choice."""
+    threshold: float = 0.65
+    """Jaccard similarity of two documents' word-shingle sets at or above which they are copies (near); 0.65 on
+    4-word shingles catches copies with 3-5% of the words edited or a paragraph removed, added or moved, and drops
+    no distinct document of the measured curve (docs/build-checks.md, benchmarks/curate_near_curve.py)."""
+    shingle_words: int = 4
+    """Normalised words per shingle (near); 4 (with threshold 0.65) from the measured curve; 5 is datatrove's."""
     num_perm: int = 112
-    """MinHash permutations per signature (near): 112 gives a standard error of 0.038 at Jaccard 0.8; the LSH
-    bands and rows follow from it and ``threshold`` (13 x 8 at the defaults)."""
+    """MinHash permutations per signature (near): 112 gives a standard error of 0.045 at Jaccard 0.65; the LSH
+    bands and rows follow from it and ``threshold`` (19 x 5 at the defaults)."""
     seed: int = DEFAULT_SEED
     """Seed of the MinHash permutations' multipliers (``curate.minhash``), hashed with each permutation's index."""
 
@@ -56,11 +59,11 @@ class DedupConfig:
         if self.mode not in MODES:
             raise ValueError(f"--dedup {self.mode!r}: use one of {', '.join(MODES)}")
         if not 0.5 <= self.threshold < 1.0:
-            raise ValueError(f"--dedup-threshold {self.threshold}: use a Jaccard similarity in [0.5, 1) (0.8 is the"
-                             " common choice; exact copies are --dedup exact)")
+            raise ValueError(f"--dedup-threshold {self.threshold}: use a Jaccard similarity in [0.5, 1) (0.65 is the"
+                             " default; exact copies are --dedup exact)")
         if not 1 <= self.shingle_words <= 32:
-            raise ValueError(f"--dedup-shingle-words {self.shingle_words}: use 1..32 words per shingle (5 is the"
-                             " common choice)")
+            raise ValueError(f"--dedup-shingle-words {self.shingle_words}: use 1..32 words per shingle (4 is the"
+                             " default)")
         if not 16 <= self.num_perm <= 1024:
             raise ValueError(f"--dedup-num-perm {self.num_perm}: use 16..1024 MinHash permutations (112 is the"
                              " default)")

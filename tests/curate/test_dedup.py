@@ -37,7 +37,9 @@ def test_planted_copies_keep_exactly_one_and_distinct_passages_stay(planted):
     assert not set(dropped.values()) & set(dropped)  # duplicate_of is always a kept document
     reasons = dict(zip(drops["id"].to_pylist(), drops["reason"].to_pylist(), strict=False))
     exact_pairs = [(a, b) for a, b, j in pairs if j == 1.0]
-    assert all(reasons.get(a, reasons.get(b)) == "exact_duplicate" for a, b in exact_pairs)
+    # the larger id of an exact pair is dropped as its exact copy (the smaller may itself be a near copy of a third
+    # passage: the World English Bible's two Books of Daniel, below)
+    assert all(reasons.get(max(a, b)) == "exact_duplicate" for a, b in exact_pairs)
     assert {reasons.get(a, reasons.get(b)) for a, b, j in pairs if j < 1.0} <= {"near_duplicate", None}
 
 
