@@ -31,6 +31,26 @@ def refuse_secrets(parser: argparse.ArgumentParser, argv: list[str] | None) -> N
         sys.exit(2)
 
 
+def refuse_bad_names(parser: argparse.ArgumentParser, parts: dict[str, str | None] | None = None,
+                     outputs: dict[str, str | None] | None = None) -> None:
+    """Refuse (one line, exit 2, before anything is written) a flag's path part (``parts``: a run name) or output
+    folder (``outputs``) that would lead outside where it is meant to go: storage/names.py. None: not given."""
+    import sys
+
+    from storage.names import check_output, check_path_part
+
+    try:
+        for flag, value in (parts or {}).items():
+            if value is not None:
+                check_path_part(value, flag)
+        for flag, value in (outputs or {}).items():
+            if value is not None:
+                check_output(value, flag)
+    except ValueError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """`--help` lists every default: "(default: X)" after each option that has one, also after options without help
     text (which argparse's ArgumentDefaultsHelpFormatter skips). An option whose default is None (chosen at run

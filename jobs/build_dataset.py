@@ -108,7 +108,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-level", default="INFO")
     _curate_flags.add_flags(p)
     _common.refuse_secrets(p, argv)
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    _common.refuse_bad_names(p, outputs={"--output": a.output})
+    return a
 
 
 def config_from(args: argparse.Namespace) -> BuildConfig:

@@ -33,7 +33,7 @@ from finetuning.prepare import FeatureConfig, TaskConfig
 from finetuning.records import FORMATS
 from finetuning.schedule import ScheduleConfig
 from finetuning.task_model import DEFAULT_VOCAB, HeadConfig, hidden_size_of
-from jobs._common import HelpFormatter, refuse_secrets, setup_logging
+from jobs._common import HelpFormatter, refuse_bad_names, refuse_secrets, setup_logging
 from jobs._fields import add_field
 from storage.fs import absolute, is_url
 from storage.redact import redact
@@ -100,7 +100,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--storage-path", help="where the epochs' checkpoints go (local, or shared by all nodes on a "
                    "cluster: s3://...), kept; default: a hidden folder beside a local --output, removed at the end")
     refuse_secrets(p, argv)
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    refuse_bad_names(p, outputs={"--output": a.output, "--storage-path": a.storage_path})
+    return a
 
 
 def job_from(a: argparse.Namespace) -> FinetuneJob:

@@ -27,7 +27,7 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
 
 from corpus.schema import read_manifest
 from jobs import _eval_flags
-from jobs._common import HelpFormatter, comma_ints, refuse_secrets, setup_logging, workers
+from jobs._common import HelpFormatter, comma_ints, refuse_bad_names, refuse_secrets, setup_logging, workers
 from jobs._fields import add_field
 from pretraining import kernel_options
 from pretraining.config import CheckpointConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
@@ -137,6 +137,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if a.no_ray and a.num_workers not in (1, (1, 1)):
         p.error("--no-ray runs one worker in this process: drop --num-workers")
     _eval_flags.check(p, a)
+    refuse_bad_names(p, parts={"--run-name": a.run_name}, outputs={"--export": a.export})
     return a
 
 
