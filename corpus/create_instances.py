@@ -29,7 +29,7 @@ from corpus.rng import DEFAULT_SEED, derive_seed, mix64, stream
 from corpus.schema import SHARD_COLUMNS
 
 __all__ = ["InstanceConfig", "RandomDocPool", "VocabInfo", "create_instances", "create_instances_batch",
-           "create_instances_flat", "COLUMNS"]
+           "create_instances_flat", "count_pairs", "COLUMNS"]
 
 COLUMNS = SHARD_COLUMNS + ("key",)  # the shards' columns plus the hash key that orders rows in _work
 # 13 tokens of text: about one short sentence per segment, the least that still makes a next-sentence pair.
@@ -226,6 +226,32 @@ def create_instances_flat(
         "next_sentence_label": pairs.is_random.astype(np.int8),
         "key": _keys(key_bases, counts),
     }
+
+
+def count_pairs(
+    docs: Iterable[tuple[str, Sequence[np.ndarray]]],
+    passes: Iterable[int],
+    cfg: InstanceConfig,
+) -> np.ndarray:
+    """Rows ``create_instances_flat`` makes of each (document, pass), shape (documents, passes), without making
+    them: only each pass's chunk walk (the first ``2 + 2 * sentences`` uniforms of its stream), no pairs, tokens or
+    masks. What the build's plan needs to place every row before any shard makes it (``pipeline/instances.py``)."""
+    passes = list(passes)
+    max_num_tokens = cfg.max_seq_length - 3
+    out: list[int] = []
+    walk: list[int] = []
+    for doc_id, sentences in docs:
+        _, sent_offsets = pack_sentences(sentences)
+        if len(sent_offsets) == 1:
+            out.extend([0] * len(passes))
+            continue
+        offsets_list = sent_offsets.tolist()
+        for pass_idx in passes:
+            u = stream(cfg.seed, doc_id, pass_idx).random(2 + 2 * len(offsets_list)).tolist()
+            walk.clear()
+            out.append(walk_chunks(offsets_list, pass_target(u[0], u[1], max_num_tokens, cfg.short_seq_prob), u,
+                                   walk))
+    return np.asarray(out, dtype=np.int64).reshape(-1, len(passes))
 
 
 def _assemble(pairs: BlockPairs, block: np.ndarray, pool_tokens: np.ndarray, vocab: VocabLike,

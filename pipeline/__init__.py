@@ -7,7 +7,7 @@ instances), ``curate`` (document filters) and ``storage`` (the house's I/O); thi
 
     the per-unit passes, as Ray Data pipelines over rows (rows.py); the input is read once, by the first:
     read       ReadCorpus -> [document filters] -> SplitTokenize -> WriteDocs (tokenized documents in _work)
-    instances  ReadDocs -> PairsAndMasks (the pool as an object reference) -> WriteUnits
+    instances  ReadDocs -> CountPairs -> WriteCounts (rows per document pass; shards.py makes the rows)
 
     config.py state.py  BuildConfig (what decides the dataset); BuildState (what planners and hooks see)
     inputs/       what the build reads: the inputs, their stamps and the vocabulary first; pieces.py, the first stage

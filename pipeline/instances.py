@@ -1,69 +1,60 @@
-"""The instances pass: a unit's tokenized documents (read.py) turned into NSP pairs + MLM masks for every
-(document, pass), committed as the record batches the shards read. A row pipeline (``rows.py``):
+"""The instances pass: how many rows each (document, pass) makes, never the rows. A row pipeline (``rows.py``):
 
-    ReadDocs -> PairsAndMasks -> WriteUnits
-                each unit's instances as _work/instances/<uid>.arrow (each pass's rows as a few record batches),
-                then its InstancesMarker
+    ReadDocs -> CountPairs -> WriteCounts
+                each unit's rows per (document copy, pass) as _work/counts/<uid>.arrow, then its InstancesMarker
+                (rows per pass: where each pass's rows sit in the shards' global order)
 
-It reads what the read pass committed, never the input. The algorithm is
-``corpus.create_instances.create_instances_flat`` (pure numpy over token ids), fed a block of documents at a time;
-each pass's rows are cut into ``chunks`` record batches (``shards.chunk_bounds``) so that a shard can read just its
-slices. The pool and the vocabulary's ids are loaded once per worker process.
+Instance generation is a pure function of a document, its pass, the seed and the random-next pool (every random
+decision of a document pass comes from its own stream: ``corpus.create_instances``). So this pass only walks each
+document pass's chunks (``count_pairs``: the first uniforms of its stream, no tokens, pairs or masks), and each shard
+item makes the NSP pairs and MLM masks of exactly the rows its slices cover (``unit_rows``), from the tokenized
+documents the read pass left in _work, straight into its Parquet file: no instance is written to _work and read
+back. A document pass is made in full once, plus once more where a slice boundary cuts it (docs/architecture.md,
+"No instance round trip").
+
+A unit's rows in pass ``p`` are in the order of its *document copies*: copy ``k`` of every document made at least
+``k + 1`` times (``--mix``), ``k`` = 0, 1, ..., documents in order within a copy; copy ``k``'s pass ``p`` is drawn as
+pass ``k * dupe_factor + p`` (streams of its own).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
-from collections import Counter
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from corpus.create_instances import create_instances_flat
+from corpus.create_instances import RandomDocPool, count_pairs, create_instances_flat
 from corpus.pairs import PackedDoc
 from corpus.readers import Unit
 from corpus.schema import token_dtype, work_instance_schema
-from pipeline.docs import doc_arrays, docs_url, vocab_info_for
+from pipeline.docs import doc_arrays, docs_url
 from pipeline.drops import copies_of, kept
-from pipeline.executor import Shared
 from pipeline.markers import Marker, marker, write_marker
-from pipeline.pool import pool_for
 from pipeline.rows import RowStage, UserError, by_unit, take_ops, user_error
-from pipeline.shards import chunk_bounds, chunks_per_pass
 from pipeline.state import BuildState
-from pipeline.work import WORK_SUFFIX, StepContext, read_table
-from storage.fs import open_atomic
+from pipeline.work import WORK_SUFFIX, StepContext, read_table, write_table
 
 log = logging.getLogger(__name__)
 
 LIST_COLUMNS = ("input_ids", "masked_lm_positions", "masked_lm_ids")
 
-_INSTANCE_BLOCK_TOKENS = 1 << 20  # instance tokens per block of documents (~10 bytes each while masking)
+_INSTANCE_BLOCK_TOKENS = 1 << 20  # document tokens per call of create_instances_flat (~10 bytes each while masking)
 
 
 @marker("instances")
 class InstancesMarker(Marker):
-    """A unit's instances: ``rows[p]`` rows in pass ``p``, cut into ``chunks`` record batches per pass, and what
-    they hold (the documents they came from are counted by the read pass's marker)."""
+    """A unit's row counts: ``rows[p]`` rows in pass ``p`` (the documents they come from are counted by the read
+    pass's marker); its rows per document copy and pass are in ``_work/counts/<uid>.arrow``."""
 
     uid: str
     """The unit's id: the marker's key."""
     documents: int
-    """Documents the pass made instances from: the unit's tokenized documents less what drop lists removed."""
+    """Documents the pass counted rows of: the unit's tokenized documents less what drop lists removed."""
     rows: tuple[int, ...]
     """Instance rows per pass (``dupe_factor`` entries): where each pass's rows sit in the shards' global order."""
-    chunks: int
-    """Record batches each pass's rows are cut into (``shards.chunks_per_pass``): the pieces a shard reads."""
-    random_next: int
-    """Rows whose segment B is a random document's (``next_sentence_label`` 1), over every pass."""
-    masked: int
-    """Masked LM positions over every row and pass."""
-    seq_len_histogram: dict[str, int]
-    """Rows by sequence length in tokens ([CLS] and [SEP] included), keyed by the length as str (JSON keys)."""
-    masked_per_seq_histogram: dict[str, int]
-    """Rows by their number of masked positions, keyed by that number as str (JSON keys)."""
     ops: dict[str, tuple] = dataclasses.field(default_factory=dict)
     """The operators' statistics for the unit (``rows.take_ops``): rows in and out, bytes out, CPU and wall
     seconds, by operator."""
@@ -105,17 +96,6 @@ class ReadDocs:
                     {"documents": n} | ({"error": ["InputError", error]} if error else {}))], pa.string())))
 
 
-def _docs(rows: pa.Table) -> list[tuple[str, PackedDoc]]:
-    """The documents of ReadDocs's rows as (id, PackedDoc) views of one flat array."""
-    ids, outer, inner, flat = doc_arrays(rows, "id")
-    inner = inner.astype(np.int64)
-    docs = []
-    for i, d in enumerate(ids):
-        s0, s1 = outer[i], outer[i + 1]
-        docs.append((d, PackedDoc(flat[inner[s0]:inner[s1]], inner[s0:s1 + 1] - inner[s0])))
-    return docs
-
-
 def _table(parts: list[dict], vocab_size: int) -> pa.Table:
     """The flat instance columns of several blocks as one table of the _work instance schema."""
     schema = work_instance_schema(vocab_size)
@@ -138,85 +118,55 @@ def _table(parts: list[dict], vocab_size: int) -> pa.Table:
     ], schema=schema)
 
 
-# The order of a unit's instance rows, carried by each row as ``part``: its pass, then the first document of the
-# batch it was made in (rows of one batch and pass come in document order). Sorting by it (stably) restores the
-# stage-by-stage order, whatever batches the operators were handed.
-_PASS_SHIFT = 40
+def _docs(rows: pa.Table) -> list[tuple[str, PackedDoc]]:
+    """The documents of ReadDocs's rows as (id, PackedDoc) views of one flat array."""
+    ids, outer, inner, flat = doc_arrays(rows, "id")
+    inner = inner.astype(np.int64)
+    docs = []
+    for i, d in enumerate(ids):
+        s0, s1 = outer[i], outer[i + 1]
+        docs.append((d, PackedDoc(flat[inner[s0]:inner[s1]], inner[s0:s1 + 1] - inner[s0])))
+    return docs
+
+
+def _copies(rows: pa.Table, n: int) -> np.ndarray:
+    return rows.column("copies").to_numpy() if "copies" in rows.column_names else np.ones(n, np.int64)
 
 
 @dataclasses.dataclass(frozen=True)
-class PairsAndMasks:
-    """Documents -> NSP pairs and MLM masks for every (document, pass), as instance rows (the _work instance
-    columns, plus ``unit`` and ``part``), and per unit one summary row (``summary``: the documents seen, the report
-    row's content) that the sink turns into the unit's marker. ``pool``: the random-next pool, a shared handle (an
-    object reference on Ray), built once per process."""
+class CountPairs:
+    """Documents -> rows per (document, copy, pass), one output row per document (``unit``, ``ord``, ``copies``,
+    ``rows``: copy-major, then pass) and per unit and batch one summary row (``summary``: the documents seen, the
+    report row's content) that the sink turns into the unit's marker."""
 
     ctx: StepContext
-    """The instance settings, the passes (``dupe_factor``) and the vocabulary's size (uint16 or uint32 ids)."""
-    vocab: Shared
-    """The vocabulary's tokens: the special ids, the ## pieces whole-word masking groups, and the ids random
-    replacements are drawn from."""
-    pool: Shared
-    """The merged random-next pool's table, built into a ``RandomDocPool`` once per process (``pool_for``)."""
-
-    def setup(self) -> None:
-        vocab_info_for(self.vocab)
-        pool_for(self.pool)
+    """The instance settings and the passes (``dupe_factor``)."""
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         return pa.concat_tables([self._unit(uid, rows) for uid, rows in by_unit([batch])])
 
     def _unit(self, uid: str, rows: pa.Table) -> pa.Table:
-        ctx, pool, vocab = self.ctx, pool_for(self.pool), vocab_info_for(self.vocab)
+        ctx = self.ctx
         reports = [r for r in rows.column("report").to_pylist() if r is not None]
         rows = rows.filter(pc.invert(pc.is_null(rows.column("id"))))
-        ords = rows.column("ord").to_numpy()
         docs = _docs(rows)
-        # --mix: a document made c times gets c * dupe_factor passes; copy k's pass p is drawn as pass
-        # k * dupe_factor + p (streams of its own) and written with pass p's rows, so every unit keeps dupe_factor
-        # passes for the shards.
-        copies = rows.column("copies").to_numpy() if "copies" in rows.column_names else np.ones(len(docs), np.int64)
-        copies_of_block: list[int] = []
+        copies = _copies(rows, len(docs))
+        d = ctx.dupe_factor
+        base = count_pairs(docs, range(d), ctx.instances)  # copy 0 of every document
+        counts = [np.concatenate([base[i], count_pairs([docs[i]], range(d, c * d), ctx.instances)[0]])
+                  if c > 1 else base[i] for i, c in enumerate(copies.tolist())]
         summary = {"seen": len(docs), "report": json.loads(reports[0]) if reports else None}
-        first = int(ords[0]) if len(ords) else 0
-        passes = range(ctx.dupe_factor)
-        parts: list[list[dict]] = [[] for _ in passes]
-        block: list[tuple[str, PackedDoc]] = []
-        block_tokens = 0
+        n = len(docs)
+        return pa.table({
+            "unit": pa.array([uid] * (n + 1), pa.string()),
+            "ord": pa.array(np.append(rows.column("ord").to_numpy(), -1).astype(np.int64)),
+            "copies": pa.array(np.append(copies, 0).astype(np.int64)),
+            "rows": pa.array([c.tolist() for c in counts] + [None], pa.list_(pa.int64())),
+            "summary": pa.array([None] * n + [json.dumps(summary, sort_keys=True)], pa.string())})
 
-        def flush() -> None:
-            # A pass's rows do not depend on the other passes (each draws from its own stream): one call per pass
-            # keeps every pass's rows apart for the shards, at one numpy pass per block and pass.
-            for p in passes:
-                for k in range(max(copies_of_block)):
-                    docs_k = block if k == 0 else [d for d, c in zip(block, copies_of_block, strict=False) if c > k]
-                    out = create_instances_flat(docs_k, [k * ctx.dupe_factor + p], ctx.instances, pool, vocab)
-                    if out is not None:
-                        parts[p].append(out)
-            block.clear()
-            copies_of_block.clear()
 
-        for doc, c in zip(docs, copies.tolist(), strict=False):
-            block.append(doc)
-            copies_of_block.append(c)
-            block_tokens += len(doc[1].tokens) * c
-            if block_tokens * ctx.dupe_factor >= _INSTANCE_BLOCK_TOKENS:
-                flush()
-                block_tokens = 0
-        if block:
-            flush()
-        tables = []
-        for p in passes:
-            t = _table(parts[p], ctx.vocab_size)
-            parts[p] = []
-            tables.append(t.append_column("unit", pa.array([uid] * t.num_rows, pa.string()))
-                          .append_column("part", pa.array(np.full(t.num_rows, (p << _PASS_SHIFT) + first, np.int64)))
-                          .append_column("summary", pa.nulls(t.num_rows, pa.string())))
-        schema = tables[0].schema
-        tail = {f.name: pa.nulls(1, f.type) for f in schema}
-        tail |= {"unit": pa.array([uid], pa.string()), "part": pa.array([-1], pa.int64()),
-                 "summary": pa.array([json.dumps(summary, sort_keys=True)], pa.string())}
-        return pa.concat_tables(tables + [pa.table(tail, schema=schema)])
+def counts_url(ctx: StepContext, uid: str) -> str:
+    return ctx.url("counts", uid + WORK_SUFFIX)
 
 
 def _merge(summaries: list[dict]) -> dict:
@@ -229,11 +179,9 @@ def _merge(summaries: list[dict]) -> dict:
     return out
 
 
-def write_unit(uid: str, rows: pa.Table, ctx: StepContext, chunks: int, ops: dict | None = None
-               ) -> InstancesMarker | UserError:
-    """Commit one unit's instance rows (all of them: checked against its report row) as
-    ``_work/instances/<uid>.arrow``, each pass's rows cut into ``chunks`` record batches (contiguous, sizes differing
-    by at most one row; batch ``p * chunks + c``), what the shards read; then its marker."""
+def write_unit(uid: str, rows: pa.Table, ctx: StepContext, ops: dict | None = None) -> InstancesMarker | UserError:
+    """Commit one unit's row counts (all its documents: checked against its report row) as
+    ``_work/counts/<uid>.arrow``, one column per pass and one row per document copy (copy-major); then its marker."""
     is_summary = pc.invert(pc.is_null(rows.column("summary")))
     s = _merge([json.loads(x) for x in rows.filter(is_summary).column("summary").to_pylist()])
     report = s.get("report")
@@ -241,56 +189,104 @@ def write_unit(uid: str, rows: pa.Table, ctx: StepContext, chunks: int, ops: dic
     if (err := user_error(report)) is not None:
         return err
     assert s["seen"] == report["documents"], (uid, s["seen"], report["documents"])
-    inst = rows.filter(pc.invert(is_summary))
-    # Rows in document order within each pass: the shard writer orders its rows by key (sorting here too would
-    # copy every row once more for nothing).
-    part = inst.column("part").to_numpy()
-    inst = inst.take(pa.array(np.argsort(part, kind="stable"))) if len(part) else inst
-    pass_of = np.sort(part, kind="stable") >> _PASS_SHIFT
-    schema = work_instance_schema(ctx.vocab_size)
-    inst = inst.select(schema.names).cast(schema)
-    rows_per_pass, hist, masked_hist, random_next, masked = [], Counter(), Counter(), 0, 0
-    with open_atomic(ctx.url("instances", uid + WORK_SUFFIX), ctx.endpoint_url) as f:
-        with pa.ipc.new_file(f, schema) as w:
-            for p in range(ctx.dupe_factor):
-                lo, hi = np.searchsorted(pass_of, [p, p + 1])
-                table = inst.slice(lo, hi - lo).combine_chunks()
-                for a, b in chunk_bounds(table.num_rows, chunks):
-                    batches = table.slice(a, b - a).to_batches()
-                    w.write_batch(batches[0] if batches else pa.RecordBatch.from_pylist([], schema=schema))
-                rows_per_pass.append(table.num_rows)
-                if table.num_rows:
-                    lengths = np.diff(table.column("input_ids").chunk(0).offsets.to_numpy())
-                    hist.update({k: v for k, v in enumerate(np.bincount(lengths).tolist()) if v})
-                    per_seq = np.diff(table.column("masked_lm_positions").chunk(0).offsets.to_numpy())
-                    masked_hist.update({k: v for k, v in enumerate(np.bincount(per_seq).tolist()) if v})
-                    random_next += int(pc.sum(table.column("next_sentence_label")).as_py())
-                    masked += int(per_seq.sum())
-    marker = InstancesMarker(
-        uid=uid, documents=s["seen"], rows=tuple(rows_per_pass), chunks=chunks, random_next=random_next,
-        masked=masked, seq_len_histogram={str(k): int(v) for k, v in sorted(hist.items()) if v},
-        masked_per_seq_histogram={str(k): int(v) for k, v in sorted(masked_hist.items())}, ops=ops or {})
+    docs = rows.filter(pc.invert(is_summary))
+    docs = docs.take(pa.array(np.argsort(docs.column("ord").to_numpy(), kind="stable")))
+    d = ctx.dupe_factor
+    copies = docs.column("copies").to_numpy()
+    flat = docs.column("rows").combine_chunks() if docs.num_rows else pa.array([], pa.list_(pa.int64()))
+    per_doc = np.asarray(flat.values.to_numpy() if len(flat) else np.zeros(0, np.int64), np.int64)
+    starts = flat.offsets.to_numpy()[:-1] if len(flat) else np.zeros(0, np.int64)
+    table = [per_doc[starts[copies > k] + k * d + p] for k in range(int(copies.max(initial=1)))
+             for p in range(d)]  # [k * d + p]: copy k's rows in pass p, of its documents in order
+    by_pass = np.stack([np.concatenate([table[k * d + p] for k in range(len(table) // d)]) for p in range(d)])
+    write_table(counts_url(ctx, uid), pa.table({f"p{p}": pa.array(by_pass[p].astype(np.int32)) for p in range(d)}),
+                ctx)
+    marker = InstancesMarker(uid=uid, documents=s["seen"], rows=tuple(int(x) for x in by_pass.sum(axis=1)),
+                             ops=ops or {})
     write_marker(ctx.work, marker, ctx.endpoint_url, ctx.fence)
     return marker
 
 
 @dataclasses.dataclass(frozen=True)
-class WriteUnits:
-    """The instances pass's sink: each unit's instances committed atomically, then its marker (``write_unit``), so
+class WriteCounts:
+    """The instances pass's sink: each unit's row counts committed atomically, then its marker (``write_unit``), so
     a rerun plans only the units without one."""
 
     ctx: StepContext
-    """Where each unit's instances file and marker go."""
-    chunks: int = 1
-    """Record batches each pass's rows are cut into (``shards.chunks_per_pass``); 1: a pass is one batch."""
+    """Where each unit's counts file and marker go."""
 
     def write(self, tables: list[pa.Table]) -> list[InstancesMarker | UserError]:
-        return [write_unit(uid, rows, self.ctx, self.chunks, take_ops()) for uid, rows in by_unit(tables)]
+        return [write_unit(uid, rows, self.ctx, take_ops()) for uid, rows in by_unit(tables)]
 
 
 def instances_stage(s: BuildState) -> RowStage:
-    assert s.pool is not None, "the instances pass runs after the pool's merge"
-    chunks = chunks_per_pass(len(s.units), s.cfg.dupe_factor, s.num_shards)
-    return RowStage("instances", s.doc_units, ReadDocs(s.ctx, s.dropped, s.copied),
-                    (PairsAndMasks(s.ctx, s.vocab, s.pool),),
-                    WriteUnits(s.ctx, chunks), InstancesMarker, s.unit_sizes)
+    return RowStage("instances", s.doc_units, ReadDocs(s.ctx, s.dropped, s.copied), (CountPairs(s.ctx),),
+                    WriteCounts(s.ctx), InstancesMarker, s.unit_sizes)
+
+
+# --- the shard items' side: a unit's rows, made again from its documents (shards.py).
+
+@dataclasses.dataclass(frozen=True)
+class UnitDocs:
+    """A unit's documents as the shards make its rows: each document copy (copy-major) and its rows per pass."""
+
+    docs: list
+    """(id, PackedDoc) of the unit's documents, in order."""
+    doc: np.ndarray
+    """Per document copy: its document's index in ``docs``."""
+    copy: np.ndarray
+    """Per document copy: which copy (0 for the first), its passes drawn as ``copy * dupe_factor + pass``."""
+    starts: np.ndarray
+    """(passes, copies + 1): the first row of each document copy in its pass's rows, then the pass's rows."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(d.tokens.nbytes + d.sent_offsets.nbytes for _, d in self.docs) + self.starts.nbytes
+
+
+def load_unit(unit: Unit, ctx: StepContext, dropped: frozenset[str], copied: frozenset[str]) -> UnitDocs:
+    """What the read pass committed of ``unit`` (less its drop list) and the instances pass's counts."""
+    rows = ReadDocs(ctx, dropped, copied)(unit)
+    rows = rows.filter(pc.invert(pc.is_null(rows.column("id"))))
+    docs = _docs(rows)
+    copies = _copies(rows, len(docs))
+    ks = [np.flatnonzero(copies > k) for k in range(int(copies.max(initial=1)))]
+    counts = read_table(counts_url(ctx, unit.uid), ctx)
+    assert counts.num_rows == sum(len(k) for k in ks), (unit.uid, counts.num_rows, sum(len(k) for k in ks))
+    starts = np.zeros((ctx.dupe_factor, sum(len(k) for k in ks) + 1), np.int64)
+    for p in range(ctx.dupe_factor):
+        np.cumsum(counts.column(f"p{p}").to_numpy(), out=starts[p, 1:])
+    return UnitDocs(docs, np.concatenate(ks) if ks else np.zeros(0, np.int64),
+                    np.concatenate([np.full(len(x), k) for k, x in enumerate(ks)]) if ks else np.zeros(0, np.int64),
+                    starts)
+
+
+def unit_rows(u: UnitDocs, p: int, lo: int, hi: int, ctx: StepContext, pool: RandomDocPool, vocab) -> pa.Table:
+    """Rows [lo, hi) of pass ``p`` of the unit: the pairs and masks of only the document copies they come from
+    (``create_instances_flat``, a block of documents at a time), as the _work instance schema."""
+    starts = u.starts[p]
+    first = int(np.searchsorted(starts, lo, side="right")) - 1
+    last = int(np.searchsorted(starts, hi, side="left"))  # copies [first, last) hold rows [lo, hi)
+    parts: list[dict] = []
+    block: list = []
+    block_tokens, block_copy = 0, -1
+
+    def flush() -> None:
+        if block:
+            out = create_instances_flat(block, [block_copy * ctx.dupe_factor + p], ctx.instances, pool, vocab)
+            if out is not None:
+                parts.append(out)
+            block.clear()
+
+    for j in range(first, last):
+        k = int(u.copy[j])
+        doc = u.docs[int(u.doc[j])]
+        if k != block_copy or block_tokens >= _INSTANCE_BLOCK_TOKENS:
+            flush()
+            block_copy, block_tokens = k, 0
+        block.append(doc)
+        block_tokens += len(doc[1].tokens)
+    flush()
+    table = _table(parts, ctx.vocab_size)
+    assert table.num_rows == starts[last] - starts[first], (table.num_rows, starts[last] - starts[first])
+    return table.slice(lo - int(starts[first]), hi - lo)

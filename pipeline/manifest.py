@@ -15,6 +15,7 @@ from collections import Counter
 from typing import Any
 
 from corpus.schema import MANIFEST, VOCAB_FILE, Manifest, Shard, Totals, Vocab, token_dtype, validate_manifest
+from corpus.shard_index import index_name
 from pipeline.curation.reports import curation_section
 from pipeline.docs import doc_totals
 from pipeline.state import BuildState
@@ -39,7 +40,7 @@ def make_manifest(s: BuildState, ident: dict[str, Any], chash: str, seconds: flo
     import hashlib
 
     cfg = s.cfg
-    read, inst = s.markers["read"], s.markers["instances"]
+    read, inst, shards = s.markers["read"], s.markers["instances"], s.markers["shards"]
     (pool,) = s.markers["pool"]
     dropped, bad_files = doc_totals(read, s.report, cfg.read.on_error)
     out = s.left_out  # what a global step removed after the read pass (drops.py)
@@ -49,8 +50,8 @@ def make_manifest(s: BuildState, ident: dict[str, Any], chash: str, seconds: flo
         documents=sum(m.documents for m in read) - out.documents,
         sentences=sum(m.sentences for m in read) - out.sentences,
         tokens=sum(m.tokens for m in read) - out.tokens, unk_tokens=sum(m.unk_tokens for m in read) - out.unk_tokens,
-        instances=sum(sum(m.rows) for m in inst), random_next=sum(m.random_next for m in inst),
-        masked_lm_positions=sum(m.masked for m in inst), dropped=tuple(sorted(dropped.items())))
+        instances=sum(sum(m.rows) for m in inst), random_next=sum(m.random_next for m in shards),
+        masked_lm_positions=sum(m.masked for m in shards), dropped=tuple(sorted(dropped.items())))
     tokens = s.vocab_tokens
     vocab = Vocab(url=join(folder, VOCAB_FILE), size=len(tokens), sha256=hashlib.sha256(s.vocab_bytes).hexdigest(),
                   do_lower_case=cfg.do_lower_case, mask_id=tokens.index("[MASK]") if "[MASK]" in tokens else -1,
@@ -58,10 +59,12 @@ def make_manifest(s: BuildState, ident: dict[str, Any], chash: str, seconds: flo
     m = Manifest(
         url=folder, sha256="", config_hash=chash, vocab=vocab, max_seq_length=cfg.instances.max_seq_length,
         max_predictions=cfg.instances.max_predictions_per_seq, masked_lm_prob=cfg.instances.masked_lm_prob,
-        shards=tuple(Shard(m.file, join(folder, m.file), m.rows) for m in s.markers["shards"]),
-        seq_len_histogram=_histogram(inst, "seq_len_histogram"), totals=totals, config=_as_json(ident),
+        shards=tuple(Shard(m.file, join(folder, m.file), m.rows, sha256=m.sha256, bytes=m.bytes,
+                           index_url=join(folder, index_name(m.file)), index_sha256=m.index_sha256)
+                     for m in shards),
+        seq_len_histogram=_histogram(shards, "seq_len_histogram"), totals=totals, config=_as_json(ident),
         inputs=tuple(_as_json(s.inputs.stamps)), token_dtype=str(token_dtype(len(tokens))),
-        masked_per_seq_histogram=_histogram(inst, "masked_per_seq_histogram"),
+        masked_per_seq_histogram=_histogram(shards, "masked_per_seq_histogram"),
         tokens_per_document_histogram=tuple(
             (k, v - out.tokens_per_document.get(str(k), 0)) for k, v in _histogram(read, "tokens_per_document")
             if v > out.tokens_per_document.get(str(k), 0)),

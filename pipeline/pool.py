@@ -1,14 +1,16 @@
-"""The pool stage: the random-next pool, a seeded sample of the WHOLE corpus, merged into one file.
+"""The pool stage: the random-next pool, a seeded sample of the WHOLE corpus.
 
-    PoolStep   "pool" -> the documents whose pool hash is below the threshold, read from the first bands of every
-               unit's tokenized documents (read.py), merged in (hash, id) order into _work/pool/pool.arrow, PoolMarker
+    PoolStep   "pool" -> counts the documents whose pool hash is below the threshold, read from the first bands of
+               every unit's tokenized documents (read.py): PoolMarker
                [one item: the barrier the algorithm needs, since every instance may draw from any unit's documents]
+    LoadPool   the same members merged in (hash, id) order into one table, computed once by a worker and shared
 
 The threshold comes from the exact token count the read pass found (``sizes.pool_threshold``: a share
 p = min(1, budget / tokens) of the 64-bit hash range), so the pool is a Bernoulli(p) sample of the documents,
 decided by their ids alone, whatever the units, blocks or workers; its order (by hash, then id) does not depend on
-them either. The instances pass gets the merged pool as a shared object (``LoadPool``: an object reference on
-Ray), built once per worker process (``pool_for``).
+them either. The shard items get the merged pool as a shared object (``LoadPool``: an object reference on Ray),
+built once per worker process (``pool_for``). The merged pool is never written to _work (for a corpus below the
+budget it would be a second copy of every document): a resumed build merges it again from the documents.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from pipeline.executor import Shared, Stage
 from pipeline.markers import Marker, marker, write_marker
 from pipeline.sizes import pool_threshold
 from pipeline.state import BuildState
-from pipeline.work import StepContext, cached, read_table, write_table
+from pipeline.work import StepContext, cached
 from storage.fs import filesystem_for
 
 log = logging.getLogger(__name__)
@@ -38,7 +40,7 @@ _POOL_READ_THREADS = 16  # pool parts read concurrently by the one pool item (ma
 
 @marker("pool")
 class PoolMarker(Marker):
-    """The pool parts of all units merged into one file that every instances item loads once per process."""
+    """The pool's size, counted from the units' members (``LoadPool`` merges them for the shard items)."""
 
     documents: int
     """Documents in the pool: the random-next draws choose among them."""
@@ -58,16 +60,25 @@ def pool_for(pool: Shared) -> RandomDocPool:
     return cached("pool", pool.key, lambda: pool_from(pool.get()))
 
 
+def merge_members(files: tuple[str, ...], threshold: int, ctx: StepContext, dropped: frozenset[str]) -> pa.Table:
+    """Every unit's pool members (``read_members``) as one table in (hash, id) order."""
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(_POOL_READ_THREADS, len(files)))) as threads:
+        tables = list(threads.map(lambda url: read_members(url, threshold, ctx, dropped), files))
+    table = pa.concat_tables(tables) if tables else work_docs_schema(ctx.vocab_size).empty_table()
+    return table.sort_by([("pool_hash", "ascending"), ("doc_id", "ascending")]).combine_chunks()
+
+
 @dataclasses.dataclass(frozen=True)
 class LoadPool:
-    """The merged pool's table, read from _work by a worker: the object the instances pass shares (an object
-    reference on Ray, read once per node's object store rather than once per worker process from storage)."""
+    """The merged pool's table, made by a worker from the units' documents: the object the shard items share (an
+    object reference on Ray, read once per node's object store rather than once per worker process)."""
 
-    ctx: StepContext
-    """Where the merged pool file is (``pool_url``) and the endpoint that serves it."""
+    step: PoolStep
+    """Which documents are members: the files, the threshold, the drop lists."""
 
     def __call__(self) -> pa.Table:
-        return read_table(self.ctx.pool_url(), self.ctx)
+        s = self.step
+        return merge_members(s.files, s.threshold, s.ctx, s.dropped)
 
 
 def read_members(url: str, threshold: int, ctx: StepContext, dropped: frozenset[str] = frozenset()) -> pa.Table:
@@ -98,15 +109,18 @@ class PoolStep:
     def __call__(self, item: str) -> PoolMarker:
         ctx = self.ctx
         with concurrent.futures.ThreadPoolExecutor(max(1, min(_POOL_READ_THREADS, len(self.files)))) as threads:
-            tables = list(threads.map(lambda url: read_members(url, self.threshold, ctx, self.dropped),
+            counts = list(threads.map(lambda url: _count(read_members(url, self.threshold, ctx, self.dropped)),
                                       self.files))
-        table = pa.concat_tables(tables) if tables else work_docs_schema(ctx.vocab_size).empty_table()
-        table = table.sort_by([("pool_hash", "ascending"), ("doc_id", "ascending")]).combine_chunks()
-        write_table(ctx.pool_url(), table, ctx)
-        pool = pool_from(table)
-        marker = PoolMarker(documents=len(pool), tokens=int(len(pool.tokens)), threshold=self.threshold)
+        marker = PoolMarker(documents=sum(d for d, _ in counts), tokens=sum(t for _, t in counts),
+                            threshold=self.threshold)
         write_marker(ctx.work, marker, ctx.endpoint_url, ctx.fence)
         return marker
+
+
+def _count(members: pa.Table) -> tuple[int, int]:
+    """(documents, tokens) of a unit's pool members, as ``pool_from`` would hold them."""
+    _, _, inner, _ = doc_arrays(members)
+    return members.num_rows, int(inner[-1] - inner[0]) if len(inner) else 0
 
 
 def pool_stage(s: BuildState) -> Stage:
@@ -121,4 +135,5 @@ def _share_pool(s: BuildState) -> BuildState:
     if not pool.documents:  # type: ignore[attr-defined]
         raise ValueError(f"the random-next pool sampled no document with tokens (budget {s.cfg.pool_tokens} tokens"
                          f" of {s.corpus_tokens}): raise --pool-tokens")
-    return dataclasses.replace(s, pool=s.executor.share_result(f"pool:{s.build_id}", LoadPool(s.ctx)))
+    step = PoolStep(s.ctx, tuple(s.doc_files), pool.threshold, s.dropped)  # type: ignore[attr-defined]
+    return dataclasses.replace(s, pool=s.executor.share_result(f"pool:{s.build_id}", LoadPool(step)))

@@ -4,8 +4,8 @@
       -> [document filters] -> SplitTokenize (docs.py: sentences and WordPiece ids, per document)
       -> WriteDocs (read.py: each unit's tokenized documents committed atomically, then its marker)
 
-    ReadDocs (instances.py: a unit's tokenized documents) -> PairsAndMasks (NSP pairs and MLM masks; the
-      random-next pool handed over as a shared object) -> WriteUnits (each unit's instances, then its marker)
+    ReadDocs (instances.py: a unit's tokenized documents) -> CountPairs (rows per document pass, no rows made)
+      -> WriteCounts (each unit's row counts, then its marker; the shard items make the rows: shards.py)
 
 A ``RowStage`` names the units to read, the operators (picklable callables, ``pa.Table -> pa.Table``) and the sink
 (``write(tables) -> markers``). ``pipeline.ray_data`` runs it as one Ray Data execution

@@ -1,44 +1,57 @@
-"""The shards stage: exactly balanced, well-mixed shards without an all-to-all gather; each shard item reads only
-its own slices.
+"""The shards stage: exactly balanced, well-mixed shards without an all-to-all gather; each shard item makes only
+its own rows.
 
-    ShardStep   ShardItem (its own slices only) -> shards/part-i-of-S.parquet, ShardMarker
+    ShardStep   ShardItem (its own slices only) -> shards/part-i-of-S.parquet + its sidecar index
+                (part-i-of-S.index.npz, corpus/shard_index.py), ShardMarker (rows, statistics, sha256s)
 
-Every instance carries a uint64 ``key`` (a hash of seed, document, pass, index). Each instances item writes its
-unit's rows pass by pass, each pass cut into ``chunks`` contiguous record batches. The dataset's global order is
-fixed by the seed and the plan alone:
+Every instance carries a uint64 ``key`` (a hash of seed, document, pass, index). The instances pass counts each
+unit's rows per pass (and per document copy, in _work/counts); no instance is written before its shard. The
+dataset's global order is fixed by the seed and the counts alone:
 
     for pass p in 0..D-1:  for each (unit, chunk) in a permutation seeded by (seed, p):  that chunk's rows
 
-Shard ``i`` of ``S`` takes global rows ``[i*N//S, (i+1)*N//S)`` (row counts differ by at most one). The driver turns
-the per-unit row counts into each item's slice list (prefix sums: O(units x passes x chunks) integers, no data),
-so a shard item opens only the chunks its range covers and is handed only its own slices. It orders its rows by
-key within groups of at most ``ROWS_PER_GROUP`` rows (a default shard of ~128 MiB holds 4-5 groups): a document's
-pairs end up spread among the rows of every other document of the group, and memory stays bounded by the group.
+where chunk c of a unit's pass is its rows ``chunk_bounds(rows, chunks)[c]``. Shard ``i`` of ``S`` takes global rows
+``[i*N//S, (i+1)*N//S)`` (row counts differ by at most one). The driver turns the per-unit row counts into each
+item's slice list (prefix sums: O(units x passes x chunks) integers, no data), so a shard item is handed only its
+own slices ``(uid, pass, lo, hi)`` and makes exactly those rows: the pairs and masks of the document copies that
+hold them (``instances.unit_rows``), from the unit's tokenized documents in _work. It orders its rows by key within
+groups of at most ``ROWS_PER_GROUP`` rows (a default shard of ~128 MiB holds 4-5 groups): a document's pairs end up
+spread among the rows of every other document of the group, and memory stays bounded by the group.
 
 ``chunks_per_pass`` cuts each unit's pass into enough chunks that a shard draws on ~``CHUNKS_PER_SHARD`` of them:
 a small corpus (few units per shard) gets its shards mixed from many units, a large one keeps one chunk per pass
-(its shards already span hundreds of units) and the fewest reads. Because each pass is permuted independently,
-one document's passes land in different places (different shards as soon as a pass spans more than one shard).
-See docs/data.md for what a shard holds and how the loader's seeded shard order covers the rest.
+(its shards already span hundreds of units). Because each pass is permuted independently, one document's passes
+land in different places (different shards as soon as a pass spans more than one shard). See docs/data.md for what
+a shard holds and how the loader's seeded shard order covers the rest.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
+import hashlib
+import inspect
+import os
+import tempfile
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from corpus.readers import Unit
 from corpus.rng import derive_seed
 from corpus.schema import instance_schema, shard_name
-from pipeline.executor import Stage
+from corpus.shard_index import index_name, index_parquet
+from pipeline.docs import vocab_info_for
+from pipeline.executor import Shared, Stage
+from pipeline.instances import UnitDocs, load_unit, unit_rows
 from pipeline.markers import Marker, marker, write_marker
+from pipeline.pool import pool_for
 from pipeline.sizes import SHARD_BYTES, default_num_shards  # noqa: F401 - where tests and tools look
 from pipeline.state import BuildState
-from pipeline.work import WORK_SUFFIX, StepContext
-from storage.fs import filesystem_for, join, open_atomic
+from pipeline.work import StepContext
+from storage.fs import filesystem_for, join, open_atomic, write_bytes_atomic
 
 # What one shard writer sorts at a time (~40 MB of seq-128 rows, ~30 pieces of units mixed): a process building two
 # shards of 331k rows peaked at 804 MB with groups of 2**18, 616 MB with 2**17, 493 MB with 2**16 (the plain loop
@@ -49,22 +62,27 @@ ROWS_PER_GROUP = 1 << 17
 # /proc RSS, synthetic rows, 2026-11-25). Readers read a shard whole or by row group either way.
 PARQUET_ROW_GROUP = 1 << 16
 CHUNKS_PER_SHARD = 32  # pieces of units a shard should mix, when the corpus has fewer units than that per shard
-MAX_CHUNKS = 64  # chunks per unit and pass at most: each is one small read for a shard item
-_READ_THREADS = 8
+MAX_CHUNKS = 64  # chunks per unit and pass at most: a slice boundary inside a document makes it twice
+UNIT_CACHE_BYTES = 128 << 20  # a shard item's units' documents kept between its slices (a unit recurs per pass)
+# storage.fs.open_atomic proves the output's fence itself right before the commit once it takes ``fence``
+# (issue 43); until then the shard step proves it just before opening the commit.
+_FENCED_COMMIT = "fence" in inspect.signature(open_atomic).parameters
 
 
 @dataclasses.dataclass(frozen=True)
 class ShardItem:
-    """The work item of one shard: shard ``index`` of ``count``, its slices ``(uid, batch, lo, hi)``, rows [lo, hi)
-    of record batch ``batch`` of the unit's instances file, in global order."""
+    """The work item of one shard: shard ``index`` of ``count``, its slices ``(uid, pass, lo, hi)``, rows [lo, hi)
+    of unit ``uid``'s rows in pass ``pass``, in global order, and those units (where their documents are)."""
 
     index: int
     """The shard's number, from 0: its place in the global order and its file name."""
     count: int
     """Shards in the dataset: the S of ``part-i-of-S``."""
     slices: tuple[tuple[str, int, int, int], ...]
-    """``(uid, batch, lo, hi)``: rows [lo, hi) of record batch ``batch`` of unit ``uid``'s instances file, in global
-    order; only what this shard's row range covers."""
+    """``(uid, pass, lo, hi)``: rows [lo, hi) of unit ``uid``'s rows in pass ``pass`` (document copy order), in
+    global order; only what this shard's row range covers."""
+    units: tuple[Unit, ...] = ()
+    """The units its slices name (each once): how the shard step reads their tokenized documents again."""
 
     @property
     def rows(self) -> int:
@@ -72,7 +90,7 @@ class ShardItem:
 
 
 def chunks_per_pass(num_units: int, dupe_factor: int, num_shards: int) -> int:
-    """Record batches per unit and pass, so that a shard spans ~CHUNKS_PER_SHARD pieces (1 for a large corpus)."""
+    """Chunks per unit and pass, so that a shard spans ~CHUNKS_PER_SHARD pieces (1 for a large corpus)."""
     need = -(-CHUNKS_PER_SHARD * num_shards // max(1, num_units * dupe_factor))  # ceil
     return max(1, min(MAX_CHUNKS, need))
 
@@ -90,17 +108,17 @@ def unit_order(num_pieces: int, seed: int, pass_idx: int) -> np.ndarray:
 def plan_shards(unit_rows: Sequence[tuple[str, Sequence[int]]], num_shards: int, seed: int,
                 chunks: int = 1) -> list[ShardItem]:
     """Shard i gets global rows [i*N//S, (i+1)*N//S); ``unit_rows``: (uid, rows per pass) in unit order, each
-    pass of each unit written as ``chunks`` record batches (``chunk_bounds``)."""
+    pass of each unit cut into ``chunks`` pieces (``chunk_bounds``)."""
     uids = [u for u, _ in unit_rows]
     counts = np.array([list(r) for _, r in unit_rows], dtype=np.int64).reshape(len(uids), -1)
-    segs: list[tuple[int, int, int]] = []  # (unit, batch, rows)
+    segs: list[tuple[int, int, int, int]] = []  # (unit, pass, first row, rows)
     for p in range(counts.shape[1]):
         for k in unit_order(len(uids) * chunks, seed, p).tolist():
             u, c = divmod(k, chunks)
             a, b = chunk_bounds(int(counts[u, p]), chunks)[c]
-            segs.append((u, p * chunks + c, b - a))
+            segs.append((u, p, a, b - a))
     starts = np.zeros(len(segs) + 1, np.int64)
-    np.cumsum([n for _, _, n in segs], out=starts[1:])
+    np.cumsum([n for *_, n in segs], out=starts[1:])
     total = int(starts[-1])
     items = []
     for i in range(num_shards):
@@ -112,8 +130,8 @@ def plan_shards(unit_rows: Sequence[tuple[str, Sequence[int]]], num_shards: int,
             if s >= hi:
                 break
             if e > lo and e > s:
-                u, batch, _ = segs[k]
-                slices.append((uids[u], batch, max(lo, s) - s, min(hi, e) - s))
+                u, p, a, _ = segs[k]
+                slices.append((uids[u], p, a + max(lo, s) - s, a + min(hi, e) - s))
         items.append(ShardItem(i, num_shards, tuple(slices)))
     return items
 
@@ -132,32 +150,60 @@ def _groups(slices: Sequence[tuple[str, int, int, int]], limit: int) -> list[lis
     return [g for g in groups if g]
 
 
-def _read_slice(url: str, batch: int, lo: int, hi: int, endpoint_url: str | None) -> pa.RecordBatch:
-    fs, path = filesystem_for(url, endpoint_url)
-    with fs.open(path, "rb") as fh:
-        return pa.ipc.open_file(fh).get_batch(batch).slice(lo, hi - lo)
+@dataclasses.dataclass
+class ShardStats:
+    """What a shard's rows hold, for the manifest: added up over the shards."""
+
+    rows: int = 0
+    random_next: int = 0
+    masked: int = 0
+    seq_len: Counter = dataclasses.field(default_factory=Counter)
+    masked_per_seq: Counter = dataclasses.field(default_factory=Counter)
+    lengths: list = dataclasses.field(default_factory=list)
+
+    def add(self, part: pa.Table) -> None:
+        self.rows += part.num_rows
+        if not part.num_rows:
+            return
+        lengths = np.diff(part.column("input_ids").combine_chunks().offsets.to_numpy())
+        per_seq = np.diff(part.column("masked_lm_positions").combine_chunks().offsets.to_numpy())
+        self.lengths.append(lengths)
+        self.seq_len.update({k: v for k, v in enumerate(np.bincount(lengths).tolist()) if v})
+        self.masked_per_seq.update({k: v for k, v in enumerate(np.bincount(per_seq).tolist()) if v})
+        self.random_next += int(pc.sum(part.column("next_sentence_label")).as_py())
+        self.masked += int(per_seq.sum())
 
 
-def write_shard(item: ShardItem, url: str, source: Callable[[str], str], schema: pa.Schema,
-                endpoint_url: str | None = None, rows_per_group: int = ROWS_PER_GROUP) -> int:
-    """Write one shard atomically from its slices (``source(uid)``: a unit's instances file); returns its rows."""
-    rows = 0
-    with open_atomic(url, endpoint_url) as f:
-        with pq.ParquetWriter(f, schema, compression="zstd") as w:
-            for group in _groups(item.slices, rows_per_group):
-                # Slices are small reads from different files: concurrent on object storage, in a fixed order.
-                with concurrent.futures.ThreadPoolExecutor(min(_READ_THREADS, len(group))) as threads:
-                    table = pa.Table.from_batches(list(threads.map(
-                        lambda s: _read_slice(source(s[0]), s[1], s[2], s[3], endpoint_url), group)))
-                # Stable: equal keys (a 64-bit collision) keep the global order, which is fixed.
-                order = np.argsort(table.column("key").to_numpy(), kind="stable")
-                part = table.take(pa.array(order)).select(schema.names).cast(schema)
-                w.write_table(part, row_group_size=PARQUET_ROW_GROUP)
-                rows += part.num_rows
-                del table, part
-            if rows == 0:
-                w.write_table(schema.empty_table())
-    return rows
+def write_shard(item: ShardItem, where, source: Callable[[tuple[str, int, int, int]], pa.Table],
+                schema: pa.Schema, rows_per_group: int = ROWS_PER_GROUP) -> ShardStats:
+    """Write one shard's Parquet to ``where`` (a local path or an open local file) from its slices
+    (``source(slice)``: the slice's rows, with their ``key``), each group of slices in key order; returns what its
+    rows hold."""
+    stats = ShardStats()
+    with pq.ParquetWriter(where, schema, compression="zstd") as w:
+        for group in _groups(item.slices, rows_per_group):
+            table = pa.concat_tables([source(s) for s in group])
+            # Stable: equal keys (a 64-bit collision) keep the global order, which is fixed.
+            order = np.argsort(table.column("key").to_numpy(), kind="stable")
+            part = table.take(pa.array(order)).select(schema.names).cast(schema)
+            del table
+            w.write_table(part, row_group_size=PARQUET_ROW_GROUP)
+            stats.add(part)
+            del part
+        if stats.rows == 0:
+            w.write_table(schema.empty_table())
+    return stats
+
+
+def _open_commit(url: str, endpoint_url: str | None, fence):
+    """``open_atomic`` for a shard: the output's fence proved right before the commit (by open_atomic itself once
+    storage/fs.py takes ``fence``, issue 43; until then by ``_prove`` as the block's last statement)."""
+    return open_atomic(url, endpoint_url, fence=fence) if _FENCED_COMMIT else open_atomic(url, endpoint_url)
+
+
+def _prove(fence) -> None:
+    if fence is not None and not _FENCED_COMMIT:
+        fence.check(fresh=True)
 
 
 @marker("shards")
@@ -168,26 +214,98 @@ class ShardMarker(Marker):
     """The shard's path under the output folder, ``shards/part-i-of-S.parquet`` (``corpus.schema.shard_name``)."""
     rows: int
     """Instance rows written: the shards' counts differ by at most one."""
+    random_next: int = 0
+    """Rows whose segment B is a random document's (``next_sentence_label`` 1)."""
+    masked: int = 0
+    """Masked LM positions over the shard's rows."""
+    seq_len_histogram: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Rows by sequence length in tokens ([CLS] and [SEP] included), keyed by the length as str (JSON keys)."""
+    masked_per_seq_histogram: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Rows by their number of masked positions, keyed by that number as str (JSON keys)."""
+    sha256: str = ""
+    """sha256 hex of the whole shard file as written (the manifest's ``sha256``)."""
+    bytes: int = 0
+    """The shard file's size."""
+    index_sha256: str = ""
+    """sha256 hex of the sidecar index's bytes (``corpus/shard_index.py``), written beside the shard."""
 
 
 @dataclasses.dataclass(frozen=True)
 class ShardStep:
+    """One shard: its rows made from its units' documents (``instances.unit_rows``), written, indexed, committed."""
+
     ctx: StepContext
-    """Where the units' instances files are (_work), where the shards go (the output) and the vocabulary's size."""
+    """Where the units' documents and counts are (_work), where the shards go (the output), the instance settings."""
+    vocab: Shared
+    """The vocabulary's tokens (special ids, ## pieces, the ids random replacements are drawn from)."""
+    pool: Shared
+    """The merged random-next pool's table, built into a ``RandomDocPool`` once per process (``pool_for``)."""
+    dropped: frozenset[str] = frozenset()
+    """The docs files with a drop list (drops.py): their listed documents are left out, as the instances pass did."""
+    copied: frozenset[str] = frozenset()
+    """The docs files with a copies list (--mix weights above 1): their documents' copies, as the instances pass."""
+
+    def setup(self) -> None:
+        vocab_info_for(self.vocab)
+        pool_for(self.pool)
 
     def __call__(self, item: ShardItem) -> ShardMarker:
         ctx = self.ctx
         name = shard_name(item.index, item.count)
-        rows = write_shard(item, join(ctx.output, name), lambda uid: ctx.url("instances", uid + WORK_SUFFIX),
-                           instance_schema(ctx.vocab_size), ctx.endpoint_url)
-        assert rows == item.rows, (rows, item.rows)
-        marker = ShardMarker(index=item.index, file=name, rows=rows)
+        units = {u.uid: u for u in item.units}
+        pool, vocab = pool_for(self.pool), vocab_info_for(self.vocab)
+        cache: OrderedDict[str, UnitDocs] = OrderedDict()
+
+        def source(s: tuple[str, int, int, int]) -> pa.Table:
+            uid, p, lo, hi = s
+            u = cache.pop(uid, None) or load_unit(units[uid], ctx, self.dropped, self.copied)
+            cache[uid] = u
+            while sum(x.nbytes for x in cache.values()) > UNIT_CACHE_BYTES and len(cache) > 1:
+                cache.popitem(last=False)
+            return unit_rows(u, p, lo, hi, ctx, pool, vocab)
+
+        url = join(ctx.output, name)
+        schema = instance_schema(ctx.vocab_size)
+        fs, _ = filesystem_for(url, ctx.endpoint_url)
+        protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+        if "file" in protocols:  # written in place under its temporary name, indexed there, then renamed
+            with _open_commit(url, ctx.endpoint_url, ctx.fence) as f:
+                stats = write_shard(item, f, source, schema)
+                f.flush()
+                index, data = self._index(item, stats, f.name, name)
+                _prove(ctx.fence)
+        else:  # an object store: written and indexed locally, then uploaded (visible once complete)
+            with tempfile.TemporaryDirectory(prefix="shard-") as tmp:
+                local = os.path.join(tmp, os.path.basename(name))
+                stats = write_shard(item, local, source, schema)
+                index, data = self._index(item, stats, local, name)
+                with _open_commit(url, ctx.endpoint_url, ctx.fence) as f, open(local, "rb") as src:
+                    while block := src.read(8 << 20):
+                        f.write(block)
+                    _prove(ctx.fence)
+        marker = ShardMarker(
+            index=item.index, file=name, rows=stats.rows, random_next=stats.random_next, masked=stats.masked,
+            seq_len_histogram={str(k): int(v) for k, v in sorted(stats.seq_len.items())},
+            masked_per_seq_histogram={str(k): int(v) for k, v in sorted(stats.masked_per_seq.items())},
+            sha256=index.file_sha256, bytes=index.file_bytes, index_sha256=hashlib.sha256(data).hexdigest())
         write_marker(ctx.work, marker, ctx.endpoint_url, ctx.fence)
         return marker
+
+    def _index(self, item: ShardItem, stats: ShardStats, local: str, name: str):
+        """The finished local shard's sidecar index, committed beside where the shard goes (before it)."""
+        assert stats.rows == item.rows, (stats.rows, item.rows)
+        index = index_parquet(local, np.concatenate(stats.lengths) if stats.lengths else np.zeros(0, np.int64))
+        data = index.to_bytes()
+        write_bytes_atomic(join(self.ctx.output, index_name(name)), data, self.ctx.endpoint_url)
+        return index, data
 
 
 def shards_stage(s: BuildState) -> Stage:
     inst: list = s.markers["instances"]  # InstancesMarker, in unit order
-    (chunks,) = {m.chunks for m in inst}  # the same plan for every unit, resumed or not
+    assert s.pool is not None, "the shards run after the pool's merge"
+    chunks = chunks_per_pass(len(s.units), s.cfg.dupe_factor, s.num_shards)
     items = plan_shards([(m.uid, m.rows) for m in inst], s.num_shards, s.cfg.instances.seed, chunks)
-    return Stage("shards", ShardStep(s.ctx), {f"{t.index:05d}": t for t in items}, ShardMarker, noun="shards")
+    items = [dataclasses.replace(t, units=tuple(s.doc_units[uid] for uid in dict.fromkeys(u for u, *_ in t.slices)))
+             for t in items]
+    step = ShardStep(s.ctx, s.vocab, s.pool, s.dropped, s.copied)
+    return Stage("shards", step, {f"{t.index:05d}": t for t in items}, ShardMarker, noun="shards")

@@ -1,8 +1,10 @@
 """The build's working folder (``<output>/_work``) as the steps see it: where each stage's files go, the
 intermediate Arrow tables, and the per-process caches that keep a worker's tokenizer and pool loaded across items.
 
-Intermediate files are written once and read once, then deleted: Arrow IPC files (no encoding, no compression; a
-record batch is read back by index, like a Parquet row group). Final shards are zstd Parquet.
+Intermediate files are Arrow IPC files (no encoding, no compression; a record batch is read back by index, like a
+Parquet row group), deleted with _work once the manifest is committed: the units' tokenized documents (``docs/``),
+read by the pool, the instances pass and again by the shard items that make their rows, and each unit's row counts
+(``counts/``). No instance is ever written here. Final shards are zstd Parquet.
 """
 from __future__ import annotations
 
@@ -45,9 +47,6 @@ class StepContext:
 
     def url(self, *parts: str) -> str:
         return join(self.work, *parts)
-
-    def pool_url(self) -> str:
-        return self.url("pool", "pool" + WORK_SUFFIX)
 
     def pool_part_url(self, uid: str) -> str:
         return self.url("pool", "parts", uid + WORK_SUFFIX)

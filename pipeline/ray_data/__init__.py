@@ -1,11 +1,11 @@
 """The Ray adapter: the build on Ray Data. Each per-unit pass is one Ray Data execution over rows:
 
     ReadCorpus -> MapBatches(SplitTokenize) -> Write (sink WriteDocs)          the read pass: the input, once
-    ReadDocs -> MapBatches(PairsAndMasks) -> Write (sink WriteUnits)           the instances pass
+    ReadDocs -> MapBatches(CountPairs) -> Write (sink WriteCounts)             the instances pass
 
 ``CorpusDatasource`` (a ``ray.data.Datasource``: one read task per planned unit, a row per document with its
 stable id) feeds the operators of a ``rows.RowStage`` (``map_batches``, one block per unit) and
-``UnitsDatasink`` (a ``ray.data.Datasink`` named after the stage's sink, ``WriteDocs`` / ``WriteUnits``)
+``UnitsDatasink`` (a ``ray.data.Datasink`` named after the stage's sink, ``WriteDocs`` / ``WriteCounts``)
 commits each unit with its marker. Ray Data fuses the chain into one task per unit (same compute, same resources):
 Ray's Dashboard and ``Dataset.stats()`` show it as ``ReadCorpus->MapBatches(SplitTokenize)->...->Write`` with rows
 and bytes per operator, and a unit's rows never leave the process that read them before they are committed.
@@ -27,7 +27,7 @@ Bringing Ray up, the early worker processes and their warm-up: ``cluster.py``. A
 input: ``documents.py``.
 
     executor.py    RayDataExecutor (row passes: read_datasource -> map_batches -> write_datasink; item stages)
-    datasource.py  CorpusDatasource (ReadCorpus, ReadDocs), UnitsDatasink (WriteDocs, WriteUnits)
+    datasource.py  CorpusDatasource (ReadCorpus, ReadDocs), UnitsDatasink (WriteDocs, WriteCounts)
     cluster.py     Ray brought up early, warm worker processes, the vocabulary in the object store
     documents.py   build(config, documents=ds): the Dataset's digest and units
     guard.py       in_worker/guarded: every task's code with our log lines and its exceptions redacted

@@ -1,6 +1,6 @@
 """The build's two ends in Ray Data's terms: ``CorpusDatasource`` (a ``ray.data.Datasource``: one read task per
 planned unit, a row per document with its stable id; ``ReadCorpus`` in Ray's plans) and ``UnitsDatasink`` (a
-``ray.data.Datasink`` named after the stage's sink, ``WriteDocs`` / ``WriteUnits``: each write task commits its
+``ray.data.Datasink`` named after the stage's sink, ``WriteDocs`` / ``WriteCounts``: each write task commits its
 units with their markers and returns the markers)."""
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class UnitsDatasink(Datasink):
         self.results: list[Marker | UserError] = []
 
     def get_name(self) -> str:
-        return type(self._sink).__name__  # WriteDocs, WriteUnits
+        return type(self._sink).__name__  # WriteDocs, WriteCounts
 
     def write(self, blocks, ctx) -> list[bytes]:
         import pyarrow as pa

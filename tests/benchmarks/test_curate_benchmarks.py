@@ -57,7 +57,7 @@ def test_stage_costs_read_off_a_real_jobs_log(tmp_path, sample_dir):
     assert list(costs) == ["read", "curate", "reports", "pool", "instances", "shards"]
     assert all(c["wall_s"] >= 0 and abs(c["cpu_s"] - c["wall_s"]) < 0.02 for c in costs.values())
     assert {"ReadCorpus", "SignatureColumns", "SplitTokenize"} <= costs["read"]["ops"].keys()
-    assert "PairsAndMasks" in costs["instances"]["ops"] and "curate " in stage_line(costs)
+    assert "CountPairs" in costs["instances"]["ops"] and "curate " in stage_line(costs)
     assert not any("worker_private_mb" in c for c in costs.values())  # no memory figure without one in the series
     # With a worker's private memory in the series (here MB = 10 x seconds): each stage's peak is its last sample's.
     mem = stage_costs(done.stderr, [(t / 10, t / 10, float(t)) for t in range(0, 3000)])

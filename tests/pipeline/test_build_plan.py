@@ -18,6 +18,7 @@ from pipeline.read import ReadMarker
 from pipeline.shards import (
     SHARD_BYTES,
     ShardItem,
+    ShardMarker,
     chunk_bounds,
     chunks_per_pass,
     default_num_shards,
@@ -31,9 +32,7 @@ from storage.fs import expand_inputs
 
 def test_markers_round_trip_and_are_read_back_concurrently(tmp_path):
     work = str(tmp_path / "_work")
-    written = [InstancesMarker(uid=f"{i:05d}-00000", documents=i, rows=(i, i + 1), chunks=2, random_next=i,
-                               masked=3 * i, seq_len_histogram={"64": i}, masked_per_seq_histogram={"3": i})
-               for i in range(40)]
+    written = [InstancesMarker(uid=f"{i:05d}-00000", documents=i, rows=(i, i + 1)) for i in range(40)]
     for m in written:
         write_marker(work, m)
     got = read_markers(work, InstancesMarker)
@@ -41,6 +40,10 @@ def test_markers_round_trip_and_are_read_back_concurrently(tmp_path):
     d = ReadMarker(uid="u", path="p", read_documents=1, dropped={"bad_json": 1}, bad_files={}, documents=1,
                    sentences=2, tokens=3, unk_tokens=1, tokens_per_document={"2": 1})
     assert ReadMarker.from_json(d.to_json()) == d
+    s = ShardMarker(index=3, file="shards/part-00003-of-00004.parquet", rows=5, random_next=2, masked=9,
+                    seq_len_histogram={"64": 5}, masked_per_seq_histogram={"1": 1, "2": 4}, sha256="a" * 64, bytes=7,
+                    index_sha256="b" * 64)
+    assert ShardMarker.from_json(s.to_json()) == s and s.key == "00003"
     assert read_markers(str(tmp_path / "nothing"), ReadMarker) == {}
 
 
@@ -62,8 +65,8 @@ def test_shards_are_balanced_and_cover_every_row_once_in_the_seeded_order(num_sh
         for k in unit_order(len(unit_rows) * chunks, 12345, p):
             u, c = divmod(int(k), chunks)
             a, b = chunk_bounds(unit_rows[u][1][p], chunks)[c]
-            expected += [(unit_rows[u][0], p * chunks + c, i) for i in range(b - a)]
-    got = [(uid, batch, i) for t in tasks for uid, batch, lo, hi in t.slices for i in range(lo, hi)]
+            expected += [(unit_rows[u][0], p, i) for i in range(a, b)]
+    got = [(uid, p, i) for t in tasks for uid, p, lo, hi in t.slices for i in range(lo, hi)]
     assert got == expected
     assert all(hi > lo for t in tasks for _, _, lo, hi in t.slices)  # a task holds only slices it reads
 
@@ -90,23 +93,29 @@ def test_chunks_mix_more_units_into_each_shard_of_a_small_corpus():
 
 
 def test_shard_rows_are_in_key_order_within_each_group(tmp_path):
-    schema = pa.schema([("doc", pa.int64()), ("key", pa.uint64())])
+    schema = pa.schema([("input_ids", pa.list_(pa.uint16())), ("masked_lm_positions", pa.list_(pa.uint16())),
+                        ("next_sentence_label", pa.int8()), ("doc", pa.int64()), ("key", pa.uint64())])
     rng = np.random.default_rng(1)
-    for u in range(3):
-        with pa.OSFile(str(tmp_path / f"{u}.arrow"), "wb") as f, pa.ipc.new_file(f, schema) as w:
-            for p in range(2):
-                keys = np.sort(rng.integers(0, 2**63, 50).astype(np.uint64))
-                w.write_batch(pa.record_batch([pa.array(np.full(50, 10 * u + p)), pa.array(keys)], schema=schema))
+
+    def rows_of(u, p):  # row r of (u, p): r % 5 + 2 tokens, one masked position, random next when u == 2
+        return pa.table([pa.array([[1] * (r % 5 + 2) for r in range(50)], pa.list_(pa.uint16())),
+                         pa.array([[1]] * 50, pa.list_(pa.uint16())), pa.array(np.full(50, int(u == 2), np.int8)),
+                         pa.array(np.full(50, 10 * u + p)),
+                         pa.array(np.sort(rng.integers(0, 2**63, 50).astype(np.uint64)))], schema=schema)
+    rows = {(str(u), p): rows_of(u, p) for u in range(3) for p in range(2)}
     task = ShardItem(0, 1, (("0", 0, 10, 50), ("1", 1, 0, 50), ("2", 0, 0, 30), ("2", 1, 0, 50)))
-    url = str(tmp_path / "out.parquet")
-    rows = write_shard(task, url, lambda uid: str(tmp_path / f"{uid}.arrow"), schema, rows_per_group=100)
-    t = pq.read_table(url)
-    assert rows == t.num_rows == 170
+    path = str(tmp_path / "out.parquet")
+    stats = write_shard(task, path, lambda s: rows[s[0], s[1]].slice(s[2], s[3] - s[2]), schema, rows_per_group=100)
+    t = pq.read_table(path)
+    assert stats.rows == t.num_rows == 170
     keys, docs = t.column("key").to_numpy(), t.column("doc").to_numpy()
     # Groups of at most 100 rows, whole slices: [40 + 50], [30 + 50]; each in key order, documents interleaved.
     assert np.all(np.diff(keys[:90].astype(np.float64)) >= 0) and np.all(np.diff(keys[90:].astype(np.float64)) >= 0)
     assert sorted(set(docs[:90])) == [0, 11] and sorted(set(docs[90:])) == [20, 21]
     assert np.count_nonzero(np.diff(docs[:90])) > 20  # mixed, not two runs
+    assert stats.random_next == 80 and stats.masked == 170 and stats.masked_per_seq == {1: 170}
+    assert sum(stats.seq_len.values()) == 170 and set(stats.seq_len) == {2, 3, 4, 5, 6}
+    assert np.concatenate(stats.lengths).tolist() == [len(x) for x in t.column("input_ids").to_pylist()]
 
 
 def test_default_num_shards_follows_the_corpus_size():

@@ -214,7 +214,7 @@ def test_real_text_at_1_2_and_4_cpus_equals_the_plain_loop(ray_shutdown, ray_tmp
 def test_rays_logs_show_our_read_our_row_operators_and_our_sink(ray_local, ray_tmpdir, tmp_path, sample_dir):
     """What a Ray user reads in Ray Data's logs (<session>/logs/ray-data/, what the Dashboard's Data view shows):
     the per-unit passes as ReadCorpus -> MapBatches(SplitTokenize) -> Write (the read pass, the only one reading
-    the input) and ReadDocs -> MapBatches(PairsAndMasks) -> Write, each fused into one task per unit, the sinks by
+    the input) and ReadDocs -> MapBatches(CountPairs) -> Write, each fused into one task per unit, the sinks by
     their names with the rows they wrote, and rows per operator."""
     import glob
 
@@ -227,11 +227,11 @@ def test_rays_logs_show_our_read_our_row_operators_and_our_sink(ray_local, ray_t
     logs = "".join(open(f, errors="replace").read()
                    for f in glob.glob(os.path.join(ray_tmpdir, "**", "ray-data", "*.log"), recursive=True))
     assert "TaskPoolMapOperator[ReadCorpus->MapBatches(SplitTokenize)->Write]" in logs  # the read pass
-    assert "TaskPoolMapOperator[ReadDocs->MapBatches(PairsAndMasks)->Write]" in logs  # the instances pass
+    assert "TaskPoolMapOperator[ReadDocs->MapBatches(CountPairs)->Write]" in logs  # the instances pass
     assert "TaskPoolMapOperator[MapBatches(ShardStep)]" in logs
     # The sink's rows: every instance, plus one summary row per unit (what becomes its marker).
-    wrote = [line for line in logs.splitlines() if "Data sink WriteUnits finished" in line]
-    assert wrote, "no line from our WriteUnits sink"
+    wrote = [line for line in logs.splitlines() if "Data sink WriteCounts finished" in line]
+    assert wrote, "no line from our WriteCounts sink"
     rows = [int(line.split("finished. ")[1].split(" rows")[0]) for line in wrote]
     assert any(m.totals.instances < r < m.totals.instances + 100 for r in rows), rows
     assert "Data sink WriteDocs finished" in logs
