@@ -34,6 +34,7 @@ from pipeline.docs import doc_arrays, docs_url
 from pipeline.drops import copies_of, kept
 from pipeline.markers import Marker, marker, write_marker
 from pipeline.rows import RowStage, UserError, by_unit, take_ops, user_error
+from pipeline.sizes import chunks_per_pass
 from pipeline.state import BuildState
 from pipeline.work import WORK_SUFFIX, StepContext, read_table, write_table
 
@@ -55,6 +56,10 @@ class InstancesMarker(Marker):
     """Documents the pass counted rows of: the unit's tokenized documents less what drop lists removed."""
     rows: tuple[int, ...]
     """Instance rows per pass (``dupe_factor`` entries): where each pass's rows sit in the shards' global order."""
+    cuts: tuple[tuple[int, ...], ...] = ()
+    """Per pass, the rows where its chunks start, then ``rows[p]`` (``sizes.chunks_per_pass`` chunks): the pieces of
+    the global order (shards.py), cut at the document copy boundary nearest to an even split, so that only a
+    shard's own boundaries cut a document pass."""
     ops: dict[str, tuple] = dataclasses.field(default_factory=dict)
     """The operators' statistics for the unit (``rows.take_ops``): rows in and out, bytes out, CPU and wall
     seconds, by operator."""
@@ -179,7 +184,21 @@ def _merge(summaries: list[dict]) -> dict:
     return out
 
 
-def write_unit(uid: str, rows: pa.Table, ctx: StepContext, ops: dict | None = None) -> InstancesMarker | UserError:
+def doc_cuts(starts: np.ndarray, chunks: int) -> tuple[int, ...]:
+    """``chunks`` pieces of a pass whose document copies start at ``starts`` (then its rows): each cut at the copy
+    start nearest to the even split ``c * rows // chunks`` (pieces may be empty)."""
+    n = int(starts[-1])
+    out = [0]
+    for c in range(1, chunks):
+        t = c * n // chunks
+        i = int(np.searchsorted(starts, t))  # starts[i] >= t > starts[i - 1]; i <= len(starts) - 1 as t < n
+        above, below = int(starts[i]), int(starts[max(i - 1, 0)])
+        out.append(max(above if above - t <= t - below else below, out[-1]))
+    return tuple(out + [n])
+
+
+def write_unit(uid: str, rows: pa.Table, ctx: StepContext, chunks: int = 1, ops: dict | None = None
+               ) -> InstancesMarker | UserError:
     """Commit one unit's row counts (all its documents: checked against its report row) as
     ``_work/counts/<uid>.arrow``, one column per pass and one row per document copy (copy-major); then its marker."""
     is_summary = pc.invert(pc.is_null(rows.column("summary")))
@@ -201,8 +220,10 @@ def write_unit(uid: str, rows: pa.Table, ctx: StepContext, ops: dict | None = No
     by_pass = np.stack([np.concatenate([table[k * d + p] for k in range(len(table) // d)]) for p in range(d)])
     write_table(counts_url(ctx, uid), pa.table({f"p{p}": pa.array(by_pass[p].astype(np.int32)) for p in range(d)}),
                 ctx)
-    marker = InstancesMarker(uid=uid, documents=s["seen"], rows=tuple(int(x) for x in by_pass.sum(axis=1)),
-                             ops=ops or {})
+    starts = np.zeros((d, by_pass.shape[1] + 1), np.int64)
+    np.cumsum(by_pass, axis=1, out=starts[:, 1:])
+    marker = InstancesMarker(uid=uid, documents=s["seen"], rows=tuple(int(x) for x in starts[:, -1]),
+                             cuts=tuple(doc_cuts(starts[p], chunks) for p in range(d)), ops=ops or {})
     write_marker(ctx.work, marker, ctx.endpoint_url, ctx.fence)
     return marker
 
@@ -214,14 +235,17 @@ class WriteCounts:
 
     ctx: StepContext
     """Where each unit's counts file and marker go."""
+    chunks: int = 1
+    """Pieces each pass's rows are cut into for the global order (``sizes.chunks_per_pass``)."""
 
     def write(self, tables: list[pa.Table]) -> list[InstancesMarker | UserError]:
-        return [write_unit(uid, rows, self.ctx, take_ops()) for uid, rows in by_unit(tables)]
+        return [write_unit(uid, rows, self.ctx, self.chunks, take_ops()) for uid, rows in by_unit(tables)]
 
 
 def instances_stage(s: BuildState) -> RowStage:
+    chunks = chunks_per_pass(len(s.units), s.cfg.dupe_factor, s.num_shards)
     return RowStage("instances", s.doc_units, ReadDocs(s.ctx, s.dropped, s.copied), (CountPairs(s.ctx),),
-                    WriteCounts(s.ctx), InstancesMarker, s.unit_sizes)
+                    WriteCounts(s.ctx, chunks), InstancesMarker, s.unit_sizes)
 
 
 # --- the shard items' side: a unit's rows, made again from its documents (shards.py).
@@ -261,9 +285,11 @@ def load_unit(unit: Unit, ctx: StepContext, dropped: frozenset[str], copied: fro
                     starts)
 
 
-def unit_rows(u: UnitDocs, p: int, lo: int, hi: int, ctx: StepContext, pool: RandomDocPool, vocab) -> pa.Table:
+def unit_rows(u: UnitDocs, p: int, lo: int, hi: int, ctx: StepContext, pool: RandomDocPool, vocab
+              ) -> tuple[pa.Table, int]:
     """Rows [lo, hi) of pass ``p`` of the unit: the pairs and masks of only the document copies they come from
-    (``create_instances_flat``, a block of documents at a time), as the _work instance schema."""
+    (``create_instances_flat``, a block of documents at a time), as the _work instance schema; and the rows made
+    (those of the first and last document copy outside [lo, hi) included: what a slice boundary costs)."""
     starts = u.starts[p]
     first = int(np.searchsorted(starts, lo, side="right")) - 1
     last = int(np.searchsorted(starts, hi, side="left"))  # copies [first, last) hold rows [lo, hi)
@@ -289,4 +315,4 @@ def unit_rows(u: UnitDocs, p: int, lo: int, hi: int, ctx: StepContext, pool: Ran
     flush()
     table = _table(parts, ctx.vocab_size)
     assert table.num_rows == starts[last] - starts[first], (table.num_rows, starts[last] - starts[first])
-    return table.slice(lo - int(starts[first]), hi - lo)
+    return table.slice(lo - int(starts[first]), hi - lo), table.num_rows

@@ -10,13 +10,16 @@ dataset's global order is fixed by the seed and the counts alone:
 
     for pass p in 0..D-1:  for each (unit, chunk) in a permutation seeded by (seed, p):  that chunk's rows
 
-where chunk c of a unit's pass is its rows ``chunk_bounds(rows, chunks)[c]``. Shard ``i`` of ``S`` takes global rows
-``[i*N//S, (i+1)*N//S)`` (row counts differ by at most one). The driver turns the per-unit row counts into each
-item's slice list (prefix sums: O(units x passes x chunks) integers, no data), so a shard item is handed only its
-own slices ``(uid, pass, lo, hi)`` and makes exactly those rows: the pairs and masks of the document copies that
-hold them (``instances.unit_rows``), from the unit's tokenized documents in _work. It orders its rows by key within
-groups of at most ``ROWS_PER_GROUP`` rows (a default shard of ~128 MiB holds 4-5 groups): a document's pairs end up
-spread among the rows of every other document of the group, and memory stays bounded by the group.
+where chunk c of a unit's pass is its rows ``[cuts[c], cuts[c + 1])`` (``InstancesMarker.cuts``: an even split
+moved to the nearest document copy boundary, so that no chunk cuts a document pass in two). Shard ``i`` of ``S``
+takes global rows ``[i*N//S, (i+1)*N//S)`` (row counts differ by at most one). The driver turns the per-unit cuts
+into each item's slice list (prefix sums: O(units x passes x chunks) integers, no data), so a shard item is handed
+only its own slices ``(uid, pass, lo, hi)`` and makes exactly those rows: the pairs and masks of the document
+copies that hold them (``instances.unit_rows``), from the unit's tokenized documents in _work. Only a shard's two
+ends can cut a document pass, whose rows both shards then make (``ShardMarker.rows_made`` counts them). It orders
+its rows by key within groups of at most ``ROWS_PER_GROUP`` rows (a default shard of ~128 MiB holds 4-5 groups): a
+document's pairs end up spread among the rows of every other document of the group, and memory stays bounded by
+the group.
 
 ``chunks_per_pass`` cuts each unit's pass into enough chunks that a shard draws on ~``CHUNKS_PER_SHARD`` of them:
 a small corpus (few units per shard) gets its shards mixed from many units, a large one keeps one chunk per pass
@@ -29,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import inspect
+import logging
 import os
 import tempfile
 from collections import Counter, OrderedDict
@@ -48,7 +52,13 @@ from pipeline.executor import Shared, Stage
 from pipeline.instances import UnitDocs, load_unit, unit_rows
 from pipeline.markers import Marker, marker, write_marker
 from pipeline.pool import pool_for
-from pipeline.sizes import SHARD_BYTES, default_num_shards  # noqa: F401 - where tests and tools look
+from pipeline.sizes import (  # noqa: F401 - where tests and tools look
+    CHUNKS_PER_SHARD,
+    MAX_CHUNKS,
+    SHARD_BYTES,
+    chunks_per_pass,
+    default_num_shards,
+)
 from pipeline.state import BuildState
 from pipeline.work import StepContext
 from storage.fs import filesystem_for, join, open_atomic, write_bytes_atomic
@@ -61,12 +71,12 @@ ROWS_PER_GROUP = 1 << 17
 # (a shard item's peak for 2**18 rows of seq 128: +519 MB written as one row group, +403 MB in row groups of 2**16;
 # /proc RSS, synthetic rows, 2026-11-25). Readers read a shard whole or by row group either way.
 PARQUET_ROW_GROUP = 1 << 16
-CHUNKS_PER_SHARD = 32  # pieces of units a shard should mix, when the corpus has fewer units than that per shard
-MAX_CHUNKS = 64  # chunks per unit and pass at most: a slice boundary inside a document makes it twice
 UNIT_CACHE_BYTES = 128 << 20  # a shard item's units' documents kept between its slices (a unit recurs per pass)
 # storage.fs.open_atomic proves the output's fence itself right before the commit once it takes ``fence``
 # (issue 43); until then the shard step proves it just before opening the commit.
 _FENCED_COMMIT = "fence" in inspect.signature(open_atomic).parameters
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,12 +99,6 @@ class ShardItem:
         return sum(hi - lo for _, _, lo, hi in self.slices)
 
 
-def chunks_per_pass(num_units: int, dupe_factor: int, num_shards: int) -> int:
-    """Chunks per unit and pass, so that a shard spans ~CHUNKS_PER_SHARD pieces (1 for a large corpus)."""
-    need = -(-CHUNKS_PER_SHARD * num_shards // max(1, num_units * dupe_factor))  # ceil
-    return max(1, min(MAX_CHUNKS, need))
-
-
 def chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
     """Rows [a, b) of each of ``chunks`` contiguous pieces of ``n`` rows (sizes differ by at most one)."""
     return [(c * n // chunks, (c + 1) * n // chunks) for c in range(chunks)]
@@ -105,17 +109,24 @@ def unit_order(num_pieces: int, seed: int, pass_idx: int) -> np.ndarray:
     return np.random.default_rng(derive_seed(seed, "unit-order", pass_idx)).permutation(num_pieces)
 
 
-def plan_shards(unit_rows: Sequence[tuple[str, Sequence[int]]], num_shards: int, seed: int,
-                chunks: int = 1) -> list[ShardItem]:
-    """Shard i gets global rows [i*N//S, (i+1)*N//S); ``unit_rows``: (uid, rows per pass) in unit order, each
-    pass of each unit cut into ``chunks`` pieces (``chunk_bounds``)."""
-    uids = [u for u, _ in unit_rows]
-    counts = np.array([list(r) for _, r in unit_rows], dtype=np.int64).reshape(len(uids), -1)
+def even_cuts(rows: int, chunks: int) -> tuple[int, ...]:
+    """``chunk_bounds`` as cuts: 0, the end of each chunk."""
+    return (0,) + tuple(b for _, b in chunk_bounds(rows, chunks))
+
+
+def plan_shards(unit_cuts: Sequence[tuple[str, Sequence[Sequence[int]]]], num_shards: int, seed: int
+                ) -> list[ShardItem]:
+    """Shard i gets global rows [i*N//S, (i+1)*N//S); ``unit_cuts``: (uid, per pass the cuts of its rows into
+    chunks: 0, ..., rows) in unit order, every unit and pass with the same number of chunks."""
+    uids = [u for u, _ in unit_cuts]
+    cuts = [[list(c) for c in per_pass] for _, per_pass in unit_cuts]
+    passes = len(cuts[0]) if cuts else 0
+    chunks = len(cuts[0][0]) - 1 if cuts else 1
     segs: list[tuple[int, int, int, int]] = []  # (unit, pass, first row, rows)
-    for p in range(counts.shape[1]):
+    for p in range(passes):
         for k in unit_order(len(uids) * chunks, seed, p).tolist():
             u, c = divmod(k, chunks)
-            a, b = chunk_bounds(int(counts[u, p]), chunks)[c]
+            a, b = cuts[u][p][c], cuts[u][p][c + 1]
             segs.append((u, p, a, b - a))
     starts = np.zeros(len(segs) + 1, np.int64)
     np.cumsum([n for *_, n in segs], out=starts[1:])
@@ -228,6 +239,9 @@ class ShardMarker(Marker):
     """The shard file's size."""
     index_sha256: str = ""
     """sha256 hex of the sidecar index's bytes (``corpus/shard_index.py``), written beside the shard."""
+    rows_made: int = 0
+    """Rows the item made to write ``rows``: more by the rows of the document copies its slices cut (made again by
+    the shard on the other side of the cut); what not writing instances to _work costs (docs/architecture.md)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,6 +269,7 @@ class ShardStep:
         units = {u.uid: u for u in item.units}
         pool, vocab = pool_for(self.pool), vocab_info_for(self.vocab)
         cache: OrderedDict[str, UnitDocs] = OrderedDict()
+        rows_made = [0]
 
         def source(s: tuple[str, int, int, int]) -> pa.Table:
             uid, p, lo, hi = s
@@ -262,7 +277,9 @@ class ShardStep:
             cache[uid] = u
             while sum(x.nbytes for x in cache.values()) > UNIT_CACHE_BYTES and len(cache) > 1:
                 cache.popitem(last=False)
-            return unit_rows(u, p, lo, hi, ctx, pool, vocab)
+            rows, made = unit_rows(u, p, lo, hi, ctx, pool, vocab)
+            rows_made[0] += made
+            return rows
 
         url = join(ctx.output, name)
         schema = instance_schema(ctx.vocab_size)
@@ -270,14 +287,14 @@ class ShardStep:
         protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
         if "file" in protocols:  # written in place under its temporary name, indexed there, then renamed
             with _open_commit(url, ctx.endpoint_url, ctx.fence) as f:
-                stats = write_shard(item, f, source, schema)
+                stats = write_shard(item, f, source, schema, ROWS_PER_GROUP)
                 f.flush()
                 index, data = self._index(item, stats, f.name, name)
                 _prove(ctx.fence)
         else:  # an object store: written and indexed locally, then uploaded (visible once complete)
             with tempfile.TemporaryDirectory(prefix="shard-") as tmp:
                 local = os.path.join(tmp, os.path.basename(name))
-                stats = write_shard(item, local, source, schema)
+                stats = write_shard(item, local, source, schema, ROWS_PER_GROUP)
                 index, data = self._index(item, stats, local, name)
                 with _open_commit(url, ctx.endpoint_url, ctx.fence) as f, open(local, "rb") as src:
                     while block := src.read(8 << 20):
@@ -287,7 +304,8 @@ class ShardStep:
             index=item.index, file=name, rows=stats.rows, random_next=stats.random_next, masked=stats.masked,
             seq_len_histogram={str(k): int(v) for k, v in sorted(stats.seq_len.items())},
             masked_per_seq_histogram={str(k): int(v) for k, v in sorted(stats.masked_per_seq.items())},
-            sha256=index.file_sha256, bytes=index.file_bytes, index_sha256=hashlib.sha256(data).hexdigest())
+            sha256=index.file_sha256, bytes=index.file_bytes, index_sha256=hashlib.sha256(data).hexdigest(),
+            rows_made=rows_made[0])
         write_marker(ctx.work, marker, ctx.endpoint_url, ctx.fence)
         return marker
 
@@ -303,9 +321,17 @@ class ShardStep:
 def shards_stage(s: BuildState) -> Stage:
     inst: list = s.markers["instances"]  # InstancesMarker, in unit order
     assert s.pool is not None, "the shards run after the pool's merge"
-    chunks = chunks_per_pass(len(s.units), s.cfg.dupe_factor, s.num_shards)
-    items = plan_shards([(m.uid, m.rows) for m in inst], s.num_shards, s.cfg.instances.seed, chunks)
+    items = plan_shards([(m.uid, m.cuts) for m in inst], s.num_shards, s.cfg.instances.seed)
     items = [dataclasses.replace(t, units=tuple(s.doc_units[uid] for uid in dict.fromkeys(u for u, *_ in t.slices)))
              for t in items]
     step = ShardStep(s.ctx, s.vocab, s.pool, s.dropped, s.copied)
-    return Stage("shards", step, {f"{t.index:05d}": t for t in items}, ShardMarker, noun="shards")
+    return Stage("shards", step, {f"{t.index:05d}": t for t in items}, ShardMarker, noun="shards", after=_made)
+
+
+def _made(s: BuildState) -> BuildState:
+    """Say what making each shard's rows where it is written cost: rows made per row written."""
+    markers: list = s.markers["shards"]
+    rows, made = sum(m.rows for m in markers), sum(m.rows_made for m in markers)
+    log.info("shards: %d rows made for %d written (%.4fx: document passes cut by a shard's boundary are made on "
+             "both sides)", made, rows, made / max(1, rows))
+    return s

@@ -1,5 +1,6 @@
-"""What the driver plans from counts, never from documents: the random-next pool's sampling threshold and the
-default number of shards, both from the tokens the read pass counted (exact, the same however the input came)."""
+"""What the driver plans from counts, never from documents: the random-next pool's sampling threshold, the
+default number of shards, both from the tokens the read pass counted (exact, the same however the input came), and
+the pieces each unit's passes are cut into for the shards' global order."""
 from __future__ import annotations
 
 COMPRESSED_RATIO = 3  # text compresses ~3x (gzip/zstd/Parquet+zstd): a compressed unit's text, for progress
@@ -21,3 +22,13 @@ def default_num_shards(corpus_tokens: int, dupe_factor: int, vocab_size: int) ->
     the corpus's tokens only, never on the CPUs, so the dataset does not either."""
     per_token = PARQUET_BYTES_PER_TOKEN * (1 if vocab_size <= 65536 else 2)
     return max(1, -(-int(corpus_tokens * dupe_factor * per_token) // SHARD_BYTES))
+
+
+CHUNKS_PER_SHARD = 32  # pieces of units a shard should mix, when the corpus has fewer units than that per shard
+MAX_CHUNKS = 64  # pieces per unit and pass at most: the plan holds (units x passes x chunks) cuts
+
+
+def chunks_per_pass(num_units: int, dupe_factor: int, num_shards: int) -> int:
+    """Pieces per unit and pass, so that a shard spans ~CHUNKS_PER_SHARD pieces (1 for a large corpus)."""
+    need = -(-CHUNKS_PER_SHARD * num_shards // max(1, num_units * dupe_factor))  # ceil
+    return max(1, min(MAX_CHUNKS, need))

@@ -22,6 +22,7 @@ from pipeline.shards import (
     chunk_bounds,
     chunks_per_pass,
     default_num_shards,
+    even_cuts,
     plan_shards,
     unit_order,
     write_shard,
@@ -32,7 +33,8 @@ from storage.fs import expand_inputs
 
 def test_markers_round_trip_and_are_read_back_concurrently(tmp_path):
     work = str(tmp_path / "_work")
-    written = [InstancesMarker(uid=f"{i:05d}-00000", documents=i, rows=(i, i + 1)) for i in range(40)]
+    written = [InstancesMarker(uid=f"{i:05d}-00000", documents=i, rows=(i, i + 1), cuts=((0, i), (0, 1, i + 1)))
+               for i in range(40)]
     for m in written:
         write_marker(work, m)
     got = read_markers(work, InstancesMarker)
@@ -55,7 +57,7 @@ def _rows(n_units=7, passes=3, seed=0):
 @pytest.mark.parametrize("num_shards,chunks", [(1, 1), (4, 1), (5, 3), (40, 1), (40, 7)])
 def test_shards_are_balanced_and_cover_every_row_once_in_the_seeded_order(num_shards, chunks):
     unit_rows = _rows()
-    tasks = plan_shards(unit_rows, num_shards, seed=12345, chunks=chunks)
+    tasks = plan_shards([(u, [even_cuts(n, chunks) for n in r]) for u, r in unit_rows], num_shards, seed=12345)
     total = sum(sum(r) for _, r in unit_rows)
     sizes = [t.rows for t in tasks]
     assert sum(sizes) == total and max(sizes) - min(sizes) <= 1 and [t.index for t in tasks] == list(range(num_shards))
@@ -75,7 +77,7 @@ def test_passes_are_ordered_independently_so_a_units_passes_land_in_different_sh
     unit_rows = [(f"{u:05d}-00000", (100, 100, 100)) for u in range(12)]
     orders = [unit_order(12, 7, p).tolist() for p in range(3)]
     assert len({tuple(o) for o in orders}) == 3 and all(sorted(o) == list(range(12)) for o in orders)
-    tasks = plan_shards(unit_rows, 6, seed=7)
+    tasks = plan_shards([(u, [even_cuts(n, 1) for n in r]) for u, r in unit_rows], 6, seed=7)
     for uid, _ in unit_rows:
         shards = {t.index for t in tasks for u, _, _, _ in t.slices if u == uid}
         assert len(shards) >= 3  # each pass spans two shards of its own
@@ -88,7 +90,8 @@ def test_chunks_mix_more_units_into_each_shard_of_a_small_corpus():
     chunks = chunks_per_pass(6, 2, 4)
 
     def units_per_shard(c):
-        return [len({u for u, _, _, _ in t.slices}) for t in plan_shards(unit_rows, 4, seed=3, chunks=c)]
+        return [len({u for u, _, _, _ in t.slices})
+                for t in plan_shards([(u, [even_cuts(n, c) for n in r]) for u, r in unit_rows], 4, seed=3)]
     assert max(units_per_shard(1)) <= 4 and min(units_per_shard(chunks)) == 6  # every unit in every shard
 
 
