@@ -85,7 +85,7 @@ def test_check_curate_dedup_through_the_job(tmp_path, mlflow_uri, capsys):
 
     client = MlflowClient(mlflow_uri)
     run = client.get_run(summary["mlflow_run_id"])
-    assert run.data.params["curate.dedup.mode"] == "near" and run.data.params["curate.dedup.threshold"] == "0.8"
+    assert run.data.params["curate.dedup.mode"] == "near" and run.data.params["curate.dedup.threshold"] == "0.65"
     assert {f"dropped.{k}": float(v) for k, v in by_reason.items()}.items() <= run.data.metrics.items()
     assert run.data.metrics["curate.report_lines"] == len(lines)
     logged = client.download_artifacts(run.info.run_id, "reports/dropped.jsonl", str(tmp_path))
