@@ -375,26 +375,43 @@ def list_names(url: str, endpoint_url: str | None = None) -> list[str]:
         return []
 
 
+TEMP_MARK = ".tmp-"  # NAME.tmp-<32 hex>: an open_atomic write not yet committed (or a killed writer's leftover)
+
+
+def _temp_name(path: str) -> str:
+    return f"{path}{TEMP_MARK}{uuid.uuid4().hex}"
+
+
 @contextlib.contextmanager
-def open_atomic(url: str, endpoint_url: str | None = None) -> Iterator[IO[bytes]]:
+def open_atomic(url: str, endpoint_url: str | None = None, fence: Any = None) -> Iterator[IO[bytes]]:
     """A binary file that appears under ``url`` only if the block exits cleanly (never half-written).
 
-    Local: a temp name beside it, then ``os.replace``. Object stores: the object is created when the upload
-    completes (one PUT, or CompleteMultipartUpload), and an exception discards the upload instead.
+    Local: a temp name beside it, then ``os.replace``. Object stores without ``fence``: the object is created when
+    the upload completes (one PUT, or CompleteMultipartUpload), and an exception discards the upload instead.
+
+    ``fence`` (storage/fence.py): the writer's lease is proved fresh (``fence.check(fresh=True)``, one GET) after
+    the bytes are written and right before the final name becomes visible, and nothing lands when it cannot be:
+    a writer that stalled while another job took the output over never commits (LeaseLost). Locally that is just
+    before the rename; on an object store the bytes go to a temporary key first, then the proof, then one
+    server-side copy to the final key (the short step that makes it visible: no upload happens after the proof),
+    then the temporary key is deleted.
     """
     fs, path = filesystem_for(url, endpoint_url)
     if isinstance(fs, LocalFileSystem):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        tmp = _temp_name(path)
         try:
             with open(tmp, "wb") as f:
                 yield f
+            if fence is not None:
+                fence.check(fresh=True)
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
         return
-    f = fs.open(path, "wb")
+    target = _temp_name(path) if fence is not None else path
+    f = fs.open(target, "wb")
     try:
         yield f
     except BaseException:
@@ -403,15 +420,37 @@ def open_atomic(url: str, endpoint_url: str | None = None) -> Iterator[IO[bytes]
             discard()
         raise
     f.close()
+    if fence is None:
+        return
+    try:
+        fence.check(fresh=True)
+        retrying(lambda: fs.copy(target, path), f"commit {url}")
+    finally:
+        with contextlib.suppress(Exception):  # a leftover is removed by remove_stale_temps at the build's end
+            fs.rm_file(target)
+
+
+_TEMP = re.compile(re.escape(TEMP_MARK) + r"[0-9a-f]{32}$")
 
 
 def remove_stale_temps(url: str, endpoint_url: str | None = None) -> None:
-    """Delete ``*.tmp-<uuid>`` leftovers of a killed local writer under a folder."""
+    """Delete ``*.tmp-<uuid>`` leftovers of a killed writer under a folder (local, or on an object store): call it
+    only when no writer of that folder is running."""
     fs, path = filesystem_for(url, endpoint_url)
-    if isinstance(fs, LocalFileSystem) and os.path.isdir(path):
-        for name in os.listdir(path):
-            if ".tmp-" in name:
-                os.remove(os.path.join(path, name))
+    if isinstance(fs, LocalFileSystem):
+        if os.path.isdir(path):
+            for name in os.listdir(path):
+                if TEMP_MARK in name:
+                    os.remove(os.path.join(path, name))
+        return
+    fs.invalidate_cache(path)
+    try:
+        names = fs.ls(path, detail=False)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if _TEMP.search(name.rstrip("/")):
+            fs.rm_file(name)
 
 
 def upload_tree(local: str | os.PathLike, url: str, endpoint_url: str | None = None, last: str = "config.json") -> None:

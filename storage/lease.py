@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -36,6 +37,7 @@ from storage.fence import Fence
 from storage.lease_record import (
     BEAT_FRACTION,
     HELD,
+    MAX_STALE_SECONDS,
     STALE_ENV,
     STALE_SECONDS,
     STEP_DOWN_FRACTION,
@@ -113,7 +115,9 @@ class Lease:
             theirs = float(record.get("stale_seconds") or 0)
         except (TypeError, ValueError):
             theirs = 0.0
-        return max(self.stale, min(theirs, 24 * 3600.0))
+        if not math.isfinite(theirs):  # a record's NaN would make every comparison false: the holder never stale
+            theirs = 0.0
+        return max(self.stale, min(theirs, MAX_STALE_SECONDS))
 
     # ---- acquire, beat, release ----------------------------------------------------------------------------------
 
@@ -158,6 +162,13 @@ class Lease:
             stale = self._stale_for(before)
             if gone is None and age <= stale:
                 raise LeaseHeld(self._refusal(before, version))
+            if gone is None:  # stale by the store's clock; confirmed on ours before anything is taken
+                now_got = self._unchanged_for(version, stale)
+                if now_got is not None:  # the record changed while we watched
+                    if now_got[0].get("token") == before.get("token"):  # its holder beat: alive
+                        raise LeaseHeld(self._refusal(*now_got))
+                    continue  # released or taken by someone else meanwhile: look again
+                sent = time.monotonic()  # our record's write is sent now, after the watch
             record = self._new_record(before, version)
             if self._store.replace(record, version):
                 self.last_ok, self.record = sent, record
@@ -171,6 +182,23 @@ class Lease:
         got = self._store.read()
         raise LeaseHeld(self._refusal(*got) if got else f"{self.target}: could not take the writer lease {self.url};"
                         " try again")
+
+    def _unchanged_for(self, version: Version, stale: float) -> tuple[dict[str, Any], Version] | None:
+        """Watch the record for ``stale`` seconds of this process's monotonic clock: None when its version (the S3
+        ETag, the local generation) stayed ``version`` all along, else what it changed to. A takeover needs this as
+        well as the store's dates: the store's nodes may date a live holder's beats with clocks that disagree, but
+        a holder that beats every S/4 cannot leave its record unchanged for S of the taker's own time."""
+        log.info("%s: the writer lease %s looks stale by the store's clock; watching it for %.0f s before taking"
+                 " over", self.target, self.url, stale)
+        began = time.monotonic()
+        while (left := stale - (time.monotonic() - began)) > 0:
+            time.sleep(min(left, max(stale * BEAT_FRACTION / 2, 0.05)))
+            got = self._store.read()
+            if got is None:
+                return {}, version
+            if got[1].tag != version.tag:
+                return got
+        return None
 
     def _date_legacy(self, record: dict[str, Any]) -> None:
         """A record created where there was none: output already in the target was written without commits (an

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import math
 import os
 import socket
 import sys
@@ -38,8 +39,15 @@ KEEP_COMMITS = 16  # per kind: a run keeps a few checkpoints; older entries name
 EXIT_LEASE_LOST = 2  # what a job that lost its lease exits with (a user-facing condition, like a refusal)
 
 
+MIN_STALE_SECONDS, MAX_STALE_SECONDS = 1.0, 24 * 3600.0  # below, a beat (S/4) is faster than a store answers;
+# above, a dead holder blocks its output for over a day. NaN would switch every time limit off (every comparison
+# with it is false) and spin the heartbeat; inf would stop the heartbeat thread.
+
+
 def stale_seconds() -> float:
-    """The stale time in force: ``BERT_LEASE_STALE_SECONDS`` when set (tests, operators), else STALE_SECONDS."""
+    """The stale time in force: ``BERT_LEASE_STALE_SECONDS`` when set (tests, operators), else STALE_SECONDS. A
+    value that is not a finite number of seconds in [MIN_STALE_SECONDS, MAX_STALE_SECONDS] is refused (ValueError
+    naming the variable), before any lease is taken."""
     raw = os.environ.get(STALE_ENV)
     if not raw:
         return STALE_SECONDS
@@ -47,8 +55,9 @@ def stale_seconds() -> float:
         value = float(raw)
     except ValueError:
         raise ValueError(f"{STALE_ENV}={raw!r}: give a number of seconds") from None
-    if value <= 0:
-        raise ValueError(f"{STALE_ENV}={raw!r}: give a positive number of seconds")
+    if not math.isfinite(value) or not MIN_STALE_SECONDS <= value <= MAX_STALE_SECONDS:
+        raise ValueError(f"{STALE_ENV}={raw!r}: give a number of seconds from {MIN_STALE_SECONDS:g} to "
+                         f"{MAX_STALE_SECONDS:g} (the default is {STALE_SECONDS:g})")
     return value
 
 
