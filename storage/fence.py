@@ -12,17 +12,20 @@ process that writes. It offers three things:
   name, step and digest) to what was committed under the lease. It fails if anyone else changed the record in
   between, so nothing is ever committed after a takeover; a taker resumes only from committed entries.
 - ``watch()``: a thread that proves the lease every S/8 and ends the process (status 2, one line) when it cannot: a
-  Ray Train worker stops training when its job's driver is stopped, even between checkpoints.
+  Ray Train worker stops training when its job's driver is stopped, even between checkpoints; ``watching()`` does
+  it for one block (each Ray Data task of a build: pipeline/ray_data/guard.py).
 
 A proof that fails raises ``LeaseLost`` (one line naming who holds the lease now); in the process that holds the
 lease itself, the lease steps down first (its ``on_lost``: by default the process exits).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from storage import lease_record
@@ -144,6 +147,17 @@ class Fence:
         return entries, (float(legacy) if isinstance(legacy, (int, float)) and not entries else None)
 
     # ---- a watcher -----------------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def watching(self, on_lost=None) -> Iterator[None]:
+        """``watch()`` for the length of a block: a build's Ray Data task (a write that takes minutes) stops when its
+        job's lease is lost, not only at its commit. The watcher ends with the block, so a worker process that later
+        runs another job's tasks is not ended for this one's lease."""
+        stop = self.watch(on_lost)
+        try:
+            yield
+        finally:
+            stop.set()
 
     def watch(self, on_lost=None) -> threading.Event:
         """Prove the lease every S/8 in a daemon thread; when it cannot be proved, log the one line and call

@@ -18,12 +18,24 @@ def in_worker(fn: Callable[..., Any], *args: Any) -> Any:
     returned as a value)."""
     redact_worker_logging()
     fixed_mmap_threshold()  # once per process: a worker's memory flat from item to item (cluster/allocators.py)
+    fence = _fence_of(fn)
     try:
-        return fn(*args)
+        if fence is None:
+            return fn(*args)
+        with fence.watching():  # the build's writer lease, proved every S/8 while the task runs (storage/fence.py)
+            return fn(*args)
     except Exception as e:  # noqa: BLE001 - re-raised: a user's mistake as it is, anything else redacted
         if users_mistake(e):
             raise
         raise redacted_error(e) from None
+
+
+def _fence_of(fn: Callable[..., Any]) -> Any:
+    """The build's fence a step (``step.ctx.fence``, ``step.fence``) or a sink's bound ``write`` carries; None for a
+    row operator, which commits nothing."""
+    owner = getattr(fn, "__self__", fn)
+    fence = getattr(owner, "fence", None)
+    return fence if fence is not None else getattr(getattr(owner, "ctx", None), "fence", None)
 
 
 class Guarded:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pickle
 import time
+from pathlib import Path
 
 import pytest
 
@@ -162,3 +163,59 @@ def test_a_holder_silent_on_the_takers_clock_is_taken_over(tmp_path, monkeypatch
         assert store_for(url, None).read()[0]["token"] == taker.token
     finally:
         taker.release()
+
+
+# ---- item 4: a build task watches the fence while it runs ---------------------------------------------------------
+
+_TASK = """
+import pickle, sys, time
+from pipeline.ray_data.guard import in_worker
+
+class Ctx:
+    def __init__(self, fence):
+        self.fence = fence
+
+class SlowStep:  # a build step as Ray Data runs it: its ctx carries the output's fence
+    def __init__(self, fence):
+        self.ctx = Ctx(fence)
+    def __call__(self, item):
+        print("started", flush=True)
+        for _ in range(600):  # a minute of work, never committing
+            time.sleep(0.1)
+        return "finished"
+
+fence = pickle.loads(bytes.fromhex(sys.argv[1]))
+print(in_worker(SlowStep(fence), "unit-0"), flush=True)
+"""
+
+
+def test_a_build_task_stops_when_its_jobs_lease_is_lost(tmp_path, monkeypatch):
+    """Before: a Ray Data task ran no fence watcher, so a task of a job that had lost its output ran on (and wrote
+    its _work files) until it committed. Now the task's process ends, status 2, with one line, soon after the loss."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv(STALE_ENV, "2")
+    url, target = str(tmp_path / "out" / "_writer.lease.json"), str(tmp_path / "out")
+    first = Lease(url, target, "dataset build", on_lost=Steps()).acquire()
+    task = subprocess.Popen([sys.executable, "-c", _TASK, pickle.dumps(first.fence).hex()], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(Path(__file__).resolve().parents[2]))
+    try:
+        assert task.stdout.readline().strip() == "started"
+        first._stop.set()  # the job stalls; another takes its output over
+        taker = None
+        deadline = time.monotonic() + 60
+        while taker is None:
+            try:
+                taker = Lease(url, target, "dataset build", on_lost=Steps()).acquire()
+            except LeaseHeld:
+                assert time.monotonic() < deadline
+                time.sleep(0.5)
+        out, err = task.communicate(timeout=50)
+        taker.release()
+    finally:
+        if task.poll() is None:
+            task.kill()
+    assert task.returncode == 2, err
+    assert "finished" not in out
+    assert "lost its writer lease" in err or "has not renewed the writer lease" in err, err
