@@ -43,6 +43,16 @@ def example_keys(rows: Rows, seed: int) -> np.ndarray:
         return mix64(mix64(rows.example.astype(np.uint64) ^ base) + rows.epoch.astype(np.uint64))
 
 
+def mask_counts(lengths: np.ndarray, masked_lm_prob: float, max_predictions: int) -> np.ndarray:
+    """Masked positions per row of `lengths` tokens under the builder's token rule (`corpus.masking`, not whole-word)
+    and `Remasker`'s: round(15% of the row) half to even, at least 1, at most `max_predictions` and the row's
+    candidates (all but [CLS] and both [SEP])."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    # The reference rounds len(tokens) * prob with Python 3 rounding (half to even), as np.round does.
+    k = np.minimum(max_predictions, np.maximum(1, np.round(lengths * masked_lm_prob))).astype(np.int64)
+    return np.minimum(k, np.maximum(lengths - 3, 0))  # a row never has more picks than candidates
+
+
 def padded_width(longest: int, pad_multiple: int = 8, length_buckets: Sequence[int] | None = None) -> int:
     """The smallest bucket width >= `longest` (with buckets), else `longest` rounded up to `pad_multiple`."""
     if length_buckets:
@@ -112,6 +122,10 @@ class Remasker:
         if not 0 <= self.mask_id < self.vocab_size:
             raise ValueError(f"mask_id {self.mask_id} is outside the vocabulary (size {self.vocab_size})")
 
+    def counts(self, lengths: np.ndarray) -> np.ndarray:
+        """Masked positions per row of `lengths` tokens: what `__call__` draws, known before reading the rows."""
+        return mask_counts(lengths, self.masked_lm_prob, self.max_predictions)
+
     def __call__(self, rows: Rows, seed: int) -> Rows:
         n, lengths = len(rows), rows.lengths
         original = rows.ids.copy()
@@ -121,9 +135,7 @@ class Remasker:
         keys = example_keys(rows, seed)
         # Candidates: every position but [CLS] (0), the [SEP] after A (a_length + 1) and the final [SEP].
         special = (col == 0) | (col == rows.a_length[row_of] + 1) | (col == lengths[row_of] - 1)
-        # The reference rounds len(tokens) * prob with Python 3 rounding (half to even), as np.round does.
-        k = np.minimum(self.max_predictions, np.maximum(1, np.round(lengths * self.masked_lm_prob))).astype(np.int64)
-        k = np.minimum(k, np.maximum(lengths - 3, 0))  # a row never has more picks than candidates
+        k = self.counts(lengths)
         pick = keyed_uniforms(keys, row_of, col, 0)
         pick[special] = 2.0  # never chosen while a real candidate is left
         order = np.lexsort((pick, row_of))  # grouped by row, random order inside each row

@@ -23,19 +23,26 @@ thread (`Prefetcher`). A new step of the stream is a `DataConfig` field and a st
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
+import logging
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from corpus.schema import Manifest
-from pretraining.batching import Remasker, finite_batches
-from pretraining.order import RankShare, global_batches, rank_share
+from pretraining.batching import Remasker, finite_batches, mask_counts
+from pretraining.order import Planned, RankShare, global_batches, rank_share, split_example
 from pretraining.packing import PackConfig
 from pretraining.rows import Rows, read_shard
+from pretraining.shard_reader import ShardReader
 from storage.fs import storage_options
+
+log = logging.getLogger(__name__)
 
 
 def default_length_buckets(max_seq_length: int, count: int = 4) -> tuple[int, ...]:
@@ -284,14 +291,81 @@ def remasker_for(data: DataConfig, vocab_size: int) -> Remasker | None:
                     masked_lm_prob=data.masked_lm_prob)
 
 
+def masked_rule(data: DataConfig) -> Callable[[np.ndarray], np.ndarray] | None:
+    """Each row's masked positions from its length alone, as the order needs them before a row is read: dynamic
+    masking's draw (`Remasker.counts`), or the build's token-masking rule; None for a dataset built with
+    whole-word masking and trained with its own masks (its counts are only in the rows: read whole)."""
+    m = data.train
+    if data.dynamic_masking:
+        return lambda lengths: mask_counts(lengths, data.masked_lm_prob, m.max_predictions)
+    if m.config.get("instances", {}).get("whole_word_mask", False):
+        return None
+    return lambda lengths: mask_counts(lengths, m.masked_lm_prob, m.max_predictions)
+
+
+def share_reader(data: DataConfig, **options) -> ShardReader | None:
+    """The reader of this rank's share (`pretraining.shard_reader`), or None where the shards must be read whole
+    (a dataset built before shards had an index, or static whole-word masks), with one log line saying why."""
+    rule = masked_rule(data)
+    if not ShardReader.indexed(data.train):
+        log.info("%s has no shard index (built before them): every worker reads every shard whole; rebuild it "
+                 "to read only each worker's share", data.train.url)
+        return None
+    if rule is None:
+        log.info("%s was built with whole-word masks, whose counts only its rows hold: every worker reads every "
+                 "shard whole (--dynamic-masking reads only each worker's share)", data.train.url)
+        return None
+    return ShardReader(data.train, data.endpoint_url, rule, **options)
+
+
+def _own_part(batch, data: DataConfig, rank: int, world: int) -> Planned:
+    """The planned rows of `batch` that rank `rank` of `world` trains."""
+    lo, hi = rank * data.batch_size // world, (rank + 1) * data.batch_size // world
+    if batch.packs is None:
+        return batch.rows.slice(lo, hi)
+    packs = batch.packs[lo:hi]
+    return batch.rows.take(np.concatenate(packs) if packs else np.zeros(0, np.int64))
+
+
 def rank_steps(data: DataConfig, vocab_size: int, seed: int, rank: int, world: int, start: int = 0,
-               start_position: tuple[int, int] | None = None) -> Iterator[RankShare]:
+               start_position: tuple[int, int] | None = None,
+               reader: ShardReader | None | bool = True) -> Iterator[RankShare]:
     """Rank `rank` of `world`'s share of every step from global batch `start` on (packed: from `start_position`
-    when known), unprefetched. `data` is the world's geometry (`DataConfig.for_world`)."""
-    batches = global_batches(data, seed, _load(data.train, data.endpoint_url), start, start_position,
-                             remasker_for(data, vocab_size))
-    for batch in batches:
-        yield rank_share(batch, data, rank, world, data.accum)
+    when known), unprefetched. `data` is the world's geometry (`DataConfig.for_world`).
+
+    With shard indexes (`share_reader`; `reader` True: made here, or given, or False: read whole) the global order
+    is computed from the rows' lengths and only this rank's rows are read, decoded, masked and collated; the row
+    groups of the next `bucket_window` batches' rows are read ahead in background threads. Without, every shard is
+    read whole (the same order and batches)."""
+    remasker = remasker_for(data, vocab_size)
+    if reader is True:
+        reader = share_reader(data)
+    if not reader:
+        batches = global_batches(data, seed, _load(data.train, data.endpoint_url), start, start_position, remasker)
+        for batch in batches:
+            yield rank_share(batch, data, rank, world, data.accum)
+        return
+
+    def fetch(part: Planned) -> Rows:
+        rows = reader.fetch(part)
+        if remasker is not None:
+            rows = remasker(rows, seed)
+        counts = np.diff(rows.pos_off)
+        if not np.array_equal(counts, part.masked):
+            bad = int(split_example(part.example[np.flatnonzero(counts != part.masked)[0]])[0])
+            raise ValueError(f"{data.train.shards[bad].url}: rows with other masked counts than the build's rule "
+                             "gives: the dataset was changed after its build; rebuild it")
+        return rows
+
+    ahead: collections.deque = collections.deque()
+    try:
+        for batch in global_batches(data, seed, reader.planned, start, start_position, remasker, fetch):
+            reader.prefetch(_own_part(batch, data, rank, world))
+            ahead.append(batch)
+            if len(ahead) > data.bucket_window:
+                yield rank_share(ahead.popleft(), data, rank, world, data.accum)
+    finally:
+        reader.close()
 
 
 def train_steps(data: DataConfig, vocab_size: int, seed: int, rank: int, world: int, start: int,

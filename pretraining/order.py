@@ -94,10 +94,60 @@ def windows(pieces: Iterable[Rows], window_rows: int) -> Iterator[Rows]:
         held.append(piece)
         have += len(piece)
         while have >= window_rows:
-            rows = Rows.concat(held)
+            rows = _concat(held)
             yield rows.slice(0, window_rows)
             rest = rows.slice(window_rows, len(rows))
             held, have = ([rest] if len(rest) else []), len(rest)
+
+
+@dataclass
+class Planned:
+    """Rows known by their ids, lengths and masked counts only, not read yet: what the order needs. A shard's
+    sidecar index (corpus/shard_index.py) gives them without reading the shard, so every worker computes the
+    global order from the lengths and then reads, decodes, masks and collates only its own rows
+    (`GlobalBatch.fetch`). It has the parts of `Rows`' interface the order uses (`lengths`, `pos_off`, `example`,
+    `epoch`, `take`, `slice`, `concat`), so the order's code is one for both."""
+
+    lengths: np.ndarray
+    """(n,) tokens of each row, [CLS] and [SEP] included."""
+    masked: np.ndarray
+    """(n,) masked positions of each row, as it will be trained (dynamic masking: as redrawn)."""
+    example: np.ndarray | None = None
+    """(n,) example ids, `shard << 32 | row`."""
+    epoch: np.ndarray | None = None
+    """(n,) the epoch each row is read in."""
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def pos_off(self) -> np.ndarray:
+        off = np.zeros(len(self.masked) + 1, np.int64)
+        np.cumsum(self.masked, out=off[1:])
+        return off
+
+    def take(self, idx: np.ndarray) -> Planned:
+        idx = np.asarray(idx, dtype=np.int64)
+        return Planned(self.lengths[idx], self.masked[idx], None if self.example is None else self.example[idx],
+                       None if self.epoch is None else self.epoch[idx])
+
+    def slice(self, start: int, stop: int) -> Planned:
+        return self.take(np.arange(start, stop))
+
+    @staticmethod
+    def concat(parts: Sequence[Planned]) -> Planned:
+        if len(parts) == 1:
+            return parts[0]
+
+        def cat(name: str) -> np.ndarray | None:
+            columns = [getattr(p, name) for p in parts]
+            return None if any(c is None for c in columns) else np.concatenate(columns)
+
+        return Planned(cat("lengths"), cat("masked"), cat("example"), cat("epoch"))
+
+
+def _concat(parts: Sequence) -> Rows | Planned:
+    return Planned.concat(parts) if isinstance(parts[0], Planned) else Rows.concat(parts)
 
 
 @dataclass
@@ -106,13 +156,25 @@ class GlobalBatch:
     Packed: `rows` is the window's rows and `packs` the batch's packed rows (index arrays into `rows`, at most B:
     the missing ones are empty)."""
 
-    rows: Rows
-    """Unpacked: the batch's B rows in order; packed: the whole window's rows."""
+    rows: Rows | Planned
+    """Unpacked: the batch's B rows in order; packed: the whole window's rows. `Planned` (ids, lengths and masked
+    counts only) when the loader reads only its share: `fetch` reads the ones a rank trains."""
     position: int | tuple[int, int]
     """The stream position after this batch: global batches consumed, or packed (window, batches taken in it)."""
     packs: list[np.ndarray] | None = None
     """Packed: the batch's packed rows, each an index array into `rows` (at most B; the missing ones are empty);
     None unpacked."""
+    fetch: Callable[[Planned], Rows] | None = None
+    """With `Planned` rows: reads, decodes and (dynamic masking) re-masks the rows it is given, checking them
+    against their plan; None when `rows` are read already."""
+
+    def materialize(self, part: Rows | Planned) -> Rows:
+        """`part` (rows of this batch) as `Rows`: itself when read already, else fetched."""
+        if isinstance(part, Rows):
+            return part
+        if self.fetch is None:
+            raise ValueError("a planned batch needs its fetch to be read")
+        return self.fetch(part)
 
     @property
     def examples(self) -> np.ndarray:
@@ -129,12 +191,25 @@ class GlobalBatch:
         return int(masked[flat].sum()), len(flat)
 
 
-def global_batches(data, seed: int, load: Callable[[int], Rows], start: int = 0,
+def global_batches(data, seed: int, load: Callable[[int], Rows | Planned], start: int = 0,
                    start_position: tuple[int, int] | None = None,
-                   remasker: Remasker | None = None) -> Iterator[GlobalBatch]:
+                   remasker: Remasker | None = None,
+                   fetch: Callable[[Planned], Rows] | None = None) -> Iterator[GlobalBatch]:
     """The global batches from batch `start` on (packed: from `start_position` when known, else by replaying the
-    windows from the first to find batch `start`). `data` is a `pretraining.loader.DataConfig`."""
+    windows from the first to find batch `start`). `data` is a `pretraining.loader.DataConfig`.
+
+    `load(i)` gives shard i's rows: read whole (`Rows`; the batches then hold their rows, re-masked), or `Planned`
+    from its index (the batches then hold ids, lengths and masked counts, and `fetch`, which reads and re-masks the
+    rows a rank trains: `rank_share`). The order is the same either way: it depends on lengths and counts only."""
     shard_rows = data.train.shard_rows
+
+    def remasked(rows):
+        if remasker is None:
+            return rows
+        if isinstance(rows, Planned):  # the counts the remasker will draw, from the lengths alone
+            return Planned(rows.lengths, remasker.counts(rows.lengths), rows.example, rows.epoch)
+        return remasker(rows, seed)
+
     if data.packing:
         geometry = data.pack_geometry
         first_window, skip = start_position if start_position is not None else (0, start)
@@ -142,11 +217,11 @@ def global_batches(data, seed: int, load: Callable[[int], Rows], start: int = 0,
         def seed_of(name: str, window: int) -> int:
             return seed_for(name, seed, window)
 
-        remask = None if remasker is None else (lambda rows: remasker(rows, seed))
+        remask = None if remasker is None else remasked
         pieces = stream_rows(shard_rows, seed, load, first_window * geometry.window_rows)
         for rows, packs, position in packed_batches(windows(pieces, geometry.window_rows), geometry,
                                                     data.batch_size, seed_of, first_window, skip, remask):
-            yield GlobalBatch(rows, position, packs)
+            yield GlobalBatch(rows, position, packs, fetch)
         return
     per_window, b = data.bucket_window, data.batch_size
     first_window, skip = divmod(start, per_window)
@@ -160,7 +235,7 @@ def global_batches(data, seed: int, load: Callable[[int], Rows], start: int = 0,
             if w == first_window and j < skip:
                 continue
             batch = rows.take(order[which * b:(which + 1) * b])
-            yield GlobalBatch(remasker(batch, seed) if remasker is not None else batch, w * per_window + j + 1)
+            yield GlobalBatch(remasked(batch), w * per_window + j + 1, None, fetch)
 
 
 @dataclass
@@ -194,17 +269,24 @@ def share_bounds(batch_size: int, rank: int, world: int, accum: int) -> list[tup
 
 def rank_share(batch: GlobalBatch, data, rank: int, world: int, accum: int) -> RankShare:
     """Rank `rank` of `world`'s share of `batch` in `accum` micro-batches (`share_bounds`). Packed, the places are
-    packed rows; those past the batch's last packed row are empty packed rows."""
+    packed rows; those past the batch's last packed row are empty packed rows. A planned batch's rows are read,
+    decoded and re-masked here, the rank's own only."""
     micro, examples, starts = [], [], []
     for first, end in share_bounds(data.batch_size, rank, world, accum):
         if batch.packs is None:
-            part = batch.rows.slice(first, end)
+            part = batch.materialize(batch.rows.slice(first, end))
             micro.append(collate(part, data.train.max_predictions, length_buckets=data.length_buckets))
             examples.append(part.example)
         else:
             packs = batch.packs[first:end]
-            micro.append(collate_packed(batch.rows, packs, end - first, data.pack_geometry))
-            examples.append(batch.rows.example[np.concatenate(packs)] if packs else batch.rows.example[:0])
+            if isinstance(batch.rows, Planned):  # read this micro-batch's rows only, its packs renumbered
+                sizes = [len(p) for p in packs]
+                rows = batch.materialize(batch.rows.take(np.concatenate(packs) if packs else np.zeros(0, np.int64)))
+                packs = np.split(np.arange(len(rows)), np.cumsum(sizes)[:-1]) if packs else []
+            else:
+                rows = batch.rows
+            micro.append(collate_packed(rows, packs, end - first, data.pack_geometry))
+            examples.append(rows.example[np.concatenate(packs)] if packs else rows.example[:0])
         starts.append(first)
     return RankShare(micro, examples, starts, batch)
 

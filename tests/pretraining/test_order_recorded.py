@@ -1,6 +1,8 @@
 """The data order and each rank's micro-batches as they were before the loader read only its share (issue 45):
 recorded on the fixtures' real builds, so a loader that reads less cannot train other examples, other masks or
-another split (check train-batches-any-world: the same 60 step digests on 1, 2 and 4 workers, recorded)."""
+another split (check train-batches-any-world: the same 60 step digests on 1, 2 and 4 workers, recorded). Each is
+checked on the dataset as built before shards had indexes (every shard read whole) and with indexes (each rank
+reads its own rows: row groups of 16 rows here, so a rank reads parts of shards)."""
 from __future__ import annotations
 
 import hashlib
@@ -10,7 +12,8 @@ import pytest
 
 from corpus.schema import read_manifest
 from pretraining import batches
-from pretraining.loader import DataConfig, rank_steps
+from pretraining.loader import DataConfig, rank_steps, share_reader
+from tests.pretraining.indexed import add_index, strip_index
 
 # sha256[:16] of the 60 step digests (steps 1-60, --batch-size 32 --seed 7) joined by spaces, and step 1's digest.
 DIGESTS = {
@@ -26,24 +29,22 @@ DIGESTS = {
     ("varied", ("--packing", "--dynamic-masking")): ("f099bbedf758b0a9", "76f8dadb546071d4"),
 }
 
-# sha256[:16] of every array of both ranks' micro-batches (world 2, micro-batch 8, steps 1-40, seed 7), their
-# example ids and starts: the exact tensors a worker trains on, masks included.
-CONTENT = {
-    ("tiny", "plain"): "4aa69471c4f5af99", ("tiny", "dyn"): "0a95eb135fb6b5bc",
-    ("tiny", "packed"): "4f7c08a9d35ddd96", ("tiny", "packed-dyn"): "1ce03870b6746973",
-    ("tiny", "nobucket-dyn"): "323e7b2dac5b795b",
-    ("varied", "plain"): "220d75f5d83d9893", ("varied", "dyn"): "3f2dd3891777230a",
-    ("varied", "packed"): "e0304d9a671c1657", ("varied", "packed-dyn"): "2e551d888561b0f2",
-    ("varied", "nobucket-dyn"): "a6ecf8648e821225",
-}
 FLAGS = {"plain": {}, "dyn": {"dynamic_masking": True}, "packed": {"packing": True},
          "packed-dyn": {"packing": True, "dynamic_masking": True},
          "nobucket-dyn": {"length_bucketing": False, "dynamic_masking": True}}
 
 
-@pytest.fixture
-def datasets(tiny_pretrain_data, varied_pretrain_data) -> dict[str, str]:
-    return {"tiny": tiny_pretrain_data["train"], "varied": varied_pretrain_data}
+@pytest.fixture(scope="module")
+def variants(tiny_pretrain_data, varied_pretrain_data, tmp_path_factory) -> dict[str, dict[str, str]]:
+    root = tmp_path_factory.mktemp("order-variants")
+    built = {"tiny": tiny_pretrain_data["train"], "varied": varied_pretrain_data}
+    return {"whole": {k: strip_index(v, root / f"whole-{k}") for k, v in built.items()},
+            "indexed": {k: add_index(v, root / f"indexed-{k}", row_group_size=16) for k, v in built.items()}}
+
+
+@pytest.fixture(params=["whole", "indexed"])
+def datasets(request, variants) -> dict[str, str]:
+    return variants[request.param]
 
 
 @pytest.mark.parametrize("key", sorted(DIGESTS))
@@ -57,12 +58,13 @@ def test_step_digests_are_the_recorded_ones_on_1_2_and_4_workers(datasets, capsy
         assert (hashlib.sha256(" ".join(found).encode()).hexdigest()[:16], found[0]) == DIGESTS[key], workers
 
 
-@pytest.mark.parametrize("key", sorted(CONTENT))
-def test_each_ranks_micro_batches_are_the_recorded_ones(datasets, key):
-    name, flags = key
-    manifest = read_manifest(datasets[name])
+def micro_batches_hash(url: str, flags: str, reader: bool) -> str:
+    """sha256[:16] of every array of both ranks' micro-batches (world 2, micro-batch 8, steps 1-40, seed 7), their
+    example ids and starts: the exact tensors the workers train on, masks included."""
+    manifest = read_manifest(url)
     data = DataConfig(train=manifest, micro_batch_size=8, batch_size=32, mask_id=manifest.vocab.mask_id,
                       **FLAGS[flags]).for_world(2)
+    assert (share_reader(data) is not None) == reader
     h = hashlib.sha256()
     for rank in range(2):
         for _, share in zip(range(40), rank_steps(data, manifest.vocab.size, 7, rank, 2), strict=False):
@@ -73,4 +75,13 @@ def test_each_ranks_micro_batches_are_the_recorded_ones(datasets, key):
             for e in share.examples:
                 h.update(e.tobytes())
             h.update(repr(share.starts).encode())
-    assert h.hexdigest()[:16] == CONTENT[key]
+    return h.hexdigest()[:16]
+
+
+@pytest.mark.parametrize("flags", sorted(FLAGS))
+@pytest.mark.parametrize("name", ["tiny", "varied"])
+def test_each_ranks_micro_batches_are_the_same_read_whole_or_by_its_share(variants, name, flags):
+    """Reading only a rank's rows (indexed, row groups of 16 rows) gives the very tensors reading every shard
+    whole gives (the code path of datasets without indexes, today's loader), masks included."""
+    assert micro_batches_hash(variants["indexed"][name], flags, True) == \
+        micro_batches_hash(variants["whole"][name], flags, False)
