@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
 import logging
 import os
 import tempfile
@@ -61,7 +60,7 @@ from pipeline.sizes import (  # noqa: F401 - where tests and tools look
 )
 from pipeline.state import BuildState
 from pipeline.work import StepContext
-from storage.fs import filesystem_for, join, open_atomic, write_bytes_atomic
+from storage.fs import filesystem_for, join, open_atomic
 
 # What one shard writer sorts at a time (~40 MB of seq-128 rows, ~30 pieces of units mixed): a process building two
 # shards of 331k rows peaked at 804 MB with groups of 2**18, 616 MB with 2**17, 493 MB with 2**16 (the plain loop
@@ -72,10 +71,6 @@ ROWS_PER_GROUP = 1 << 17
 # /proc RSS, synthetic rows, 2026-11-25). Readers read a shard whole or by row group either way.
 PARQUET_ROW_GROUP = 1 << 16
 UNIT_CACHE_BYTES = 128 << 20  # a shard item's units' documents kept between its slices (a unit recurs per pass)
-# storage.fs.open_atomic proves the output's fence itself right before the commit once it takes ``fence``
-# (issue 43); until then the shard step proves it just before opening the commit.
-_FENCED_COMMIT = "fence" in inspect.signature(open_atomic).parameters
-
 log = logging.getLogger(__name__)
 
 
@@ -206,17 +201,6 @@ def write_shard(item: ShardItem, where, source: Callable[[tuple[str, int, int, i
     return stats
 
 
-def _open_commit(url: str, endpoint_url: str | None, fence):
-    """``open_atomic`` for a shard: the output's fence proved right before the commit (by open_atomic itself once
-    storage/fs.py takes ``fence``, issue 43; until then by ``_prove`` as the block's last statement)."""
-    return open_atomic(url, endpoint_url, fence=fence) if _FENCED_COMMIT else open_atomic(url, endpoint_url)
-
-
-def _prove(fence) -> None:
-    if fence is not None and not _FENCED_COMMIT:
-        fence.check(fresh=True)
-
-
 @marker("shards")
 class ShardMarker(Marker):
     index: int
@@ -286,20 +270,20 @@ class ShardStep:
         fs, _ = filesystem_for(url, ctx.endpoint_url)
         protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
         if "file" in protocols:  # written in place under its temporary name, indexed there, then renamed
-            with _open_commit(url, ctx.endpoint_url, ctx.fence) as f:
+            # open_atomic proves the output's fence fresh right before the rename: a writer that lost the output
+            # (a stall past the lease) never lands a shard.
+            with open_atomic(url, ctx.endpoint_url, fence=ctx.fence) as f:
                 stats = write_shard(item, f, source, schema, ROWS_PER_GROUP)
                 f.flush()
                 index, data = self._index(item, stats, f.name, name)
-                _prove(ctx.fence)
         else:  # an object store: written and indexed locally, then uploaded (visible once complete)
             with tempfile.TemporaryDirectory(prefix="shard-") as tmp:
                 local = os.path.join(tmp, os.path.basename(name))
                 stats = write_shard(item, local, source, schema, ROWS_PER_GROUP)
                 index, data = self._index(item, stats, local, name)
-                with _open_commit(url, ctx.endpoint_url, ctx.fence) as f, open(local, "rb") as src:
+                with open_atomic(url, ctx.endpoint_url, fence=ctx.fence) as f, open(local, "rb") as src:
                     while block := src.read(8 << 20):
                         f.write(block)
-                    _prove(ctx.fence)
         marker = ShardMarker(
             index=item.index, file=name, rows=stats.rows, random_next=stats.random_next, masked=stats.masked,
             seq_len_histogram={str(k): int(v) for k, v in sorted(stats.seq_len.items())},
@@ -314,7 +298,8 @@ class ShardStep:
         assert stats.rows == item.rows, (stats.rows, item.rows)
         index = index_parquet(local, np.concatenate(stats.lengths) if stats.lengths else np.zeros(0, np.int64))
         data = index.to_bytes()
-        write_bytes_atomic(join(self.ctx.output, index_name(name)), data, self.ctx.endpoint_url)
+        with open_atomic(join(self.ctx.output, index_name(name)), self.ctx.endpoint_url, fence=self.ctx.fence) as f:
+            f.write(data)  # proved like the shard: a writer that lost the output never replaces the new one's index
         return index, data
 
 

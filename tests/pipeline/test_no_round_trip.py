@@ -230,3 +230,22 @@ def test_a_shard_failing_half_written_then_rerun_gives_the_same_bytes(tmp_path, 
     assert _files(tmp_path / "killed") == _files(tmp_path / "clean")
     clean, killed = (json.loads((tmp_path / n / "manifest.json").read_text()) for n in ("clean", "killed"))
     assert clean["shards"] == killed["shards"] and clean["totals"] == killed["totals"]
+
+
+def test_a_build_to_s3_writes_the_same_shards_and_indexes_as_on_local_disk(tmp_path, sample_dir, s3_bucket):
+    import dataclasses
+
+    from storage.fs import list_names, read_bytes
+
+    endpoint, bucket = s3_bucket
+    local = build(_small(tmp_path, sample_dir, "local"))
+    out = f"s3://{bucket}/ds"
+    m = build(dataclasses.replace(_small(tmp_path, sample_dir, "x"), output=out, endpoint_url=endpoint))
+    assert [(s.file, s.rows, s.sha256, s.bytes, s.index_sha256) for s in m.shards] == \
+        [(s.file, s.rows, s.sha256, s.bytes, s.index_sha256) for s in local.shards]
+    for s in m.shards:
+        raw = read_bytes(s.index_url, endpoint)
+        assert hashlib.sha256(raw).hexdigest() == s.index_sha256
+        assert hashlib.sha256(read_bytes(s.url, endpoint)).hexdigest() == s.sha256
+    assert sorted(list_names(f"{out}/shards", endpoint)) == sorted(
+        n for s in m.shards for n in (s.file.split("/")[1], s.index_name.split("/")[1]))

@@ -58,7 +58,7 @@ def test_ray_equals_plain_loop_and_cpu_count_does_not_matter(ray_local, tmp_path
 
 @pytest.mark.timeout(300)
 def test_the_driver_reads_no_corpus_bytes(ray_local, tmp_path, sample_dir, monkeypatch):
-    """Every read of text, documents, the pool or instances is made to fail in the driver process: the Ray build
+    """Every read of text, documents, the pool or row counts is made to fail in the driver process: the Ray build
     must not notice (its workers are other processes) and must equal the plain loop."""
     import pipeline.docs
     import pipeline.instances
@@ -74,8 +74,8 @@ def test_the_driver_reads_no_corpus_bytes(ray_local, tmp_path, sample_dir, monke
         raise AssertionError("the driver read corpus data")
     for mod, name in [(readers, "read_unit"), (pipeline.docs, "read_unit"),
                       (pipeline.docs, "read_docs"), (pipeline.docs, "read_block"),
-                      (pipeline.pool, "read_table"), (pipeline.pool, "read_members"),
-                      (pipeline.instances, "read_table"), (pipeline.shards, "_read_slice")]:
+                      (pipeline.pool, "merge_members"), (pipeline.pool, "read_members"),
+                      (pipeline.instances, "read_table"), (pipeline.shards, "load_unit")]:
         monkeypatch.setattr(mod, name, forbidden)
     build(_cfg(tmp_path, corpus, sample_dir, "ray"), RayDataExecutor(num_cpus=2))
     _same(tmp_path / "ray", tmp_path / "plain")
