@@ -115,9 +115,11 @@ def show(replay: Replay, first: int, last: int, ids: bool, text: bool, write: Ca
         if not (ids or text):
             continue
         index = np.arange(len(batch.rows)) if batch.packs is None else np.concatenate(batch.packs)
-        for i in index[np.argsort(batch.rows.example[index], kind="stable")]:
-            shard, row = order.split_example(batch.rows.example[i])
-            write(f"  {int(shard)}:{int(row)}" + (f"  {decode(batch.rows, int(i), vocab)}" if text else "") + "\n")
+        part = batch.rows.take(index[np.argsort(batch.rows.example[index], kind="stable")])
+        rows = batch.materialize(part) if text else part  # planned rows (indexed shards) are read for --text only
+        for i in range(len(part)):
+            shard, row = order.split_example(part.example[i])
+            write(f"  {int(shard)}:{int(row)}" + (f"  {decode(rows, i, vocab)}" if text else "") + "\n")
 
 
 def _span(text: str) -> tuple[int, int]:
