@@ -17,7 +17,13 @@ through a second tokenizer with no normalizer; the other sentences go through th
 (tested against the full path and the reference), several times faster on English text.
 
 ``WordPieceEncoder`` pickles by value (the vocabulary travels with it); build one per process and keep it, so that
-its chunk table stays warm (the Ray build caches one per worker process).
+its chunk table stays warm (the Ray build caches one per worker process). The table is bounded (``_WORD_CACHE_MAX``
+chunks): when full it keeps its most used three quarters (uses counted per chunk, halved at each eviction) and
+drops the rest, so a worker on a varied corpus (578k distinct chunks in 54 MB of news, docs and Wikipedia) keeps its
+frequent words instead of dropping them all and encoding them again. Its lookup is a dict that lives with it: each
+call hashes only its own batch's chunks (Arrow ``dictionary_encode``), where ``pc.index_in(value_set=table)``
+rebuilt a hash table of the whole table on every call (~15% of a build worker's main thread on varied text).
+Measured against ``tokenizers``' own pipeline: benchmarks/tokenizer_throughput.py, docs/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -51,7 +57,10 @@ MAX_INPUT_CHARS_PER_WORD = 200
 _SAFE_PUNCTUATION = ("\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f\u2013\u2014\u2015\u2026\u00ab\u00bb\u2039"
                      "\u203a\u2022")
 _NEEDS_NORMALIZER = re.compile(f"[^\t\n\r\x20-\x7e{_SAFE_PUNCTUATION}]")
-_WORD_CACHE_MAX = 500_000  # distinct whitespace-delimited chunks remembered per encoder (~60 MB at most)
+# Distinct whitespace-delimited chunks remembered per encoder (the dict, the strings and the pieces: ~120 MB at
+# most). A full table keeps its most used _WORD_CACHE_KEEP share (by uses, aged) and drops the rest: never whole.
+_WORD_CACHE_MAX = 500_000
+_WORD_CACHE_KEEP = 0.75
 
 
 def _needs_normalizer(sentences: list[str]) -> np.ndarray:
@@ -158,9 +167,9 @@ class WordPieceEncoder:
 
         Plain sentences (see the module docstring) are lowercased and split on whitespace by Arrow compute kernels;
         every whitespace-delimited chunk ("whale," or "don't") is a row of a per-encoder table of its word pieces
-        (a new chunk is pre-tokenized and WordPieced once, in a batch, by the normalizer-free tokenizer), found by
-        Arrow's hash lookup, and the ids are gathered from the table with numpy: no Python loop over sentences,
-        words or tokens. Other sentences go through the full tokenizer.
+        (a new chunk is pre-tokenized and WordPieced once, in a batch, by the normalizer-free tokenizer), found
+        through the batch's distinct chunks (one dict lookup each), and the ids are gathered from the table with
+        numpy: no Python loop over sentences, words or tokens. Other sentences go through the full tokenizer.
         """
         dtype = self.dtype
         n = len(sentences)
@@ -177,6 +186,7 @@ class WordPieceEncoder:
             wlen = self._wlen[rows]
             tok_cum = np.concatenate([[0], np.cumsum(wlen)])
             plain_ids = self._flat[ragged_indices(self._woff[rows], wlen)]  # each chunk's pieces, back to back
+            self._evict()  # after the gather: the batch's rows were valid while it was read
             offsets = chunks.offsets.to_numpy()
             per_sentence = tok_cum[offsets[1:] - offsets[0]] - tok_cum[offsets[:-1] - offsets[0]]
             if plain_idx is None:
@@ -193,34 +203,72 @@ class WordPieceEncoder:
         return out, lengths
 
     def _chunk_rows(self, chunks: pa.Array) -> np.ndarray:
-        """Row of each chunk in the word-piece table, WordPiecing (once) the chunks not seen before."""
-        rows = pc.index_in(chunks, value_set=self._known)
-        if not rows.null_count:
-            return rows.to_numpy().astype(np.int64)
-        missing = rows.is_null()
-        unseen = chunks.filter(missing)
-        new = pc.unique(unseen)
-        if len(self._known) + len(new) > _WORD_CACHE_MAX:
-            self._reset_word_table()  # bounded memory on huge vocabularies of words; refilled from this batch
-            missing, unseen, new = pa.array(np.ones(len(chunks), bool)), chunks, pc.unique(chunks)
-        base = len(self._known)
-        pieces = [e.ids for e in self._tok_ascii.encode_batch_fast(new.to_pylist(), add_special_tokens=False)]
+        """Row of each chunk in the word-piece table, WordPiecing (once) the chunks it does not hold.
+
+        The batch's chunks are hashed once by Arrow (``dictionary_encode``: a table of this batch only, never of
+        the whole word table), and each distinct chunk of the batch is looked up in a dict that lives as long as
+        the encoder: nothing is rebuilt per call but the batch's own table. A chunk's hits (occurrences, halved at
+        each eviction so that old counts fade) decide what stays when the table is full (see ``_evict``)."""
+        encoded = pc.dictionary_encode(chunks)
+        codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        distinct = encoded.dictionary.to_pylist()
+        drows = np.fromiter(map(self._index.get, distinct, itertools.repeat(-1)), np.int64, len(distinct))
+        missing = np.flatnonzero(drows < 0)
+        if len(missing):
+            new = [distinct[i] for i in missing.tolist()]
+            drows[missing] = self._add(new)
+            self._seen += len(new)
+        self._hits[drows] += np.bincount(codes, minlength=len(distinct))
+        rows = drows[codes]
+        return rows
+
+    def _add(self, new: list[str]) -> np.ndarray:
+        """WordPiece the new chunks (one batch call) and append them to the table; their rows."""
+        base = len(self._words)
+        pieces = [e.ids for e in self._tok_ascii.encode_batch_fast(new, add_special_tokens=False)]
         lens = np.fromiter((len(p) for p in pieces), np.int64, len(pieces))
         self._woff = np.concatenate([self._woff, len(self._flat) + np.cumsum(lens) - lens])
         self._wlen = np.concatenate([self._wlen, lens])
         self._flat = np.concatenate([self._flat, np.fromiter(itertools.chain.from_iterable(pieces), self.dtype,
                                                               int(lens.sum()))])
-        self._known = pa.concat_arrays([self._known, new.cast(pa.string())])
-        out = pc.fill_null(rows, -1).to_numpy().astype(np.int64)
-        # only the unseen chunks are looked up again, against the (small) set of new rows
-        out[missing.to_numpy(zero_copy_only=False)] = pc.index_in(unseen, value_set=new).to_numpy() + base
-        return out
+        self._hits = np.concatenate([self._hits, np.zeros(len(new), np.int64)])
+        self._index.update(zip(new, range(base, base + len(new)), strict=True))
+        self._words.extend(new)
+        return np.arange(base, base + len(new), dtype=np.int64)
+
+    def _evict(self) -> None:
+        """Over ``_WORD_CACHE_MAX`` chunks: keep the most used ``_WORD_CACHE_KEEP`` share of the table (by hits,
+        which are then halved), drop the rest. Called between batches, never inside one (a batch's rows stay
+        valid while it is gathered). The frequent words of a corpus are never re-encoded; only its long tail
+        churns, a quarter of the table at a time, so the work to compact it is paid once per that many new chunks."""
+        n = len(self._words)
+        if n <= _WORD_CACHE_MAX:
+            return
+        keep_n = int(_WORD_CACHE_MAX * _WORD_CACHE_KEEP)
+        keep = np.sort(np.argpartition(-self._hits, keep_n)[:keep_n]) if keep_n < n else np.arange(n)
+        lens = self._wlen[keep]
+        self._flat = self._flat[ragged_indices(self._woff[keep], lens)]
+        self._woff = np.cumsum(lens) - lens
+        self._wlen = lens
+        self._hits = self._hits[keep] >> 1
+        self._words = [self._words[i] for i in keep.tolist()]
+        self._index = dict(zip(self._words, range(len(self._words)), strict=True))
+        self._evicted += n - keep_n
+
+    def cache_stats(self) -> dict[str, int]:
+        """The chunk table: distinct chunks WordPieced so far (``distinct_chunks``, counting re-encodes after an
+        eviction), chunks ``held`` now and ``evicted`` so far."""
+        return {"distinct_chunks": self._seen, "held": len(self._words), "evicted": self._evicted}
 
     def _reset_word_table(self) -> None:
-        self._known = pa.array([], pa.string())  # the chunks of the table, in row order
-        self._woff = np.zeros(0, np.int64)
-        self._wlen = np.zeros(0, np.int64)
+        self._index: dict[str, int] = {}  # chunk -> its row in the table
+        self._words: list[str] = []  # the chunks of the table, in row order
+        self._woff = np.zeros(0, np.int64)  # each row's first piece in _flat
+        self._wlen = np.zeros(0, np.int64)  # and its number of pieces
+        self._hits = np.zeros(0, np.int64)  # each row's uses, halved at each eviction
         self._flat = np.zeros(0, self.dtype)
+        self._seen = 0
+        self._evicted = 0
 
     __call__ = encode
 

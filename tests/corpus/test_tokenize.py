@@ -179,5 +179,32 @@ def test_word_cache_warm_and_bounded(vocab_path, monkeypatch) -> None:
     small = WordPieceEncoder(vocab_path)
     assert [a.tolist() for a in small.encode(texts)] == first
     assert [a.tolist() for a in small.encode(texts[::-1])] == first[::-1]
-    assert len(small._known) <= 12  # cleared and refilled from one batch, never growing without bound
-    assert len(small._wlen) == len(small._known) and small._wlen.sum() == len(small._flat)
+    assert len(small._words) <= 5  # over the bound after a batch: cut back to it, never growing without bound
+    assert len(small._wlen) == len(small._words) == len(small._index) == len(small._hits)
+    assert small._wlen.sum() == len(small._flat)
+
+
+def test_a_full_word_cache_keeps_its_frequent_words(vocab_path, monkeypatch) -> None:
+    # Varied text fills the table (578k distinct chunks in 54 MB): a full table used to be dropped whole, so every
+    # worker re-encoded its most frequent words again. Now only the rarely used part goes.
+    import random
+
+    import corpus.tokenize as tk
+
+    monkeypatch.setattr(tk, "_WORD_CACHE_MAX", 200)
+    enc = WordPieceEncoder(vocab_path)
+    r = random.Random(0)
+    common = ["the", "whale", "of", "and", "ahab", "sea", "ship", "a", "to", "in"]
+    for batch in range(30):  # each batch: the common words often, and 100 words never seen before
+        words = [r.choice(common) for _ in range(400)] + [f"w{batch}x{i}q" for i in range(100)]
+        r.shuffle(words)
+        texts = [" ".join(words[i:i + 25]) for i in range(0, len(words), 25)]
+        full = [e.ids for e in enc._tok.encode_batch_fast(texts, add_special_tokens=False)]  # no table at all
+        assert [a.tolist() for a in enc.encode(texts)] == full
+        assert len(enc._words) <= 200
+        assert all(w in enc._index for w in common), batch  # never flushed whole: the frequent words stay
+    stats = enc.cache_stats()
+    assert stats["evicted"] > 2000 and stats["held"] <= 200
+    assert stats["distinct_chunks"] == 10 + 30 * 100  # the common words were WordPieced once, not once per flush
+
+
