@@ -9,8 +9,11 @@ loader's own code and joined. The digests are the same for any `--num-workers` (
 with `--seed`, the dataset, `--batch-size` or the bucketing and packing flags. `--ids` lists a step's examples
 (`shard:row`, the shard's index in the manifest), `--text` decodes them too (the original tokens, masks undone).
 
-Spike forensics: `--run` reads the data settings, seed and vocabulary of a run's latest checkpoint (local or a
-URL) and prints the steps asked for with them. `--step N` is the N-th batch of the data order, which is the run's
+Spike forensics: `--run` reads the data settings, seed and vocabulary of a run's newest checkpoint that its job
+committed under the run's writer lease and whose files still have the committed digest (what a resume would take;
+local or a URL), says which, and prints the steps asked for with them. Every field is checked, and the dataset is
+fetched only from the absolute URL the committed state names (its manifest's digest must match).
+`--step N` is the N-th batch of the data order, which is the run's
 step N until a rollback: a run that rolled back trains, after it, the batches past every one it had seen, so its
 step N reads batch N + the batches skipped before it (the checkpoint's `skipped_batches`). The divergence guard's
 rollback line names the examples of the batch that tripped it, and this command with that batch's number.
@@ -19,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
+import math
 import sys
 from collections.abc import Callable, Iterator
 
@@ -29,8 +34,11 @@ from corpus.rng import DEFAULT_SEED
 from corpus.schema import read_manifest
 from pretraining import order
 from pretraining.loader import DataConfig, rank_steps
-from storage.fs import join, list_names, read_bytes
+from storage.fs import filesystem_for, join, list_names, read_bytes
+from storage.lease import lease_url_beside
+from storage.lease_store import store_for
 from storage.untrusted import read_bounded
+from training.checkpoint import COMMITS
 
 MAX_TRAIN_STATE_BYTES = 64 << 20  # as training.checkpoint reads it: a run folder may be anyone's
 
@@ -72,25 +80,121 @@ def from_flags(a: argparse.Namespace) -> Replay:
     return Replay(data, a.seed, manifest.vocab.size, a.num_workers)
 
 
-def from_run(run_url: str, endpoint_url: str | None, world: int | None) -> tuple[Replay, dict]:
-    """A run's replay from its latest checkpoint's train_state.json (and that state), on the run's last world size
-    unless `world` is given."""
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} in a train state: not a number a run writes")
+
+
+def _int(value: object, where: str, low: int = 0, high: int = 1 << 62) -> int:
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"{where} is {value!r}, not a whole number in [{low}, {high}]")
+    return value
+
+
+def _field(config: dict, default: object, value: object, where: str) -> object:
+    """A saved DataConfig field checked against its default's type (a list for a tuple of ints)."""
+    if isinstance(default, bool):
+        if type(value) is not bool:
+            raise ValueError(f"{where} is {value!r}, not true or false")
+        return value
+    if isinstance(default, int) or default is dataclasses.MISSING:  # the one field without a default is a size
+        return _int(value, where)
+    if isinstance(default, float):
+        if type(value) not in (int, float) or not math.isfinite(value) or not 0 <= value <= 1:
+            raise ValueError(f"{where} is {value!r}, not a finite number in [0, 1]")
+        return float(value)
+    if isinstance(default, tuple):
+        if not isinstance(value, list):
+            raise ValueError(f"{where} is {value!r}, not a list of whole numbers")
+        return tuple(_int(v, where, 1, 1 << 20) for v in value)
+    raise ValueError(f"{where}: a field this version does not replay")
+
+
+def _data_url(url: object, run_url: str) -> str:
+    """The dataset a run read: an absolute local path or a URL, with no '.' or '..' part (a crafted state must not
+    send the operator's credentials somewhere the run never read)."""
+    if not isinstance(url, str) or not url or any(ord(c) < 32 for c in url):
+        raise ValueError(f"{run_url}: the train state names no dataset")
+    path = url.split("://", 1)[1] if "://" in url else url
+    if ("://" not in url and not url.startswith("/")) or any(part in (".", "..") for part in path.split("/")):
+        raise ValueError(f"{run_url}: the train state names the dataset {url!r}, not an absolute path or URL without"
+                         " '.' or '..' parts")
+    return url
+
+
+def tree_digest(url: str, endpoint_url: str | None) -> str:
+    """``training.checkpoint.checkpoint_digest`` of a checkpoint folder at ``url`` (local or a URL), streamed: the
+    same ``sha256:<hex>`` over every file's relative name, size and bytes, in the same order (by path parts)."""
+    fs, root = filesystem_for(url, endpoint_url)
+    root = root.rstrip("/")
+    files = [p for p, info in fs.find(root, detail=True).items() if info.get("type", "file") != "directory"]
+    rels = sorted((p[len(root):].lstrip("/") for p in files), key=lambda r: tuple(r.split("/")))
+    total = hashlib.sha256()
+    for rel in rels:
+        h, size = hashlib.sha256(), 0
+        with fs.open(f"{root}/{rel}", "rb") as f:
+            while chunk := f.read(8 << 20):
+                h.update(chunk)
+                size += len(chunk)
+        total.update(f"{rel}\0{size}\0{h.hexdigest()}\n".encode())
+    return "sha256:" + total.hexdigest()
+
+
+def committed_checkpoint(run_url: str, endpoint_url: str | None) -> tuple[str, int]:
+    """(name, step) of the newest checkpoint of the run that its job committed under its writer lease (the lease
+    record beside the run's folder) and whose files still have the committed digest: what a resume would take.
+    ValueError (one line) when there is none."""
     names = [n for n in list_names(run_url, endpoint_url) if n.startswith("checkpoint-")]
     if not names:
         raise ValueError(f"{run_url} holds no checkpoint-* folder: give the run's folder, STORAGE/RUN_NAME")
-    state = json.loads(read_bounded(join(run_url, names[-1], "train_state.json"), MAX_TRAIN_STATE_BYTES,
-                                    endpoint_url, "train state"))
-    config = state["config"]
-    saved = config["data"]
-    manifest = read_manifest(saved["train"]["url"], endpoint_url)
-    if manifest.sha256 != saved["train"]["sha256"]:
-        raise ValueError(f"{saved['train']['url']} changed since the run read it (its manifest's digest differs): "
+    got = store_for(lease_url_beside(run_url), endpoint_url).read()
+    commits = ((got[0].get("commits") or {}).get(COMMITS) or []) if got is not None else []
+    entries = [e for e in commits if isinstance(e, dict) and e.get("name") in names
+               and isinstance(e.get("digest"), str) and type(e.get("step")) is int]
+    if not entries:
+        raise ValueError(f"{run_url}: none of its checkpoint-* folders was committed by its job (no entry in "
+                         f"{lease_url_beside(run_url)}): nothing a resume would take, nothing to replay")
+    for e in sorted(entries, key=lambda e: e["step"], reverse=True):
+        if tree_digest(join(run_url, e["name"]), endpoint_url) == e["digest"]:
+            return e["name"], e["step"]
+        sys.stderr.write(f"pretraining.batches: not replaying {e['name']}: its files differ from what was committed"
+                         "; trying an older one\n")
+    raise ValueError(f"{run_url}: no committed checkpoint still has the files that were committed: nothing to replay")
+
+
+def from_run(run_url: str, endpoint_url: str | None, world: int | None) -> tuple[Replay, dict]:
+    """A run's replay from its newest committed, verified checkpoint's train_state.json (and that state), on the
+    run's last world size unless `world` is given. Every field is checked before anything is fetched."""
+    name, step = committed_checkpoint(run_url, endpoint_url)
+    where = join(run_url, name, "train_state.json")
+    try:
+        state = json.loads(read_bounded(where, MAX_TRAIN_STATE_BYTES, endpoint_url, "train state"),
+                           parse_constant=_refuse_constant)
+        config, saved = state["config"], state["config"]["data"]
+        if _int(state["step"], "step") != step:
+            raise ValueError(f"its step {state['step']} is not the committed {step}")
+        train = saved["train"]
+        url, digest = _data_url(train["url"], run_url), train["sha256"]
+        if not isinstance(digest, str) or not digest:
+            raise ValueError("the dataset's digest is missing")
+        defaults = {f.name: f.default for f in dataclasses.fields(DataConfig)}
+        kwargs = {k: _field(saved, defaults[k], v, f"config.data.{k}") for k, v in saved.items()
+                  if k in defaults and k not in ("train", "endpoint_url")}
+        seed = _int(config["runtime"]["seed"], "config.runtime.seed")
+        vocab_size = _int(config["model"]["bert"]["vocab_size"], "config.model.bert.vocab_size", 1, 1 << 24)
+        world_size = world or _int(state["world_size"], "world_size", 1, 1 << 20)
+        skipped = state.get("guard", {}).get("skipped_batches", 0)
+        _int(skipped, "guard.skipped_batches")
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        what = f"no {e}" if isinstance(e, KeyError) else str(e)
+        raise ValueError(f"{where}: {what}: not a train state this tool wrote; nothing replayed") from None
+    sys.stderr.write(f"pretraining.batches: replaying with the settings of {name} (step {step}), committed by the"
+                     " run's job and verified\n")
+    manifest = read_manifest(url, endpoint_url)
+    if manifest.sha256 != digest:
+        raise ValueError(f"{url} changed since the run read it (its manifest's digest differs): "
                          "its batches cannot be replayed")
-    fields = {f.name for f in dataclasses.fields(DataConfig)} - {"train", "endpoint_url"}
-    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in fields}
     data = DataConfig(train=manifest, endpoint_url=endpoint_url, **kwargs)
-    return Replay(data, int(config["runtime"]["seed"]), int(config["model"]["bert"]["vocab_size"]),
-                  world or int(state["world_size"])), state
+    return Replay(data, seed, vocab_size, world_size), state
 
 
 def decode(rows, i: int, vocab: list[str]) -> str:
