@@ -33,6 +33,9 @@ class CheckConfig:
     max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION
     """Share of the corpus's tokens that may be [UNK] before the build stops; above 10% (about one [UNK] per
     English sentence) the model would learn to predict [UNK] (module docstring); 1.0 builds anyway."""
+    allow_drop: bool = False
+    """Build on when a curation rule removes more than half of an input's documents; without it the build warns,
+    writes the report and stops before the pool and the shards (pipeline/curation/reports.py)."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.max_unk_fraction <= 1.0:

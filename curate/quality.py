@@ -6,7 +6,9 @@ are whitespace-separated tokens for the counts, and normalised words (``curate.w
 punctuation removed) for the repetition rules; lines are the text's lines (blank ones ignored), paragraphs its
 blank-line separated blocks. The thresholds are the papers' (datatrove's ``GopherQualityFilter``,
 ``GopherRepetitionFilter`` and ``C4QualityFilter`` use the same numbers), except ``line_punct``, FineWeb's
-document-level form of C4's line rule:
+document-level form of C4's line rule, and three moved to keep real documentation (marked *: measured on the shared
+technical documentation, docs/build-checks.md, check curate-keeps-real). Every threshold is a ``QualityConfig``
+field and a ``--quality-*`` flag; ``--quality-skip`` turns rules off:
 
     rule               drops a document when                                              source
     word_count         fewer than 50 or more than 100,000 words                           Gopher
@@ -14,24 +16,29 @@ document-level form of C4's line rule:
     symbol_ratio       ('#' + '...' + '…') per word > 0.1                                 Gopher
     bullet_lines       > 90% of lines start with a bullet (• ‣ ◦ - * ·)                   Gopher
     ellipsis_lines     > 30% of lines end with an ellipsis                                 Gopher
-    alpha_words        < 80% of words hold a letter                                        Gopher
+    alpha_words        < 70% of words hold a letter (Gopher: 80%)                          Gopher*
     stop_words         fewer than 2 of: the be to of and that have with                    Gopher
+                       (other languages' lists with --languages: STOP_WORDS_BY_LANGUAGE)
     dup_lines          > 30% of lines, or > 20% of line characters, repeat an earlier line Gopher
     dup_paragraphs     the same for paragraphs (30% / 20%)                                 Gopher
-    top_ngram          the most frequent 2/3/4-gram covers > 20/18/16% of word characters  Gopher
-    dup_ngrams         repeated 5..10-grams cover > 15/14/13/12/11/10% of word characters  Gopher
+    top_ngram          the most frequent 2/3/4-gram covers > 25/23/21% of word characters  Gopher* (20/18/16)
+    dup_ngrams         repeated 5..10-grams cover > 30/29/../25% of word characters        Gopher* (15..10)
     lorem_ipsum        contains "lorem ipsum"                                              C4
-    curly_bracket      contains "{" (C4's test for code)                                   C4
+    curly_bracket      contains "{" (C4's test for code; not in the default set)           C4
     min_sentences      fewer than 5 sentences (the build's splitter)                       C4
-    line_punct         < 12% of lines end in terminal punctuation (. ! ? … and a closer)   C4 (FineWeb's form)
+    line_punct         < 12% of lines end in terminal punctuation (. ! ? … and a closer)   C4 (FineWeb's form)*
+                       (code-aware: of the paragraphs not indented, else lines not indented)
+    boilerplate_lines  > 30% of lines are cookie/subscribe/sign-in/policy/JavaScript lines C4's line list
 
-The line rules (bullet_lines, ellipsis_lines, dup_lines, line_punct) judge documents of at least ``min_lines`` (3)
-lines only: a document that is one line (running text whose paragraph breaks were flattened, as in our corpora)
-has no share of lines to speak of, and would otherwise be dropped for ending in a heading.
+The line rules (bullet_lines, ellipsis_lines, dup_lines, line_punct, boilerplate_lines) judge documents of at
+least ``min_lines`` (3) lines only: a document that is one line (running text whose paragraph breaks were
+flattened, as in our corpora) has no share of lines to speak of, and would otherwise be dropped for ending in a
+heading.
 
 ``dup_ngrams`` counts the characters of the words covered by any occurrence of an n-gram after its first (Gopher
 and datatrove skip ahead greedily instead; the two differ only where repeats overlap). ``QualityConfig.rules`` picks
-a subset.
+a subset; ``DEFAULT_RULES`` is every rule but ``curly_bracket``, whose one brace anywhere removed a third of the
+shared technical documentation (prose HOWTOs with one brace among them).
 """
 from __future__ import annotations
 
@@ -46,8 +53,22 @@ from curate.words import Ngrams, Words, words
 
 RULES = ("word_count", "mean_word_length", "symbol_ratio", "bullet_lines", "ellipsis_lines", "alpha_words",
          "stop_words", "dup_lines", "dup_paragraphs", "top_ngram", "dup_ngrams", "lorem_ipsum", "curly_bracket",
-         "min_sentences", "line_punct")
+         "min_sentences", "line_punct", "boilerplate_lines")
+DEFAULT_RULES = tuple(r for r in RULES if r != "curly_bracket")
 STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
+# Other languages' most frequent function words, for ``stop_words`` when --languages keeps them (Gopher's list is
+# English: it dropped 85-97% of the shared German, Spanish, French, ... documentation).
+STOP_WORDS_BY_LANGUAGE = {
+    "en": STOP_WORDS,
+    "de": ("der", "die", "und", "den", "von", "zu", "das", "mit", "sich", "ist", "nicht", "ein"),
+    "es": ("de", "la", "que", "el", "en", "los", "del", "se", "las", "por", "para", "con"),
+    "fr": ("de", "la", "le", "et", "les", "des", "du", "un", "une", "est", "que", "pour"),
+    "it": ("di", "il", "la", "che", "per", "un", "del", "non", "della", "si", "con", "una"),
+    "nl": ("de", "het", "een", "en", "van", "is", "dat", "op", "te", "zijn", "met", "voor"),
+    "pl": ("w", "na", "z", "do", "się", "nie", "to", "że", "jest", "jak", "lub", "oraz"),
+    "pt": ("de", "que", "do", "da", "em", "um", "para", "com", "não", "os", "no", "uma"),
+    "ru": ("и", "в", "не", "на", "что", "с", "по", "как", "это", "для", "из", "или"),
+}
 TOP_NGRAM = {2: 0.20, 3: 0.18, 4: 0.16}
 DUP_NGRAMS = {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10}
 _BULLETS = ("•", "‣", "◦", "-", "*", "·", "⁃", "●", "▪")
@@ -55,14 +76,18 @@ _CLOSERS = "\"'”’»)]}」』）"
 _TERMINAL = (".", "!", "?", "…", "。", "！", "？")
 _ALPHA_TOKEN = re.compile(r"\S*[^\W\d_]\S*")
 _PARAGRAPHS = re.compile(r"\n[ \t\r\f\v]*\n")
+_BOILERPLATE = re.compile(r"cookie|subscri|newsletter|privacy policy|terms of (?:use|service)|sign (?:in|up)\b|"
+                          r"log ?in\b|javascript|all rights reserved|create (?:an )?account", re.IGNORECASE)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class QualityConfig:
     """Which rules run (all by default) and the thresholds the module docstring names."""
 
-    rules: tuple[str, ...] = RULES
-    """Names from ``RULES`` to run, checked in ``RULES`` order whatever the order here; all by default."""
+    rules: tuple[str, ...] = DEFAULT_RULES
+    """Names from ``RULES`` to run, checked in ``RULES`` order whatever the order here; by default every rule but
+    C4's ``curly_bracket`` (one ``{`` anywhere drops a page: it removed a third of the shared technical
+    documentation, prose HOWTOs with one brace among them; docs/build-checks.md)."""
     min_words: int = 50
     """Fewest whitespace-separated words a kept document has (Gopher, Rae et al. 2021)."""
     max_words: int = 100_000
@@ -77,10 +102,14 @@ class QualityConfig:
     """Largest share of lines that may start with a bullet (Gopher)."""
     max_ellipsis_lines: float = 0.3
     """Largest share of lines that may end with an ellipsis (Gopher)."""
-    min_alpha_words: float = 0.8
-    """Smallest share of words holding a letter (Gopher)."""
+    min_alpha_words: float = 0.7
+    """Smallest share of words holding a letter: Gopher's is 0.8, which drops reference pages with tables of
+    numbers and options (a tenth of the shared technical documentation at 0.74-0.79; docs/build-checks.md)."""
     min_stop_words: int = 2
-    """Fewest distinct words of ``STOP_WORDS`` (the be to of and that have with) a kept document holds (Gopher)."""
+    """Fewest distinct stop words a kept document holds (Gopher: of the be to of and that have with)."""
+    stop_word_languages: tuple[str, ...] = ("en",)
+    """Languages whose stop words count for ``stop_words`` (``STOP_WORDS_BY_LANGUAGE``); the build sets them from
+    --languages. A language without a list (ja, zh, ...: no spaces between words) turns the rule off."""
     max_dup_lines: float = 0.3
     """Largest share of lines that may repeat an earlier line (Gopher)."""
     max_dup_line_chars: float = 0.2
@@ -89,6 +118,17 @@ class QualityConfig:
     """Largest share of blank-line separated paragraphs that may repeat an earlier one (Gopher)."""
     max_dup_paragraph_chars: float = 0.2
     """Largest share of paragraph characters that may be in repeated paragraphs (Gopher)."""
+    max_top_ngram: float = 0.25
+    """Largest share of word characters the most frequent 2-gram may cover; 3- and 4-grams get 0.02 and 0.04 less
+    (Gopher's ladder, 0.20 / 0.18 / 0.16, moved up by 0.05: reference pages name their subject in every entry)."""
+    max_dup_ngrams: float = 0.30
+    """Largest share of word characters repeated 5-grams may cover; each n from 6 to 10 gets 0.01 less (Gopher's
+    0.15 .. 0.10 moved up by 0.15: manuals repeat their option and return-value phrases, 0.15-0.27 measured on
+    the shared technical documentation; pages of one repeated line still go by dup_lines)."""
+    max_boilerplate_lines: float = 0.3
+    """Largest share of lines that may be web boilerplate: cookie, subscribe, newsletter, sign-in, privacy-policy,
+    terms-of-use, JavaScript and all-rights-reserved lines (C4 removes such lines; here a page mostly made of them
+    goes)."""
     min_sentences: int = 5
     """Fewest sentences, by the build's splitter, a kept document has (C4, Raffel et al. 2020)."""
     min_line_punct: float = 0.12
@@ -101,6 +141,9 @@ class QualityConfig:
         unknown = [r for r in self.rules if r not in RULES]
         if unknown or not self.rules:
             raise ValueError(f"quality rules {', '.join(unknown) or '(none)'}: name one or more of {', '.join(RULES)}")
+        if not 0 < self.max_dup_ngrams <= 1 or not 0 < self.max_top_ngram <= 1:
+            raise ValueError(f"--quality-max-top-ngram {self.max_top_ngram} / --quality-max-dup-ngrams "
+                             f"{self.max_dup_ngrams}: use a share in (0, 1]")
         if not 0 < self.min_words <= self.max_words:
             raise ValueError(f"min_words {self.min_words} / max_words {self.max_words}: need 0 < min <= max")
 
@@ -172,6 +215,17 @@ def _ngram_shares(w: Words) -> dict[tuple[str, int], np.ndarray]:
     return out
 
 
+def _prose_units(text: str, min_units: int) -> list[str]:
+    """What ``line_punct`` judges, code-aware: the blank-line separated paragraphs that do not start indented (an
+    indented block is code, a table or verbatim text, which ends in no full stop), or, when there are fewer than
+    ``min_units`` of those, the lines that do not start indented. A wrapped paragraph ends where its last line
+    does, so a manual's prose is not judged by the ends of its wrapped lines."""
+    paras = [p.strip() for p in _PARAGRAPHS.split(text) if p.strip() and not p[:1].isspace()]
+    if len(paras) >= min_units:
+        return paras
+    return [ln.strip() for ln in text.split("\n") if ln.strip() and not ln[:1].isspace()]
+
+
 def _ends_terminal(line: str) -> bool:
     return line.rstrip().rstrip(_CLOSERS).endswith(_TERMINAL)
 
@@ -180,7 +234,10 @@ class QualityFilter:
     def __init__(self, cfg: QualityConfig):
         self.cfg = cfg
         self.on = frozenset(cfg.rules)
-        self.stop = words(list(STOP_WORDS)).hashes
+        known = [lg for lg in cfg.stop_word_languages if lg in STOP_WORDS_BY_LANGUAGE]
+        if len(known) < len(cfg.stop_word_languages):
+            self.on = self.on - {"stop_words"}
+        self.stop = words(sorted({w for lg in known for w in STOP_WORDS_BY_LANGUAGE[lg]})).hashes
 
     def _check(self, text: str, w: Words, d: int, shares, stops) -> tuple[str, str] | None:
         c, on = self.cfg, self.on
@@ -228,9 +285,11 @@ class QualityFilter:
                 return "dup_paragraphs", f"{share:.2f} of paragraphs, {chars:.2f} of characters"
         if shares:
             for n, limit in TOP_NGRAM.items():
+                limit += c.max_top_ngram - TOP_NGRAM[2]
                 if "top_ngram" in on and shares["top", n][d] > limit:
                     return "top_ngram", f"{n}-gram {shares['top', n][d]:.3f}"
             for n, limit in DUP_NGRAMS.items():
+                limit += c.max_dup_ngrams - DUP_NGRAMS[5]
                 if "dup_ngrams" in on and shares["dup", n][d] > limit:
                     return "dup_ngrams", f"{n}-grams {shares['dup', n][d]:.3f}"
         low = text.lower() if "lorem_ipsum" in on else ""
@@ -245,9 +304,15 @@ class QualityFilter:
             if count < c.min_sentences:
                 return "min_sentences", str(count)
         if "line_punct" in on and lines:
-            share = sum(map(_ends_terminal, lines)) / len(lines)
-            if share < c.min_line_punct:
-                return "line_punct", f"{share:.2f}"
+            units = _prose_units(text, c.min_lines)
+            if len(units) >= c.min_lines:
+                share = sum(map(_ends_terminal, units)) / len(units)
+                if share < c.min_line_punct:
+                    return "line_punct", f"{share:.2f}"
+        if "boilerplate_lines" in on and lines:
+            share = sum(bool(_BOILERPLATE.search(ln)) for ln in lines) / len(lines)
+            if share > c.max_boilerplate_lines:
+                return "boilerplate_lines", f"{share:.2f}"
         return None
 
     @contract.per_slice

@@ -4,9 +4,12 @@ and the reference algorithm's statistics (docs/data.md, docs/build-checks.md).""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
+from corpus.checks import CheckConfig
 from curate import CurateConfig, DecontaminationConfig, DedupConfig, LanguageConfig, MixConfig, QualityConfig, parse_mix
 from curate.dedup import MODES
+from curate.quality import DEFAULT_RULES, RULES
 from jobs._fields import add_field
 
 
@@ -35,15 +38,53 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     add_field(g, "--language-threshold", LanguageConfig, "threshold", type=float, help_suffix="Used with --languages.")
     g.add_argument("--quality", action="store_true",
                    help="drop documents failing the Gopher and C4 quality rules (each counted as quality:<rule>; "
-                        "made for web pages: they also remove a third of a Bible extracted in blocks)")
+                        "made for web pages: they also remove a third of a Bible extracted in blocks); every rule "
+                        "but curly_bracket by default, each with its own --quality-* threshold")
+    g.add_argument("--quality-rules", metavar="RULE,...",
+                   help=f"with --quality: the rules to run instead of the default set ({', '.join(DEFAULT_RULES)}); "
+                        f"all: {', '.join(RULES)}")
+    g.add_argument("--quality-skip", metavar="RULE,...",
+                   help="with --quality: rules to turn off (e.g. min_sentences,line_punct)")
+    for f in QUALITY_THRESHOLDS:
+        add_field(g, "--quality-" + f.name.replace("_", "-"), QualityConfig, f.name,
+                  type=int if f.type in (int, "int") else float, help_suffix="Used with --quality.")
+    add_field(g, "--allow-drop", CheckConfig, "allow_drop")
     g.add_argument("--mix",
                    help="SOURCE=WEIGHT,...: weigh the input files at or under SOURCE (a file or folder of --input): "
                         "2 makes each document twice (each copy its own pairs and masks), 0.5 keeps a seeded half, "
                         "0 leaves the source out; inputs no SOURCE names keep weight 1")
 
 
+QUALITY_THRESHOLDS = tuple(f for f in dataclasses.fields(QualityConfig)
+                           if f.name not in ("rules", "stop_word_languages"))
+
+
 def _codes(text: str | None) -> tuple[str, ...]:
     return tuple(c.strip() for c in (text or "").split(",") if c.strip())
+
+
+def quality_config(args: argparse.Namespace) -> QualityConfig | None:
+    """``--quality`` and its rule and threshold flags as a ``QualityConfig`` (None without --quality); ValueError
+    naming the flag for an unknown rule, or a quality flag given without --quality."""
+    given = [f"--quality-{f.name.replace('_', '-')}" for f in QUALITY_THRESHOLDS
+             if getattr(args, "quality_" + f.name) != f.default]
+    given += [flag for flag in ("--quality-rules", "--quality-skip") if getattr(args, flag[2:].replace("-", "_"))]
+    if not args.quality:
+        if given:
+            raise ValueError(f"{given[0]} needs --quality: add --quality to run the quality rules")
+        return None
+    for flag in ("--quality-rules", "--quality-skip"):
+        unknown = [r for r in _codes(getattr(args, flag[2:].replace("-", "_"))) if r not in RULES]
+        if unknown:
+            raise ValueError(f"{flag} {','.join(unknown)}: not a quality rule; name one or more of "
+                             f"{', '.join(RULES)}")
+    chosen = _codes(args.quality_rules) or DEFAULT_RULES
+    skip = set(_codes(args.quality_skip))
+    rules = tuple(r for r in chosen if r not in skip)
+    if not rules:
+        raise ValueError("--quality-skip turns off every rule: drop --quality instead, or skip fewer rules")
+    return QualityConfig(rules=rules, stop_word_languages=_codes(args.languages) or ("en",),
+                         **{f.name: getattr(args, "quality_" + f.name) for f in QUALITY_THRESHOLDS})
 
 
 def curate_config(args: argparse.Namespace) -> CurateConfig:
@@ -56,5 +97,5 @@ def curate_config(args: argparse.Namespace) -> CurateConfig:
                                               min_words=min(DecontaminationConfig.min_words, args.decontaminate_ngram),
                                               fields=_codes(args.decontaminate_fields)),
         language=LanguageConfig(languages=_codes(args.languages), threshold=args.language_threshold),
-        quality=QualityConfig() if args.quality else None,
+        quality=quality_config(args),
         mix=MixConfig(weights=parse_mix(args.mix) if args.mix else (), seed=args.seed))

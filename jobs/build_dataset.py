@@ -127,7 +127,8 @@ def config_from(args: argparse.Namespace) -> BuildConfig:
         vocab_sample_bytes=_or(args.vocab_sample_bytes, DEFAULT_SAMPLE_BYTES),
         do_lower_case=args.do_lower_case,
         dupe_factor=args.dupe_factor, num_shards=args.num_shards, pool_tokens=args.pool_tokens,
-        endpoint_url=args.endpoint_url, checks=CheckConfig(max_unk_fraction=args.max_unk_fraction),
+        endpoint_url=args.endpoint_url, checks=CheckConfig(max_unk_fraction=args.max_unk_fraction,
+                                                                 allow_drop=args.allow_drop),
         curate=_curate_flags.curate_config(args),
     )
 

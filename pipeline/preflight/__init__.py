@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 # WARN_SHARDS_OVER warned: the estimate's error on the corpora it was measured on is well inside both.
 REFUSE_SHARDS_OVER = 1.5
 WARN_SHARDS_OVER = 0.7
-_OURS = {MANIFEST, VOCAB_FILE, SHARDS_DIR, WORK_DIR, OUTPUT_LEASE}
+_OURS = {MANIFEST, VOCAB_FILE, SHARDS_DIR, WORK_DIR, OUTPUT_LEASE, "reports"}  # reports/: curation's report
 
 
 def check_output(output: str, endpoint_url: str | None = None) -> None:

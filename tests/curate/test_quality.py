@@ -35,15 +35,24 @@ def test_novels_and_commentary_pass_every_rule(shared):
 def test_hand_checked_drops_of_the_shared_corpora(shared):
     tdavid, web = shared["tdavid"][1], shared["webbible"][1]
     # The Treasury of David quotes "{Mrs. Rogers.}": C4 takes a curly bracket for code (its known false positive
-    # on literature); its Psalm 119 volume is 262,883 words, past Gopher's 100,000.
-    assert tdavid["tdavid:ot24"] == "quality:curly_bracket" and tdavid["tdavid:ot120"] == "quality:word_count"
+    # on literature), so that rule is not in the default set; its Psalm 119 volume is 262,883 words, past Gopher's
+    # 100,000.
+    assert "tdavid:ot24" not in tdavid and tdavid["tdavid:ot120"] == "quality:word_count"
+    ot24 = [d for d in corpus("tdavid") if d["id"] == "tdavid:ot24"]
+    c4 = _run(QualityFilter(QualityConfig(rules=("curly_bracket",))), [ot24[0]["text"]])
+    assert c4.dropped["reason"].to_pylist() == ["quality:curly_bracket"]
     # The Bible blocks: Exodus repeats the tabernacle's instructions word for word (chapters 25-31 and 35-40);
     # ot19 is a 45-word fragment cut mid-sentence; ot34 a stitched fragment of one sentence.
-    assert web["engWEB2015eb:ot2"] == "quality:dup_ngrams"
+    # Gopher's repetition thresholds (0.15 for 5-grams) drop Exodus; the default (0.30, moved to keep manuals) keeps
+    # it
+    assert "engWEB2015eb:ot2" not in web
+    exodus = [d for d in corpus("webbible") if d["id"] == "engWEB2015eb:ot2"][0]["text"]
+    gopher = _run(QualityFilter(QualityConfig(rules=("dup_ngrams",), max_dup_ngrams=0.15)), [exodus])
+    assert gopher.dropped["reason"].to_pylist() == ["quality:dup_ngrams"]
     assert web["engWEB2015eb:ot19"] == "quality:word_count"
     assert web["engWEB2015eb:ot34"] == "quality:min_sentences"
     counts = Counter(web.values())
-    assert set(counts) == {"quality:dup_ngrams", "quality:word_count", "quality:min_sentences"}
+    assert set(counts) <= {"quality:dup_ngrams", "quality:word_count", "quality:min_sentences"}
     assert len(web) < 0.4 * shared["webbible"][0]
 
 
@@ -67,7 +76,7 @@ CASES = {
     "symbol_ratio": lambda g: g + " " + " ".join(["#tag"] * 25),
     "bullet_lines": lambda g: "\n".join("• " + ln for ln in _lines(g, 10)),
     "ellipsis_lines": lambda g: "\n".join(ln + "..." for ln in _lines(g, 10)),
-    "alpha_words": lambda g: g + " " + " ".join(str(1000 + i) for i in range(80)),
+    "alpha_words": lambda g: g + " " + " ".join(str(1000 + i) for i in range(120)),
     "stop_words": lambda g: " ".join(w for w in g.split() if w.lower() not in
                                      ("the", "be", "to", "of", "and", "that", "have", "with")),
     "dup_lines": lambda g: "\n".join(_lines(g, 4) * 3),
@@ -78,6 +87,8 @@ CASES = {
     "curly_bracket": lambda g: g + " function() { return 1; }",
     "min_sentences": lambda g: g.replace(".", ",").replace("!", ",").replace("?", ","),
     "line_punct": lambda g: "\n".join(ln.rstrip(".!?;,") for ln in _lines(g.replace(".", ""), 8)),
+    "boilerplate_lines": lambda g: "\n".join([g, "We use cookies to improve your experience.", "Accept all cookies",
+                                              "Subscribe to our newsletter", "Privacy Policy", "Log in"]),
 }
 
 
