@@ -35,6 +35,7 @@ from cluster.allocators import use_jemalloc  # noqa: E402 - before anything impo
 use_jemalloc()  # this process and the local Ray's workers: flat memory per worker (cluster/allocators.py)
 # The imports below must follow it: pyarrow reads the allocator's variable when it loads.
 
+from cluster import interrupt  # noqa: E402 - after use_jemalloc()
 from cluster.ray_start import init_ray  # noqa: E402 - after use_jemalloc()
 from corpus.checks import CheckConfig  # noqa: E402 - after use_jemalloc()
 from corpus.create_instances import InstanceConfig  # noqa: E402 - after use_jemalloc()
@@ -231,9 +232,16 @@ def exit_now(rc: int) -> None:
 
 
 if __name__ == "__main__":
+    # Ctrl-C / SIGTERM (`ray job stop`): the build stops where it is (Ray's tasks cancelled as Ray goes down), its
+    # run ends KILLED, one line says how to resume; exit 130 / 143, no traceback. A second signal exits at once.
+    interrupt.install("build_dataset")
     try:
         code = main()
     except ValueError as e:  # users' mistakes and bad inputs: the message says what to fix, no traceback
         print(f"build_dataset: error: {redact_text(str(e))}", file=sys.stderr)
         code = 2
+    except KeyboardInterrupt as e:
+        print(f"build_dataset: {e or 'interrupted'}; its MLflow run (if it had begun) ended KILLED. To resume, run "
+              "the same command again: finished units are kept", file=sys.stderr, flush=True)
+        code = interrupt.exit_code(e)
     exit_now(code)

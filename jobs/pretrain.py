@@ -25,6 +25,7 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
 
     require_project_env(__file__)
 
+from cluster import interrupt
 from corpus.schema import read_manifest
 from jobs import _eval_flags
 from jobs._common import HelpFormatter, comma_ints, refuse_bad_names, refuse_secrets, setup_logging, workers
@@ -123,8 +124,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     c.add_argument("--parent-run-id", help="log this run as a child of that MLflow run")
     add_field(c, "--log-every", TrackingConfig, type=int)
     c.add_argument("--max-minutes", type=float, help="wall-clock budget of the training loop: stop (with a final "
-                   "eval, checkpoint and export) at the first log step after it; the lr schedule still spans "
-                   "--max-steps")
+                   "eval, checkpoint and export) at the first step after it; the lr schedule still spans --max-steps. "
+                   "Without it a run is bounded by --max-steps alone: the same model however busy the machine")
     c.add_argument("--no-system-metrics", action="store_true", help="do not sample CPU/GPU/memory into MLflow")
     _eval_flags.add_flags(p)
     refuse_secrets(p, argv)
@@ -180,6 +181,7 @@ def job_from(a: argparse.Namespace) -> PretrainJob:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging()
+    interrupt.install("pretrain")  # Ctrl-C / SIGTERM: stop after a checkpoint, run KILLED, exit 130 / 143
     # The default name says what is trained and when, so the runs of an experiment can be told apart.
     source = Path(args.init.rstrip("/")).name if args.init else args.preset
     args.run_name = args.run_name or f"pretrain-{source}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -188,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # users' mistakes: one line saying what to fix
         log.error("%s", e)
         return 2
+    except KeyboardInterrupt as e:  # cluster.interrupt: after a checkpoint, or before training began
+        what = (f"{e}; MLflow run ended KILLED. To resume, run the same command again" if "checkpoint" in str(e)
+                else f"{e or 'interrupted'} before training began. To start, run the same command again")
+        print(f"pretrain: {what} (--run-name {args.run_name})", file=sys.stderr, flush=True)
+        return interrupt.exit_code(e)
     log.info("done%s: MLflow run %s, checkpoints under %s%s", f" (stopped by {result.stopped})" if result.stopped
              else "", result.run_id, result.checkpoints,
              f", model exported to {result.export}" if result.export else "")

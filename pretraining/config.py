@@ -138,8 +138,9 @@ class RuntimeConfig:
     """The accelerator's peak in FLOP/s, the denominator of mfu and hfu; None: known GPUs' dense bf16 peak
     (`pretraining.perf.PEAK_BF16_FLOPS`), and no mfu on CPU."""
     max_seconds: float | None = None
-    """Wall-clock budget of the training loop in seconds (--max-minutes): it stops at the first log step past it,
-    with a final eval, checkpoint and export; the lr schedule still spans `max_steps`. None: no budget."""
+    """Wall-clock budget of the training loop in seconds (--max-minutes): checked at every step, it stops at the
+    first step past it (an overrun of at most one step), with a final eval, checkpoint and export; the lr schedule
+    still spans `max_steps`. None: no budget: the run is bounded by `max_steps` alone."""
     seed: int = DEFAULT_SEED
     """The seed of every random draw of the run (initial weights, data order, dropout, dynamic masks, packing);
     12345 is create_pretraining_data.py's --random_seed (`corpus.rng.DEFAULT_SEED`)."""

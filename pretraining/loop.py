@@ -35,7 +35,7 @@ from pretraining import loader as data_mod
 from pretraining.config import PretrainConfig
 from pretraining.metrics import MetricSums
 from pretraining.perf import Window, peak_flops, throughput
-from pretraining.run_state import LoopState, TrainRun, all_reduce_host, build_model
+from pretraining.run_state import LoopState, TrainRun, all_reduce_host, build_model, host_group
 from pretraining.step import evaluate, train_step
 from tracking.tracker import NullTracker
 from training.checkpoint import load_train_state
@@ -58,7 +58,8 @@ def _read_vocab(config: PretrainConfig) -> str | None:
     return read_bytes(config.checkpoint.vocab_url, config.data.endpoint_url).decode("utf-8")
 
 
-STOPPED_TAG = "stopped_by"  # the run's tag when the wall-clock budget ended it before --max-steps
+STOPPED_TAG = "stopped_by"  # the run's tag when the wall-clock budget or a signal ended it before --max-steps
+SLOWED_TAG = "slowed_by"  # the run's tag when the machine's load made it slow (training.progress.machine_note)
 SLOW_ON_CPU = "try a smaller --preset (bert_tiny, bert_mini), fewer --max-steps, or --use-gpu on a GPU machine"
 
 
@@ -110,13 +111,15 @@ def _steps(run: TrainRun, result: FitResult, log_every: int, eval_every: int) ->
     while run.loop.step < config.max_steps:
         out = _train_step(run)
         last = run.loop.step == config.max_steps
+        if not last:
+            stop = _stop_now(run)  # every step: a spent --max-minutes budget, or Ctrl-C / SIGTERM
+            if stop:
+                log.info("step %d: stopped by %s; finishing here after a checkpoint", run.loop.step, stop)
+                run.tracker.set_tag(STOPPED_TAG, f"{stop} at step {run.loop.step} of {config.max_steps}")
+                last = True
         metrics: dict[str, float] = {}
         if run.loop.step % log_every == 0 or last:
-            metrics, time_up = _reduce_window(run, out)
-            if time_up and not last:  # every rank sees the same sum, so all stop at this step
-                log.info("step %d: the --max-minutes budget is spent; finishing here", run.loop.step)
-                run.tracker.set_tag(STOPPED_TAG, f"--max-minutes at step {run.loop.step} of {config.max_steps}")
-                last = True
+            metrics, _ = _reduce_window(run, out)
         save = worker.checkpoints is not None and (run.loop.step % config.checkpoint.every == 0 or last)
         if metrics or save:
             divergence = run.guard.review(*run.loop.step_log.read())
@@ -145,6 +148,10 @@ def _steps(run: TrainRun, result: FitResult, log_every: int, eval_every: int) ->
             break
     result.step = run.loop.step
     result.throughput = run.loop.totals.summary(run.raw.config, run.peak, worker.world_size)
+    slow = run.progress.machine_note() if worker.rank == 0 else None
+    if slow:  # the closing summary names the cause of a slow run, when it was the machine
+        log.warning("%s", slow)
+        run.tracker.set_tag(SLOWED_TAG, slow)
     if worker.rank == 0 and result.throughput:
         # The run's figures (compile warm-up excluded), once, at the last step: what a GPU run reports as its
         # seq/s, MFU of real tokens and data wait.
@@ -217,13 +224,13 @@ def _set_up(config: PretrainConfig, worker: Worker, device: torch.device) -> Tra
                    scheduler=scheduler, initial_state=initial, autocast_dtype=autocast_dtype, resumed_from=step,
                    guard=guard, tracker=tracker,
                    progress=Progress(config.max_steps, rt.max_seconds, on_cpu=device.type == "cpu",
-                                     slow_advice=SLOW_ON_CPU, first_step=step),
+                                     slow_advice=SLOW_ON_CPU, first_step=step, cpus=torch.get_num_threads()),
                    vocab_text=_read_vocab(config) if worker.rank == 0 else None,
                    peak=peak_flops(device, rt.peak_flops),
                    eval_rows=(data_mod.eval_rows(config.eval, config.data.endpoint_url) if config.eval is not None
                               else None),
                    warmup=warmup, compiled=compile_model, data=data, batches=batches,
-                   loop=LoopState(step=step, position=packed_position))
+                   loop=LoopState(step=step, position=packed_position), host_group=host_group())
     _new_window(run)
     return run
 
@@ -292,6 +299,19 @@ def _train_step(run: TrainRun) -> dict:
             torch.cuda.synchronize()  # the warm-up's (compiled) kernels must not leak into the window
         run.loop.window.exclude(run.loop.sums, run.batches.wait_seconds)
     return out
+
+
+def _stop_now(run: TrainRun) -> str | None:
+    """Why the run stops at this step boundary ("--max-minutes": its budget is spent; "SIGINT": a signal asked it
+    to), the same verdict on every rank (one small host collective per step with several ranks); None: it goes on."""
+    budget = run.config.runtime.max_seconds
+    time_up = bool(budget) and time.perf_counter() - run.t_start > budget
+    signal = run.worker.stop()
+    if run.worker.world_size > 1:
+        both = all_reduce_host(torch.tensor([float(time_up), float(signal is not None)], dtype=torch.float64),
+                               group=run.host_group)
+        time_up, signal = bool(both[0] > 0), (signal or "a stop request") if both[1] > 0 else None
+    return signal or ("--max-minutes" if time_up else None)
 
 
 def _reduce_window(run: TrainRun, out: dict) -> tuple[dict[str, float], bool]:

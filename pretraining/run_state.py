@@ -97,6 +97,9 @@ class TrainRun:
     """This rank's share of each global batch, in the global order, from the data position on."""
     t_start: float = field(default_factory=time.perf_counter)
     """When this process's loop started (``time.perf_counter``)."""
+    host_group: object = None
+    """A gloo process group for the per-step stop verdict when the collectives run on NCCL (no GPU sync for it);
+    None: the default group (gloo on CPU), or one process."""
     loop: LoopState
     """The step, the stream's position and the windows' sums: what changes from step to step."""
 
@@ -117,14 +120,22 @@ def build_model(config: PretrainConfig, checkpoint_dir: Path | None) -> BertForP
     return BertForPreTraining(config.model.bert)
 
 
-def all_reduce_host(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
-    """``t`` reduced over every rank (NCCL reduces on the GPU), back on the host; ``t`` itself without a process
-    group."""
+def all_reduce_host(t: torch.Tensor, op: str = "sum", group: object = None) -> torch.Tensor:
+    """``t`` reduced over every rank (NCCL reduces on the GPU; a gloo ``group`` on the host), back on the host;
+    ``t`` itself without a process group."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return t
-    dev = (torch.device("cuda", torch.cuda.current_device()) if torch.distributed.get_backend() == "nccl"
-           else torch.device("cpu"))
+    dev = (torch.device("cuda", torch.cuda.current_device())
+           if group is None and torch.distributed.get_backend() == "nccl" else torch.device("cpu"))
     t = t.to(dev)
     ops = {"sum": torch.distributed.ReduceOp.SUM, "min": torch.distributed.ReduceOp.MIN}
-    torch.distributed.all_reduce(t, op=ops[op])
+    torch.distributed.all_reduce(t, op=ops[op], group=group)
     return t.cpu()
+
+
+def host_group() -> object:
+    """A gloo group beside an NCCL default group (every rank must call this at the same point); None otherwise."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return dist.new_group(backend="gloo")
+    return None

@@ -12,7 +12,8 @@ sequence of steps, with the two jobs' differences handed in as a `JobParts`.
     9. export                                              export_model (the MLflow artifact, and the destination)
    10. collapse diagnosis                                  parts.diagnose(run, outcome) -> WARNING + `collapse` tag
    11. closing tags                                        parts.closing_tags(outcome, collapse)
-   12. the run ended (FINISHED/FAILED/KILLED); the checkpoints removed when the job does not keep them
+   12. the run ended (FINISHED/FAILED/KILLED: Ctrl-C/SIGTERM, cluster.interrupt); the checkpoints removed when the
+       job does not keep them
 
 Where a run's checkpoints live is `LaunchConfig.run_url`, decided once in `training.launch`: the launcher writes
 there, the run's `bert.run_checkpoints` tag names it (a rerun finds its MLflow run by it), the job reports it, and a
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cluster import interrupt
 from tracking.config import RunRef
 from tracking.runs import Run, open_run
 from tracking.store import check_tracking_reachable
@@ -135,6 +137,10 @@ def run_job(parts: JobParts) -> Finished:
                     parts.log_inputs(run)  # 6
                     with launcher.run(parts.fit, parts.config, launch, inputs=ready.inputs,
                                       tracking=RunRef(parts.tracking_uri, run.run_id, launch.name)) as final:  # 7
+                        # Ctrl-C / SIGTERM: the loop stopped at a step boundary after a checkpoint; the run ends
+                        # KILLED (no export), and the same command resumes from that checkpoint.
+                        interrupt.raise_if_requested(f"stopped by {interrupt.requested()} after checkpoint "
+                                                     f"{final.name} of {launch.run_url}")
                         outcome = parts.outcome(run, final)  # 8
                         export_model(final / MODEL_DIR, parts.destination, run, parts.lineage,
                                      launch.endpoint_url)  # 9

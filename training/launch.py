@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cluster import interrupt
 from training.ray_noise import quiet_train_worker
 
 if TYPE_CHECKING:
@@ -175,7 +176,7 @@ def run(fit: Callable[[Any, Worker], Any], config: Any, launch: LaunchConfig, *,
     job's MLflow run, which rank 0 logs into."""
     fence = _fence(launch)
     if launch.no_ray:
-        with _in_process(launch, inputs, tracking, fence) as worker:
+        with _in_process(launch, inputs, tracking, fence) as worker, interrupt.deferred():
             result = fit(config, worker)
             final = result.checkpoint
             if final is None and result.step and result.step == result.resumed_from:
@@ -225,7 +226,7 @@ def _in_process(launch: LaunchConfig, inputs: Any = None, tracking: RunRef | Non
     try:
         yield Worker(device=torch.device("cuda" if launch.use_gpu else "cpu"),
                      checkpoints=LocalCheckpoints(launch.local_directory, keep=launch.keep_checkpoints, fence=fence),
-                     inputs=inputs, tracking=tracking, fence=fence)
+                     inputs=inputs, tracking=tracking, fence=fence, stop=interrupt.requested)
     finally:
         torch.set_num_threads(before)
 
@@ -261,12 +262,16 @@ def _on_ray(fit: Callable, config, launch: LaunchConfig, inputs: Any = None,
     # when they fit: each resize is a restart from the last checkpoint, where the loop continues the same data
     # order on the new world size (pretraining.order) and logs the resize.
     workers = (launch.min_workers, launch.num_workers) if launch.elastic else launch.num_workers
+    # Ctrl-C / SIGTERM reach this driver only: a marker beside the run folder tells the workers, who stop together
+    # at their next step boundary after a checkpoint. A marker an earlier interrupted run left is removed first.
+    marker = (fs, f"{storage_path}/{launch.name}.stop")
+    _stop_marker(marker, write=False)
     trainer = TorchTrainer(
         ray_worker,
         train_loop_config={"fit": fit, "config": config, "threads": max(1, round(cpus)),
                            "inputs": ray.put(inputs) if inputs is not None else None, "tracking": tracking,
                            "fence": fence, "run_folder": (fs, f"{storage_path}/{launch.name}"),
-                           "keep_checkpoints": launch.keep_checkpoints},
+                           "keep_checkpoints": launch.keep_checkpoints, "stop_marker": marker},
         # Single-node groups rendezvous through a private file store, not a TCPStore on every interface.
         torch_config=LocalRendezvous(backend="nccl" if launch.use_gpu else "gloo"),
         scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=launch.use_gpu,
@@ -281,10 +286,13 @@ def _on_ray(fit: Callable, config, launch: LaunchConfig, inputs: Any = None,
     log.info("training on %s Ray worker(s) x %s CPU%s", f"{launch.min_workers} to {launch.num_workers}" if
              launch.elastic else launch.num_workers, cpus, " + GPU" if launch.use_gpu else "")
     try:
-        result = trainer.fit()
+        with interrupt.deferred(lambda: _stop_marker(marker, write=True)):
+            result = trainer.fit()
     except Exception:
         _prove(fence)  # a worker that stopped because the lease was lost: say that, not what Ray made of it
         raise
+    finally:
+        _stop_marker(marker, write=False)
     _prove(fence)
     _raise_verdict(result.return_value)
     checkpoint = result.checkpoint
@@ -297,6 +305,53 @@ def _on_ray(fit: Callable, config, launch: LaunchConfig, inputs: Any = None,
         log.info("%s is already complete (checkpoint %s): nothing to train", launch.run_url, named)
     with checkpoint.as_directory() as d:
         yield Path(d)
+
+
+def _stop_marker(marker: tuple, write: bool) -> None:
+    """Write (the driver was asked to stop) or remove the run's stop marker (pyarrow filesystem or None, path)."""
+    fs, path = marker
+    if fs is None:
+        p = Path(path)
+        if write:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(interrupt.requested() or "SIGINT")
+        else:
+            p.unlink(missing_ok=True)
+        return
+    if write:
+        with fs.open_output_stream(path) as f:
+            f.write((interrupt.requested() or "SIGINT").encode())
+    else:
+        with contextlib.suppress(FileNotFoundError, OSError):
+            fs.delete_file(path)
+
+
+def _watch_stop_marker(marker: tuple | None, every: float = 1.0) -> Callable[[], str | None]:
+    """In a worker: a thread that looks for the driver's stop marker every `every` seconds; the returned callable
+    says "SIGINT/SIGTERM" (as the driver's request) once it is there. Each rank watches; the loop makes them agree."""
+    import threading
+
+    if marker is None:
+        return lambda: None
+    fs, path = marker
+    seen: list[str] = []
+
+    def read() -> str:
+        if fs is None:
+            return Path(path).read_text()
+        with fs.open_input_stream(path) as f:
+            return f.read().decode()
+
+    def watch() -> None:
+        while not seen:
+            with contextlib.suppress(Exception):  # not there yet, or a storage hiccup: look again
+                said = read().strip()
+                seen.append(said if said in ("SIGINT", "SIGTERM") else "a stop request")
+                return
+            threading.Event().wait(every)
+
+    threading.Thread(target=watch, name="stop-marker", daemon=True).start()
+    return lambda: seen[0] if seen else None
 
 
 # ---- inside a Ray Train worker -------------------------------------------------------------------------------------
@@ -333,7 +388,8 @@ def ray_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
                     device=ray.train.torch.get_device(),
                     wrap=ray.train.torch.prepare_model if world > 1 else (lambda m: m),
                     checkpoints=checkpoints, inputs=ray.get(inputs) if inputs is not None else None,
-                    tracking=loop_config["tracking"], fence=fence)
+                    tracking=loop_config["tracking"], fence=fence,
+                    stop=_watch_stop_marker(loop_config.get("stop_marker")))
     # Between checkpoints too: a worker whose driver is stopped or cut off stops (the process exits, status 2).
     watching = fence.watch() if fence is not None and worker.rank == 0 else None
     try:

@@ -8,6 +8,11 @@ lines; and, before an afternoon is wasted, how long the run will take.
   `heartbeat`'s thread while a step runs (a bert_base step on 2 CPUs takes minutes). During the first step the
   line states a lower bound of the run's length: the step has taken at least that long.
 
+- On CPU, when the machine is the reason a run is slow (this process got well under its CPUs' time, and more
+  processes want the cores than there are), the ETA line and the estimate say so, with the rate this process would
+  reach with its CPUs to itself: `machine_note()` (pre-training also tags the run with it, `slowed_by`, so the
+  closing summary names the cause).
+
 The rate counts the steps this process ran since it started training (a resumed run does not count the steps it
 inherited; a rolled-back run counts the steps it redid), so the ETA is what the remaining steps will take at the
 pace seen so far. The ETA is the sooner of the steps' end and the budget's.
@@ -15,6 +20,7 @@ pace seen so far. The ETA is the sooner of the steps' end and the budget's.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +28,7 @@ from collections.abc import Callable, Iterator
 HEARTBEAT = 60.0  # seconds of wall time without a progress line, at most
 ESTIMATE_AFTER = 3  # steps before the run's length is estimated (the first ones carry start-up costs)
 HOURS = 3600.0  # an estimate from here on, on CPU, gets the advice
+BUSY_SHARE = 0.6  # below this share of its CPUs' time (and with more runnable processes than cores): a busy machine
 
 
 def duration(seconds: float) -> str:
@@ -42,8 +49,14 @@ class Progress:
 
     def __init__(self, total: int, budget_seconds: float | None = None, unit: str = "steps",
                  clock: Callable[[], float] = time.monotonic, *, on_cpu: bool = False,
-                 slow_advice: str = "", first_step: int = 0) -> None:
+                 slow_advice: str = "", first_step: int = 0, cpus: float | None = None,
+                 cpu_clock: Callable[[], float] = time.process_time,
+                 load: Callable[[], float] = lambda: os.getloadavg()[0]) -> None:
         self.total, self.budget, self.unit, self.clock = total, budget_seconds, unit, clock
+        # CPU seconds of this whole process (torch's threads, the data thread) against `cpus` x wall: how much of
+        # its CPUs the run got. None: not measured (a GPU run's CPU time says nothing about its speed).
+        self.cpus, self.cpu_clock, self.load = (cpus if on_cpu else None), cpu_clock, load
+        self.cpu_start = cpu_clock()
         self.on_cpu, self.slow_advice = on_cpu, slow_advice
         self.start, self.done = clock(), 0
         self.last_line = self.step_started = self.start
@@ -58,6 +71,27 @@ class Progress:
     def rate(self) -> float:
         elapsed = self.clock() - self.start
         return self.done / elapsed if elapsed > 0 and self.done else 0.0
+
+    def cpu_share(self) -> float | None:
+        """The share of its CPUs' time this process got since training started (None: not measured yet)."""
+        elapsed = self.clock() - self.start
+        if not self.cpus or elapsed <= 0 or not self.done:
+            return None
+        return (self.cpu_clock() - self.cpu_start) / (elapsed * self.cpus)
+
+    def machine_note(self) -> str | None:
+        """When the machine's load is why the run is slow: "the machine is busy (load 4.1 on 2 cores): this
+        process got 48% of its 2 CPUs, 2.1 steps/s against ~4.4 expected with them to itself; ..."; None otherwise."""
+        share, cores = self.cpu_share(), os.cpu_count() or 1
+        if share is None or share >= BUSY_SHARE:
+            return None
+        load = self.load()
+        if load <= cores:
+            return None
+        rate, cpus = self.rate(), f"{self.cpus:g} CPU{'s' if self.cpus != 1 else ''}"
+        return (f"the machine is busy (load {load:.1f} on {cores} cores): this process got {100 * share:.0f}% of its "
+                f"{cpus}, {rate:.3g} {self.unit}/s against ~{rate / max(share, 0.05):.3g} expected with them to "
+                "itself; the same steps, only slower")
 
     def describe(self, step: int) -> str:
         self.last_line = now = self.clock()
@@ -74,7 +108,8 @@ class Progress:
                 return (f"{text} ETA {duration(budget_left)} (the {duration(self.budget)} budget ends first, near "
                         f"step {min(self.total, step + int(rate * budget_left))})")
             return f"{text} ETA {duration(left)} (budget {duration(self.budget)}: {duration(budget_left)} left)"
-        return f"{text} ETA {duration(left)}"
+        note = self.machine_note()
+        return f"{text} ETA {duration(left)}" + (f" ({note})" if note else "")
 
     def _advice(self, seconds: float) -> str:
         if self.on_cpu and seconds >= HOURS and self.slow_advice:
@@ -92,7 +127,7 @@ class Progress:
             text += (f", but the --max-minutes budget of {duration(self.budget)} stops it near step "
                      f"{min(self.total, step + int(rate * max(0.0, self.budget - (self.clock() - self.start))))}")
             return text + self._advice(total)
-        return text + self._advice(total)
+        return text + self._advice(total)  # (describe(), logged with it, names a busy machine)
 
     def notes(self, step: int) -> list[str]:
         """Lines due after step `step`: the estimate (once, after the first steps) and the progress line when none

@@ -57,6 +57,9 @@ class Worker:
     """A tracker to use as it is (tests, a caller's own); None: one into ``tracking``, on rank 0."""
     fence: Any = None
     """The job's writer lease, proved before each write (storage/fence.py); None: unfenced."""
+    stop: Callable[[], str | None] = lambda: None
+    """Asked at every step boundary: what asked the run to stop ("SIGINT", cluster.interrupt), or None. The loop then
+    ends after a checkpoint, as at its last step."""
 
     def make_tracker(self, system_metrics: bool = False) -> Tracker:
         """`tracker`, or one into `tracking` (rank 0's): under a fence, a point is logged only while the lease can
