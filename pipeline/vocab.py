@@ -59,6 +59,9 @@ class VocabContext:
     (``vocab_step`` called on its own)."""
     fence: Any = None
     """The output's writer lease (storage/fence.py), proved before the marker is committed; None: nothing to prove."""
+    keep: Any = None
+    """The build's per-document curation as a test of a batch of texts (``pipeline.curation.filters
+    .kept_by_curation``): the vocabulary is trained on the sampled documents curation keeps; None: all of them."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +162,7 @@ def vocab_step(item: VocabItem, ctx: VocabContext) -> VocabMarker:
     report = ReadReport()
     count, passes, read, told = 0, 0, 0, time.monotonic()
 
-    def texts():
+    def documents():
         nonlocal count, passes, read, told
         passes += 1
         for block in item.blocks:
@@ -171,6 +174,18 @@ def vocab_step(item: VocabItem, ctx: VocabContext) -> VocabMarker:
                         told = time.monotonic()
                         _tell(item, min(0.99, read / max(1, 2 * item.sampled_bytes)), ctx.endpoint_url)
                     yield "\n".join(doc.lines)
+
+    def texts():
+        if ctx.keep is None:
+            yield from documents()
+            return
+        batch: list[str] = []  # what curation keeps, judged a batch at a time (its filters work on batches)
+        for text in documents():
+            batch.append(text)
+            if len(batch) >= 256:
+                yield from (t for t, ok in zip(batch, ctx.keep(batch), strict=True) if ok)
+                batch = []
+        yield from (t for t, ok in zip(batch, ctx.keep(batch), strict=True) if ok)
 
     log.info("training a %d-entry WordPiece vocabulary on %d sampled blocks", ctx.vocab_size, len(item.blocks))
     # Two passes over the sample (see train_wordpiece): read twice rather than held, so memory stays bounded.
@@ -219,8 +234,10 @@ def vocab_stage(s: BuildState) -> Stage | None:
     cfg = s.cfg
     if s.vocab_bytes is not None:
         return None
+    from pipeline.curation.filters import kept_by_curation
+
     ctx = VocabContext(cfg.read, cfg.vocab_size, cfg.min_frequency, cfg.do_lower_case, cfg.endpoint_url, cfg.work,
-                       s.fence)
+                       s.fence, kept_by_curation(cfg))
     return dataclasses.replace(
         _stage(s.inputs.files, s.units, ctx, VocabSample(cfg.unit_bytes, cfg.vocab_sample_bytes, cfg.instances.seed),
                join(cfg.work, VOCAB_FILE)), after=_trained)

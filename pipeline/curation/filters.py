@@ -54,6 +54,39 @@ REPORT_KEYS = ("id", "source", "reason", "duplicate_of", "detail")
 
 # --- curate's filters as operators of the read pass, whose batches also hold the units' report rows
 
+class KeptByCuration:
+    """The build's per-document curation (language, quality, decontamination, in that order) as a test of texts:
+    the vocab stage trains on the sampled documents it keeps, so the vocabulary is trained on what curation keeps
+    (dedup's copies and the mix's draw aside: they decide how often a text counts, not which words exist).
+    Picklable: the filters are made in the process that uses them, on first use."""
+
+    def __init__(self, cfg: BuildConfig):
+        self.cfg, self._filters = cfg, None
+
+    def __getstate__(self) -> dict:
+        return {"cfg": self.cfg, "_filters": None}
+
+    def __call__(self, texts: list[str]) -> list[bool]:
+        if not texts:
+            return []
+        if self._filters is None:
+            index = eval_index(self.cfg) if self.cfg.curate.decontamination.paths else None
+            self._filters = [f for _, f in self.cfg.curate.document_filters(index)]
+        table = pa.table({"id": pa.array([str(i) for i in range(len(texts))], pa.string()),
+                          "text": pa.array(texts, pa.string())})
+        for f in self._filters:
+            table = f(table).kept
+        keep = np.zeros(len(texts), dtype=bool)
+        keep[[int(i) for i in table.column("id").to_pylist()]] = True
+        return keep.tolist()
+
+
+def kept_by_curation(cfg: BuildConfig) -> KeptByCuration | None:
+    """The vocab stage's document test when the build has per-document filters; None otherwise."""
+    c = cfg.curate
+    return KeptByCuration(cfg) if (c.language.languages or c.quality is not None or c.decontamination.paths) else None
+
+
 class UnitReports:
     """A ``curate`` filter as an operator of the read pass: the filter sees the batch's documents only; the units'
     report rows (``id`` null) pass on as they are, and each unit that lost or edited documents gets one more report

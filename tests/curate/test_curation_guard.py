@@ -118,3 +118,22 @@ def test_quality_flag_mistakes_are_one_line(inputs, tmp_path, flags, needle):
     done = _job("--input", str(root / "clean"), "--output", str(tmp_path / "out"), *flags, "--no-mlflow", *args)
     assert done.returncode == 2 and needle in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert not (tmp_path / "out").exists()
+
+
+def test_the_vocabulary_is_trained_on_what_curation_keeps(tmp_path):
+    """A corpus of Austen and German documentation with --languages en (and --allow-drop: the German input goes
+    whole): the trained vocabulary has no German word; without curation the same corpus's vocabulary has them."""
+    need_shared()
+    with gzip.open(SHARED / "corpora" / "multilang.jsonl.gz", "rt", encoding="utf-8") as f:
+        german = [(d["id"], d["text"]) for d in map(json.loads, f) if d["lang"] == "de"][:100]
+    _write(tmp_path / "in" / "en.jsonl", _passages("austen", 300, 100))
+    _write(tmp_path / "in" / "de.jsonl", german)
+    small = [a for a in SMALL if a not in ("--vocab", str(VOCAB))] + ["--vocab-size", "3000"]
+    words = {}
+    for name, flags in (("plain", []), ("curated", ["--languages", "en", "--allow-drop"])):
+        out = tmp_path / name
+        assert build_dataset.main(["--input", str(tmp_path / "in"), "--output", str(out), *flags, *small]) == 0
+        words[name] = set((out / "vocab.txt").read_text().split())
+    german_words = {"nicht", "werden", "eine", "oder", "wird", "sie", "kann", "auch"}
+    assert len(words["plain"] & german_words) >= 6, words["plain"] & german_words  # the attack: they are there
+    assert not words["curated"] & german_words, words["curated"] & german_words
