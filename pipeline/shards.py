@@ -161,11 +161,17 @@ class ShardStats:
     """What a shard's rows hold, for the manifest: added up over the shards."""
 
     rows: int = 0
+    """Rows written."""
     random_next: int = 0
+    """Rows whose segment B is a random document's."""
     masked: int = 0
+    """Masked LM positions over the rows."""
     seq_len: Counter = dataclasses.field(default_factory=Counter)
+    """Rows by sequence length in tokens."""
     masked_per_seq: Counter = dataclasses.field(default_factory=Counter)
+    """Rows by their number of masked positions."""
     lengths: list = dataclasses.field(default_factory=list)
+    """Each group's row lengths (``len(input_ids)``), in file order: the sidecar index's ``lengths``."""
 
     def add(self, part: pa.Table) -> None:
         self.rows += part.num_rows
