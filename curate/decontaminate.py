@@ -27,6 +27,7 @@ from curate import contract
 from curate.words import Ngrams, Words, words
 
 MODES = ("drop", "cut")
+QUOTE_CHARS = 160  # of a matched n-gram's words quoted in a report line
 _BATCH = 4096  # evaluation texts hashed per call
 
 
@@ -75,6 +76,12 @@ class NgramIndex:
     """Evaluation texts under ``min_words`` words, not checked."""
     checked: list[int] = dataclasses.field(default_factory=list)
     """Per file (aligned with ``files``): its texts long enough to be matched."""
+    examples: list[str] = dataclasses.field(default_factory=list)
+    """How the report names each evaluation example (its id field or ``record k``), when the texts came with them
+    (``eval_texts(..., examples=True)``); ``example_of`` indexes this list."""
+    example_of: dict[int, np.ndarray] = dataclasses.field(default_factory=dict)
+    """n-gram length -> int32 index in ``examples`` of an example holding each hash of ``grams`` (empty without
+    examples)."""
 
     @property
     def size(self) -> int:
@@ -92,18 +99,22 @@ class NgramIndex:
         return h.hexdigest()
 
 
-def build_index(texts: Iterable[tuple[str, str]], cfg: DecontaminationConfig) -> NgramIndex:
-    """The index of (file, text) pairs (``curate.eval_sets.eval_texts``)."""
+def build_index(texts: Iterable[tuple[str, ...]], cfg: DecontaminationConfig) -> NgramIndex:
+    """The index of (file, text) pairs, or (file, text, example) triples (``curate.eval_sets.eval_texts``): with
+    examples, a drop's report names the example it matched."""
     files: dict[str, int] = {}
-    parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+    examples: dict[tuple[str, str], int] = {}
+    parts: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
     n_texts = too_short = 0
     checked: list[int] = []
-    batch: list[tuple[str, str]] = []
+    batch: list[tuple[str, ...]] = []
 
     def flush() -> None:
         nonlocal too_short
-        w = words([t for _, t in batch])
-        fid = np.array([files.setdefault(f, len(files)) for f, _ in batch], dtype=np.int32)
+        w = words([item[1] for item in batch])
+        fid = np.array([files.setdefault(item[0], len(files)) for item in batch], dtype=np.int32)
+        eid = np.array([examples.setdefault((item[0], item[2]), len(examples)) if len(item) > 2 else -1
+                        for item in batch], dtype=np.int32)
         counts = np.diff(w.offsets)
         too_short += int((counts < cfg.min_words).sum())
         per_file = np.bincount(fid[counts >= cfg.min_words], minlength=len(files))
@@ -118,7 +129,7 @@ def build_index(texts: Iterable[tuple[str, str]], cfg: DecontaminationConfig) ->
             if n < cfg.ngram:  # a short text is one gram of its own length; longer texts' n-grams are not these
                 keep = np.repeat(counts == n, per_doc)
                 g, per_doc = g[keep], np.where(counts == n, per_doc, 0)
-            parts.setdefault(n, []).append((g, np.repeat(fid, per_doc)))
+            parts.setdefault(n, []).append((g, np.repeat(fid, per_doc), np.repeat(eid, per_doc)))
         batch.clear()
 
     for item in texts:
@@ -128,17 +139,22 @@ def build_index(texts: Iterable[tuple[str, str]], cfg: DecontaminationConfig) ->
             flush()
     if batch:
         flush()
-    grams, file_of = {}, {}
+    grams, file_of, example_of = {}, {}, {}
     for n, chunks in parts.items():
         g = np.concatenate([c[0] for c in chunks])
         f = np.concatenate([c[1] for c in chunks])
         uniq, first = np.unique(g, return_index=True)
         grams[n], file_of[n] = uniq, f[first]
-    return NgramIndex(list(files), grams, file_of, n_texts, too_short, checked)
+        if examples:
+            example_of[n] = np.concatenate([c[2] for c in chunks])[first]
+    return NgramIndex(list(files), grams, file_of, n_texts, too_short, checked, [e for _, e in examples],
+                      example_of)
 
 
-def _hits(index: NgramIndex, w: Words) -> tuple[np.ndarray, list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]]:
-    """(hit count per document, per length: (n, gram positions, their documents, matched file ids))."""
+def _hits(index: NgramIndex, w: Words) -> tuple[np.ndarray, list[tuple[int, np.ndarray, np.ndarray, np.ndarray,
+                                                                         np.ndarray]]]:
+    """(hit count per document, per length: (n, gram positions, their documents, matched file ids, their places
+    in the index's table of that length))."""
     n_docs = len(w.offsets) - 1
     total = np.zeros(n_docs, dtype=np.int64)
     found = []
@@ -154,7 +170,7 @@ def _hits(index: NgramIndex, w: Words) -> tuple[np.ndarray, list[tuple[int, np.n
         pos = np.flatnonzero(hit)
         doc = np.searchsorted(off, pos, side="right") - 1
         total += np.bincount(doc, minlength=n_docs)
-        found.append((n, pos - off[doc], doc, index.file_of[n][at[pos]]))
+        found.append((n, pos - off[doc], doc, index.file_of[n][at[pos]], at[pos]))
     return total, found
 
 
@@ -178,7 +194,7 @@ class Decontaminate:
         doc = Words(w.hashes, np.array([0, len(w.hashes)], dtype=np.int64), w.lengths)
         _, found = _hits(self.index, doc)
         touched = np.zeros(len(w.hashes) + 1, dtype=np.int64)
-        for n, pos, _, _ in found:
+        for n, pos, _, _, _ in found:
             np.add.at(touched, pos, 1)
             np.add.at(touched, pos + n, -1)
         hit_word = np.cumsum(touched[:-1]) > 0
@@ -186,19 +202,40 @@ class Decontaminate:
         empty = np.diff(per_sentence) == 0
         return [s for s, h, e in zip(sentences, per, empty, strict=False) if e or not h]
 
+    def _first_match(self, w: Words, buf: bytes, found, d: int, f: int) -> str:
+        """``; <example>: "<the document's matched words>"`` for document d's first n-gram matched in file f (the
+        words lower-cased, at most ``QUOTE_CHARS``); empty when the index has no examples."""
+        best = None
+        for n, pos, doc, fid, at in found:
+            sel = np.flatnonzero((doc == d) & (fid == f))
+            if len(sel) and (best is None or int(pos[sel[0]]) < best[1]):
+                best = (n, int(pos[sel[0]]), int(at[sel[0]]))
+        if best is None or not self.index.example_of or w.starts is None:
+            return ""
+        n, pos, at = best
+        first = int(w.offsets[d]) + pos
+        a, b = int(w.starts[first]), int(w.starts[first + n - 1] + w.lengths[first + n - 1])
+        quote = buf[a:b].decode("utf-8", "replace").replace("\n", " ")
+        if len(quote) > QUOTE_CHARS:
+            quote = quote[:QUOTE_CHARS - 1] + "…"
+        example = self.index.examples[int(self.index.example_of[n][at])]
+        return f'; {example}: "{quote}"'
+
     @contract.per_slice
     def __call__(self, table: pa.Table) -> contract.Filtered:
         text = contract.texts(table)
-        total, found = _hits(self.index, words([t or "" for t in text]))
+        w = words([t or "" for t in text])
+        total, found = _hits(self.index, w)
+        buf = " ".join((t or "").lower() for t in text).encode("utf-8", "surrogatepass") if total.any() else b""
         files: dict[int, Counter] = {}
-        for _, _, doc, fid in found:
+        for _, _, doc, fid, _ in found:
             for d, f in zip(doc.tolist(), fid.tolist(), strict=False):
                 files.setdefault(d, Counter())[f] += 1
         drop = np.zeros(len(table), dtype=bool)
         details, edit_rows, edits, edit_details = [], [], [], []
         for d in np.flatnonzero(total).tolist():
             f, _ = files[d].most_common(1)[0]
-            what = f"{int(total[d])} n-grams of {self.index.files[f]}"
+            what = f"{int(total[d])} n-grams of {self.index.files[f]}{self._first_match(w, buf, found, d, f)}"
             if self.cfg.mode == "cut":
                 sentences = self._sentences(table, d, text[d] or "")
                 kept = self._cut(sentences)

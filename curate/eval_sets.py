@@ -57,14 +57,26 @@ def _texts(record: dict[str, Any], fields: Sequence[str]) -> Iterator[str]:
             yield " ".join(v)
 
 
-def eval_texts(paths: Sequence[str], fields: Sequence[str] = (),
-               endpoint_url: str | None = None) -> Iterator[tuple[str, str]]:
-    """(file, text) for every text of every record of the evaluation files (a folder: its task files)."""
+_ID_FIELDS = ("id", "idx", "guid", "qid", "uid")
+
+
+def _example(record: dict[str, Any], k: int) -> str:
+    """How a report names a record: its own id field, else its place (line k of JSON Lines, row k of a table)."""
+    for f in _ID_FIELDS:
+        if isinstance(record.get(f), str | int) and not isinstance(record.get(f), bool):
+            return f"{f} {record[f]}"
+    return f"record {k}"
+
+
+def eval_texts(paths: Sequence[str], fields: Sequence[str] = (), endpoint_url: str | None = None,
+               examples: bool = False) -> Iterator[tuple[str, ...]]:
+    """(file, text) for every text of every record of the evaluation files (a folder: its task files); with
+    ``examples``, (file, text, example): the record's id field or its 1-based place (``record 12``)."""
     for url in eval_files(paths, endpoint_url):
         records = read_records(url, storage_options=storage_options(url, endpoint_url))
         if fields and not any(f in r for r in records for f in fields):
             raise ValueError(f"--decontaminate {url}: no record has a field {', '.join(fields)} (the first"
                              f" record's fields: {', '.join(records[0])}); pass the fields that hold its text")
-        for r in records:
+        for k, r in enumerate(records, 1):
             for text in _texts(r, fields):
-                yield url, text
+                yield (url, text, _example(r, k)) if examples else (url, text)

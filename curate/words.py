@@ -50,6 +50,9 @@ class Words:
     """int64, len(documents) + 1: document d's words are ``[offsets[d], offsets[d + 1])``."""
     lengths: np.ndarray
     """int64, each word's length in UTF-8 bytes: the weights of the repetition rules' character shares."""
+    starts: np.ndarray | None = None
+    """int64, each word's first byte in the batch's lower-cased UTF-8 text, the documents joined by one space
+    (``words``): where a matched n-gram's words are, to quote them; None where not kept."""
 
     def count(self, d: int) -> int:
         return int(self.offsets[d + 1] - self.offsets[d])
@@ -129,7 +132,7 @@ def words(texts: Sequence[str]) -> Words:
         # Each word byte times base**(its position in the word), summed per word; then mixed with the length.
         hashes = mix64(_word_sums(buf, starts, ends) ^ (lens.astype(_U64) << _U64(48)))
     offsets = np.searchsorted(starts, doc_start[:-1]).astype(np.int64)
-    return Words(hashes, np.append(offsets, len(starts)), lens)
+    return Words(hashes, np.append(offsets, len(starts)), lens, starts)
 
 
 class Ngrams:

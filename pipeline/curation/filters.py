@@ -199,7 +199,7 @@ def eval_index(cfg: BuildConfig) -> NgramIndex:
     key = (c, cfg.endpoint_url, tuple((f, file_stamp(f, cfg.endpoint_url)) for f in files))
 
     def load() -> NgramIndex:
-        index = build_index(eval_texts(c.paths, c.fields, cfg.endpoint_url), c)
+        index = build_index(eval_texts(c.paths, c.fields, cfg.endpoint_url, examples=True), c)
         checked = dict(zip(index.files, index.checked, strict=False))
         empty = [f for f in files if not checked.get(f)]
         if empty:

@@ -129,3 +129,35 @@ def test_config_mistakes_say_the_fix():
         DecontaminationConfig(paths=("x",), mode="remove")
     with pytest.raises(ValueError, match="--decontaminate-ngram 3"):
         DecontaminationConfig(ngram=3)
+
+
+def test_a_drop_names_the_evaluation_example_and_the_matched_words(tmp_path):
+    """The report line says which evaluation file, which example (its id field, else its line) and quotes the
+    document's matched words, bounded."""
+    ev = tmp_path / "dev.jsonl"
+    ev.write_text(json.dumps({"id": "q-17", "text": "the quick brown fox jumps over the lazy dog near the river "
+                                                    "bank today"}) + "\n"
+                  + json.dumps({"text": "a completely different sentence about harbours and lanterns that is long"})
+                  + "\n")
+    cfg = DecontaminationConfig(paths=(str(ev),))
+    idx = build_index(eval_texts(cfg.paths, examples=True), cfg)
+    docs = pa.table({"id": ["a", "b", "c"], "text": [
+        "Intro words here. The QUICK brown fox -- jumps over the lazy dog, near the river bank today! And more.",
+        "Nothing to see in this one at all, a clean passage of text.",
+        "Start. A completely different sentence about harbours and lanterns that is long. End."]})
+    out = Decontaminate(idx, cfg)(docs)
+    detail = dict(zip(out.dropped["id"].to_pylist(), out.dropped["detail"].to_pylist(), strict=True))
+    assert set(detail) == {"a", "c"}
+    # 14 words: two 13-grams matched; the first is quoted as the document has it (lower case, its own punctuation)
+    assert detail["a"] == (f'2 n-grams of {ev}; id q-17: "the quick brown fox -- jumps over the lazy dog, near the '
+                           f'river bank"'), detail["a"]
+    assert detail["c"].endswith('; record 2: "a completely different sentence about harbours and lanterns that is '
+                                'long"'), detail["c"]
+    # bounded: a match of long words (13 of 20 characters) is quoted up to QUOTE_CHARS
+    from curate.decontaminate import QUOTE_CHARS
+    long_text = " ".join(f"word{i:016d}" for i in range(200))
+    ev.write_text(json.dumps({"text": long_text}) + "\n")
+    idx = build_index(eval_texts(cfg.paths, examples=True), cfg)
+    out = Decontaminate(idx, cfg)(pa.table({"id": ["x"], "text": [long_text]}))
+    quote = out.dropped["detail"][0].as_py().split(': "', 1)[1]
+    assert len(quote) <= QUOTE_CHARS + 1 and quote.startswith("word") and "…" in quote
