@@ -315,7 +315,8 @@ def share_reader(data: DataConfig, **options) -> ShardReader | None:
         log.info("%s was built with whole-word masks, whose counts only its rows hold: every worker reads every "
                  "shard whole (--dynamic-masking reads only each worker's share)", data.train.url)
         return None
-    return ShardReader(data.train, data.endpoint_url, rule, **options)
+    window = data.pack_geometry.window_rows if data.packing else data.bucket_window * data.batch_size
+    return ShardReader(data.train, data.endpoint_url, rule, **({"window_rows": window} | options))
 
 
 def _own_part(batch, data: DataConfig, rank: int, world: int) -> Planned:

@@ -96,17 +96,19 @@ class ShardReader:
     each row's masked positions (what the order's totals and packing need); thread-safe."""
 
     def __init__(self, manifest: Manifest, endpoint_url: str | None,
-                 masked_rule: Callable[[np.ndarray], np.ndarray], cache_groups: int = 4, threads: int = 4,
-                 ahead_groups: int = 8) -> None:
+                 masked_rule: Callable[[np.ndarray], np.ndarray], window_rows: int = 8192, threads: int = 4) -> None:
         self.manifest, self.endpoint_url, self.masked_rule = manifest, endpoint_url, masked_rule
         self.stats = ReadStats()
         self._lock = threading.Lock()
         self._indexes: OrderedDict[int, ShardIndex] = OrderedDict()
         self._footers: OrderedDict[int, bytes] = OrderedDict()
         self._meta: OrderedDict[int, object] = OrderedDict()  # parsed footers
+        self._footer_reads: dict[int, concurrent.futures.Future] = {}  # footers being read
         self._tables: OrderedDict[tuple[int, int], object] = OrderedDict()  # decoded row groups (pyarrow Tables)
         self._pending: OrderedDict[tuple[int, int], concurrent.futures.Future] = OrderedDict()  # raw spans
-        self._cache_groups, self._ahead = cache_groups, ahead_groups
+        # Memory: decoded row groups of at most two windows of rows plus one row group (the current window and the
+        # next one, read ahead); raw spans read ahead of at most two windows of rows plus one row group.
+        self._cache_rows, self._ahead_rows = 2 * window_rows, 2 * window_rows
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="shard-read")
 
     @staticmethod
@@ -150,16 +152,31 @@ class ShardReader:
         return index
 
     def _footer(self, i: int, index: ShardIndex) -> bytes:
+        """Shard i's footer, read and verified once (a second caller waits for the first's read)."""
         with self._lock:
             if i in self._footers:
                 return self._footers[i]
+            future, owner = self._footer_reads.get(i), False
+            if future is None:
+                future, owner = concurrent.futures.Future(), True
+                self._footer_reads[i] = future
+        if not owner:
+            return future.result()
         url = self.manifest.shards[i].url
-        data = self._range(url, *index.footer_span)
-        verify_span(data, index.footer_sha256, f"{url} (its footer)")
+        try:
+            data = self._range(url, *index.footer_span)
+            verify_span(data, index.footer_sha256, f"{url} (its footer)")
+        except BaseException as e:
+            future.set_exception(e)
+            raise
+        finally:
+            with self._lock:
+                self._footer_reads.pop(i, None)
         with self._lock:
             self._footers[i] = data
             while len(self._footers) > 8:
                 self._footers.popitem(last=False)
+        future.set_result(data)
         return data
 
     def _metadata(self, i: int, footer: bytes):
@@ -211,7 +228,8 @@ class ShardReader:
                              f"{int(index.group_rows[g])}; rebuild the dataset")
         with self._lock:
             self._tables[key] = table
-            while len(self._tables) > self._cache_groups:
+            while len(self._tables) > 2 and sum(t.num_rows for t in self._tables.values()) - table.num_rows \
+                    > self._cache_rows:
                 self._tables.popitem(last=False)
         return table
 
@@ -232,15 +250,23 @@ class ShardReader:
         return keys
 
     def prefetch(self, part: Planned) -> None:
-        """Start reading the row groups `part`'s rows are in (at most `ahead_groups` raw groups held)."""
+        """Start reading the row groups `part`'s rows are in, and their shards' footers (raw spans of at most two
+        windows of rows plus one row group held ahead: past that, a group is read when needed)."""
         if not len(part):
             return
         for key in self._groups_of(part):
+            rows = int(self.index(key[0]).group_rows[key[1]])
             with self._lock:
-                if key in self._tables or key in self._pending or len(self._pending) >= self._ahead:
+                if key in self._tables or key in self._pending:
+                    continue
+                ahead = sum(int(self._indexes[k[0]].group_rows[k[1]]) for k in self._pending if k[0] in self._indexes)
+                if self._pending and ahead + rows > self._ahead_rows:
                     continue
                 self._pending[key] = self._pool.submit(self._raw_group, *key)
                 self.stats.prefetched += 1
+                footer = key[0] not in self._footers and key[0] not in self._footer_reads
+            if footer:
+                self._pool.submit(self._footer, key[0], self.index(key[0]))
 
     def rows(self, i: int, wanted: np.ndarray) -> Rows:
         """Rows `wanted` (sorted, unique) of shard i, decoded from the row groups that hold them only."""
