@@ -69,12 +69,12 @@ class CountingStore:
                     self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
                 self.send_header("Content-Length", str(len(body)))
                 self.send_header("Accept-Ranges", "bytes")
-                self.end_headers()
-                self.wfile.write(body)
-                with store._lock:
+                with store._lock:  # counted before it is sent: the client sees nothing before the count
                     store.bytes += len(body)
                     store.requests += 1
                     store.log.append((str(path.relative_to(store.folder)), start, len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
