@@ -262,16 +262,15 @@ class UnitDocs:
     """Per document copy: which copy (0 for the first), its passes drawn as ``copy * dupe_factor + pass``."""
     starts: np.ndarray
     """(passes, copies + 1): the first row of each document copy in its pass's rows, then the pass's rows."""
-
-    @property
-    def nbytes(self) -> int:
-        return sum(d.tokens.nbytes + d.sent_offsets.nbytes for _, d in self.docs) + self.starts.nbytes
+    nbytes: int = 0
+    """The memory it holds (the flat token array its documents are views of, the offsets): what a cache counts."""
 
 
 def load_unit(unit: Unit, ctx: StepContext, dropped: frozenset[str], copied: frozenset[str]) -> UnitDocs:
     """What the read pass committed of ``unit`` (less its drop list) and the instances pass's counts."""
     rows = ReadDocs(ctx, dropped, copied)(unit)
-    rows = rows.filter(pc.invert(pc.is_null(rows.column("id"))))
+    rows = rows.slice(0, rows.num_rows - 1)  # the documents, without the report row ReadDocs ends with (no copy)
+    assert rows.column("id").null_count == 0, unit.uid
     docs = _docs(rows)
     copies = _copies(rows, len(docs))
     ks = [np.flatnonzero(copies > k) for k in range(int(copies.max(initial=1)))]
@@ -280,9 +279,10 @@ def load_unit(unit: Unit, ctx: StepContext, dropped: frozenset[str], copied: fro
     starts = np.zeros((ctx.dupe_factor, sum(len(k) for k in ks) + 1), np.int64)
     for p in range(ctx.dupe_factor):
         np.cumsum(counts.column(f"p{p}").to_numpy(), out=starts[p, 1:])
+    nbytes = sum(c.nbytes for c in rows.column("sentences").chunks) + starts.nbytes
     return UnitDocs(docs, np.concatenate(ks) if ks else np.zeros(0, np.int64),
                     np.concatenate([np.full(len(x), k) for k, x in enumerate(ks)]) if ks else np.zeros(0, np.int64),
-                    starts)
+                    starts, nbytes)
 
 
 def unit_rows(u: UnitDocs, p: int, lo: int, hi: int, ctx: StepContext, pool: RandomDocPool, vocab

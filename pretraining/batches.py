@@ -245,8 +245,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # The data flags of jobs/pretrain.py, with its defaults: DataConfig's fields' (read here, not written again;
     # pretraining cannot import jobs._fields, which gives the job's flags their help too) and the run's seed.
     data = {f.name: f.default for f in dataclasses.fields(DataConfig)}
-    p.add_argument("--batch-size", type=int, default=256, help="GLOBAL rows per optimizer step (jobs/pretrain.py's "
-                   "default)")
+    p.add_argument("--batch-size", type=int, default=256, help="GLOBAL rows per optimizer step (default: 256, "
+                   "jobs/pretrain.py's default)")
     p.add_argument("--num-workers", type=int, help="workers whose shares are replayed (default 1; --run: the run's)")
     p.add_argument("--micro-batch-size", type=int, help="a worker's largest micro-batch (does not change the order)")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)
