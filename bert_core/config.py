@@ -96,8 +96,11 @@ class BertConfig:
             raise ValueError(f"classifier_dropout must be None or in [0, 1), got {self.classifier_dropout!r}")
         if self.hidden_act not in SUPPORTED_ACTS:
             raise ValueError(f"hidden_act={self.hidden_act!r} is not supported; use one of {SUPPORTED_ACTS}")
-        if self.initializer_range <= 0 or self.layer_norm_eps <= 0:
-            raise ValueError("initializer_range and layer_norm_eps must be > 0 (BERT uses 0.02 and 1e-12)")
+        for name in ("initializer_range", "layer_norm_eps"):  # NaN passed `<= 0`: every comparison with it is false
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+                raise ValueError(f"BertConfig.{name} must be a finite number in (0, 1), got {value!r} (BERT uses "
+                                 "0.02 and 1e-12)")
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(f"pad_token_id={self.pad_token_id} must be a valid id in "
                              f"[0, vocab_size={self.vocab_size})")

@@ -75,6 +75,30 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+def finite(minimum: float | None = None, maximum: float | None = None, *, above: float | None = None):
+    """An argparse type: a finite number (no nan, inf) in range, checked where the flag is parsed so that the error
+    names it (``argument --lr: 'nan': give a finite number > 0``). ``minimum``/``maximum`` inclusive, ``above``
+    exclusive."""
+    import math
+
+    bounds = " and ".join(b for b in (f"> {above:g}" if above is not None else "",
+                                      f">= {minimum:g}" if minimum is not None else "",
+                                      f"<= {maximum:g}" if maximum is not None else "") if b)
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if (not math.isfinite(value) or (above is not None and value <= above)
+                or (minimum is not None and value < minimum) or (maximum is not None and value > maximum)):
+            raise argparse.ArgumentTypeError(f"{text!r}: give a finite number{' ' + bounds if bounds else ''}")
+        return value
+
+    parse.__name__ = "number"  # argparse names the type in its fallback message
+    return parse
+
+
 def comma_ints(text: str) -> tuple[int, ...]:
     """An argparse type: comma-separated integers ("32,64,96,128")."""
     try:

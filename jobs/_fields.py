@@ -59,4 +59,8 @@ def add_field(group: Any, flag: str, cls: type, name: str | None = None, *, help
         text = f"{text} {help_suffix}"
     if default is False and "action" not in kwargs:
         kwargs["action"] = "store_true"
+    if kwargs.get("type") is float:  # no nan or inf reaches a config: refused here, naming the flag
+        from jobs._common import finite
+
+        kwargs["type"] = finite()
     return group.add_argument(flag, default=default, help=text, **kwargs)

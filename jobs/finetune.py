@@ -33,7 +33,7 @@ from finetuning.prepare import FeatureConfig, TaskConfig
 from finetuning.records import FORMATS
 from finetuning.schedule import ScheduleConfig
 from finetuning.task_model import DEFAULT_VOCAB, HeadConfig, hidden_size_of
-from jobs._common import HelpFormatter, refuse_bad_names, refuse_secrets, setup_logging
+from jobs._common import HelpFormatter, finite, refuse_bad_names, refuse_secrets, setup_logging
 from jobs._fields import add_field
 from storage.fs import absolute, is_url
 from storage.redact import redact
@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--task", required=True, choices=TASKS)
     p.add_argument("--train", required=True, help="training data URL (any fsspec URL)")
     p.add_argument("--eval", help="evaluation data URL")
-    p.add_argument("--split-eval-from-train", type=float, metavar="FRACTION",
+    p.add_argument("--split-eval-from-train", type=finite(above=0, maximum=1), metavar="FRACTION",
                    help="hold out this seeded fraction of --train for evaluation (tasks shipped without a split)")
     p.add_argument("--data-format", choices=FORMATS, help="force the file format (default: from the file name)")
     p.add_argument("--init", required=True, help="HF BERT dir, our export or checkpoint dir (a path or a URL such as "
@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_field(p, "--epochs", ScheduleConfig, type=int, help_suffix="A small or briefly pre-trained model that stays "
               "at the majority class may need more (the job names a collapsed model at the end).")
     # --lr defaults to None, not to ScheduleConfig.lr: the job chooses it for the model's width (job_from).
-    p.add_argument("--lr", type=float,
+    p.add_argument("--lr", type=finite(above=0),
                    help="peak learning rate (AdamW, linear decay). Default: chosen for the model's width, 1e-3 for "
                         "bert_tiny (H=128) down to 5e-5 for bert_base (H=768) (training/defaults.py, "
                         "docs/learning-rates.md); the value used is logged. Too low and a small model predicts one "
@@ -78,14 +78,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_field(p, "--doc-stride", FeatureConfig, type=int)
     add_field(p, "--max-query-length", FeatureConfig, type=int)
     add_field(p, "--max-answer-length", ScheduleConfig, type=int)
-    add_field(p, "--warmup-ratio", ScheduleConfig, type=float, help_suffix="0 turns warm-up off (a high --lr "
-              "without warm-up can wreck the pre-trained weights in the first steps).")
-    add_field(p, "--weight-decay", ScheduleConfig, type=float)
+    add_field(p, "--warmup-ratio", ScheduleConfig, type=finite(minimum=0, maximum=1),
+              help_suffix="0 turns warm-up off (a high --lr without warm-up can wreck the pre-trained weights in the "
+              "first steps).")
+    add_field(p, "--weight-decay", ScheduleConfig, type=finite(minimum=0))
     add_field(p, "--seed", FinetuneConfig, type=int)
     add_field(p, "--split-seed", TaskConfig, type=int,
               help_suffix="(--split-eval-from-train, --max-*-examples)")
     add_field(p, "--num-workers", LaunchConfig, type=int)
-    p.add_argument("--cpus-per-worker", type=float,
+    p.add_argument("--cpus-per-worker", type=finite(above=0),
                    help="CPUs (and torch threads) per worker; default: the cluster's CPUs / workers. On a box shared "
                         "with other work use 1: oversubscribed OpenMP threads ran ~25x slower here")
     add_field(p, "--use-gpu", LaunchConfig)

@@ -28,7 +28,15 @@ if __name__ == "__main__":  # `python jobs/X.py` from any shell: find the projec
 from cluster import interrupt
 from corpus.schema import read_manifest
 from jobs import _eval_flags
-from jobs._common import HelpFormatter, comma_ints, refuse_bad_names, refuse_secrets, setup_logging, workers
+from jobs._common import (
+    HelpFormatter,
+    comma_ints,
+    finite,
+    refuse_bad_names,
+    refuse_secrets,
+    setup_logging,
+    workers,
+)
 from jobs._fields import add_field
 from pretraining import kernel_options
 from pretraining.config import CheckpointConfig, OptimizerConfig, PretrainConfig, RuntimeConfig
@@ -74,7 +82,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "fit in memory, up to all of them; gradient accumulation keeps --batch-size)")
     add_field(m, "--optimizer", OptimizerConfig, "name", choices=("adamw", "lamb"))
     # --lr and --warmup-steps default to None, not to their fields' values: the job chooses them (job_from).
-    m.add_argument("--lr", type=float, help="peak learning rate. Default: chosen for the model's width (--preset "
+    m.add_argument("--lr", type=finite(above=0),
+                   help="peak learning rate. Default: chosen for the model's width (--preset "
                    "or --init), 2e-3 for bert_tiny (H=128) down to 1e-4 for bert_base (H=768) (training/defaults.py, "
                    "docs/learning-rates.md); the value used is logged. An MLM accuracy stuck at the most frequent "
                    "token's share says: higher; a divergence: lower (the job names a value)")
@@ -82,10 +91,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"steps over which the rate ramps up from 0. Default: {100 * WARMUP_FRACTION:.0f}%% of "
                         "--max-steps; 0 turns it off (a small model at a high rate without warm-up stalls or diverges "
                         "early)")
-    add_field(m, "--weight-decay", OptimizerConfig, type=float)
+    add_field(m, "--weight-decay", OptimizerConfig, type=finite(minimum=0))
     add_field(m, "--decay", OptimizerConfig, choices=("linear", "poly"))
-    add_field(m, "--poly-power", OptimizerConfig, type=float)
-    add_field(m, "--max-grad-norm", OptimizerConfig, type=float)
+    add_field(m, "--poly-power", OptimizerConfig, type=finite(above=0))
+    add_field(m, "--max-grad-norm", OptimizerConfig, type=finite(minimum=0))
     add_field(m, "--compile", RuntimeConfig, action=argparse.BooleanOptionalAction,
               help_suffix="Not given: on with --use-gpu, off without.")
     add_field(m, "--compile-backend", RuntimeConfig)
@@ -100,16 +109,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     r = p.add_argument_group("resources")
     add_field(r, "--num-workers", LaunchConfig, type=workers, help_suffix="MIN:MAX makes the run elastic: it shrinks "
               "when a node is lost and grows when one returns, in the same data order (docs/scaling.md).")
-    add_field(r, "--resize-check-seconds", LaunchConfig, type=float)
+    add_field(r, "--resize-check-seconds", LaunchConfig, type=finite(above=0))
     add_field(r, "--use-gpu", LaunchConfig, help_suffix="Pre-training then runs under bf16 autocast.")
     # 1, not LaunchConfig.cpus_per_worker's None (the cluster's CPUs / workers): the torch threads follow from it
     # (job_from).
-    r.add_argument("--cpus-per-worker", type=float, default=1.0,
+    r.add_argument("--cpus-per-worker", type=finite(above=0), default=1.0,
                    help="Ray CPUs per worker; fractions are fine (the data thread needs no Ray slot)")
     r.add_argument("--threads", type=int, help="torch threads per CPU worker (default: round(cpus-per-worker))")
-    r.add_argument("--memory-gb", type=float, help="memory per worker to size the micro-batch for (default: the "
+    r.add_argument("--memory-gb", type=finite(above=0),
+                   help="memory per worker to size the micro-batch for (default: the "
                    "free RAM of this machine shared by its workers, or the GPU's free memory at the worker's start)")
-    r.add_argument("--peak-tflops", type=float, help="accelerator peak for mfu (default: known GPUs' bf16 peak)")
+    r.add_argument("--peak-tflops", type=finite(above=0),
+                   help="accelerator peak for mfu (default: known GPUs' bf16 peak)")
     add_field(r, "--no-ray", LaunchConfig, help_suffix="It runs pretraining.loop.fit; STORAGE/RUN_NAME must be local.")
     c = p.add_argument_group("checkpoints and tracking")
     add_field(c, "--storage", LaunchConfig, help_suffix="Checkpoints go to STORAGE/RUN_NAME.")
@@ -123,7 +134,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_field(c, "--experiment", PretrainJob)
     c.add_argument("--parent-run-id", help="log this run as a child of that MLflow run")
     add_field(c, "--log-every", TrackingConfig, type=int)
-    c.add_argument("--max-minutes", type=float, help="wall-clock budget of the training loop: stop (with a final "
+    c.add_argument("--max-minutes", type=finite(above=0),
+                   help="wall-clock budget of the training loop: stop (with a final "
                    "eval, checkpoint and export) at the first step after it; the lr schedule still spans --max-steps. "
                    "Without it a run is bounded by --max-steps alone: the same model however busy the machine")
     c.add_argument("--no-system-metrics", action="store_true", help="do not sample CPU/GPU/memory into MLflow")

@@ -136,6 +136,23 @@ def save_train_state(directory, optimizer: torch.optim.Optimizer, scheduler=None
     save_file(tensors, str(directory / TRAIN_STATE_TENSORS))
 
 
+def _check_step(meta: dict, directory: Path) -> None:
+    """The state's step is what its checkpoint was committed as: a whole number, the one its folder's name
+    (``checkpoint-<step>``, the name a commit records) carries. A state planted or replaced in a folder (a step
+    beyond --max-steps would make a rerun report the run complete) is refused naming the file."""
+    if "step" not in meta:
+        return
+    step, where = meta["step"], directory / TRAIN_STATE_JSON
+    if type(step) is not int or step < 0:
+        raise ValueError(f"{where}: step {step!r} is not a whole number >= 0: not a train state this tool wrote;"
+                         " delete that checkpoint folder to resume from the one before")
+    named = directory.name.removeprefix(PREFIX)
+    if directory.name.startswith(PREFIX) and named.isdigit() and int(named) != step:
+        raise ValueError(f"{where}: step {step}, but the checkpoint was committed as {directory.name} (step "
+                         f"{int(named)}): its state was replaced; delete that checkpoint folder to resume from the"
+                         " one before")
+
+
 def load_train_state(directory, optimizer: torch.optim.Optimizer | None = None, scheduler=None) -> dict:
     """Restore what `save_train_state` wrote into `optimizer` / `scheduler` (on the optimizer's device); return the
     JSON (with `extra`'s keys at top level)."""
@@ -143,6 +160,7 @@ def load_train_state(directory, optimizer: torch.optim.Optimizer | None = None, 
 
     directory = Path(directory)
     meta = json.loads(read_local_bounded(directory / TRAIN_STATE_JSON, MAX_TRAIN_STATE_JSON_BYTES, "train state"))
+    _check_step(meta, directory)
     if optimizer is not None:
         saved = meta["optimizer"]
         if saved["class"] != type(optimizer).__name__:
