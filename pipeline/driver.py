@@ -95,14 +95,17 @@ def _build(cfg: BuildConfig, executor: Executor, told: OnStage, documents: Any, 
             check_state(cfg, chash, state.inputs.stamps, keep=(stage.name, "docs"))
 
     manifest = make_manifest(state, ident, chash, time.time() - t0)
-    write_bytes_atomic(join(out, VOCAB_FILE), state.vocab_bytes, ep)
-    remove_stale_temps(join(out, SHARDS_DIR), ep)
     if inputs.documents is None:  # the inputs as they are now: a manifest never vouches for bytes it did not read
         changes = input_changes(inputs.stamps, file_stamps(expand_inputs(list(cfg.inputs), ep)))
-        if changes:
+        if changes:  # the shards mix versions: removed, so that the advice below works when followed
+            fence.check(fresh=True)
+            for name in (SHARDS_DIR, "reports"):
+                remove_tree(join(out, name), ep)
             raise ValueError(f"{out}: the inputs changed while this build read them ({'; '.join(changes[:3])}), so "
-                             f"its shards mix versions and were not committed as a dataset: delete {cfg.work} and "
-                             "rerun once the inputs stay put")
+                             f"its shards mix versions and were not committed as a dataset (removed): delete "
+                             f"{cfg.work} and rerun once the inputs stay put")
+    write_bytes_atomic(join(out, VOCAB_FILE), state.vocab_bytes, ep)
+    remove_stale_temps(join(out, SHARDS_DIR), ep)
     fence.check(fresh=True)  # the commit of the whole build: only while this build still holds the output
     write_manifest(manifest, out, ep)  # last: its presence means the dataset is complete
     remove_tree(cfg.work, ep)
