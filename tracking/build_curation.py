@@ -6,10 +6,12 @@ the counts by reason (``dropped.<reason>`` metrics and the ``dropped.png`` bars,
   order of the manifest's ``curation.mix``; the SOURCEs themselves are the ``curate.mix.<k>`` params);
 - the report itself as the ``reports/`` artifact (``dropped.jsonl``, ``edited.jsonl``) when it is at most
   ``MAX_ARTIFACT_BYTES``, else a ``curate.report`` tag naming where it is, so a big corpus's report is never copied
-  into the tracking store by accident.
+  into the tracking store by accident; beside it ``reports/by_input.json``, the manifest's ``curation.by_input``
+  (per input file: documents read and the report's lines by reason), always.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from storage.fs import filesystem_for, join
 
 MAX_ARTIFACT_BYTES = 64 << 20
 ARTIFACT_DIR = "reports"
+BY_INPUT = "by_input.json"
 
 
 def log_curation(run: Any, output: str, manifest: Any, endpoint_url: str | None, tmp: str) -> None:
@@ -35,13 +38,15 @@ def log_curation(run: Any, output: str, manifest: Any, endpoint_url: str | None,
     run.log_metrics(metrics)
     if params:
         run.log_params(params)
+    folder = Path(tmp) / ARTIFACT_DIR
+    folder.mkdir(exist_ok=True)
+    if "by_input" in c:  # per input file: documents read and the report's lines by reason (the manifest's table)
+        (folder / BY_INPUT).write_text(json.dumps(c["by_input"], indent=1, sort_keys=True))
     files = [join(output, r["file"]) for r in reports.values()]
     sizes = [filesystem_for(f, endpoint_url)[0].size(filesystem_for(f, endpoint_url)[1]) for f in files]
     if sum(sizes) > MAX_ARTIFACT_BYTES:
         run.set_tags({"curate.report": join(output, reports["dropped"]["file"])})
-        return
-    folder = Path(tmp) / ARTIFACT_DIR
-    folder.mkdir(exist_ok=True)
+        files = []
     for f in files:
         fs, path = filesystem_for(f, endpoint_url)
         fs.get(path, str(folder / Path(path).name))

@@ -137,3 +137,25 @@ def test_the_vocabulary_is_trained_on_what_curation_keeps(tmp_path):
     german_words = {"nicht", "werden", "eine", "oder", "wird", "sie", "kann", "auch"}
     assert len(words["plain"] & german_words) >= 6, words["plain"] & german_words  # the attack: they are there
     assert not words["curated"] & german_words, words["curated"] & german_words
+
+
+def test_the_mlflow_run_holds_the_counts_per_input(inputs, tmp_path, mlflow_uri, capsys):
+    """The build's run has the per-input table (reports/by_input.json), equal to the manifest's and to the report's
+    lines, and the warning naming the mostly-junk input."""
+    from mlflow.tracking import MlflowClient
+
+    root, files = inputs
+    out = tmp_path / "out"
+    args = [a for a in SMALL if a != "--no-mlflow"]
+    assert build_dataset.main(["--input", str(root / "clean"), "--input", str(root / "web"), "--output", str(out),
+                               "--quality", "--allow-drop", "--mlflow-tracking-uri", mlflow_uri, *args]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    manifest = json.loads((out / "manifest.json").read_text())
+    client = MlflowClient(mlflow_uri)
+    logged = client.download_artifacts(summary["mlflow_run_id"], "reports/by_input.json", str(tmp_path))
+    table = json.loads(Path(logged).read_text())
+    assert table == manifest["curation"]["by_input"]
+    lines = [json.loads(x) for x in open(out / "reports" / "dropped.jsonl")]
+    assert {(src, r): n for src, v in table.items() for r, n in v["dropped"].items()} == dict(
+        Counter((x["source"], x["reason"]) for x in lines))
+    assert any(files["web"] in w for w in summary["warnings"])
