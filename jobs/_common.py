@@ -7,7 +7,7 @@ import argparse
 import copy
 import logging
 
-from storage.argv import secret_in_argv
+from storage.argv import exposed_args_file, secret_in_argv
 from storage.redact import install_log_redaction
 
 
@@ -22,10 +22,12 @@ def setup_logging(level: str = "INFO") -> None:
 
 def refuse_secrets(parser: argparse.ArgumentParser, argv: list[str] | None) -> None:
     """Refuse (one line, exit 2) a command line holding a credential: storage/argv.py. The parsers read
-    ``@FILE`` (one argument per line), where such URLs go instead."""
+    ``@FILE`` (one argument per line), where such URLs go instead; such a file readable by group or others is
+    refused too, naming ``chmod 600``."""
     import sys
 
-    message = secret_in_argv(list(sys.argv[1:] if argv is None else argv))
+    args = list(sys.argv[1:] if argv is None else argv)
+    message = secret_in_argv(args) or exposed_args_file(args)
     if message:  # argparse's error() would print the whole usage first: this is one line
         print(f"{parser.prog}: error: {message}", file=sys.stderr)
         sys.exit(2)

@@ -35,5 +35,6 @@ def test_the_same_url_in_an_args_file_is_accepted(tmp_path):
 
     args = tmp_path / "secret.args"
     args.write_text(f"--input\n{SIGNED}\n")
+    args.chmod(0o600)  # only ours to read (a credentials file others can read is refused: tests/trust)
     parsed = build_dataset.parse_args([f"@{args}", "--output", str(tmp_path / "out")])
     assert parsed.input == [SIGNED]
