@@ -3,8 +3,9 @@ evaluation sets the build decontaminates against (``curate.eval_sets``), one rea
 
 Formats, chosen from the file name (compression suffixes .gz/.bz2/.xz/.zst are looked through) or forced with
 ``fmt``: JSON Lines (``.jsonl``, ``.ndjson``), JSON (a list of records, or SQuAD v1.1 ``{"data": [...]}``),
-CSV / TSV, Parquet, and CoNLL-style tagging files (``.conll``, ``.bio``, ``.iob``, ``.txt``: token and tag per
-line, whitespace separated, the tag in the last column, a blank line between sentences, ``-DOCSTART-`` skipped).
+CSV / TSV, Parquet, and CoNLL-style tagging files (``.conll``, ``.bio``, ``.iob``: token and tag per line, whitespace
+separated, the tag in the last column, a blank line between sentences, ``-DOCSTART-`` skipped). A ``.txt`` file says
+nothing of its layout: it is refused unless the format is given (``--data-format conll``), never parsed as CoNLL.
 
 Every reader returns ``list[dict]`` so the task-specific extraction (``finetuning.examples``) sees one shape.
 ``finetuning.records`` re-exports this module (the fine-tuning package's name for it).
@@ -27,7 +28,7 @@ FORMATS = ("jsonl", "json", "csv", "tsv", "parquet", "conll")
 _COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst", ".zstd")
 _BY_SUFFIX = {
     ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv", ".parquet": "parquet",
-    ".pq": "parquet", ".conll": "conll", ".bio": "conll", ".iob": "conll", ".txt": "conll",
+    ".pq": "parquet", ".conll": "conll", ".bio": "conll", ".iob": "conll",
 }
 
 
@@ -43,7 +44,8 @@ def record_format(url: str) -> str:
             return fmt
     raise ValueError(
         f"cannot tell the format of {url!r} from its name; name it .jsonl/.json/.csv/.tsv/.parquet/.conll "
-        f"(optionally .gz) or pass the format explicitly (one of {', '.join(FORMATS)})"
+        f"(optionally .gz) or give the format (jobs/finetune.py --data-format: one of {', '.join(FORMATS)}; "
+        "conll for token-and-tag lines)"
     )
 
 

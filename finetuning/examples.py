@@ -132,6 +132,16 @@ class LabelMap:
         ids = self.label2id
         return [ids[label_name(v)] for v in labels]
 
+    def encode_known(self, labels: Sequence[Any]) -> list[int | None]:
+        """As `encode`, with None for a label training never saw (an evaluation's tag, scored as an error)."""
+        ids = self.label2id
+        return [ids.get(label_name(v)) for v in labels]
+
+    def unseen(self, labels: Iterable[Any]) -> Counter:
+        """How often each label training never saw occurs in ``labels``."""
+        known = set(self.names)
+        return Counter(label_name(v) for v in labels if label_name(v) not in known)
+
 
 def label_name(value: Any) -> str:
     """Labels are compared by name, so 1 (JSON) and "1" (CSV) are the same class; 1.0 reads as 1."""

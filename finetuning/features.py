@@ -129,12 +129,12 @@ def tagging_features(examples: list[TaggingExample], tokenizer: TaskTokenizer, m
         enc = tokenizer.tok.encode(ex.tokens, is_pretokenized=True, add_special_tokens=False)
         ids = enc.ids[: max_seq_length - 2]
         word_ids = enc.word_ids[: max_seq_length - 2]
-        tag_ids = label_map.encode(ex.tags)
-        row_labels = [IGNORE_INDEX]
+        tag_ids = label_map.encode_known(ex.tags)  # None: a tag training never saw (not in the loss; the word
+        row_labels = [IGNORE_INDEX]                #   keeps 'O' as its prediction and its gold tag: an error)
         words = []
         prev = None
         for w in word_ids:
-            if w is not None and w != prev:
+            if w is not None and w != prev and tag_ids[w] is not None:
                 row_labels.append(tag_ids[w])
                 words.append(w)
             else:

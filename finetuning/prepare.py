@@ -140,13 +140,21 @@ def load_examples(task: str, records: list[dict], columns: TaskColumns,
 
 
 def build_label_map(task: str, train: list, train_source: str, others: list[tuple[list, str]]) -> LabelMap | None:
-    """The training split's labels; every other split is checked against them (unseen label -> clear error)."""
+    """The training split's labels; every other split is checked against them: an unseen class label is a clear
+    error, an unseen tag a warning (its tokens are scored as errors)."""
     if task in ("regression", "question_answering"):
         return None
     if task == "token_classification":
         label_map = LabelMap.build((t for e in train for t in e.tags), outside_first=True)
         for exs, src in others:
-            label_map.check((t for e in exs for t in e.tags), src, train_source)
+            # A tag training never saw (one `UH` in a dev split) cannot be predicted: its tokens are scored as the
+            # errors they are, with one warning, rather than the evaluation refused.
+            unseen = label_map.unseen(t for e in exs for t in e.tags)
+            if unseen:
+                log.warning("tag(s) %s in %s never occur in the training data %s: the model has no output for them, "
+                            "so those %d token(s) are scored as errors", ", ".join(
+                                f"{k!r} ({n} token{'s' if n > 1 else ''})" for k, n in unseen.most_common(10)),
+                            src, train_source, sum(unseen.values()))
     else:
         label_map = LabelMap.build(e.label for e in train)
         if len(label_map) < 2:

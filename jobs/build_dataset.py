@@ -16,6 +16,7 @@ vocabulary stage when one is trained.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import logging
 import os
@@ -40,14 +41,19 @@ from cluster.ray_start import init_ray  # noqa: E402 - after use_jemalloc()
 from corpus.checks import CheckConfig  # noqa: E402 - after use_jemalloc()
 from corpus.create_instances import InstanceConfig  # noqa: E402 - after use_jemalloc()
 from corpus.readers import FORMATS, ON_ERROR, ReadOptions  # noqa: E402 - after use_jemalloc()
+from curate.dedup import DedupConfig  # noqa: E402 - after use_jemalloc()
+from curate.eval_sets import eval_files  # noqa: E402 - after use_jemalloc()
+from curate.mix import under  # noqa: E402 - after use_jemalloc()
 from jobs import _common, _curate_flags  # noqa: E402 - after use_jemalloc()
 from jobs._fields import add_field  # noqa: E402 - after use_jemalloc()
 from pipeline import BuildConfig, build  # noqa: E402 - after use_jemalloc()
 from pipeline.config import DEFAULT_SAMPLE_BYTES  # noqa: E402 - after use_jemalloc()
 from pipeline.curation.filters import check as curation_check  # noqa: E402 - after use_jemalloc()
+from pipeline.curation.filters import mix_source  # noqa: E402 - after use_jemalloc()
 from pipeline.executor import LocalExecutor  # noqa: E402 - after use_jemalloc()
 from pipeline.preflight import check_build  # noqa: E402 - after use_jemalloc()
-from storage.redact import redact, redact_text  # noqa: E402 - after use_jemalloc()
+from storage.fs import expand_inputs, read_bytes  # noqa: E402 - after use_jemalloc()
+from storage.redact import redact, redact_text, redact_url  # noqa: E402 - after use_jemalloc()
 from tracking.build_run import BuildRun  # noqa: E402 - after use_jemalloc()
 from tracking.store import (  # noqa: E402 - after use_jemalloc()
     DEFAULT_EXPERIMENT,
@@ -149,6 +155,12 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"{' and '.join(trained)} with --vocab: {'they set' if len(trained) > 1 else 'it sets'} the "
                          "vocabulary a build trains when no --vocab is given, and --vocab gives one; drop "
                          f"{' and '.join(trained)} to use --vocab {args.vocab}, or drop --vocab to train one")
+    near = [f for f, v, d in (("--dedup-threshold", args.dedup_threshold, DedupConfig.threshold),
+                              ("--dedup-shingle-words", args.dedup_shingle_words, DedupConfig.shingle_words),
+                              ("--dedup-num-perm", args.dedup_num_perm, DedupConfig.num_perm)) if v != d]
+    if near and args.dedup != "near":
+        raise ValueError(f"{near[0]} is used by --dedup near only (this build has --dedup {args.dedup}): add --dedup "
+                         f"near, or drop {near[0]}")
     if args.no_mlflow and (args.mlflow_tracking_uri or args.parent_run_id):
         given = "--mlflow-tracking-uri" if args.mlflow_tracking_uri else "--parent-run-id"
         raise ValueError(f"{given} with --no-mlflow: drop one of them")
@@ -163,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     # What the inputs and output tell in a second, before Ray or MLflow start (pipeline/preflight/).
     warnings = check_build(cfg.inputs, cfg.output, cfg.read, cfg.instances.max_seq_length,
                            cfg.instances.short_seq_prob, cfg.dupe_factor, cfg.num_shards, cfg.endpoint_url)
+    check_curation_inputs(cfg)  # a --mix that leaves nothing, an evaluation file that is not UTF-8
     curation_check(cfg)  # evaluation files without text, a --mix SOURCE matching no input: before Ray and MLflow
     # The store every job logs to (the flag, MLFLOW_TRACKING_URI, else ./mlruns): pre-training's Datasets column
     # then points at a build that has a run.
@@ -209,6 +222,35 @@ def main(argv: list[str] | None = None) -> int:
     if run is not None:
         run.wait()
     return 0
+
+
+def check_curation_inputs(cfg: BuildConfig) -> None:
+    """Before any work, in one line naming the flag or file: a --mix whose weights leave no input file above 0 (the
+    build would find out after reading everything), and a --decontaminate file that is not UTF-8 text."""
+    mix = cfg.curate.mix
+    if mix.weights and cfg.inputs:
+        files = [f.path for f in expand_inputs(list(cfg.inputs), cfg.endpoint_url)]
+        weights = [mix_source(p) for p, _ in mix.weights]
+        weight = {f: next((w for (_, w), p in zip(mix.weights, weights, strict=True) if under(f, p)), 1.0)
+                  for f in files}
+        if files and not any(w > 0 for w in weight.values()):
+            raise ValueError(f"--mix {','.join(f'{p}={w:g}' for p, w in mix.weights)}: every input file gets weight 0,"
+                             " so the dataset would be empty; give at least one input a weight > 0 (inputs no "
+                             "SOURCE names keep 1), or drop the --mix entry that covers them all")
+    for url in eval_files(cfg.curate.decontamination.paths, cfg.endpoint_url):
+        if url.endswith((".parquet", ".pq")):
+            continue
+        data = read_bytes(url, cfg.endpoint_url)
+        if url.endswith(".gz"):
+            data = gzip.decompress(data)
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            name = redact_url(url)
+            raise ValueError(f"--decontaminate {name}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+                             f"{e.start}: Latin-1 or another encoding?); convert it, e.g. iconv -f latin1 -t utf-8 "
+                             f"{Path(name).name} > {Path(name).stem}.utf8{Path(name).suffix}, and name that file"
+                             ) from None
 
 
 def _wait_quietly(run: BuildRun) -> None:

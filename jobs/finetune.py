@@ -106,10 +106,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
+def data_name(url: str) -> str:
+    """A task file's name without its suffixes: rt_sentiment.jsonl.gz -> rt_sentiment."""
+    name = Path(url.split("?", 1)[0].rstrip("/")).name
+    return name.split(".", 1)[0] or name
+
+
 def job_from(a: argparse.Namespace) -> FinetuneJob:
     """The flags as typed configs (each validates itself) and where things go."""
     source = f"random-{Path(a.preset or 'none').name}" if a.init == "random" else Path(a.init.rstrip("/")).name
-    name = f"finetune-{a.task}-{source}-{time.strftime('%Y%m%d-%H%M%S')}"  # task, weights, time: tell runs apart
+    # <task>-<data>-from-<parent>: a pre-training's "Used by" list tells its fine-tunings apart (the time: reruns).
+    name = f"{a.task}-{data_name(a.train)}-from-{source}-{time.strftime('%m%d-%H%M%S')}"
     output = a.output or str(Path.cwd() / "finetune_output" / name)
     beside = Path.cwd() if is_url(output) else Path(output).resolve().parent  # the job's local folders
     # Per output: two jobs started in the same second (a sweep) have the same run name, never the same output.

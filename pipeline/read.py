@@ -207,6 +207,26 @@ def _dataset_read(s: BuildState) -> BuildState:
                                      doc_files=doc_files))
 
 
+CURATION_FLAGS = {"language": "--languages (or --language-threshold)", "quality": "--quality and its --quality-*",
+                  "exact_duplicate": "--dedup", "near_duplicate": "--dedup", "contaminated": "--decontaminate",
+                  "mix": "--mix"}
+
+
+def _no_documents_fix(dropped: dict) -> str:
+    """What to check when no document is left: the curation flags that dropped the most, when they did; else how
+    the files are read (--format/--text-field)."""
+    by_flag: dict[str, int] = {}
+    for reason, n in dropped.items():
+        flag = CURATION_FLAGS.get(str(reason).split(":")[0])
+        if flag:
+            by_flag[flag] = by_flag.get(flag, 0) + n
+    if not by_flag:
+        return "check the --format/--text-field and the inputs"
+    flag = max(by_flag, key=by_flag.get)
+    return (f"curation dropped them: {flag} removed {by_flag[flag]:,}; loosen or drop {flag.split(' ')[0]} (e.g. "
+            "--languages with the corpus's language)")
+
+
 def _read(s: BuildState) -> BuildState:
     """What the whole corpus holds, now known exactly: refuse an input without documents, or a vocabulary that turns
     it into [UNK], before the instances pass; the exact token count plans the pool and the shards."""
@@ -217,8 +237,8 @@ def _read(s: BuildState) -> BuildState:
         raise ValueError(f"no documents in {inputs} (dropped: {dict(dropped)}); check the --format/--text-field and"
                          " the inputs")
     if not any(m.documents for m in markers):
-        raise ValueError(f"no documents with tokens in {inputs} (dropped: {dict(dropped)}); check the"
-                         " --format/--text-field and the inputs")
+        raise ValueError(f"no documents with tokens in {inputs} (dropped: {dict(dropped)}); "
+                         + _no_documents_fix(dropped))
     if (w := unk_from_markers(s.cfg, markers, "of the corpus's tokens")) is not None:
         log.warning("%s", w)
         s = s.warned(w)

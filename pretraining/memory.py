@@ -334,10 +334,12 @@ def plan_for_workers(bert: BertConfig, batch_size: int, workers: tuple[int, int]
                      *, use_gpu: bool, budget_gb: float | None, requested: int | None,
                      model_name: str) -> tuple[int, int]:
     """A job's (micro-batch, accumulation) for a run on `workers` = (fewest, most) workers: `micro_batch_for` the
-    fewest (the largest share of each step), with the memory each has when the most share a machine. An elastic
+    fewest (the largest share of each step), with the memory each has when the fewest share this machine
+    (docs/scaling.md: the plan is made for MIN; `--num-workers 1:99` must not read as a machine out of memory, since
+    the most land on the cluster's other nodes, and each worker checks its own memory at its start). An elastic
     run's other world sizes take micro-batches no larger (`pretraining.loader.DataConfig.for_world`), so the plan
     holds for each of them."""
     fewest, most = workers
     geometry = batch_geometry(batch_size, fewest, requested, most)
-    return micro_batch_for(bert, geometry, width, max_predictions, workers=most, use_gpu=use_gpu,
+    return micro_batch_for(bert, geometry, width, max_predictions, workers=fewest, use_gpu=use_gpu,
                            budget_gb=budget_gb, requested=geometry[0] if requested else None, model_name=model_name)
