@@ -102,8 +102,11 @@ _ENV = re.compile(r"\b([A-Z][A-Z0-9_]*(?:SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL
 _SEGMENT = re.compile(r"(?i)(/(?:token|secret|password|passwd|api[_-]?key|access[_-]?token|auth[_-]?token)/)"
                       r"(?!" + REDACTED + r"(?:[/?#\s'\"<>`]|$))([^/?#\s'\"<>`]+)")
 # Tokens known by their prefix, wherever they stand; the prefix stays so a reader sees what kind it was.
-_PREFIXED = re.compile(r"(?<![A-Za-z0-9])(hf_|gh[pousr]_|github_pat_|xox[abposr]-|glpat-|sk-|AKIA|ASIA)"
-                       r"(?!" + REDACTED + r")([A-Za-z0-9_-]{8,})")
+# Each with its real length, so that names such as `hf_hub_download` or `ASIAN_LANGUAGES` stay as they are.
+_PREFIXED = re.compile(r"(?<![A-Za-z0-9])(?:(hf_|gh[pousr]_)(?!" + REDACTED + r")[A-Za-z0-9]{30,}"
+                       r"|(github_pat_|glpat-|sk-)(?!" + REDACTED + r")[A-Za-z0-9_-]{20,}"
+                       r"|(xox[abposr]-)(?!" + REDACTED + r")[A-Za-z0-9-]{10,}"
+                       r"|(AKIA|ASIA)(?!" + REDACTED + r")[A-Z0-9]{16}(?![A-Za-z0-9]))")
 # `Bearer X` without its header name, and a JWT (three base64url parts, the first `eyJ`: '{"') anywhere.
 _BEARER = re.compile(r"(?i)(\bbearer\s+|(?<![A-Za-z0-9_-])(?=eyJ))(?!" + REDACTED + r")([A-Za-z0-9._~+/=-]{8,})")
 _AUTH = re.compile(r"(?i)\b((?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)((?:basic|bearer|digest|token|negotiate|"
@@ -133,7 +136,7 @@ def _redact_plain(text: str) -> str:
         text = _AUTH.sub(lambda m: f"{m.group(1)}{m.group(2) or ''}{REDACTED}", text)
     if "/" in text:
         text = _SEGMENT.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
-    text = _PREFIXED.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
+    text = _PREFIXED.sub(lambda m: f"{next(g for g in m.groups() if g)}{REDACTED}", text)
     return _BEARER.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
 
 
