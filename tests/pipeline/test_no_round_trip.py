@@ -232,15 +232,17 @@ def test_a_shard_failing_half_written_then_rerun_gives_the_same_bytes(tmp_path, 
     assert clean["shards"] == killed["shards"] and clean["totals"] == killed["totals"]
 
 
+@pytest.mark.slow
 def test_a_build_to_s3_writes_the_same_shards_and_indexes_as_on_local_disk(tmp_path, sample_dir, s3_bucket):
     import dataclasses
 
     from storage.fs import list_names, read_bytes
 
     endpoint, bucket = s3_bucket
-    local = build(_small(tmp_path, sample_dir, "local"))
+    local = build(_small(tmp_path, sample_dir, "local", unit_bytes=1 << 19))  # 3 units: few objects on the server
     out = f"s3://{bucket}/ds"
-    m = build(dataclasses.replace(_small(tmp_path, sample_dir, "x"), output=out, endpoint_url=endpoint))
+    m = build(dataclasses.replace(_small(tmp_path, sample_dir, "x", unit_bytes=1 << 19), output=out,
+                                  endpoint_url=endpoint))
     assert [(s.file, s.rows, s.sha256, s.bytes, s.index_sha256) for s in m.shards] == \
         [(s.file, s.rows, s.sha256, s.bytes, s.index_sha256) for s in local.shards]
     for s in m.shards:

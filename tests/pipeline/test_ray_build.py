@@ -229,10 +229,10 @@ def test_rays_logs_show_our_read_our_row_operators_and_our_sink(ray_local, ray_t
     assert "TaskPoolMapOperator[ReadCorpus->MapBatches(SplitTokenize)->Write]" in logs  # the read pass
     assert "TaskPoolMapOperator[ReadDocs->MapBatches(CountPairs)->Write]" in logs  # the instances pass
     assert "TaskPoolMapOperator[MapBatches(ShardStep)]" in logs
-    # The sink's rows: every instance, plus one summary row per unit (what becomes its marker).
+    # The sink's rows: one per document (its rows per pass), plus one summary row per unit (what becomes its marker).
     wrote = [line for line in logs.splitlines() if "Data sink WriteCounts finished" in line]
     assert wrote, "no line from our WriteCounts sink"
     rows = [int(line.split("finished. ")[1].split(" rows")[0]) for line in wrote]
-    assert any(m.totals.instances < r < m.totals.instances + 100 for r in rows), rows
+    assert any(m.totals.documents < r < m.totals.documents + 100 for r in rows), (rows, m.totals.documents)
     assert "Data sink WriteDocs finished" in logs
     assert "'rows_outputs_of_finished_tasks'" in logs and "'bytes_outputs_of_finished_tasks'" in logs
