@@ -251,3 +251,17 @@ def test_a_build_to_s3_writes_the_same_shards_and_indexes_as_on_local_disk(tmp_p
         assert hashlib.sha256(read_bytes(s.url, endpoint)).hexdigest() == s.sha256
     assert sorted(list_names(f"{out}/shards", endpoint)) == sorted(
         n for s in m.shards for n in (s.file.split("/")[1], s.index_name.split("/")[1]))
+
+
+def test_chunks_are_cut_at_the_document_boundary_nearest_an_even_split():
+    from pipeline.instances import doc_cuts
+
+    starts = np.array([0, 10, 11, 40, 100, 100, 130])  # 6 document copies, 130 rows (one with none)
+    assert doc_cuts(starts, 1) == (0, 130)
+    assert doc_cuts(starts, 2) == (0, 40, 130)  # 65: 40 is nearer than 100
+    assert doc_cuts(starts, 4) == (0, 40, 40, 100, 130)  # 32 -> 40, 65 -> 40, 97 -> 100
+    one = np.array([0, 500])  # one long document: every cut at its ends, never inside it
+    assert set(doc_cuts(one, 8)) <= {0, 500} and doc_cuts(one, 8)[-1] == 500
+    for chunks in (1, 3, 7, 64):
+        c = doc_cuts(starts, chunks)
+        assert len(c) == chunks + 1 and list(c) == sorted(c) and set(c) <= set(starts.tolist())
