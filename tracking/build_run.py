@@ -41,6 +41,13 @@ REPORT_DIR = "report"  # artifact folder of the figures
 OUTPUT_TAG = "bert.build_output"  # the output folder a build's run is of: the next build there closes a stale one
 
 
+class _Earlier:
+    """The run that built a dataset a rerun found complete (only its id is needed)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+
+
 class BuildRun:
     def __init__(self, tracking_uri: str, experiment: str, cfg: Any, args: Any, started: float) -> None:
         self.uri, self.experiment, self.endpoint_url = tracking_uri, experiment, cfg.endpoint_url
@@ -96,14 +103,14 @@ class BuildRun:
         self.vocab_run = vocab_run(self.uri, self.experiment, f"vocab {self.label}", self.vocab_params, marker,
                                    started, ended, parent_run_id=parent, tags={"job": "build_dataset"})
 
-    def _finish(self, output: str, m: Manifest, ended: float, nothing_done: bool) -> None:
+    def _finish(self, output: str, m: Manifest, ended: float, nothing_done: bool, run: Any = None) -> None:
         from corpus.schema import MANIFEST, VOCAB_FILE
         from storage.fs import join, read_bytes
         from tracking import build_report as report
         from tracking.build_curation import log_curation
         from tracking.datasets import log_dataset
 
-        run = self._opened.result()
+        run = run or self._opened.result()
         figures = report.figures(m, self.label)
         run.log_metrics(report.metrics(m))
         run.log_params({"vocab.size": m.vocab.size, "vocab.sha256": m.vocab.sha256, "config_hash": m.config_hash,
@@ -147,8 +154,24 @@ class BuildRun:
         self._submit(self._stage, name, markers, ops, started, ended)
 
     def finish(self, output: str, manifest: Manifest, ended: float) -> None:
-        self.start()  # a finished output's rerun begins no work: its run says it built nothing
+        if self._stages_run == 0 and self._opened is None:
+            # A finished output's rerun begins no work: it logs no new run when the run that built the dataset is
+            # in this store (its id is the job's answer); else one run that says it built nothing.
+            self._opened = self._thread.submit(self._earlier_or_open, output, manifest, ended)
+            return
+        self.start()
         self._submit(self._finish, output, manifest, ended, self._stages_run == 0)
+
+    def _earlier_or_open(self, output: str, m: Manifest, ended: float) -> Any:
+        from tracking.lineage import find_build_run
+
+        found = find_build_run(self.uri, m.sha256)
+        if found is not None:
+            log.info("the dataset is already complete: no new MLflow run (it was built by run %s)", found["run_id"])
+            return _Earlier(found["run_id"])
+        run = self._open(*self._open_args)
+        self._finish(output, m, ended, True, run)
+        return run
 
     def fail(self, error: BaseException, ended: float) -> None:
         """The build failed: its run (when its work had begun) ends FAILED, or KILLED for Ctrl-C."""

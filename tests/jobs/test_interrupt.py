@@ -23,12 +23,16 @@ class Job:
     """`python jobs/pretrain.py ...` in a subprocess whose merged output is read line by line as it comes."""
 
     def __init__(self, args: list[str], cwd: Path, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(REPO / "jobs" / "pretrain.py"), *args], cwd=cwd, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self._start([sys.executable, str(REPO / "jobs" / "pretrain.py"), *args], cwd, env)
+
+    def _start(self, command: list[str], cwd: Path, env: dict[str, str]) -> Job:
+        self.proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
         self.lines: list[str] = []
         self._q: queue.Queue[str | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        return self
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -45,6 +49,7 @@ class Job:
                 return m
 
     def finish(self, timeout: float = 300) -> tuple[int, str]:
+        """Exit status and the whole output (`timeout`: a hung job fails the test, not a time measured)."""
         rc = self.proc.wait(timeout)
         self._reader.join(30)  # every line read
         return rc, "".join(self.lines)
@@ -138,3 +143,28 @@ def test_sigint_stops_ray_pretraining_after_a_checkpoint_and_a_rerun_resumes(tin
     at = check_stopped(rc, out, signal.SIGINT, step, tmp_path)
     assert not (tmp_path / "runs" / "stopped.stop").exists()  # the marker that told the workers is gone
     resumed(tiny_pretrain_data, tmp_path, env, at)
+
+
+def build(tmp: Path, sample_dir: Path, env: dict) -> Job:
+    return Job.__new__(Job)._start([sys.executable, str(REPO / "jobs" / "build_dataset.py"),
+                                    "--input", str(sample_dir / "corpus" / "mobydick.jsonl.gz"),
+                                    "--output", str(tmp / "out"), "--dupe-factor", "1", "--num-cpus", "2",
+                                    "--vocab", str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"),
+                                    "--progress", "lines", "--mlflow-tracking-uri", f"sqlite:///{tmp}/mlflow.db",
+                                    "--experiment", "t"], tmp, env)
+
+
+@pytest.mark.slow
+def test_sigint_stops_a_ray_build_and_a_rerun_completes(sample_dir, ray_tmpdir, tmp_path):
+    env = env_for(ray_tmpdir)
+    job = build(tmp_path, sample_dir, env)
+    job.wait_for(r"units to run")  # Ray is up and its tasks are running
+    job.proc.send_signal(signal.SIGINT)
+    rc, out = job.finish()
+    assert rc == 130, out[-4000:]
+    assert "Traceback" not in out, out[-6000:]
+    assert len([line for line in out.splitlines() if "To resume, run the same command again" in line]) == 1
+    assert the_run(tmp_path).info.status == "KILLED"
+    rc, out = build(tmp_path, sample_dir, env).finish(timeout=600)
+    assert rc == 0, out[-4000:]
+    assert (tmp_path / "out" / "manifest.json").is_file()
