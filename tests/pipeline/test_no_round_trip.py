@@ -184,8 +184,9 @@ def test_every_shard_has_a_verified_index_and_the_manifest_vouches_for_both(real
 
 def _small(tmp_path, sample_dir, name, **kw):
     kw.setdefault("unit_bytes", 64 << 10)
+    kw.setdefault("num_shards", 3)
     return BuildConfig(inputs=(str(sample_dir / "corpus" / "mobydick.jsonl.gz"),), output=str(tmp_path / name),
-                       dupe_factor=2, num_shards=3, vocab=str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"),
+                       dupe_factor=2, vocab=str(sample_dir / "reference" / "bert-base-uncased-vocab.txt"),
                        instances=InstanceConfig(max_seq_length=64, max_predictions_per_seq=10), **kw)
 
 
@@ -265,3 +266,39 @@ def test_chunks_are_cut_at_the_document_boundary_nearest_an_even_split():
     for chunks in (1, 3, 7, 64):
         c = doc_cuts(starts, chunks)
         assert len(c) == chunks + 1 and list(c) == sorted(c) and set(c) <= set(starts.tolist())
+
+
+@pytest.mark.timeout(240)
+def test_a_build_killed_while_writing_shards_then_rerun_gives_the_same_bytes(tmp_path, sample_dir, monkeypatch):
+    """SIGKILL once a shard is committed and the next is being made: the rerun makes only the shards without a
+    marker (from _work's documents and counts), leaves no temporary behind and equals an uninterrupted build."""
+    import pickle
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    monkeypatch.setenv("BERT_LEASE_STALE_SECONDS", "3")  # the killed build's lease is taken over once this old
+    repo = str(Path(__file__).resolve().parents[2])
+    cfg = _small(tmp_path, sample_dir, "killed", num_shards=8)
+    code = (f"import sys; sys.path.insert(0, {repo!r}); import pickle; from pipeline import build; "
+            f"build(pickle.loads({pickle.dumps(cfg)!r}))")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=repo, env=dict(os.environ))
+    marks = tmp_path / "killed" / "_work" / "shards"
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        if marks.exists() and sum(n.endswith(".done.json") for n in os.listdir(marks)) >= 1:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the build ended before it could be killed"
+    assert not (tmp_path / "killed" / "manifest.json").exists(), "the build finished before it could be killed"
+    done = {n for n in os.listdir(marks) if n.endswith(".done.json")}
+    assert 1 <= len(done) < 8
+    time.sleep(3.5)  # the dead build's lease goes stale
+    build(cfg)
+    build(_small(tmp_path, sample_dir, "clean", num_shards=8))
+    assert _files(tmp_path / "killed") == _files(tmp_path / "clean")  # no temporary left among the shards either
+    clean, killed = (json.loads((tmp_path / n / "manifest.json").read_text()) for n in ("clean", "killed"))
+    assert clean["shards"] == killed["shards"] and clean["totals"] == killed["totals"]
