@@ -7,8 +7,9 @@ Per dataset, packing off and on, store and n: each measured rank (`--measured`: 
 the loader's own `rank_steps` for an epoch's steps (dynamic masking, its micro-batches made into torch tensors,
 page-locked when a GPU is present) and prints
 
-* the bytes it read from the store: shards (`shards/n`: as a multiple of the dataset's shard bytes / n; the
-  issue's target is <= 1.25) and indexes (the lengths the order needs);
+* the bytes it read from the store: shards (`shards/n`: as a multiple of 1/n of the bytes of the shards its steps
+  planned, which reading them whole reads, the whole dataset over an epoch; the issue's target is <= 1.25) and
+  indexes (the lengths the order needs);
 * its own sequences per CPU-second (process CPU time, the reader's threads included), for its share read through
   the shard indexes (`share`) and, local only, read whole as before indexes (`whole`, the peer), and the ratio to
   n = 1 of the same mode (the issue's target at n = 64: >= 0.8).
@@ -62,7 +63,7 @@ def measure(url: str, endpoint: str | None, n: int, rank: int, packing: bool, st
     cpu = time.process_time() - t0
     stats = reader.stats if reader else None
     return {"own": own, "cpu": cpu, "bytes": stats.bytes - stats.index_bytes if stats else None,
-            "index": stats.index_bytes if stats else None, "shard_bytes": sum(s.bytes for s in manifest.shards)}
+            "index": stats.index_bytes if stats else None, "shard_bytes": stats.shard_bytes if stats else None}
 
 
 def reindexed(src: str, rows: int, root: Path) -> str:

@@ -361,10 +361,12 @@ def rank_steps(data: DataConfig, vocab_size: int, seed: int, rank: int, world: i
     ahead: collections.deque = collections.deque()
     try:
         for batch in global_batches(data, seed, reader.planned, start, start_position, remasker, fetch):
-            reader.prefetch(_own_part(batch, data, rank, world))
-            ahead.append(batch)
+            ahead.append((batch, reader.prefetch(_own_part(batch, data, rank, world))))
             if len(ahead) > data.bucket_window:
-                yield rank_share(ahead.popleft(), data, rank, world, data.accum)
+                batch, keys = ahead.popleft()
+                share = rank_share(batch, data, rank, world, data.accum)
+                reader.release(keys)
+                yield share
     finally:
         reader.close()
 

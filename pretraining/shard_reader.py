@@ -21,7 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import io
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,6 +53,8 @@ class ReadStats:
     """Row groups whose read a `prefetch` started before they were needed."""
     on_demand: int = 0
     """Row groups whose read started only when they were needed (the consumer waited for the store)."""
+    shard_bytes: int = 0
+    """The bytes of the shards whose index was read (planned): what reading those shards whole would read."""
 
 
 class _Spans(io.RawIOBase):
@@ -101,6 +103,8 @@ class ShardReader:
         self.stats = ReadStats()
         self._lock = threading.Lock()
         self._indexes: OrderedDict[int, ShardIndex] = OrderedDict()
+        self._planned: set[int] = set()
+        self._wanted: Counter[tuple[int, int]] = Counter()  # row groups of parts prefetched, not yet released
         self._footers: OrderedDict[int, bytes] = OrderedDict()
         self._meta: OrderedDict[int, object] = OrderedDict()  # parsed footers
         self._footer_reads: dict[int, concurrent.futures.Future] = {}  # footers being read
@@ -146,6 +150,9 @@ class ShardReader:
                              f"bytes, the manifest's {shard.url} has {shard.rows} and {shard.bytes} (or another "
                              "digest): the dataset was changed after its build; rebuild it")
         with self._lock:
+            if i not in self._planned:
+                self._planned.add(i)
+                self.stats.shard_bytes += shard.bytes
             self._indexes[i] = index
             while len(self._indexes) > 8:
                 self._indexes.popitem(last=False)
@@ -228,9 +235,11 @@ class ShardReader:
                              f"{int(index.group_rows[g])}; rebuild the dataset")
         with self._lock:
             self._tables[key] = table
-            while len(self._tables) > 2 and sum(t.num_rows for t in self._tables.values()) - table.num_rows \
-                    > self._cache_rows:
-                self._tables.popitem(last=False)
+            held = sum(t.num_rows for t in self._tables.values()) - table.num_rows
+            for old in [k for k in self._tables if k != key and not self._wanted.get(k)]:  # oldest first
+                if held <= self._cache_rows:
+                    break
+                held -= self._tables.pop(old).num_rows
         return table
 
     # ---- what the order and the loader call -------------------------------------------------------------------
@@ -249,12 +258,16 @@ class ShardReader:
             keys.extend((int(s), int(g)) for g in groups)
         return keys
 
-    def prefetch(self, part: Planned) -> None:
+    def prefetch(self, part: Planned) -> list[tuple[int, int]]:
         """Start reading the row groups `part`'s rows are in, and their shards' footers (raw spans of at most two
-        windows of rows plus one row group held ahead: past that, a group is read when needed)."""
+        windows of rows plus one row group held ahead: past that, a group is read when needed). Their decoded
+        groups are kept until `release` of the keys it returns."""
         if not len(part):
-            return
-        for key in self._groups_of(part):
+            return []
+        keys = self._groups_of(part)
+        with self._lock:
+            self._wanted.update(keys)
+        for key in keys:
             rows = int(self.index(key[0]).group_rows[key[1]])
             with self._lock:
                 if key in self._tables or key in self._pending:
@@ -267,6 +280,15 @@ class ShardReader:
                 footer = key[0] not in self._footers and key[0] not in self._footer_reads
             if footer:
                 self._pool.submit(self._footer, key[0], self.index(key[0]))
+        return keys
+
+    def release(self, keys: list[tuple[int, int]]) -> None:
+        """The row groups a `prefetch` named are no longer needed for its part (they may be evicted)."""
+        with self._lock:
+            self._wanted.subtract(keys)
+            for key in keys:
+                if self._wanted[key] <= 0:
+                    del self._wanted[key]
 
     def rows(self, i: int, wanted: np.ndarray) -> Rows:
         """Rows `wanted` (sorted, unique) of shard i, decoded from the row groups that hold them only."""
