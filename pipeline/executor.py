@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from cluster.allocators import fixed_mmap_threshold
-from pipeline.markers import Marker, read_markers
+from pipeline.markers import Marker, compact, read_markers
 from pipeline.progress import StageProgress
 from pipeline.rows import RowStage, UserError, measured, sum_ops
 
@@ -159,7 +159,7 @@ def run_stage(stage: Stage | RowStage, executor: Executor, work: str, endpoint_u
     items = stage.units if isinstance(stage, RowStage) else stage.items
     if not items:
         return []
-    done = {k: m for k, m in read_markers(work, stage.marker, endpoint_url).items() if k in items}
+    done = {k: compact(m) for k, m in read_markers(work, stage.marker, endpoint_url).items() if k in items}
     pending = {k: item for k, item in items.items() if k not in done}
     sizes = stage.sizes or {}
     log.info("%s: %d %s to run%s", stage.name, len(pending), stage.noun,
@@ -173,7 +173,7 @@ def run_stage(stage: Stage | RowStage, executor: Executor, work: str, endpoint_u
             for m in run:
                 if isinstance(m, UserError):
                     m.raise_()
-                done[m.key] = m
+                done[m.key] = compact(m)  # kept until the manifest: a few hundred bytes each (markers.py)
                 progress.add(sizes.get(m.key, 0))
     finally:
         summary = progress.finish()

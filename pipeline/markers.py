@@ -8,10 +8,12 @@ storage one GET costs tens of milliseconds, and a build has thousands of units.
 """
 from __future__ import annotations
 
+import array
 import concurrent.futures
 import dataclasses
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from storage.fs import join, list_names, read_bytes, write_bytes_atomic
@@ -46,12 +48,94 @@ class Marker:
         return self.stage
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, default=_plain)
 
     @classmethod
     def from_json(cls: type[M], text: str | bytes) -> M:
         d = json.loads(text)
         return cls(**{f.name: _freeze(d[f.name]) for f in dataclasses.fields(cls)})
+
+
+class Counts(Mapping):
+    """A read-only ``{str: int}`` in little memory: the keys a tuple shared by every table with the same keys, the
+    values one array (a dict of 117 histogram bins is ~12 KB of Python objects, this ~1 KB). Reads as a dict does:
+    ``[k]``, ``get``, ``items``, ``Counter(c)``, ``==`` a dict."""
+
+    __slots__ = ("_keys", "_values")
+    _KEYSETS: ClassVar[dict[tuple[str, ...], tuple[tuple[str, ...], dict[str, int]]]] = {}
+    _MAX_KEYSETS = 4096  # distinct key sets shared; beyond, a table keeps its own (still compact) tuple
+
+    def __init__(self, table: Mapping[str, int]):
+        keys = tuple(sys.intern(k) for k in table)
+        shared = Counts._KEYSETS.get(keys)
+        if shared is None:
+            shared = (keys, {k: i for i, k in enumerate(keys)})
+            if len(Counts._KEYSETS) < Counts._MAX_KEYSETS:
+                Counts._KEYSETS[keys] = shared
+        self._keys = shared
+        values = list(table.values())
+        small = all(-(1 << 31) <= v < (1 << 31) for v in values)
+        self._values = array.array("i" if small else "q", values)
+
+    def __getitem__(self, key: str) -> int:
+        return self._values[self._keys[1][key]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys[0])
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+    def __reduce__(self):
+        return Counts, (dict(self),)
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Counts):
+        return dict(v)
+    raise TypeError(f"{type(v).__name__} is not JSON serializable")
+
+
+_INTS: dict[int, int] = {}  # one int object per value seen in markers' tuples (row counts, cut points), bounded
+_MAX_INTS = 1 << 16
+
+
+def _int(x: int) -> int:
+    shared = _INTS.get(x)
+    if shared is not None:
+        return shared
+    if len(_INTS) < _MAX_INTS:
+        _INTS[x] = x
+    return x
+
+
+def _compact_value(v: Any) -> Any:
+    if isinstance(v, str):
+        return sys.intern(v)
+    if type(v) is tuple:  # row counts per pass, a pass's cut points: ints repeated across units share one object
+        return tuple(_int(x) if type(x) is int else _compact_value(x) for x in v)
+    if isinstance(v, dict) and all(isinstance(k, str) for k in v):
+        if len(v) > 4 and all(type(x) is int for x in v.values()):
+            return Counts(v)
+        if v:
+            return {sys.intern(k): _compact_value(x) for k, x in v.items()}
+    return v
+
+
+def compact(m: M) -> M:
+    """``m`` as the driver keeps it (the module's docstring says why): equal to ``m``, field by field."""
+    if not dataclasses.is_dataclass(m):
+        return m
+    changes = {}
+    for f in dataclasses.fields(m):
+        v = getattr(m, f.name)
+        c = _compact_value(v)
+        if c is not v:
+            changes[f.name] = c
+    return dataclasses.replace(m, **changes) if changes else m
 
 
 def marker(stage: str) -> Callable[[type[M]], type[M]]:

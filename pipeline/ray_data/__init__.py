@@ -3,10 +3,11 @@
     ReadCorpus -> MapBatches(SplitTokenize) -> Write (sink WriteDocs)          the read pass: the input, once
     ReadDocs -> MapBatches(CountPairs) -> Write (sink WriteCounts)             the instances pass
 
-``CorpusDatasource`` (a ``ray.data.Datasource``: one read task per planned unit, a row per document with its
-stable id) feeds the operators of a ``rows.RowStage`` (``map_batches``, one block per unit) and
-``UnitsDatasink`` (a ``ray.data.Datasink`` named after the stage's sink, ``WriteDocs`` / ``WriteCounts``)
-commits each unit with its marker. Ray Data fuses the chain into one task per unit (same compute, same resources):
+``CorpusDatasource`` (a ``ray.data.Datasource``: one read task per planned unit, or per up to 16 units of a big
+build, a row per document with its stable id) feeds the operators of a ``rows.RowStage`` (``map_batches``, one
+block per unit) and ``UnitsDatasink`` (a ``ray.data.Datasink`` named after the stage's sink, ``WriteDocs`` /
+``WriteCounts``) commits each unit with its marker. Ray Data fuses the chain into one task per unit (or group of units;
+same compute, same resources):
 Ray's Dashboard and ``Dataset.stats()`` show it as ``ReadCorpus->MapBatches(SplitTokenize)->...->Write`` with rows
 and bytes per operator, and a unit's rows never leave the process that read them before they are committed.
 

@@ -3,16 +3,14 @@ from __future__ import annotations
 
 import logging
 import pickle
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from corpus.readers import Unit
-from pipeline.markers import SUFFIX, Marker
+from pipeline.markers import Marker
 from pipeline.ray_data.cluster import RayCluster, RayShared, run_step
 from pipeline.ray_data.guard import guarded, in_worker
 from pipeline.rows import RowStage, UserError, measured
-from storage.fs import join, list_names, read_bytes
 
 if TYPE_CHECKING:  # for the annotations only
     import ray.data
@@ -21,8 +19,6 @@ if TYPE_CHECKING:  # for the annotations only
 # imports then overlaps the driver's planning and Ray's own start, instead of coming before both).
 
 log = logging.getLogger(__name__)
-
-POLL_S = 2.0  # how often the driver looks for new markers while a row pass runs (the progress lines)
 
 
 class _Items:
@@ -127,11 +123,13 @@ class RayDataExecutor(RayCluster):
         """The row stage's Dataset up to its sink: ReadCorpus -> MapBatches(<operator>) ..."""
         import ray.data
 
-        from pipeline.ray_data.datasource import CorpusDatasource
+        from pipeline.ray_data.datasource import CorpusDatasource, units_per_task
 
         opts, compute = self._options(), self._compute()
-        ds = ray.data.read_datasource(CorpusDatasource(units, measured(stage.read), stage.sizes),
-                                      override_num_blocks=len(units), compute=compute, num_cpus=opts["num_cpus"],
+        per_task = units_per_task(len(units), self.width or self._cluster_cpus())
+        ds = ray.data.read_datasource(CorpusDatasource(units, measured(stage.read), stage.sizes, per_task),
+                                      override_num_blocks=-(-len(units) // per_task), compute=compute,
+                                      num_cpus=opts["num_cpus"],
                                       ray_remote_args={k: v for k, v in opts.items() if k != "num_cpus"})
         for op in stage.operators:
             ds = ds.map_batches(guarded(measured(op)), batch_size=None, batch_format="pyarrow", zero_copy_batch=True,
@@ -147,39 +145,60 @@ class RayDataExecutor(RayCluster):
         return ds
 
     def rows(self, stage: RowStage, units: Sequence[Unit]) -> Iterator[Marker | UserError]:
-        """One Ray Data execution: read, operators, sink. Markers are yielded as they are committed (the driver
-        lists the stage's marker folder every few seconds, for the progress lines), then the sink's results."""
+        """One Ray Data execution: read, operators, sink. Each write task's markers are yielded as the task ends
+        (Ray hands its return value to the driver): the driver never lists a folder of markers while a pass runs,
+        so waiting for 250,000 units costs what waiting for 100 does (benchmarks/build_driver_scale.py)."""
         if not units and stage.source is None:
             return
         from pipeline.ray_data.datasource import UnitsDatasink
 
         self._wait()
         ds = self.dataset(stage, units) if stage.source is None else self.stream(stage)
-        sink = UnitsDatasink(stage.sink)
-        failed: list[BaseException] = []
+        yield from write_streaming(ds, UnitsDatasink(stage.sink, by_unit=stage.source is None), self._options())
 
-        def write() -> None:
-            try:
-                ds.write_datasink(sink, ray_remote_args=self._options())
-            except BaseException as e:  # noqa: BLE001 - re-raised in the driver's thread
-                failed.append(e)
 
-        thread = threading.Thread(target=write, name=f"ray-data-{stage.name}", daemon=True)
-        thread.start()
-        work = stage.sink.ctx.work
-        ep = stage.sink.ctx.endpoint_url
-        wanted, seen = {u.uid for u in units}, set()
-        while thread.is_alive():
-            thread.join(POLL_S)
-            for name in list_names(join(work, stage.name), ep):
-                key = name[:-len(SUFFIX)] if name.endswith(SUFFIX) else None
-                if key in wanted and key not in seen:
-                    seen.add(key)
-                    yield stage.marker.from_json(read_bytes(join(work, stage.name, name), ep))
-        if failed:
-            raise failed[0]
-        for m in sink.results:
-            if isinstance(m, UserError) or stage.source is not None or m.key not in seen:
-                yield m
+def write_streaming(ds: ray.data.Dataset, sink: Any, remote_args: dict[str, Any]) -> Iterator[Any]:
+    """``ds.write_datasink(sink, ray_remote_args=remote_args)`` as Ray Data 2.60 runs it (the same ``Write`` operator,
+    fused after the pass's operators, the same ``on_write_complete`` and the same "Data sink ... finished" line in
+    Ray Data's log), but each write task's returns are yielded as the task ends instead of after the last one:
+    ``write_datasink`` materialises the whole execution first. Ray is pinned below 2.61 (pyproject.toml), which
+    these internals are read from; ``tests/pipeline/test_ray_build.py`` holds the operators' names and the line."""
+    import ray
+    from ray.data import Dataset
+    from ray.data._internal.logical.interfaces import LogicalPlan
+    from ray.data._internal.logical.operators import Write
+    from ray.data.datasource.datasink import WriteResult, _gen_datasink_write_result
+
+    out = Dataset._from_parent(ds, LogicalPlan(
+        Write(sink, input_dependencies=[ds._logical_plan.dag], ray_remote_args=remote_args), ds.context))
+    results: list[WriteResult] = []
+    bundles, _, executor = out._execute_to_iterator()
+    done = False
+    try:
+        for bundle in bundles:
+            result = _gen_datasink_write_result(ray.get(bundle.block_refs))
+            results.append(WriteResult(result.num_rows, result.size_bytes, []))  # the returns are handed on, not kept
+            for returned in result.write_returns:  # a task's markers, pickled by the sink (see _Items)
+                for b in returned:
+                    yield pickle.loads(b)
+        done = True
+        total = WriteResult.combine(*results)
+        logging.getLogger("ray.data.dataset").info("Data sink %s finished. %d rows and %s data written.",
+                                                   sink.get_name(), total.num_rows, _size(total.size_bytes))
+        sink.on_write_complete(total)
+    except Exception as e:
+        sink.on_write_failed(e)
+        raise
+    finally:
+        if not done:  # a failed or abandoned pass stops its tasks now, not when garbage-collected
+            getattr(bundles, "close", lambda: None)()
+            if executor is not None:
+                executor.shutdown(force=True)
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("Ray Data's statistics of the %s pass:\n%s", stage.name, ds.stats())
+            log.debug("Ray Data's statistics of the pass:\n%s", out.stats())
+
+
+def _size(n: int) -> str:
+    from ray.data._internal.execution.util import memory_string
+
+    return memory_string(n)
