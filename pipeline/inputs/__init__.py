@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import time
 from typing import Any
 
 from pipeline.config import BuildConfig
@@ -59,9 +60,39 @@ def read_inputs(cfg: BuildConfig, documents: Any = None, id_column: str = "id") 
                              " one with jobs/train_tokenizer.py)")
         check_columns(documents, id_column, cfg.read.text_field)
         return BuildInputs([], None, [], read_vocab(cfg), documents, id_column)
-    ignored: list[str] = []
-    files = expand_inputs(list(cfg.inputs), cfg.endpoint_url, skipped=ignored)
+    kept = _LISTED.pop(_listing_key(cfg.inputs, cfg.endpoint_url), None)
+    _LISTED.clear()
+    if kept is not None and time.monotonic() - kept[0] <= KEEP_LISTING_S:
+        files, ignored = kept[1], kept[2]
+    else:
+        files, ignored = list_inputs(cfg.inputs, cfg.endpoint_url)
     return BuildInputs(files, file_stamps(files), [redact_url(p) for p in ignored], read_vocab(cfg))
+
+
+# The listing the preflight made, handed to the build that follows it in the same process (jobs/build_dataset.py:
+# check_build, then build): the inputs are listed once per build. Taken once, and only while fresh (the job starts
+# Ray and MLflow in between): a later build lists again.
+_LISTED: dict[tuple, tuple[float, list[FileInfo], list[str]]] = {}
+KEEP_LISTING_S = 300.0
+
+
+def _listing_key(inputs, endpoint_url: str | None) -> tuple:
+    return tuple(inputs), endpoint_url
+
+
+def list_inputs(inputs, endpoint_url: str | None = None) -> tuple[list[FileInfo], list[str]]:
+    """(the input files, the URLs of the files skipped as not corpus files): ``storage.fs.expand_inputs``."""
+    ignored: list[str] = []
+    files = expand_inputs(list(inputs), endpoint_url, skipped=ignored)
+    return files, ignored
+
+
+def keep_listing(inputs, endpoint_url: str | None, files: list[FileInfo], ignored: list[str]) -> None:
+    """Keep a listing that passed the preflight for the next ``read_inputs`` of the same inputs in this process,
+    which takes it instead of listing again (each LIST and HEAD once; an http(s) input without an ETag is
+    downloaded whole to identify it, so it was downloaded twice more before its build read it)."""
+    _LISTED.clear()  # one build's listing at a time
+    _LISTED[_listing_key(inputs, endpoint_url)] = (time.monotonic(), files, ignored)
 
 
 def file_stamps(files: list) -> list[dict[str, Any]]:

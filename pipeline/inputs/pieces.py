@@ -57,6 +57,10 @@ CHUNK = 256 << 10  # decompressed bytes held at once, whatever the file's size (
 # Without a size from the file, its decompressed size is guessed generously (text compresses 3-10x): a file that
 # needs no pieces but gets them only costs one small item, one that needs them but does not gets one huge unit.
 MAX_RATIO = 10
+# A compressed input is fetched in requests of the decompressor's read plus this much (fsspec's read-ahead cache:
+# each request starts where the last ended), so the store sends it once. The client's default (BytesCache, 5 MiB
+# blocks over http) re-fetched overlapping ranges: 1.61x the file's bytes.
+READ_AHEAD = 4 << 20
 # A blank line longer than this is not taken as a cut: the reader sees a whitespace-only line of at most 1 KiB as
 # blank whatever its chunking and --max-record-bytes (>= 1 KiB), so both readings agree on where documents start.
 _MAX_BLANK = 1024
@@ -312,7 +316,8 @@ def pieces_step(item: PieceItem, ctx: PieceContext) -> PieceMarker:
         return _PieceWriter(ctx.url(f"{item.index:05d}-{len(pieces):05d}.zst"), ctx.endpoint_url)
 
     try:
-        with fs.open(path, "rb", compression=compression_of(path)) as f:
+        with fs.open(path, "rb", compression=compression_of(path), block_size=READ_AHEAD,
+                     cache_type="readahead") as f:
             while chunk := _read(f, item.path):
                 buffer = max(buffer, len(chunk))
                 view = memoryview(chunk)

@@ -21,8 +21,9 @@ import logging
 
 from corpus.readers import ReadOptions
 from corpus.schema import MANIFEST, SHARDS_DIR, VOCAB_FILE, WORK_DIR
+from pipeline.inputs import keep_listing, list_inputs
 from pipeline.preflight.heads import check_documents, estimate_instances, sample_inputs
-from storage.fs import expand_inputs, list_names
+from storage.fs import list_names
 from storage.lease import OUTPUT_LEASE
 from storage.redact import redact_url
 
@@ -65,13 +66,7 @@ def check_build(inputs: list[str], output: str, read: ReadOptions, max_seq_lengt
                 dupe_factor: int, num_shards: int | None, endpoint_url: str | None = None) -> list[str]:
     """All of the above for one build, in about a second: ValueError for what must not be built, the warnings
     (logged here too) for what may be."""
-    storage_log = logging.getLogger("storage.fs")
-    level = storage_log.level
-    storage_log.setLevel(logging.ERROR)  # the build lists the inputs again and warns of skipped files then, once
-    try:
-        files = expand_inputs(list(inputs), endpoint_url)
-    finally:
-        storage_log.setLevel(level)
+    files, ignored = list_inputs(inputs, endpoint_url)
     check_output(output, endpoint_url)
     samples = sample_inputs(files, read, endpoint_url)
     check_documents(samples)
@@ -79,4 +74,5 @@ def check_build(inputs: list[str], output: str, read: ReadOptions, max_seq_lengt
         samples, files, max_seq_length, short_seq_prob, dupe_factor))] if w]
     for w in warnings:
         log.warning("%s", w)
+    keep_listing(inputs, endpoint_url, files, ignored)  # listed once per build: the build that follows takes it
     return warnings
