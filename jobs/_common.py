@@ -119,3 +119,34 @@ def workers(text: str) -> int | tuple[int, int]:
     if min(value if colon else (value,)) < 1 or (colon and value[0] > value[1]):
         raise argparse.ArgumentTypeError(f"{text!r}: workers must be >= 1, and MIN <= MAX")
     return value
+
+
+RAY_START_TIMEOUT = "The current node timed out during startup"  # Ray's words; workflows/execute.py retries on them
+
+
+def ray_start_failed(error: BaseException) -> str | None:
+    """One line for a local Ray that could not start (Ray's own exception is a 20-line traceback); None for any
+    other error. It keeps Ray's words, which the workflow retries on, and says how loaded the machine is."""
+    import os
+
+    text = str(error)
+    if RAY_START_TIMEOUT not in text and "Failed to start the GCS" not in text:
+        return None
+    cause = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+    load = os.getloadavg()[0]
+    return (f"a local Ray could not start: {cause[:200]} (load {load:.1f} on {os.cpu_count()} cores: an overloaded "
+            "machine?); rerun the same command when it is quieter, or join a running Ray (RAY_ADDRESS)")
+
+
+def exit_now(code: int) -> None:
+    """Exit once the job is done and its output flushed, with the exit handlers run (Ray's shutdown, MLflow's
+    flush) but not the interpreter's teardown, where Ray's C++ threads and torch's can abort on a mutex (a SIGABRT
+    dump after a finished job) and a loaded machine spends minutes collecting garbage nobody waits for."""
+    import atexit
+    import os
+    import sys
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)

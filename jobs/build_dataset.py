@@ -282,6 +282,12 @@ if __name__ == "__main__":
     except ValueError as e:  # users' mistakes and bad inputs: the message says what to fix, no traceback
         print(f"build_dataset: error: {redact_text(str(e))}", file=sys.stderr)
         code = 2
+    except Exception as e:  # a local Ray that could not start: one line, not Ray's traceback
+        line = _common.ray_start_failed(e)
+        if line is None:
+            raise
+        print(f"build_dataset: error: {line}", file=sys.stderr, flush=True)
+        code = 1
     except KeyboardInterrupt as e:
         print(f"build_dataset: {e or 'interrupted'}; its MLflow run (if it had begun) ended KILLED. To resume, run "
               "the same command again: finished units are kept", file=sys.stderr, flush=True)

@@ -33,7 +33,15 @@ from finetuning.prepare import FeatureConfig, TaskConfig
 from finetuning.records import FORMATS
 from finetuning.schedule import ScheduleConfig
 from finetuning.task_model import DEFAULT_VOCAB, HeadConfig, hidden_size_of
-from jobs._common import HelpFormatter, finite, refuse_bad_names, refuse_secrets, setup_logging
+from jobs._common import (
+    HelpFormatter,
+    exit_now,
+    finite,
+    ray_start_failed,
+    refuse_bad_names,
+    refuse_secrets,
+    setup_logging,
+)
 from jobs._fields import add_field
 from storage.fs import absolute, is_url
 from storage.redact import redact
@@ -156,10 +164,22 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # users' mistakes: one line saying what to fix
         log.error("%s", e)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: the run ends KILLED (training.job); a fine-tuning restarts from its start
+        print("finetune: interrupted; its MLflow run ended KILLED. Run the same command again to fine-tune anew",
+              file=sys.stderr, flush=True)
+        return 130
     print(json.dumps(redact({"task": args.task, **result.final, "output": result.output,
                              "mlflow_run_id": result.run_id, "collapse": result.collapse})), flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    except Exception as e:
+        line = ray_start_failed(e)
+        if line is None:
+            raise
+        print(f"finetune: error: {line}", file=sys.stderr, flush=True)
+        code = 1
+    exit_now(code)

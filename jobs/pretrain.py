@@ -31,7 +31,9 @@ from jobs import _eval_flags
 from jobs._common import (
     HelpFormatter,
     comma_ints,
+    exit_now,
     finite,
+    ray_start_failed,
     refuse_bad_names,
     refuse_secrets,
     setup_logging,
@@ -217,4 +219,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    except Exception as e:
+        line = ray_start_failed(e)
+        if line is None:
+            raise
+        print(f"pretrain: error: {line}", file=sys.stderr, flush=True)
+        code = 1
+    exit_now(code)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cluster import interrupt
-from training.ray_noise import quiet_train_worker
+from training.ray_noise import quiet_driver, quiet_train_worker
 
 if TYPE_CHECKING:
     from tracking.config import RunRef
@@ -254,6 +254,9 @@ def _on_ray(fit: Callable, config, launch: LaunchConfig, inputs: Any = None,
     from training.rendezvous import LocalRendezvous
 
     init_ray(dashboard=True)
+    import ray._private.worker
+
+    quiet_driver(ray._private.worker)  # Ray Train's "safe to ignore" tracebacks: in the session logs, not the console
     cpus = _cpus_per_worker(launch)
     resources = {"CPU": cpus, **({"GPU": 1} if launch.use_gpu else {})}
     fs, storage_path = storage_filesystem(launch.storage, launch.endpoint_url)
