@@ -35,6 +35,7 @@ from storage.fs import filesystem_for
 from storage.untrusted import read_bounded
 
 MAX_INDEX_BYTES = 1 << 30  # 2 bytes per row plus 100 per row group: far above any shard's
+KEEP_SHARDS = 64  # indexes and footers kept: a window (packed: up to 3 x 32 x B rows) spans fewer shards
 
 
 @dataclass
@@ -154,7 +155,7 @@ class ShardReader:
                 self._planned.add(i)
                 self.stats.shard_bytes += shard.bytes
             self._indexes[i] = index
-            while len(self._indexes) > 8:
+            while len(self._indexes) > KEEP_SHARDS:
                 self._indexes.popitem(last=False)
         return index
 
@@ -181,7 +182,7 @@ class ShardReader:
                 self._footer_reads.pop(i, None)
         with self._lock:
             self._footers[i] = data
-            while len(self._footers) > 8:
+            while len(self._footers) > KEEP_SHARDS:
                 self._footers.popitem(last=False)
         future.set_result(data)
         return data
@@ -197,7 +198,7 @@ class ShardReader:
             meta = pq.read_metadata(pa.BufferReader(b"PAR1" + footer))
             with self._lock:
                 self._meta[i] = meta
-                while len(self._meta) > 8:
+                while len(self._meta) > KEEP_SHARDS:
                     self._meta.popitem(last=False)
         return meta
 
