@@ -213,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
              else "", result.run_id, result.checkpoints,
              f", model exported to {result.export}" if result.export else "")
     summary = {"run_name": args.run_name, "mlflow_run_id": result.run_id, "checkpoints": result.checkpoints,
-               "export": result.export, **result.metrics, "stopped": result.stopped, "collapse": result.collapse}
+               "export": result.export, **result.metrics, "stopped": result.stopped, "collapse": result.collapse,
+               "slowed": result.slowed}
     print(json.dumps(redact(summary)), flush=True)
     return 0
 

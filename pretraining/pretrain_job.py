@@ -21,7 +21,7 @@ from typing import Any
 from bert_core.config import BertConfig
 from corpus.schema import read_manifest
 from pretraining.config import ModelConfig, PretrainConfig
-from pretraining.loop import STOPPED_TAG, fit
+from pretraining.loop import SLOWED_TAG, STOPPED_TAG, fit
 from storage.fs import is_url
 from tracking.datasets import log_dataset
 from tracking.lineage import pretraining_lineage
@@ -82,6 +82,8 @@ class JobResult:
     """E.g. "--max-minutes at step 400 of 1500" when the budget ended it early; None: not stopped early."""
     collapse: str | None = None
     """Set when held-out MLM accuracy is stuck at the most frequent token's share: what to try; None otherwise."""
+    slowed: str | None = None
+    """Set when the machine's load made the run slow (`training.progress.Progress.machine_note`); None otherwise."""
 
 
 def params_of(job: PretrainJob) -> dict[str, Any]:
@@ -153,11 +155,12 @@ def log_inputs(job: PretrainJob, run: Run) -> None:
                         job.config.model.init)
 
 
-def _results(job: PretrainJob, run: Run) -> tuple[dict[str, float], str | None]:
-    """The KEY_METRICS the run logged last (throughput: the run's mean) and its `stopped_by` tag."""
+def _results(job: PretrainJob, run: Run) -> tuple[dict[str, float], str | None, str | None]:
+    """The KEY_METRICS the run logged last (throughput: the run's mean), its `stopped_by` and `slowed_by` tags."""
     metrics = run_metrics(job.tracking_uri, run.run_id)
     metrics |= {k: metrics[mean] for k, mean in RUN_MEAN.items() if mean in metrics}
-    return {k: metrics[k] for k in KEY_METRICS if k in metrics}, run_tags(job.tracking_uri, run.run_id).get(STOPPED_TAG)
+    tags = run_tags(job.tracking_uri, run.run_id)
+    return {k: metrics[k] for k in KEY_METRICS if k in metrics}, tags.get(STOPPED_TAG), tags.get(SLOWED_TAG)
 
 
 def run_pretraining(job: PretrainJob) -> JobResult:
@@ -169,9 +172,9 @@ def run_pretraining(job: PretrainJob) -> JobResult:
         experiment=job.experiment, lineage=PRETRAIN_LINEAGE, destination=job.export, resume=True,
         prepare=lambda: Prepared(params_of(job), tags_of(job), job.parent_run_id),
         log_inputs=lambda run: log_inputs(job, run), diagnose=lambda run, _: diagnose(job, run)))
-    metrics, stopped = _results(job, done.run)
+    metrics, stopped, slowed = _results(job, done.run)
     return JobResult(done.run.run_id, done.checkpoints, job.export, metrics, stopped,
-                     done.collapse.message if done.collapse else None)
+                     done.collapse.message if done.collapse else None, slowed)
 
 
 def diagnose(job: PretrainJob, run: Run) -> Collapse | None:

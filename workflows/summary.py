@@ -32,6 +32,8 @@ def summary_lines(name: str, stages: list[JobStage], results: dict[str, dict[str
         # What the numbers alone hide: a budget that ended the stage early, a model that learnt nothing.
         if result.get("stopped"):
             lines.append(f"  {'':<24} STOPPED EARLY: by {result['stopped']} (the model is trained that far only)")
+        if result.get("slowed"):  # the machine, not the run, is why it took long: the same steps, later
+            lines.append(f"  {'':<24} SLOW: {result['slowed']}")
         if result.get("collapse"):
             lines.append(f"  {'':<24} WARNING: {result['collapse']}")
     lines.append(f"\nMLflow: parent run {parent_run_id} (experiment {experiment!r}) holds every stage as a child run; "

@@ -99,3 +99,18 @@ def test_the_heartbeat_speaks_during_a_slow_step(monkeypatch):
 @pytest.mark.parametrize("seconds, text", [(12, "12s"), (245, "4m05s"), (11220, "3h07m"), (187200, "2d04h")])
 def test_duration(seconds, text):
     assert duration(seconds) == text
+
+
+def test_a_busy_machine_is_named_with_the_rate_expected_idle(monkeypatch):
+    clock, cpu = Clock(), Clock()
+    monkeypatch.setattr(progress_mod.os, "cpu_count", lambda: 2)
+    p = Progress(1000, clock=clock, on_cpu=True, cpus=2, cpu_clock=cpu, load=lambda: 6.2)
+    clock.now, cpu.now = 100.0, 60.0  # 60 CPU-seconds in 100 s on 2 CPUs: 30% of its CPUs
+    p.advance(200, step=200)
+    assert p.describe(200) == ("step 200/1000 (20.0%) 2 steps/s ETA 6m40s (the machine is busy (load 6.2 on 2 "
+                               "cores): this process got 30% of its 2 CPUs, 2 steps/s against ~6.67 expected with "
+                               "them to itself; the same steps, only slower)")
+    quiet = Progress(1000, clock=clock, on_cpu=True, cpus=2, cpu_clock=cpu, load=lambda: 1.5)  # load below cores
+    clock.now, cpu.now = 200.0, 90.0
+    quiet.advance(200, step=200)
+    assert quiet.machine_note() is None

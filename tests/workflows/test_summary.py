@@ -13,7 +13,9 @@ def test_a_budget_stop_and_a_collapse_are_said(tmp_path, mlflow_uri):
               JobStage("finetune rt", "finetune", [], [], "e" * 16, {"model": "/x/model"})]
     results = {
         "pretrain phase1": {"metrics": {"eval_mlm_accuracy": 0.07, "sequences_per_second": 69.4},
-                            "result": {"stopped": "--max-minutes at step 400 of 1500"}},
+                            "result": {"stopped": "--max-minutes at step 400 of 1500",
+                                       "slowed": "the machine is busy (load 6.2 on 2 cores): this process got 31% "
+                                                 "of its 2 CPUs"}},
         "finetune rt": {"metrics": {"accuracy": 0.504, "majority_share": 0.504},
                         "result": {"collapse": "collapsed model: predicts one class for 100.0% of the evaluation "
                                                "set; try a higher --lr"}},
@@ -22,5 +24,6 @@ def test_a_budget_stop_and_a_collapse_are_said(tmp_path, mlflow_uri):
                                    Path(tmp_path), mlflow_uri, "quickstart", "p" * 32, 300.0))
     assert "STOPPED EARLY: by --max-minutes at step 400 of 1500" in text
     assert "WARNING: collapsed model: predicts one class for 100.0%" in text
+    assert "SLOW: the machine is busy (load 6.2 on 2 cores): this process got 31% of its 2 CPUs" in text
     assert "sequences_per_second 69.4" in text
     assert f"jobs/mlflow_ui.py --store {mlflow_uri} --port 5000" in text and "http://127.0.0.1:5000" in text
