@@ -183,10 +183,10 @@ def curation_section(s: BuildState, dropped: Counter) -> dict[str, Any] | None:
         return None
     (report,) = s.markers["reports"]
     curated = {k: v for k, v in dropped.items() if k in CURATION_REASONS or k.startswith(QUALITY)}
-    assert curated == report.dropped, f"totals.dropped {curated} != the report's lines {report.dropped}"  # type: ignore
+    assert curated == dict(report.dropped), f"totals.dropped {curated} != the report's lines {report.dropped}"  # type: ignore
     out: dict[str, Any] = {"config": redact(dataclasses.asdict(c)), "reports": {
         "dropped": {"file": f"{OUT_DIR}/{DROPPED_FILE}", "lines": sum(report.dropped.values()),  # type: ignore
-                    "by_reason": report.dropped}}}  # type: ignore[attr-defined]
+                    "by_reason": dict(report.dropped)}}}  # type: ignore[attr-defined]
     # Per input file (redacted, as the report's ``source``): documents read and the report's lines by reason.
     docs = input_documents(s)
     out["by_input"] = {redact_url(p): {"documents": n, "dropped": dict(report.by_input.get(p, {}))}  # type: ignore
