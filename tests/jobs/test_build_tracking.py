@@ -176,7 +176,7 @@ def test_on_ray_the_run_hears_every_stage_and_the_callers_ray_stays_up(ray_shutd
     docs = read_manifest(str(out)).totals.documents
     assert m["op.read.SplitTokenize.rows_in"] == m["op.read.ReadCorpus.rows_out"] > docs  # documents + report rows
     assert m["op.instances.ReadDocs.rows_out"] >= docs and m["op.instances.CountPairs.rows_out"] >= docs
-    assert m["op.read.SplitTokenize.cpu_s"] > 0 and m["op.instances.CountPairs.mb_out"] > 0
+    assert m["op.read.SplitTokenize.cpu_s"] > 0 and m["op.instances.ReadDocs.mb_out"] > 0
     assert run.inputs.dataset_inputs[0].dataset.digest == read_manifest(str(out)).sha256[:16]
     assert ray.is_initialized()  # the job leaves a Ray it did not start
 
