@@ -263,9 +263,9 @@ class Prefetcher:
 # ---- what the training loop calls ---------------------------------------------------------------------------------
 
 def _load(shards: Manifest, endpoint_url: str | None) -> Callable[[int], Rows]:
-    def load(i: int) -> Rows:
-        url = shards.shard_urls[i]
-        return read_shard(url, storage_options(url, endpoint_url))
+    def load(i: int) -> Rows:  # whole, and checked against the manifest's digest when the build recorded one
+        shard = shards.shards[i]
+        return read_shard(shard.url, storage_options(shard.url, endpoint_url), shard.sha256)
     return load
 
 

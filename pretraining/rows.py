@@ -12,6 +12,7 @@ import numpy as np
 
 from corpus.ragged import ragged_indices
 from corpus.schema import SHARD_COLUMNS
+from corpus.shard_index import verify_span
 
 
 def _gather_ragged(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -119,11 +120,17 @@ class Rows:
                     np.concatenate([p.nsp for p in parts]), ids("example"), ids("epoch"))
 
 
-def read_shard(url: str, storage_options: dict | None = None) -> Rows:
-    """One Parquet shard (local path or any fsspec URL: s3://, gs://, ...) as `Rows`."""
+def read_shard(url: str, storage_options: dict | None = None, sha256: str = "") -> Rows:
+    """One Parquet shard (local path or any fsspec URL: s3://, gs://, ...) as `Rows`; with `sha256` (the manifest's,
+    for a dataset built with shard indexes) its bytes are checked before they are decoded."""
     import fsspec
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
     with fs.open(path, "rb") as f:
-        return Rows.from_arrow(pq.read_table(f, columns=list(SHARD_COLUMNS)))
+        if not sha256:
+            return Rows.from_arrow(pq.read_table(f, columns=list(SHARD_COLUMNS)))
+        data = f.read()
+    verify_span(data, sha256, url)
+    return Rows.from_arrow(pq.read_table(pa.BufferReader(data), columns=list(SHARD_COLUMNS)))
