@@ -16,9 +16,13 @@ the default --num-shards, and an MLflow run on a sqlite store (``--no-mlflow``: 
   detached actors up); the job attaches to it with RAY_ADDRESS, as ``ray job submit`` does.
 - fresh: no RAY_ADDRESS; the job starts a local Ray capped at ``--num-cpus N`` (inside the timed region).
 
-The Nx corpus is the corpus (default: the shared corpora, 26 MB of text in gzipped JSON Lines) repeated N times, each
-copy's records given distinct ids and their sentences shuffled by a seeded RNG (N times the work, real text, no two
-copies alike); ``--compressed K`` writes it as K big ``.jsonl.gz`` files instead of one folder per copy;
+The Nx corpus is the corpus (default: the shared corpora, literary and modern: tech.jsonl.gz, multilang.jsonl.gz and
+gcide.jsonl.gz beside the novels, 110 MB of text in gzipped JSON Lines) as it is, then N-1 more copies, never the
+same text: each copy's records get distinct ids, their sentences shuffled by a seeded RNG, and the new words
+Heaps' law (fitted on the corpus: varied_text.py) says text that far in meets for the first time, in place of the
+corpus's rarest words, so the distinct words keep growing like real text's (a plain repeat meets the tokenizer's
+word table warm: the published 3.47 MB/s at 2 GB repeated 26 MB of literary text 76x); ``--compressed K``
+writes it as K big ``.jsonl.gz`` files instead of one folder per copy;
 ``--scale-gb G`` picks N for about G GB of text. Per scale the plain loop runs once, and every Ray run prints its
 MB per CPU-second as a ratio of the plain loop's. Per run: wall (job start to exit); CPU-seconds
 of every process involved (the job's tree and, attached, the head's tree: daemons, Ray Data's actors, the job's
@@ -48,7 +52,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from build_marginal_cost import CpuGroup  # noqa: E402
 from stage_costs import stage_costs, stage_line  # noqa: E402
+from varied_text import Heaps, substitute  # noqa: E402
 
 from corpus.schema import read_manifest  # noqa: E402
 
@@ -219,15 +225,27 @@ def raw_mb(folder: Path) -> float:
     return total / 1e6
 
 
-def _copy_of(record: dict, k: int) -> dict:
-    """Copy ``k`` of a record: its own id, its sentences in an order seeded by (k, id) (copy 0 as it is)."""
+def _copy_of(record: dict, k: int, renames: dict[str, str] | None = None) -> dict:
+    """Copy ``k`` of a record: its own id, its sentences in an order seeded by (k, id), and the copy's new words
+    (``renames``: varied_text.Heaps.renames(k), the words Heaps' law says text this far in has never met) in place
+    of the corpus's rarest ones. Copy 0 as it is."""
     if k == 0:
         return record
     import random
 
     sentences = record["text"].split(". ")
     random.Random(f"{k}:{record['id']}").shuffle(sentences)
-    return {"id": f"{record['id']}#{k}", "text": ". ".join(sentences)}
+    return {"id": f"{record['id']}#{k}", "text": substitute(". ".join(sentences), renames or {})}
+
+
+def _renames(files: list, scale: int) -> list[dict[str, str]]:
+    """Each copy's new words, from Heaps' law fitted on the corpus (none for one copy: the corpus as it is)."""
+    if scale <= 1:
+        return [{}]
+    fit = Heaps.of(r["text"] for _, records in files for r in records)
+    print(f"Heaps' law on the corpus: V = {fit.k:.2f} * n^{fit.beta:.3f} ({fit.words:,} words, {fit.distinct:,} "
+          f"distinct); new words per copy: {[fit.new_words(k) for k in range(1, scale)]}", flush=True)
+    return [{}] + [fit.renames(k) for k in range(1, scale)]
 
 
 def _records(src: Path):
@@ -242,6 +260,7 @@ def make_corpus(src: Path, scale: int, work: Path, compressed: int = 0, file_mb:
     dst = work / f"corpus-{scale}x"
     dst.mkdir(parents=True, exist_ok=True)
     files = list(_records(src))
+    renames = _renames(files, scale)
     if compressed or scale > 8:
         n = compressed or 1 << 30
         outs = ([gzip.open(dst / f"part-{i}.jsonl.gz", "wt", compresslevel=1) for i in range(compressed)]
@@ -250,7 +269,7 @@ def make_corpus(src: Path, scale: int, work: Path, compressed: int = 0, file_mb:
         for k in range(scale):
             for _, records in files:
                 for r in records:
-                    line = json.dumps(_copy_of(r, k)) + "\n"
+                    line = json.dumps(_copy_of(r, k, renames[k])) + "\n"
                     if compressed:
                         outs[i % n].write(line)
                         i += 1
@@ -269,7 +288,7 @@ def make_corpus(src: Path, scale: int, work: Path, compressed: int = 0, file_mb:
         (dst / f"copy{k}").mkdir(parents=True, exist_ok=True)
         for name, records in files:
             with gzip.open(dst / f"copy{k}" / name, "wt", compresslevel=1) as f:
-                f.writelines(json.dumps(_copy_of(r, k)) + "\n" for r in records)
+                f.writelines(json.dumps(_copy_of(r, k, renames[k])) + "\n" for r in records)
     return dst
 
 
@@ -345,7 +364,11 @@ def run(corpus: Path, mb: float, cpus: int, out: Path, args, head: Head | None,
     err = open(out.parent / f"{out.name}.stderr", "w+")
     watch = Watch([head.proc.pid] if head else [])
     t0 = time.time()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO)
+    # A fresh job's every process (Ray's daemons too) in a cpuacct cgroup where the machine allows one; attached,
+    # the head's tree is outside it, so the process trees count (the head's daemons since the run began).
+    group = None if head else CpuGroup.make()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO,
+                            preexec_fn=group.preexec if group else None)
     watch.roots.append(proc.pid)
     load, work_peak, last, series = [], 0, 0.0, []
     while proc.poll() is None:
@@ -370,9 +393,15 @@ def run(corpus: Path, mb: float, cpus: int, out: Path, args, head: Head | None,
     steps = phases(log_text, wall)
     by_kind = watch.cpu_by_kind(proc.pid)
     cpu = sum(by_kind.values())
+    if group is not None:
+        time.sleep(1.0)  # Ray's daemons, orphaned at the job's exit, finish
+        cpu = group.cpu_s()
+        group.remove()
     shutil.rmtree(out, ignore_errors=True)
     return {"wall_s": wall, "cpu_s": cpu, "cpu_s_by_kind": by_kind, "mb": mb, "e2e_mb_s_cpu": mb / wall / cpus,
-            "mb_per_cpu_s": mb / cpu, "peak_worker_rss_mb": watch.worker_peak_mb(proc.pid),
+            "mb_per_cpu_s": mb / cpu,
+            "cpu_counted_by": "cgroup" if group is not None else "process trees",
+            "peak_worker_rss_mb": watch.worker_peak_mb(proc.pid),
             "peak_worker_private_mb": watch.worker_peak_mb(proc.pid, private=True),
             "driver_peak_rss_mb": watch.rss_peak.get(proc.pid, 0) / 1e6, "load_avg": statistics.fmean(load or [0]),
             "work_peak_mb": work_peak / 1e6,
