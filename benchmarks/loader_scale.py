@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                                     http.reset()
                                 r = measure(url, endpoint, n, rank, packing, steps, mode == "share", pin)
                                 if store == "http" and r["bytes"] is not None:
-                                    served = sum(size for path, _, size in http.log if "/shards/" in path)
-                                    assert served == r["index"] + r["bytes"], (served, r)  # the server's count
+                                    counted = sum(size for path, _, size in http.log if "/shards/" in path)
+                                    assert counted == r["index"] + r["bytes"], (counted, r)  # the server's count
                                 rate = r["own"] / r["cpu"]
                                 key = (d, packing, store, mode)
                                 if n == 1:
