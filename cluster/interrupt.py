@@ -70,8 +70,14 @@ def _handler(signum: int, _frame) -> None:
 
 def install(job: str) -> None:
     """SIGINT and SIGTERM handlers for this job (main thread only; elsewhere, e.g. a test's thread, nothing)."""
-    _state.update(signum=None, job=job)
-    if threading.current_thread() is not threading.main_thread():
+    _state.update(signum=None, job=job, installed=True)
+    reinstall()
+
+
+def reinstall() -> None:
+    """Our handlers again, after a library replaced them (`ray.init` sets a SIGTERM handler of its own in the main
+    thread); nothing for a job that did not `install` them."""
+    if not _state.get("installed") or threading.current_thread() is not threading.main_thread():
         return
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _handler)

@@ -254,6 +254,7 @@ def _on_ray(fit: Callable, config, launch: LaunchConfig, inputs: Any = None,
     from training.rendezvous import LocalRendezvous
 
     init_ray(dashboard=True)
+    interrupt.reinstall()  # ray.init replaced our SIGTERM handler with its own (sys.exit)
     import ray._private.worker
 
     quiet_driver(ray._private.worker)  # Ray Train's "safe to ignore" tracebacks: in the session logs, not the console
@@ -286,6 +287,10 @@ def _on_ray(fit: Callable, config, launch: LaunchConfig, inputs: Any = None,
             failure_config=ray.train.FailureConfig(max_failures=launch.max_failures),
         ),
     )
+    if hasattr(trainer, "_register_sigint_handler"):
+        # Ray Train 2.60's fit() replaces the SIGINT handler with one that aborts the run mid-step (the run then ends
+        # FAILED, exit 1): ours stops it at a step boundary after a checkpoint instead (cluster.interrupt).
+        trainer._register_sigint_handler = lambda _controller: None
     log.info("training on %s Ray worker(s) x %s CPU%s", f"{launch.min_workers} to {launch.num_workers}" if
              launch.elastic else launch.num_workers, cpus, " + GPU" if launch.use_gpu else "")
     try:
