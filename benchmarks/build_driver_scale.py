@@ -235,6 +235,7 @@ def main() -> None:
         p = subprocess.run([sys.executable, __file__, "--one", str(n)], capture_output=True, text=True, cwd=REPO,
                            env=env)
         if p.returncode:
+            os.unlink(tpl)
             raise SystemExit(f"{n} units failed:\n{p.stderr[-4000:]}")
         r = json.loads(p.stdout.strip().splitlines()[-1])
         runs.append(r)
