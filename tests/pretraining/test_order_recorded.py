@@ -1,5 +1,6 @@
 """The data order and each rank's micro-batches as they were before the loader read only its share (issue 45):
-recorded on the fixtures' real builds, so a loader that reads less cannot train other examples, other masks or
+recorded on real builds (the fixtures' tiny_pretrain_data and varied_pretrain_data as built when recorded,
+frozen in tests/pretraining/frozen), so a loader that reads less cannot train other examples, other masks or
 another split (check train-batches-any-world: the same 60 step digests on 1, 2 and 4 workers, recorded). Each is
 checked on the dataset as built before shards had indexes (every shard read whole) and with indexes (each rank
 reads its own rows: row groups of 16 rows here, so a rank reads parts of shards)."""
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from pathlib import Path
 
 import pytest
 
@@ -29,17 +31,30 @@ DIGESTS = {
     ("varied", ("--packing", "--dynamic-masking")): ("f099bbedf758b0a9", "76f8dadb546071d4"),
 }
 
+# sha256[:16] of both ranks' micro-batches (`micro_batches_hash`), recorded with the loader before issue 45.
+CONTENT = {
+    ("tiny", "plain"): "4aa69471c4f5af99", ("tiny", "dyn"): "0a95eb135fb6b5bc",
+    ("tiny", "packed"): "4f7c08a9d35ddd96", ("tiny", "packed-dyn"): "1ce03870b6746973",
+    ("tiny", "nobucket-dyn"): "323e7b2dac5b795b",
+    ("varied", "plain"): "220d75f5d83d9893", ("varied", "dyn"): "3f2dd3891777230a",
+    ("varied", "packed"): "e0304d9a671c1657", ("varied", "packed-dyn"): "2e551d888561b0f2",
+    ("varied", "nobucket-dyn"): "a6ecf8648e821225",
+}
 FLAGS = {"plain": {}, "dyn": {"dynamic_masking": True}, "packed": {"packing": True},
          "packed-dyn": {"packing": True, "dynamic_masking": True},
          "nobucket-dyn": {"length_bucketing": False, "dynamic_masking": True}}
 
 
+FROZEN = Path(__file__).parent / "frozen"  # the fixtures' builds as the build wrote them on 2026-12-06 (no index)
+
+
 @pytest.fixture(scope="module")
-def variants(tiny_pretrain_data, varied_pretrain_data, tmp_path_factory) -> dict[str, dict[str, str]]:
+def variants(tmp_path_factory) -> dict[str, dict[str, str]]:
+    """The datasets the digests were recorded on, frozen in the repo (a later build may place rows elsewhere):
+    as built (no indexes: every shard read whole) and indexed with 16-row groups (each rank reads its rows)."""
     root = tmp_path_factory.mktemp("order-variants")
-    built = {"tiny": tiny_pretrain_data["train"], "varied": varied_pretrain_data}
-    return {"whole": {k: strip_index(v, root / f"whole-{k}") for k, v in built.items()},
-            "indexed": {k: add_index(v, root / f"indexed-{k}", row_group_size=16) for k, v in built.items()}}
+    return {"whole": {k: strip_index(FROZEN / k, root / f"whole-{k}") for k in ("tiny", "varied")},
+            "indexed": {k: add_index(FROZEN / k, root / f"indexed-{k}", row_group_size=16) for k in ("tiny", "varied")}}
 
 
 @pytest.fixture(params=["whole", "indexed"])
@@ -82,6 +97,6 @@ def micro_batches_hash(url: str, flags: str, reader: bool) -> str:
 @pytest.mark.parametrize("name", ["tiny", "varied"])
 def test_each_ranks_micro_batches_are_the_same_read_whole_or_by_its_share(variants, name, flags):
     """Reading only a rank's rows (indexed, row groups of 16 rows) gives the very tensors reading every shard
-    whole gives (the code path of datasets without indexes, today's loader), masks included."""
+    whole gives (the code path of datasets without indexes), masks included: the ones recorded before."""
     assert micro_batches_hash(variants["indexed"][name], flags, True) == \
-        micro_batches_hash(variants["whole"][name], flags, False)
+        micro_batches_hash(variants["whole"][name], flags, False) == CONTENT[name, flags]
