@@ -138,6 +138,22 @@ def ray_start_failed(error: BaseException) -> str | None:
             "machine?); rerun the same command when it is quieter, or join a running Ray (RAY_ADDRESS)")
 
 
+def run_main(main, job: str) -> None:
+    """A job's ``__main__``: ``main()``'s exit code, a local Ray that could not start in one line (exit 1) rather
+    than Ray's traceback, then ``exit_now``."""
+    import sys
+
+    try:
+        code = main()
+    except Exception as e:
+        line = ray_start_failed(e)
+        if line is None:
+            raise
+        print(f"{job}: error: {line}", file=sys.stderr, flush=True)
+        code = 1
+    exit_now(code)
+
+
 def exit_now(code: int) -> None:
     """Exit once the job is done and its output flushed, with the exit handlers run (Ray's shutdown, MLflow's
     flush) but not the interpreter's teardown, where Ray's C++ threads and torch's can abort on a mutex (a SIGABRT

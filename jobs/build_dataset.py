@@ -19,7 +19,6 @@ import argparse
 import gzip
 import json
 import logging
-import os
 import sys
 import time
 import traceback
@@ -261,18 +260,6 @@ def _wait_quietly(run: BuildRun) -> None:
         log.warning("could not record the failure in MLflow: %s", e)
 
 
-def exit_now(rc: int) -> None:
-    """End the process once everything it wrote is flushed: the build and its run are complete and Ray is shut
-    down, so the interpreter's teardown (every module's objects freed one by one: ~1 s after a Ray build, measured in
-    docs/benchmarks.md) does nothing anyone waits for. The exit handlers still run (a local Ray's token folder)."""
-    import atexit
-
-    atexit._run_exitfuncs()  # logging's flush among them
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(rc)
-
-
 if __name__ == "__main__":
     # Ctrl-C / SIGTERM (`ray job stop`): the build stops where it is (Ray's tasks cancelled as Ray goes down), its
     # run ends KILLED, one line says how to resume; exit 130 / 143, no traceback. A second signal exits at once.
@@ -292,4 +279,4 @@ if __name__ == "__main__":
         print(f"build_dataset: {e or 'interrupted'}; its MLflow run (if it had begun) ended KILLED. To resume, run "
               "the same command again: finished units are kept", file=sys.stderr, flush=True)
         code = interrupt.exit_code(e)
-    exit_now(code)
+    _common.exit_now(code)

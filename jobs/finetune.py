@@ -35,11 +35,10 @@ from finetuning.schedule import ScheduleConfig
 from finetuning.task_model import DEFAULT_VOCAB, HeadConfig, hidden_size_of
 from jobs._common import (
     HelpFormatter,
-    exit_now,
     finite,
-    ray_start_failed,
     refuse_bad_names,
     refuse_secrets,
+    run_main,
     setup_logging,
 )
 from jobs._fields import add_field
@@ -174,12 +173,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        code = main()
-    except Exception as e:
-        line = ray_start_failed(e)
-        if line is None:
-            raise
-        print(f"finetune: error: {line}", file=sys.stderr, flush=True)
-        code = 1
-    exit_now(code)
+    run_main(main, "finetune")

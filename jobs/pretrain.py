@@ -31,11 +31,10 @@ from jobs import _eval_flags
 from jobs._common import (
     HelpFormatter,
     comma_ints,
-    exit_now,
     finite,
-    ray_start_failed,
     refuse_bad_names,
     refuse_secrets,
+    run_main,
     setup_logging,
     workers,
 )
@@ -220,12 +219,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        code = main()
-    except Exception as e:
-        line = ray_start_failed(e)
-        if line is None:
-            raise
-        print(f"pretrain: error: {line}", file=sys.stderr, flush=True)
-        code = 1
-    exit_now(code)
+    run_main(main, "pretrain")
