@@ -3,7 +3,8 @@
     python jobs/build_dataset.py --input URL [--input URL ...] --output URL [--vocab PATH_OR_URL] [options]
     ray job submit --working-dir . -- python jobs/build_dataset.py ...        # same flags, on a cluster
 
-Runs on Ray Data (``ReadCorpus -> SplitTokenize -> PairsAndMasks -> WriteUnits``, pipeline/ray_data/): on the
+Runs on Ray Data (``ReadCorpus -> SplitTokenize -> WriteDocs``, then ``ReadDocs -> CountPairs -> WriteCounts``;
+the shards step makes the pairs and masks of its own rows; pipeline/ray_data/): on the
 cluster it is attached to (``ray job submit`` sets RAY_ADDRESS), else on a local Ray on loopback capped at
 ``--num-cpus``; ``--no-ray`` runs the same steps as a plain loop. Prints a one-line JSON summary at the end (with the
 build's warnings). Users' mistakes end the job with one line on stderr and status 2.
