@@ -86,6 +86,12 @@ def init_ray(num_cpus: int | None = None, dashboard: bool = False) -> None:
     # to it, and logs an error line about its own actor in every job. Off for the Ray this process starts; a Ray it
     # joins (a cluster, or one a caller initialised, e.g. several raylets) keeps it.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+    # Ray starts its workers at niceness 15 by default (raylet config `worker_niceness`): beside any process at the
+    # default priority (two busy loops, a browser, a compile) a worker then gets ~4% of its CPUs (CFS weights 36 vs
+    # 1024): the quickstart's training ran at 0.04 steps/s against ~0.8 on this 2-core box with two `yes` loops
+    # (2026-12-06). A local Ray is the job's own: its workers run at the job's priority. (`ray job submit` sets the
+    # same for its drivers.) A user who wants them lower sets RAY_worker_niceness.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     # address="local": without it, ray.init() joins any cluster already running on this machine (someone's
     # `ray start`, another job's session) and then refuses num_cpus; we promised a fresh local Ray.
     for attempt in range(1, START_ATTEMPTS + 1):
